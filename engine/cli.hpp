@@ -1,0 +1,5 @@
+#pragma once
+namespace spes {
+// Dispatches `spes-engine <command> ...`; returns the process exit code.
+int run_cli(int argc, char** argv);
+}  // namespace spes

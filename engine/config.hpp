@@ -1,0 +1,80 @@
+// The run configuration: one TOML file with sections [model] [train] [optim]
+// [data] [spes] [checkpoint]; every key is validated (type, range, unknown keys)
+// and can be overridden with --set section.key=value.
+#pragma once
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "model/model_config.hpp"
+
+namespace spes {
+
+struct TrainConfig {
+  std::string device = "auto";  // "auto" | "cuda" | "cpu"
+  uint64_t seed = 1234;
+  int64_t steps = 1000;         // optimizer steps of the whole run
+  int64_t micro_batch = 8;      // sequences per forward/backward
+  int64_t global_batch = 16;    // sequences per optimizer step (gradient accumulation)
+  int64_t threads = 0;          // CPU threads; 0 = all cores
+  int64_t eval_every = 0;       // steps between validation evals; 0 = only at the end
+  int64_t eval_batches = 8;     // micro-batches per eval
+  int64_t max_steps_this_run = 0;  // stop after this many steps (then checkpoint); 0 = no limit
+  LossConfig loss;
+};
+
+struct OptimConfig {
+  double lr = 5e-4;
+  double beta1 = 0.9;
+  double beta2 = 0.95;
+  double eps = 1e-8;
+  double weight_decay = 0.1;
+  bool decay_norms_and_embeddings = true;  // SPES decays every parameter
+  int64_t warmup_steps = 2000;
+  int64_t decay_steps = 50000;  // cosine ends here; the lr stays at the floor after
+  double lr_floor = 0.1;        // alpha_f: the floor as a fraction of lr
+  double grad_clip = 1.0;       // global-norm clip; 0 = off
+};
+
+struct DataConfig {
+  std::string train;            // manifest: one token file per line
+  std::string validation;       // manifest; empty = hold out val_fraction of train
+  double val_fraction = 0.0;
+  std::string token_dtype = "uint16";  // "uint16" | "uint32"
+};
+
+struct SpesConfig {
+  int64_t node_id = 0;
+  int64_t n_nodes = 1;
+  std::string ownership = "partitioned";  // "partitioned" | "all"
+  int64_t experts_per_node = 0;           // 0 = n_experts / n_nodes
+  int64_t sync_steps = 0;                 // 0 = no sync (plain local training)
+};
+
+struct CheckpointConfig {
+  std::string dir = "checkpoints";
+  int64_t every = 0;            // steps between checkpoints; 0 = only at the end
+  int64_t keep = 3;             // newest checkpoints kept
+};
+
+struct Config {
+  std::string path;             // the TOML file it came from
+  ModelConfig model;
+  TrainConfig train;
+  OptimConfig optim;
+  DataConfig data;
+  SpesConfig spes;
+  CheckpointConfig checkpoint;
+};
+
+// Parses and validates; throws ConfigError with one line naming file, key, line
+// (where known) and what was expected. Relative paths in [data] and [checkpoint]
+// are resolved against the config file's folder.
+Config load_config(const std::string& path, const std::vector<std::string>& overrides = {});
+// Same checks on TOML text (tests, and configs embedded in checkpoints).
+Config parse_config_text(const std::string& text, const std::string& name,
+                         const std::vector<std::string>& overrides = {});
+// TOML text that parses back to the same Config (stored inside checkpoints).
+std::string config_to_toml(const Config& c);
+
+}  // namespace spes

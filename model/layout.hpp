@@ -1,0 +1,90 @@
+// The flat parameter buffer (DESIGN §2): shared parameters first, then one block
+// per expert holding that expert's gate/up/down for every layer. Because expert
+// blocks are expert-major, the experts a node owns ([p·k, (p+1)·k)) form a single
+// contiguous range, so a node's grads, optimizer state and sync payload are just
+// "shared range + one expert range".
+#pragma once
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "model/model_config.hpp"
+
+namespace spes {
+
+enum class ParamKind { embedding, norm, attention, router, lm_head, expert };
+
+struct ParamTensor {
+  std::string name;        // HF OLMoE name, e.g. model.layers.0.self_attn.q_proj.weight
+  int64_t offset = 0;      // first element in the flat buffer
+  int64_t rows = 0;        // [rows, cols] = [out, in], as HF stores it; norms: [1, C]
+  int64_t cols = 0;
+  ParamKind kind = ParamKind::attention;
+  int layer = -1;          // -1 for embedding, final norm, lm_head
+  int expert = -1;         // -1 for shared tensors
+  int64_t numel() const { return rows * cols; }
+  bool is_norm() const { return kind == ParamKind::norm; }
+};
+
+// Offsets of one layer's shared tensors.
+struct LayerOffsets {
+  int64_t attn_norm, wq, wk, wv, wo, q_norm, k_norm, moe_norm, router;
+};
+// Offsets of one (layer, expert) FFN.
+struct ExpertOffsets {
+  int64_t gate, up, down;  // gate/up: [hidden, d_model]; down: [d_model, hidden]
+};
+
+struct ParamLayout {
+  std::vector<ParamTensor> tensors;  // in buffer order
+  int64_t total = 0;                 // elements in the flat buffer
+  int64_t shared_count = 0;          // shared params occupy [0, shared_count)
+  int64_t expert_block = 0;          // elements per expert block (all layers)
+  int64_t embed = 0, final_norm = 0, lm_head = 0;  // lm_head == embed when tied
+  std::vector<LayerOffsets> layers;
+  std::vector<std::vector<ExpertOffsets>> experts;  // [layer][expert]
+
+  int64_t expert_begin(int e) const { return shared_count + e * expert_block; }
+  const ParamTensor* find(const std::string& name) const;
+};
+
+ParamLayout make_layout(const ModelConfig& m);
+
+struct Range {
+  int64_t begin = 0, end = 0;
+  int64_t size() const { return end - begin; }
+  bool operator==(const Range&) const = default;
+};
+
+// Which experts each node owns (a table, not a formula: DESIGN §1) and this node's
+// view of it. Owned parameters get grads, master weights and moments, packed in
+// "owned index space": owned ranges laid end to end.
+struct Ownership {
+  int node_id = 0;
+  int n_nodes = 1;
+  std::vector<std::vector<int>> owners;  // per expert: the nodes that train it
+  std::vector<bool> owned;               // per expert: does this node train it
+  std::vector<Range> owned_ranges;       // merged, ascending, in the flat buffer
+  int64_t owned_count = 0;               // sum of owned range sizes
+
+  bool owns_expert(int e) const { return owned[e]; }
+  // Index in owned space of flat element `offset`, or -1 when it is frozen.
+  int64_t owned_index(int64_t offset) const;
+};
+
+// ownership "all": every node owns every expert (centralized, DiLoCo/FedAvg).
+// "partitioned": node p owns experts (p·k + i) mod E for i < k, k = experts_per_node
+// (n_experts / n_nodes when 0), so n_nodes·k > E replicates experts.
+Ownership make_ownership(const ModelConfig& m, const ParamLayout& layout, int node_id,
+                         int n_nodes, const std::string& ownership, int64_t experts_per_node);
+
+// Hash of model config + layout + ownership table: two peers agree on it iff they
+// train the same parameter space (used by checkpoints and the sync protocol).
+uint64_t model_fingerprint(const ModelConfig& m, const ParamLayout& layout, const Ownership& own);
+
+// OLMo init: truncated normal (std init_std, cut at ±3σ) for every matrix, 1 for
+// norms. Element i's value depends only on (seed, i), so any node, the coordinator
+// and any thread count produce the same θ.
+void init_parameters(float* params, const ModelConfig& m, const ParamLayout& layout, uint64_t seed);
+
+}  // namespace spes

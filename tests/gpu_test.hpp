@@ -1,0 +1,51 @@
+// Shared helpers for CUDA-vs-CPU tests: skip without a GPU, fresh random inputs,
+// NaN poisoning, relative error ‖out − ref‖ / ‖ref‖.
+#pragma once
+#include <doctest/doctest.h>
+
+#include <cmath>
+#include <cstdint>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "cuda/device_probe.hpp"
+
+// A test case that doctest reports as skipped when there is no GPU.
+#define GPU_TEST_CASE(name) TEST_CASE(name * doctest::skip(!::spes::cuda::gpu_available()))
+
+namespace spes::test {
+
+// Fresh seed per run: the kernels must compute the same function on any input.
+inline std::mt19937_64& rng() {
+  static std::mt19937_64 g{std::random_device{}()};
+  return g;
+}
+
+inline std::vector<float> random_vector(int64_t n, float scale = 1.0f) {
+  std::normal_distribution<float> d(0.0f, scale);
+  std::vector<float> v(n);
+  for (auto& x : v) x = d(rng());
+  return v;
+}
+
+inline double rel_error(const float* out, const float* ref, int64_t n) {
+  double num = 0, den = 0;
+  for (int64_t i = 0; i < n; ++i) {
+    if (!std::isfinite(out[i])) return INFINITY;  // NaN never passes (poison left behind)
+    double d = double(out[i]) - ref[i];
+    num += d * d;
+    den += double(ref[i]) * ref[i];
+  }
+  return std::sqrt(num / (den > 0 ? den : 1e-30));
+}
+
+// Checks and prints "OK" or the mismatch, llm.c style.
+#define CHECK_REL(name, out, ref, n, tol)                                                     \
+  do {                                                                                      \
+    double err_ = ::spes::test::rel_error((out), (ref), (n));                               \
+    MESSAGE(name << ": rel err " << err_ << " (tol " << (tol) << ")");                      \
+    CHECK_MESSAGE(err_ <= (tol), name << ": rel err " << err_ << " > tol " << (tol));         \
+  } while (0)
+
+}  // namespace spes::test
