@@ -49,6 +49,21 @@ struct SpesConfig {
   std::string ownership = "partitioned";  // "partitioned" | "all"
   int64_t experts_per_node = 0;           // 0 = n_experts / n_nodes
   int64_t sync_steps = 0;                 // 0 = no sync (plain local training)
+  // --- sync protocol (net/) ---
+  std::string run_id = "spes-run";
+  std::string coordinator = "127.0.0.1:29500";  // host:port the nodes dial / it binds
+  std::string codec = "fp32";             // "fp32" | "bf16" | "int8"
+  std::string secret_file;                // shared secret for HMAC auth (or env SPES_SECRET)
+  bool allow_insecure = false;            // no secret and a non-loopback bind
+  double round_timeout_s = 600.0;         // close a round with >= min_nodes after this
+  int64_t min_nodes = 1;
+  std::string state_dir = "coordinator";  // coordinator persistence folder
+  int64_t persist_every = 1;              // rounds between persisted states
+  // --- expert-merging warm-up (DESIGN §1) ---
+  double merge_alpha = 0.0;               // α0; 0 = off
+  int64_t merge_topk = 4;
+  int64_t merge_interval = 0;             // steps; merge at rounds whose step is a multiple
+  int64_t merge_decay_steps = 0;          // α decays linearly to 0 over these steps
 };
 
 struct CheckpointConfig {
