@@ -30,6 +30,11 @@ void set_threads(int64_t threads) {
   openblas_set_num_threads(n);
 }
 
+std::string latest_or_none(const std::string& root) {
+  const std::string dir = latest_checkpoint(root);
+  return dir.empty() ? "none" : dir;
+}
+
 DataSpec data_spec(const Config& c) {
   DataSpec s;
   s.train_manifest = c.data.train;
@@ -137,7 +142,7 @@ void Trainer::train_step(std::ostream& csv) {
     throw Error("step " + std::to_string(step_) + ": " + (std::isfinite(loss) ? "gradient norm" : "loss") +
                 " is " + (std::isnan(std::isfinite(loss) ? grad_norm : loss) ? "NaN" : "infinite") +
                 "; stopping before the update. Last good checkpoint: " +
-                (last_checkpoint_.empty() ? "none" : last_checkpoint_) +
+                (last_checkpoint_.empty() ? latest_or_none(cfg_.checkpoint.dir) : last_checkpoint_) +
                 " (lower [optim] lr or set [optim] grad_clip, then --resume)");
 
   if (cfg_.optim.grad_clip > 0 && grad_norm > cfg_.optim.grad_clip)

@@ -60,6 +60,7 @@ class Trainer {
   const ParamLayout& layout() const { return layout_; }
   const Ownership& ownership() const { return own_; }
   const std::vector<float>& params() const { return params_; }
+  std::vector<float>& mutable_params() { return params_; }  // tools and tests
   int64_t step() const { return step_; }
   // Bytes of gradient + optimizer state: proportional to owned parameters only.
   int64_t optimizer_state_bytes() const;
