@@ -59,11 +59,20 @@ uint64_t epoch_seed(uint64_t seed, uint64_t epoch) {
   return mix64(mix64(seed) ^ (epoch * 0x9e3779b97f4a7c15ull + 0x632be59bd9b4e019ull));
 }
 
-std::vector<uint32_t> all_instances(uint64_t n_instances, const std::string& source) {
+namespace {
+
+// Instance ids are stored as uint32 (4 bytes per instance in the shuffle order).
+void check_instance_count(uint64_t n_instances, const std::string& source) {
   if (n_instances > std::numeric_limits<uint32_t>::max()) {
     throw DataError(source + ": " + std::to_string(n_instances) +
                     " instances is more than the sampler supports (2^32 - 1)");
   }
+}
+
+}  // namespace
+
+std::vector<uint32_t> all_instances(uint64_t n_instances, const std::string& source) {
+  check_instance_count(n_instances, source);
   std::vector<uint32_t> ids(n_instances);
   for (uint64_t i = 0; i < n_instances; ++i) ids[i] = static_cast<uint32_t>(i);
   return ids;
@@ -78,7 +87,7 @@ InstanceSplit split_instances(uint64_t n_instances, double val_fraction, const s
     split.train = all_instances(n_instances, source);
     return split;
   }
-  all_instances(n_instances, source);  // the size check only
+  check_instance_count(n_instances, source);
   const uint64_t n_val = static_cast<uint64_t>(std::llround(val_fraction * static_cast<double>(n_instances)));
   if (n_val == 0 || n_val >= n_instances) {
     throw DataError(source + ": val_fraction " + std::to_string(val_fraction) + " of " +
@@ -107,10 +116,10 @@ InstanceSplit split_instances(uint64_t n_instances, double val_fraction, const s
 
 TrainSampler::TrainSampler(std::shared_ptr<const TokenDataset> data, std::vector<uint32_t> instances,
                            uint64_t seed)
-    : data_(std::move(data)), sorted_(std::move(instances)), seed_(seed) {
+    : data_(std::move(data)), order_(std::move(instances)), seed_(seed) {
   if (!data_) throw DataError("train sampler: no dataset");
-  if (sorted_.empty()) throw DataError(data_->source() + ": no training instances");
-  for (uint32_t id : sorted_) {
+  if (order_.empty()) throw DataError(data_->source() + ": no training instances");
+  for (uint32_t id : order_) {
     if (id >= data_->n_instances()) {
       throw DataError(data_->source() + ": training instance " + std::to_string(id) + " out of range (" +
                       std::to_string(data_->n_instances()) + " instances)");
@@ -121,7 +130,7 @@ TrainSampler::TrainSampler(std::shared_ptr<const TokenDataset> data, std::vector
 }
 
 void TrainSampler::shuffle_for_epoch() {
-  order_ = sorted_;
+  std::sort(order_.begin(), order_.end());
   SplitMix64 rng(epoch_seed(seed_, epoch_));
   for (uint64_t i = order_.size() - 1; i > 0; --i) {
     const uint64_t j = rng.below(i + 1);

@@ -79,8 +79,10 @@ class TrainSampler {
   void shuffle_for_epoch();
 
   std::shared_ptr<const TokenDataset> data_;
-  std::vector<uint32_t> sorted_;  // the training instances, ascending
-  std::vector<uint32_t> order_;   // this epoch's order
+  // This epoch's order. One array only (4 bytes per instance): each epoch sorts it
+  // back to ascending ids and shuffles that, so an epoch's order depends on (seed,
+  // epoch) alone and restore() needs no replay of earlier epochs.
+  std::vector<uint32_t> order_;
   uint64_t seed_;
   uint64_t epoch_ = 0;
   uint64_t position_ = 0;

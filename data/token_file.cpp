@@ -130,7 +130,8 @@ uint64_t find_bad(const unsigned char* src, uint64_t count, uint32_t limit) {
 }
 
 uint32_t id_limit(int64_t vocab_size) {
-  // Token ids become int32 model inputs; a vocab beyond that cannot be indexed anyway.
+  // Token ids become int32 model inputs: ids at or above 2^31 are rejected whatever
+  // the vocab (TokenDataset refuses such a vocab_size up front).
   return static_cast<uint32_t>(std::clamp<int64_t>(vocab_size, 0, INT32_MAX));
 }
 
@@ -215,8 +216,9 @@ void TokenDataset::open(const std::vector<std::string>& paths) {
   if (options_.seq_len < 1) {
     throw DataError(source_ + ": seq_len " + std::to_string(options_.seq_len) + " must be >= 1");
   }
-  if (options_.vocab_size < 1) {
-    throw DataError(source_ + ": vocab_size " + std::to_string(options_.vocab_size) + " must be >= 1");
+  if (options_.vocab_size < 1 || options_.vocab_size > INT32_MAX) {
+    // Token ids become int32 model inputs.
+    throw DataError(source_ + ": vocab_size " + std::to_string(options_.vocab_size) + " must be in [1, 2^31)");
   }
   const uint64_t per = static_cast<uint64_t>(instance_tokens());
   files_.reserve(paths.size());

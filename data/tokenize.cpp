@@ -196,15 +196,17 @@ uint64_t tokenize_text(const std::string& path, const TokenizeOptions& opt, Writ
   std::ifstream in(path, std::ios::binary);
   if (!in) throw DataError(path + ": cannot be read");
 
-  // Where the validation tail starts: just after the first newline at or past the cut.
+  // Where the validation tail starts: the first line start at or after the cut (the
+  // cut itself when no newline follows it).
   uint64_t switch_at = size;
-  if (w.val != nullptr) {
+  if (w.val != nullptr && size > 0) {
     const uint64_t cut = static_cast<uint64_t>(static_cast<double>(size) * (1.0 - opt.val_fraction));
     switch_at = cut;
-    in.seekg(static_cast<std::streamoff>(cut));
+    const uint64_t from = cut > 0 ? cut - 1 : 0;  // a newline just before the cut counts
+    in.seekg(static_cast<std::streamoff>(from));
     std::vector<char> buf(kChunkBytes);
-    uint64_t pos = cut;
-    while (in) {
+    uint64_t pos = from;
+    while (cut > 0 && in) {
       in.read(buf.data(), static_cast<std::streamsize>(buf.size()));
       const auto got = static_cast<size_t>(in.gcount());
       const char* nl = static_cast<const char*>(std::memchr(buf.data(), '\n', got));

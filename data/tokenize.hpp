@@ -10,8 +10,8 @@
 //
 // Validation split (val_fraction F > 0). JSONL: whole documents go to validation,
 // evenly spread (document d when floor((d+1)·F) > floor(d·F)), so no document is in
-// both splits. Plain text: the last F of each file's bytes, starting after the first
-// newline at or past the cut, so no line is split (nanoGPT's Shakespeare uses the
+// both splits. Plain text: the last F of each file's bytes, starting at the first
+// line start at or after the cut, so no line is split (nanoGPT's Shakespeare uses the
 // same head/tail split). Outputs: <out>/train.manifest + train-NNNNN.bin and, with a
 // split, <out>/val.manifest + val-NNNNN.bin. Manifests list file names relative to
 // their folder, so the folder can move.

@@ -4,11 +4,14 @@
 #include <cstring>
 #include <string>
 
+#include "data/tokenize.hpp"
 #include "engine/trainer.hpp"
 
 namespace spes {
 
 namespace {
+
+int tokenize_command(int argc, char** argv) { return tokenize_main({argv + 1, argv + argc}); }
 
 struct Command {
   const char* name;
@@ -19,6 +22,7 @@ struct Command {
 const Command kCommands[] = {
     {"train", train_main, "train one node: train CONFIG [--set section.key=value]... [--node-id N] [--resume]"},
     {"eval", eval_main, "validation loss: eval CONFIG --checkpoint DIR [--data MANIFEST]"},
+    {"tokenize", tokenize_command, "text/JSONL to token files: tokenize --input FILE... --out DIR [--val-fraction F]"},
 };
 
 void usage() {

@@ -63,7 +63,7 @@ TEST_CASE("defaults, overrides and round trip through config_to_toml") {
 
 TEST_CASE("bad config input gives one clear line") {
   struct Case {
-    const char* what;
+    std::string what;
     std::string text;
     std::vector<std::string> sets;
     std::vector<std::string> expect;  // substrings the message must contain
@@ -77,7 +77,7 @@ TEST_CASE("bad config input gives one clear line") {
       {"out of range", base + "[optim]\nbeta2 = 1.5\n", {}, {"cfg.toml:8", "[optim] beta2 = 1.5", "[0, 1)"}},
       {"negative", base + "[train]\nsteps = -3\n", {}, {"cfg.toml:8", "[train] steps = -3"}},
       {"bad enum", base + "[train]\ndevice = \"tpu\"\n", {}, {"[train] device", "\"auto\" \"cuda\" \"cpu\""}},
-      {"bool type", base + "[model]\n", {"model.qk_norm=1"}, {"--set model.qk_norm=1", "true or false"}},
+      {"bool type", base, {"model.qk_norm=1"}, {"--set model.qk_norm=1", "true or false"}},
       {"heads do not divide", "[model]\nd_model = 100\nn_heads = 3\n[data]\ntrain = \"t\"\n", {}, {"d_model = 100", "n_heads = 3"}},
       {"kv heads", "[model]\nn_heads = 4\nn_kv_heads = 3\n[data]\ntrain = \"t\"\n", {}, {"n_kv_heads = 3"}},
       {"top_k > experts", "[model]\nn_experts = 2\ntop_k = 3\n[data]\ntrain = \"t\"\n", {}, {"top_k = 3", "n_experts = 2"}},

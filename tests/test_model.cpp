@@ -48,7 +48,7 @@ struct Fixture {
   explicit Fixture(uint64_t seed = 7) {
     params.resize(layout.total);
     init_parameters(params.data(), cfg, layout, seed);
-    std::mt19937 g(unsigned(seed));
+    std::mt19937 g{unsigned(seed)};
     // Norm weights away from 1 so their gradients are exercised non-trivially.
     std::uniform_real_distribution<float> u(0.7f, 1.3f);
     for (const auto& t : layout.tensors)
@@ -79,7 +79,8 @@ TEST_CASE("whole-model gradients match finite differences for every parameter ki
   };
   // Directional derivative along a random direction over one whole tensor: the
   // analytic Σ g·dir against (L(θ+h·dir) − L(θ−h·dir)) / 2h. Summing over a tensor
-  // gives a signal far above fp32 rounding; h small keeps top-k choices fixed.
+  // gives a signal far above fp32 rounding; h small keeps top-k choices fixed
+  // (at h = 1e-3 fp32 rounding alone reached 2% on the smallest gradients).
   std::mt19937 g(11);
   std::normal_distribution<float> nd(0.0f, 1.0f);
   int checked_kinds[6] = {0, 0, 0, 0, 0, 0};
@@ -90,7 +91,7 @@ TEST_CASE("whole-model gradients match finite differences for every parameter ki
     for (auto& x : dir) x = nd(g);
     double analytic = 0;
     for (int64_t i = 0; i < t.numel(); ++i) analytic += double(grads[gi + i]) * dir[i];
-    const float h = 1e-3f;
+    const float h = 4e-3f;
     std::vector<float> plus = f.params, minus = f.params;
     for (int64_t i = 0; i < t.numel(); ++i) {
       plus[t.offset + i] += h * dir[i];
@@ -101,7 +102,7 @@ TEST_CASE("whole-model gradients match finite differences for every parameter ki
     CAPTURE(t.name);
     CAPTURE(analytic);
     CAPTURE(numeric);
-    CHECK(err < 2e-2);  // tolerance: fp32 forward, central differences, h = 1e-3
+    CHECK(err < 1e-2);  // tolerance: fp32 forward, central differences, h = 4e-3
     checked_kinds[int(t.kind)]++;
   }
   // Every kind was covered: embedding, norms (incl. q/k norm), attention, router,
@@ -204,12 +205,14 @@ TEST_CASE("layout: shared first, expert-major blocks, HF names, ownership ranges
   CHECK(sum == L.total);
   // 4 experts, 2 nodes x 3 experts: replicated experts (p·k + i) mod E.
   Ownership o = make_ownership(m, L, 1, 2, "partitioned", 3);
-  CHECK(o.owners[3] == std::vector<int>{0, 1});
+  // Node 0 owns {0, 1, 2}, node 1 owns {3, 0, 1}.
   CHECK(o.owners[0] == std::vector<int>{0, 1});
-  CHECK(o.owners[1] == std::vector<int>{0});
-  CHECK(o.owned == std::vector<bool>{true, false, true, true});
-  CHECK(o.owned_index(L.expert_begin(1)) == -1);
-  CHECK(o.owned_index(L.expert_begin(2)) == L.shared_count + L.expert_block);
+  CHECK(o.owners[1] == std::vector<int>{0, 1});
+  CHECK(o.owners[2] == std::vector<int>{0});
+  CHECK(o.owners[3] == std::vector<int>{1});
+  CHECK(o.owned == std::vector<bool>{true, true, false, true});
+  CHECK(o.owned_index(L.expert_begin(2)) == -1);
+  CHECK(o.owned_index(L.expert_begin(3)) == L.shared_count + 2 * L.expert_block);
   Ownership o0 = make_ownership(m, L, 0, 2, "partitioned", 3);
   CHECK(model_fingerprint(m, L, o) == model_fingerprint(m, L, o0));  // one run, one fingerprint
   Ownership solo = make_ownership(m, L, 0, 1, "all", 0);

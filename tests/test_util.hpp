@@ -22,6 +22,7 @@ inline std::filesystem::path temp_dir(const std::string& name) {
 // Writes `n` uint16 tokens of a learnable pattern (a noisy repeating sequence) and a
 // manifest; returns the manifest path.
 inline std::string write_token_data(const std::filesystem::path& dir, int64_t n, int vocab, uint32_t seed = 3) {
+  std::filesystem::create_directories(dir);
   std::mt19937 g(seed);
   std::vector<uint16_t> tokens(n);
   for (int64_t i = 0; i < n; ++i)
