@@ -11,6 +11,7 @@
 #include <cblas.h>
 
 #include <algorithm>
+#include <bit>
 #include <cmath>
 #include <vector>
 
@@ -22,6 +23,31 @@ namespace {
 constexpr int64_t kQBlock = 64;
 
 int i32(int64_t x) { return static_cast<int>(x); }
+
+// e^x for the softmax, written so that GCC vectorises the loops that call it (a call
+// to std::exp keeps them scalar; with it, exp was about a third of the forward
+// time). Range reduction x = n·ln2 + r, |r| ≤ ln2/2 (ln2 split in two for exactness),
+// degree-7 Taylor polynomial for e^r, 2^n built in the exponent bits. Measured over
+// every float in [−2e9, 88]: ≤ 1.3 ulp from the correctly rounded value; results
+// below 2^−126 (x < −87.3) flush to 0. No branches: with the default
+// -ftrapping-math GCC will not if-convert, so a clamp on x would block vectorising;
+// the clamp is done on the integer exponent instead. −inf and NaN give NaN.
+inline float exp_softmax(float x) {
+  const float n = (x * 1.44269504088896341f + 12582912.0f) - 12582912.0f;  // round(x·log2 e)
+  float r = x - n * 0.693145751953125f;
+  r = r - n * 1.42860682030941723212e-6f;
+  float p = 1.0f / 5040.0f;
+  p = p * r + 1.0f / 720.0f;
+  p = p * r + 1.0f / 120.0f;
+  p = p * r + 1.0f / 24.0f;
+  p = p * r + 1.0f / 6.0f;
+  p = p * r + 0.5f;
+  p = p * r + 1.0f;
+  p = p * r + 1.0f;
+  int32_t biased = static_cast<int32_t>(n) + 127;
+  biased = biased < 0 ? 0 : biased;  // 2^n underflows to 0
+  return p * std::bit_cast<float>(biased << 23);
+}
 
 // The strided view of one head: rows t of [B,T,heads,D] for fixed b and head.
 struct HeadView {
@@ -47,7 +73,7 @@ void attention_forward(float* out, float* lse, const float* q, const float* k, c
                        int64_t B, int64_t T, int64_t H, int64_t Hkv, int64_t D) {
   const int64_t group = H / Hkv;  // query heads per kv head
   const float scale = 1.0f / std::sqrt(static_cast<float>(D));
-  openblas_set_num_threads(1);  // parallelism comes from the (b, h) tasks
+  openblas_set_num_threads(1);  // parallelism comes from the (b, h) tasks (see matmul.cpp)
 #pragma omp parallel
   {
     std::vector<float> S(kQBlock * T);
@@ -71,10 +97,12 @@ void attention_forward(float* out, float* lse, const float* q, const float* k, c
           const int64_t n = t0 + i + 1;
           float* s = S.data() + i * L;
           float maxv = s[0];
+#pragma omp simd reduction(max : maxv)
           for (int64_t j = 1; j < n; ++j) maxv = s[j] > maxv ? s[j] : maxv;
           float sum = 0.0f;
+#pragma omp simd reduction(+ : sum)
           for (int64_t j = 0; j < n; ++j) {
-            s[j] = std::exp(s[j] - maxv);
+            s[j] = exp_softmax(s[j] - maxv);
             sum += s[j];
           }
           for (int64_t j = n; j < L; ++j) s[j] = 0.0f;
@@ -145,8 +173,9 @@ void attention_backward(float* dq, float* dk, float* dv, const float* dout, cons
             const float l = lse[(b * H + h) * T + t];
             float* p = P.data() + i * L;
             float* ds = dS.data() + i * L;
+#pragma omp simd
             for (int64_t j = 0; j < n; ++j) {
-              p[j] = std::exp(p[j] - l);
+              p[j] = exp_softmax(p[j] - l);
               ds[j] = p[j] * (ds[j] - delta);
             }
             for (int64_t j = n; j < L; ++j) p[j] = ds[j] = 0.0f;  // future keys

@@ -18,13 +18,9 @@ namespace {
 
 constexpr int64_t kRowBlock = 64;
 
-void blas_single_threaded() {
-  static const bool once = [] {
-    openblas_set_num_threads(1);
-    return true;
-  }();
-  (void)once;
-}
+// Set on every call (it only stores a number) rather than once, so that code
+// elsewhere changing OpenBLAS's thread count cannot bring the contention back.
+void blas_single_threaded() { openblas_set_num_threads(1); }
 
 int i32(int64_t x) { return static_cast<int>(x); }
 
