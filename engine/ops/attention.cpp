@@ -12,6 +12,7 @@
 
 #include <algorithm>
 #include <bit>
+#include <cassert>
 #include <cmath>
 #include <vector>
 
@@ -58,6 +59,15 @@ HeadView head_view(int64_t b, int64_t head, int64_t T, int64_t heads, int64_t D)
   return {(b * T * heads + head) * D, i32(heads * D)};
 }
 
+// Per-thread scratch that only grows: after the first step no call allocates
+// (DESIGN §2), and OpenMP keeps its threads, so the buffers live across calls.
+float* scratch(int which, int64_t n) {
+  thread_local std::vector<float> buffers[2];
+  std::vector<float>& buf = buffers[which];
+  if (static_cast<int64_t>(buf.size()) < n) buf.resize(static_cast<size_t>(n));
+  return buf.data();
+}
+
 // S[rows, L] = scale · q[t0 : t0+rows] · k[0 : L]ᵀ for L = t0 + rows keys. Forward and
 // backward both call this with the same arguments, so they see bit-identical scores.
 void block_scores(float* S, const float* qh, int ldq, const float* kh, int ldk, int64_t t0,
@@ -71,12 +81,13 @@ void block_scores(float* S, const float* qh, int ldq, const float* kh, int ldk, 
 
 void attention_forward(float* out, float* lse, const float* q, const float* k, const float* v,
                        int64_t B, int64_t T, int64_t H, int64_t Hkv, int64_t D) {
+  assert(Hkv > 0 && H % Hkv == 0);
   const int64_t group = H / Hkv;  // query heads per kv head
   const float scale = 1.0f / std::sqrt(static_cast<float>(D));
   openblas_set_num_threads(1);  // parallelism comes from the (b, h) tasks (see matmul.cpp)
 #pragma omp parallel
   {
-    std::vector<float> S(kQBlock * T);
+    float* S = scratch(0, kQBlock * T);
     float inv_sum[kQBlock];
 #pragma omp for schedule(static)
     for (int64_t bh = 0; bh < B * H; ++bh) {
@@ -91,11 +102,11 @@ void attention_forward(float* out, float* lse, const float* q, const float* k, c
       for (int64_t t0 = 0; t0 < T; t0 += kQBlock) {
         const int64_t rows = std::min(kQBlock, T - t0);
         const int64_t L = t0 + rows;
-        block_scores(S.data(), qh, qv.ld, kh, kv.ld, t0, rows, D, scale);
+        block_scores(S, qh, qv.ld, kh, kv.ld, t0, rows, D, scale);
         // Row t sees keys j ≤ t: softmax over those, zero beyond (P·V then ignores them).
         for (int64_t i = 0; i < rows; ++i) {
           const int64_t n = t0 + i + 1;
-          float* s = S.data() + i * L;
+          float* s = S + i * L;
           float maxv = s[0];
 #pragma omp simd reduction(max : maxv)
           for (int64_t j = 1; j < n; ++j) maxv = s[j] > maxv ? s[j] : maxv;
@@ -110,7 +121,7 @@ void attention_forward(float* out, float* lse, const float* q, const float* k, c
           lse[(b * H + h) * T + t0 + i] = maxv + std::log(sum);
         }
         // out[t0 : t0+rows] = P · v[0 : L], then normalise each row.
-        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, i32(rows), i32(D), i32(L), 1.0f, S.data(),
+        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, i32(rows), i32(D), i32(L), 1.0f, S,
                     i32(L), vh, kv.ld, 0.0f, oh + t0 * qv.ld, qv.ld);
         for (int64_t i = 0; i < rows; ++i) {
           float* o = oh + (t0 + i) * qv.ld;
@@ -134,8 +145,8 @@ void attention_backward(float* dq, float* dk, float* dv, const float* dout, cons
   openblas_set_num_threads(1);
 #pragma omp parallel
   {
-    std::vector<float> P(kQBlock * T);
-    std::vector<float> dS(kQBlock * T);
+    float* P = scratch(0, kQBlock * T);
+    float* dS = scratch(1, kQBlock * T);
 #pragma omp for schedule(static)
     for (int64_t bk = 0; bk < B * Hkv; ++bk) {
       const int64_t b = bk / Hkv;
@@ -158,10 +169,10 @@ void attention_backward(float* dq, float* dk, float* dv, const float* dout, cons
         for (int64_t t0 = 0; t0 < T; t0 += kQBlock) {
           const int64_t rows = std::min(kQBlock, T - t0);
           const int64_t L = t0 + rows;
-          block_scores(P.data(), qh, qv.ld, kh, kv.ld, t0, rows, D, scale);
+          block_scores(P, qh, qv.ld, kh, kv.ld, t0, rows, D, scale);
           // dP[rows, L] = g[t0 : t0+rows] · v[0 : L]ᵀ
           cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, i32(rows), i32(L), i32(D), 1.0f,
-                      gh + t0 * qv.ld, qv.ld, vh, kv.ld, 0.0f, dS.data(), i32(L));
+                      gh + t0 * qv.ld, qv.ld, vh, kv.ld, 0.0f, dS, i32(L));
           for (int64_t i = 0; i < rows; ++i) {
             const int64_t t = t0 + i;
             const int64_t n = t + 1;
@@ -171,8 +182,8 @@ void attention_backward(float* dq, float* dk, float* dv, const float* dout, cons
 #pragma omp simd reduction(+ : delta)
             for (int64_t d = 0; d < D; ++d) delta += g[d] * o[d];
             const float l = lse[(b * H + h) * T + t];
-            float* p = P.data() + i * L;
-            float* ds = dS.data() + i * L;
+            float* p = P + i * L;
+            float* ds = dS + i * L;
 #pragma omp simd
             for (int64_t j = 0; j < n; ++j) {
               p[j] = exp_softmax(p[j] - l);
@@ -182,11 +193,11 @@ void attention_backward(float* dq, float* dk, float* dv, const float* dout, cons
           }
           // dq[t0 : t0+rows] = scale · dS · k[0 : L]
           cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, i32(rows), i32(D), i32(L), scale,
-                      dS.data(), i32(L), kh, kv.ld, 0.0f, dqh + t0 * qv.ld, qv.ld);
+                      dS, i32(L), kh, kv.ld, 0.0f, dqh + t0 * qv.ld, qv.ld);
           // dk[0 : L] += scale · dSᵀ · q[t0 : t0+rows];  dv[0 : L] += Pᵀ · g[t0 : t0+rows]
           cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, i32(L), i32(D), i32(rows), scale,
-                      dS.data(), i32(L), qh + t0 * qv.ld, qv.ld, 1.0f, dkh, kv.ld);
-          cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, i32(L), i32(D), i32(rows), 1.0f, P.data(),
+                      dS, i32(L), qh + t0 * qv.ld, qv.ld, 1.0f, dkh, kv.ld);
+          cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, i32(L), i32(D), i32(rows), 1.0f, P,
                       i32(L), gh + t0 * qv.ld, qv.ld, 1.0f, dvh, kv.ld);
         }
       }
