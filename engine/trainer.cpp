@@ -27,7 +27,6 @@ double ms_since(Clock::time_point t0) {
 void set_threads(int64_t threads) {
   const int n = threads > 0 ? int(threads) : omp_get_num_procs();
   omp_set_num_threads(n);
-  openblas_set_num_threads(n);
 }
 
 std::string latest_or_none(const std::string& root) {
