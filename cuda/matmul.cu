@@ -102,21 +102,24 @@ void Gemm::run(bool transa, bool transb, int64_t m, int64_t n, int64_t k, const 
 // as the column-major product of the transposes (as llm.c does).
 
 void matmul_forward(Gemm& g, void* out, DType out_type, const bf16* inp, const bf16* weight, int64_t N,
-                    int64_t C, int64_t OC, cudaStream_t stream, bool accumulate) {
+                    int64_t C, int64_t OC, cudaStream_t stream, bool accumulate, int64_t ldo) {
   // outᵀ[OC,N] = weight_cm[C,OC]ᵀ · inp_cm[C,N]
-  g.run(true, false, OC, N, C, weight, C, inp, C, out, out_type, OC, 1.0f, accumulate ? 1.0f : 0.0f, stream);
+  g.run(true, false, OC, N, C, weight, C, inp, C, out, out_type, ldo ? ldo : OC, 1.0f, accumulate ? 1.0f : 0.0f,
+        stream);
 }
 
 void matmul_backward_input(Gemm& g, void* dinp, DType dinp_type, const bf16* dout, const bf16* weight,
-                           int64_t N, int64_t C, int64_t OC, cudaStream_t stream, bool accumulate) {
+                           int64_t N, int64_t C, int64_t OC, cudaStream_t stream, bool accumulate, int64_t ldo) {
   // dinpᵀ[C,N] = weight_cm[C,OC] · dout_cm[OC,N]
-  g.run(false, false, C, N, OC, weight, C, dout, OC, dinp, dinp_type, C, 1.0f, accumulate ? 1.0f : 0.0f, stream);
+  g.run(false, false, C, N, OC, weight, C, dout, ldo ? ldo : OC, dinp, dinp_type, C, 1.0f, accumulate ? 1.0f : 0.0f,
+        stream);
 }
 
 void matmul_backward_weight(Gemm& g, float* dweight, const bf16* dout, const bf16* inp, int64_t N, int64_t C,
-                            int64_t OC, cudaStream_t stream, bool accumulate) {
+                            int64_t OC, cudaStream_t stream, bool accumulate, int64_t ldo) {
   // dweightᵀ[C,OC] = inp_cm[C,N] · dout_cm[OC,N]ᵀ
-  g.run(false, true, C, OC, N, inp, C, dout, OC, dweight, DType::f32, C, 1.0f, accumulate ? 1.0f : 0.0f, stream);
+  g.run(false, true, C, OC, N, inp, C, dout, ldo ? ldo : OC, dweight, DType::f32, C, 1.0f, accumulate ? 1.0f : 0.0f,
+        stream);
 }
 
 void matmul_backward(Gemm& g, bf16* dinp, float* dweight, const bf16* dout, const bf16* inp,

@@ -56,17 +56,22 @@ class Gemm {
   std::map<Key, Plan> plans_;
 };
 
+// `ldo` (0 = OC) is the row stride, in elements, of out / dout: the lm head's
+// [N, 151665] logits should use a stride rounded up to 8 (151672) so that every
+// row is 16-byte aligned — odd strides force slow, unvectorised GEMM kernels.
+
 // out[N,OC] = inp[N,C] · weight[OC,C]ᵀ; with accumulate, out += that product.
 void matmul_forward(Gemm& g, void* out, DType out_type, const bf16* inp, const bf16* weight, int64_t N,
-                    int64_t C, int64_t OC, cudaStream_t stream, bool accumulate = false);
+                    int64_t C, int64_t OC, cudaStream_t stream, bool accumulate = false, int64_t ldo = 0);
 
 // dinp[N,C] = dout[N,OC] · weight[OC,C]  (+= with accumulate).
 void matmul_backward_input(Gemm& g, void* dinp, DType dinp_type, const bf16* dout, const bf16* weight,
-                           int64_t N, int64_t C, int64_t OC, cudaStream_t stream, bool accumulate = false);
+                           int64_t N, int64_t C, int64_t OC, cudaStream_t stream, bool accumulate = false,
+                           int64_t ldo = 0);
 
 // dweight[OC,C] (fp32) += doutᵀ · inp; accumulate = false overwrites instead.
 void matmul_backward_weight(Gemm& g, float* dweight, const bf16* dout, const bf16* inp, int64_t N,
-                            int64_t C, int64_t OC, cudaStream_t stream, bool accumulate = true);
+                            int64_t C, int64_t OC, cudaStream_t stream, bool accumulate = true, int64_t ldo = 0);
 
 // Mirror of cpu::matmul_backward: dinp (nullable, bf16, overwritten) = dout·weight;
 // dweight (nullable: frozen weight, no product at all, fp32) += doutᵀ·inp.

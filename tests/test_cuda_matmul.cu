@@ -1,6 +1,7 @@
 // cuBLASLt GEMM wrapper vs cpu::matmul_* on the same (bf16-rounded) inputs.
 // Tolerances: fp32 outputs 1e-4 (products of bf16 are exact in fp32; only the
 // summation order differs), bf16 outputs 1e-2 (one rounding of each result).
+#include <cmath>
 #include <tuple>
 
 #include "cuda/matmul.cuh"
@@ -91,6 +92,38 @@ GPU_TEST_CASE("cuda matmul: forward, both backward products, accumulation, vs cp
     for (int64_t i = 0; i < N * C; ++i) twice[i] = 2.0f * dinp_ref[i];
     CHECK_REL("backward dinp accumulate", download(dinp_acc.get(), N * C).data(), twice.data(), N * C, kTolF32);
   }
+}
+
+GPU_TEST_CASE("cuda matmul: padded row stride of out / dout (lm-head logits)") {
+  const int64_t N = 33, C = 64, OC = 1001, ldo = 1008;
+  Problem p(N, C, OC);
+  Gemm& g = runtime().gemm();
+  auto inp = upload_bf16(p.inp), weight = upload_bf16(p.weight);
+  std::vector<float> ref(N * OC);
+  spes::cpu::matmul_forward(ref.data(), p.inp.data(), p.weight.data(), N, C, OC);
+  DevTensor<float> out(N * ldo);
+  out.poison();
+  matmul_forward(g, out, DType::f32, inp, weight, N, C, OC, stream(), false, ldo);
+  const std::vector<float> o = download(out.get(), N * ldo);
+  std::vector<float> dense(N * OC);
+  for (int64_t n = 0; n < N; ++n)
+    for (int64_t i = 0; i < OC; ++i) dense[n * OC + i] = o[n * ldo + i];
+  CHECK_REL("forward, ldo > OC", dense.data(), ref.data(), N * OC, kTolF32);
+
+  // dout with NaN padding: the backward products must never read it
+  std::vector<float> dout_padded(N * ldo, NAN);
+  for (int64_t n = 0; n < N; ++n)
+    for (int64_t i = 0; i < OC; ++i) dout_padded[n * ldo + i] = p.dout[n * OC + i];
+  auto dout = upload_bf16(dout_padded);
+  std::vector<float> dinp_ref(N * C), dw_ref(OC * C, 0.0f);
+  spes::cpu::matmul_backward(dinp_ref.data(), dw_ref.data(), p.dout.data(), p.inp.data(), p.weight.data(), N, C, OC);
+  DevTensor<float> dinp(N * C), dw(OC * C);
+  dinp.poison();
+  dw.poison();
+  matmul_backward_input(g, dinp, DType::f32, dout, weight, N, C, OC, stream(), false, ldo);
+  matmul_backward_weight(g, dw, dout, inp, N, C, OC, stream(), false, ldo);
+  CHECK_REL("backward dinp, ldo > OC", download(dinp.get(), N * C).data(), dinp_ref.data(), N * C, kTolF32);
+  CHECK_REL("backward dweight, ldo > OC", download(dw.get(), OC * C).data(), dw_ref.data(), OC * C, kTolF32);
 }
 
 GPU_TEST_CASE("cuda matmul: one plan per problem, reused") {
