@@ -12,6 +12,9 @@
 //  - grouped: cublasGemmGroupedBatchedEx, one call per product, which can fill the
 //    GPU with tiles of several experts when experts are small (fine-grained: 64
 //    experts of hidden 1024).
+// Not cuda::Gemm (cuBLASLt): it caches one plan per exact shape, M included, which
+// fits fixed model shapes but would grow without bound as per-expert M varies from
+// step to step; cublasGemmEx keeps its own heuristic cache.
 // Our own grouped GEMM reading offsets on the device (no host wait, graph-capturable)
 // is the next step only if bench_moe shows the host wait or per-expert tails cost
 // more than the ≥ 70 %-of-dense goal allows.
@@ -39,18 +42,12 @@ constexpr int64_t kDispatchMaxExperts = 1024;
 
 int64_t n_chunks(int64_t NK) { return (NK + kDispatchChunk - 1) / kDispatchChunk; }
 
-// ---- bf16 vectors (VEC = 8: one 16-byte access; VEC = 1: fallback) ----------------
+// VEC consecutive bf16 <-> fp32: VEC = 8 is one 16-byte access (caller guarantees
+// alignment); VEC = 1 is the fallback for odd sizes or unaligned views.
 template <int VEC>
 __device__ __forceinline__ void load_vec(float (&f)[VEC], const bf16* p) {
   if constexpr (VEC == 8) {
-    const uint4 u = *reinterpret_cast<const uint4*>(p);
-    const __nv_bfloat162* h2 = reinterpret_cast<const __nv_bfloat162*>(&u);
-#pragma unroll
-    for (int i = 0; i < 4; ++i) {
-      const float2 t = __bfloat1622float2(h2[i]);
-      f[2 * i] = t.x;
-      f[2 * i + 1] = t.y;
-    }
+    load8(f, p);
   } else {
 #pragma unroll
     for (int i = 0; i < VEC; ++i) f[i] = __bfloat162float(p[i]);
@@ -60,21 +57,11 @@ __device__ __forceinline__ void load_vec(float (&f)[VEC], const bf16* p) {
 template <int VEC>
 __device__ __forceinline__ void store_vec(bf16* p, const float (&f)[VEC]) {
   if constexpr (VEC == 8) {
-    uint4 u;
-    __nv_bfloat162* h2 = reinterpret_cast<__nv_bfloat162*>(&u);
-#pragma unroll
-    for (int i = 0; i < 4; ++i) h2[i] = __floats2bfloat162_rn(f[2 * i], f[2 * i + 1]);
-    *reinterpret_cast<uint4*>(p) = u;
+    store8(p, f);
   } else {
 #pragma unroll
     for (int i = 0; i < VEC; ++i) p[i] = __float2bfloat16_rn(f[i]);
   }
-}
-
-__device__ __forceinline__ float warp_sum(float v) {
-#pragma unroll
-  for (int off = 16; off > 0; off >>= 1) v += __shfl_xor_sync(0xffffffffu, v, off);
-  return v;
 }
 
 bool aligned16(const void* p) { return (reinterpret_cast<uintptr_t>(p) & 15) == 0; }

@@ -10,7 +10,6 @@
 // accumulate like the CPU reference.
 #pragma once
 #include <cublas_v2.h>
-#include <cuda_bf16.h>
 #include <cuda_runtime.h>
 
 #include <array>
@@ -19,9 +18,9 @@
 #include <span>
 #include <vector>
 
-namespace spes::cuda {
+#include "cuda/common.cuh"
 
-using bf16 = __nv_bfloat16;
+namespace spes::cuda {
 
 // ---- dispatch / combine kernels -------------------------------------------------
 // Slots s ∈ [0, S = N·K) are ordered by expert, then token, then k; expert e owns

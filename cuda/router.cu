@@ -26,17 +26,6 @@ __device__ __forceinline__ float to_float(bf16 v) { return __bfloat162float(v); 
 __device__ __forceinline__ void store_out(float* p, float v) { *p = v; }
 __device__ __forceinline__ void store_out(bf16* p, float v) { *p = __float2bfloat16_rn(v); }
 
-__device__ __forceinline__ float warp_sum(float v) {
-#pragma unroll
-  for (int off = 16; off > 0; off >>= 1) v += __shfl_xor_sync(0xffffffffu, v, off);
-  return v;
-}
-__device__ __forceinline__ float warp_max(float v) {
-#pragma unroll
-  for (int off = 16; off > 0; off >>= 1) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, off));
-  return v;
-}
-
 // partials layout: [E+1][W] (column e = Σ p_{t,e} per warp, column E = Σ lse²), then
 // colsum[E+1] (the reduced columns).
 template <int EPL, typename T>

@@ -7,14 +7,13 @@
 // two fixed-shape stages (per-warp partials over a fixed token block, then one
 // fixed tree per expert), so the LB loss and its gradient are bit-reproducible.
 #pragma once
-#include <cuda_bf16.h>
 #include <cuda_runtime.h>
 
 #include <cstdint>
 
-namespace spes::cuda {
+#include "cuda/common.cuh"
 
-using bf16 = __nv_bfloat16;
+namespace spes::cuda {
 
 constexpr int64_t kRouterMaxExperts = 256;  // 8 logits per lane of a warp
 constexpr int64_t kRouterMaxTopK = 32;      // one choice per lane

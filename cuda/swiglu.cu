@@ -12,19 +12,12 @@ namespace {
 
 constexpr int kThreads = 256;
 
-// VEC consecutive bf16 <-> fp32. VEC = 8 is one 16-byte access (caller guarantees
+// VEC consecutive bf16 <-> fp32: VEC = 8 is one 16-byte access (caller guarantees
 // alignment); VEC = 1 is the fallback for odd sizes or unaligned views.
 template <int VEC>
 __device__ __forceinline__ void load_vec(float (&f)[VEC], const bf16* p) {
   if constexpr (VEC == 8) {
-    const uint4 u = *reinterpret_cast<const uint4*>(p);
-    const __nv_bfloat162* h2 = reinterpret_cast<const __nv_bfloat162*>(&u);
-#pragma unroll
-    for (int i = 0; i < 4; ++i) {
-      const float2 t = __bfloat1622float2(h2[i]);
-      f[2 * i] = t.x;
-      f[2 * i + 1] = t.y;
-    }
+    load8(f, p);
   } else {
 #pragma unroll
     for (int i = 0; i < VEC; ++i) f[i] = __bfloat162float(p[i]);
@@ -34,11 +27,7 @@ __device__ __forceinline__ void load_vec(float (&f)[VEC], const bf16* p) {
 template <int VEC>
 __device__ __forceinline__ void store_vec(bf16* p, const float (&f)[VEC]) {
   if constexpr (VEC == 8) {
-    uint4 u;
-    __nv_bfloat162* h2 = reinterpret_cast<__nv_bfloat162*>(&u);
-#pragma unroll
-    for (int i = 0; i < 4; ++i) h2[i] = __floats2bfloat162_rn(f[2 * i], f[2 * i + 1]);
-    *reinterpret_cast<uint4*>(p) = u;
+    store8(p, f);
   } else {
 #pragma unroll
     for (int i = 0; i < VEC; ++i) p[i] = __float2bfloat16_rn(f[i]);

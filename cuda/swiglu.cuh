@@ -6,14 +6,13 @@
 // row stride of gate/up (and dgate/dup), h and dh are dense [rows, H]. With separate
 // [rows, H] buffers pass ld_in = H. bf16 in and out, fp32 math.
 #pragma once
-#include <cuda_bf16.h>
 #include <cuda_runtime.h>
 
 #include <cstdint>
 
-namespace spes::cuda {
+#include "cuda/common.cuh"
 
-using bf16 = __nv_bfloat16;
+namespace spes::cuda {
 
 // h[r, c] = silu(gate[r·ld_in + c]) · up[r·ld_in + c], r < rows, c < H.
 void swiglu_forward(bf16* h, const bf16* gate, const bf16* up, int64_t rows, int64_t H, int64_t ld_in,
