@@ -608,35 +608,54 @@ void MoeLayer::upload_pointer_arrays(cudaStream_t stream) {
   cuda_check(cudaEventRecord(ptrs_uploaded_, stream));
 }
 
-void MoeLayer::run_site(cublasHandle_t handle, Site s, cudaStream_t) const {
+void MoeLayer::run_site(cublasHandle_t handle, Site s) {
   const GemmSite& site = sites_[s];
   if (site.ops.empty()) return;
   const cudaDataType_t ctype = site.c_fp32 ? CUDA_R_32F : CUDA_R_16BF;
-  if (gemm_ == ExpertGemm::per_expert) {
-    const float alpha = 1.0f;
-    for (const GemmOp& op : site.ops) {
-      cublas_check(cublasGemmEx(handle, op.transa, op.transb, op.m, op.n, op.k, &alpha, op.a, CUDA_R_16BF,
-                                op.lda, op.b, CUDA_R_16BF, op.ldb, &op.beta, op.c, ctype, op.ldc,
-                                CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
-    }
-    return;
+  if (gemm_ == ExpertGemm::grouped && !grouped_unsupported_[s]) {
+    const int64_t per_site = ptrs_per_site(shape_.n_experts), third = per_site / 3;
+    void** base = saved_.gemm_ptrs + s * per_site;
+    const cublasStatus_t status = cublasGemmGroupedBatchedEx(
+        handle, site.transa.data(), site.transb.data(), site.m.data(), site.n.data(), site.k.data(),
+        site.alpha.data(), base, CUDA_R_16BF, site.lda.data(), base + third, CUDA_R_16BF, site.ldb.data(),
+        site.beta.data(), base + 2 * third, ctype, site.ldc.data(), static_cast<int>(site.ops.size()),
+        site.group_size.data(), CUBLAS_COMPUTE_32F);
+    if (status == CUBLAS_STATUS_SUCCESS) return;
+    // A type combination the grouped API lacks (e.g. fp32 C for the weight gradients)
+    // is reported once per site and that site runs per expert from then on.
+    if (status != CUBLAS_STATUS_NOT_SUPPORTED) cublas_check(status);
+    grouped_unsupported_[s] = true;
   }
-  const int64_t per_site = ptrs_per_site(shape_.n_experts), third = per_site / 3;
-  void** base = saved_.gemm_ptrs + s * per_site;
-  cublas_check(cublasGemmGroupedBatchedEx(
-      handle, site.transa.data(), site.transb.data(), site.m.data(), site.n.data(), site.k.data(),
-      site.alpha.data(), base, CUDA_R_16BF, site.lda.data(),
-      base + third, CUDA_R_16BF, site.ldb.data(), site.beta.data(),
-      base + 2 * third, ctype, site.ldc.data(), static_cast<int>(site.ops.size()), site.group_size.data(),
-      CUBLAS_COMPUTE_32F));
+  const float alpha = 1.0f;
+  for (const GemmOp& op : site.ops) {
+    cublas_check(cublasGemmEx(handle, op.transa, op.transb, op.m, op.n, op.k, &alpha, op.a, CUDA_R_16BF, op.lda,
+                              op.b, CUDA_R_16BF, op.ldb, &op.beta, op.c, ctype, op.ldc, CUBLAS_COMPUTE_32F,
+                              CUBLAS_GEMM_DEFAULT));
+  }
+}
+
+int MoeLayer::grouped_fallback_sites() const {
+  int n = 0;
+  for (bool b : grouped_unsupported_) n += b;
+  return n;
+}
+
+// cublasSetStream also resets a workspace set with cublasSetWorkspace, so the handle
+// is only touched when it is not already bound to this stream.
+void MoeLayer::bind(cublasHandle_t handle, cudaStream_t stream) {
+  cudaStream_t current = nullptr;
+  cublas_check(cublasGetStream(handle, &current));
+  if (current != stream) cublas_check(cublasSetStream(handle, stream));
+  cublasPointerMode_t mode;
+  cublas_check(cublasGetPointerMode(handle, &mode));
+  if (mode != CUBLAS_POINTER_MODE_HOST) cublas_check(cublasSetPointerMode(handle, CUBLAS_POINTER_MODE_HOST));
 }
 
 void MoeLayer::forward(cublasHandle_t handle, bf16* out, const bf16* x, const float* count_scale,
                        cudaStream_t stream) {
   const int64_t N = shape_.tokens, E = shape_.n_experts, K = shape_.top_k, S = shape_.slots();
   const int64_t d = shape_.d_model, H = shape_.hidden;
-  cublas_check(cublasSetStream(handle, stream));
-  cublas_check(cublasSetPointerMode(handle, CUBLAS_POINTER_MODE_HOST));
+  bind(handle, stream);
 
   // Router: fp32 logits straight into probs, which router_forward overwrites in place.
   gemm_ex(handle, {false, true, N, E, d, x, d, w_.router, d, saved_.probs, E, 0.0f}, CUDA_R_32F);
@@ -663,9 +682,9 @@ void MoeLayer::forward(cublasHandle_t handle, bf16* out, const bf16* x, const fl
   if (gemm_ == ExpertGemm::grouped) upload_pointer_arrays(stream);
   have_forward_ = true;
 
-  run_site(handle, kFwdGateUp, stream);
+  run_site(handle, kFwdGateUp);
   swiglu_forward(scratch_.h, saved_.gu, saved_.gu + H, S, H, 2 * H, stream);
-  run_site(handle, kFwdDown, stream);
+  run_site(handle, kFwdDown);
   moe_combine_forward(out, saved_.ye, saved_.topk_w, saved_.token_slot, N, K, d, stream);
 }
 
@@ -674,19 +693,18 @@ void MoeLayer::backward(cublasHandle_t handle, bf16* dx, const bf16* dout, const
   if (!have_forward_) throw Error("MoeLayer::backward called before forward");
   const int64_t N = shape_.tokens, E = shape_.n_experts, K = shape_.top_k, S = shape_.slots();
   const int64_t d = shape_.d_model, H = shape_.hidden;
-  cublas_check(cublasSetStream(handle, stream));
-  cublas_check(cublasSetPointerMode(handle, CUBLAS_POINTER_MODE_HOST));
+  bind(handle, stream);
 
   moe_combine_backward(scratch_.dye, scratch_.dtopk_w, dout, saved_.ye, saved_.topk_w, saved_.token_slot,
                        N, K, d, stream);
-  run_site(handle, kBwdDh, stream);  // dh into scratch.h
+  run_site(handle, kBwdDh);  // dh into scratch.h
   // dgu from dh, and h recomputed in place of dh for the down-weight gradient.
   swiglu_backward(scratch_.dgu, scratch_.dgu + H, scratch_.h, scratch_.h, saved_.gu, saved_.gu + H, S, H,
                   2 * H, stream);
-  run_site(handle, kBwdDownGrad, stream);  // owned experts only
-  run_site(handle, kBwdDxe, stream);       // dxe overwrites dye (consumed above)
-  run_site(handle, kBwdDxeUp, stream);
-  run_site(handle, kBwdGateUpGrad, stream);  // owned experts only
+  run_site(handle, kBwdDownGrad);  // owned experts only
+  run_site(handle, kBwdDxe);       // dxe overwrites dye (consumed above)
+  run_site(handle, kBwdDxeUp);
+  run_site(handle, kBwdGateUpGrad);  // owned experts only
   moe_gather_backward(dx, scratch_.dye, saved_.token_slot, N, K, d, stream);
 
   router_backward(scratch_.dlogits, scratch_.dtopk_w, saved_.probs, saved_.lse, saved_.topk_idx,

@@ -152,6 +152,9 @@ class MoeLayer {
   // Expert offsets[E+1] of the last forward (host copy), e.g. for load metrics.
   std::span<const int32_t> expert_offsets() const { return offsets_; }
   const MoeSaved& saved() const { return saved_; }
+  // ExpertGemm::grouped only: how many GEMM sites fell back to per-expert calls
+  // because cuBLAS has no grouped kernel for their types.
+  int grouped_fallback_sites() const;
 
  private:
   // One cuBLAS (column-major) product C = op(A)·op(B) + beta·C, alpha = 1.
@@ -180,7 +183,8 @@ class MoeLayer {
 
   void plan_gemms();
   void upload_pointer_arrays(cudaStream_t stream);
-  void run_site(cublasHandle_t handle, Site site, cudaStream_t stream) const;
+  void run_site(cublasHandle_t handle, Site site);
+  static void bind(cublasHandle_t handle, cudaStream_t stream);
 
   MoeShape shape_;
   ExpertGemm gemm_;
@@ -190,6 +194,7 @@ class MoeLayer {
   MoeScratch scratch_;
   std::vector<bool> owned_, gate_up_fused_, grad_fused_;
   std::array<GemmSite, kSites> sites_;
+  std::array<bool, kSites> grouped_unsupported_{};
   std::vector<int32_t> offsets_;  // host copy of the last forward's offsets
   bool have_forward_ = false;
 
