@@ -867,6 +867,7 @@ Coordinator::Coordinator(const Config& cfg, CoordinatorOptions opt)
 Coordinator::~Coordinator() = default;
 
 uint16_t Coordinator::port() const { return impl_->acceptor.local_endpoint().port(); }
+std::string Coordinator::bind_address() const { return impl_->acceptor.local_endpoint().address().to_string(); }
 
 void Coordinator::run() {
   Impl& I = *impl_;

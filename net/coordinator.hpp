@@ -61,6 +61,7 @@ class Coordinator {
   Coordinator& operator=(const Coordinator&) = delete;
 
   uint16_t port() const;
+  std::string bind_address() const;  // the address actually bound ("127.0.0.1" without a secret)
   void run();   // serves in the calling thread until stop()
   void stop();  // thread-safe; persists θ if the last round is not persisted yet
   CoordinatorStats stats() const;  // thread-safe

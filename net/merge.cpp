@@ -69,11 +69,11 @@ void merge_tensor(const std::vector<T*>& w, int64_t n, const std::vector<std::ve
     for (int e = 0; e < E; ++e) {
       if (donors[e].empty()) continue;
       const double* self = &in[size_t(e) * kTile];
-      const double inv_k = 1.0 / double(donors[e].size());
+      const double k = double(donors[e].size());
       for (int64_t i = 0; i < m; ++i) {
         double s = 0;
         for (int j : donors[e]) s += in[size_t(j) * kTile + i] - self[i];
-        w[e][k0 + i] = T(self[i] + alpha * (s * inv_k));
+        w[e][k0 + i] = T(self[i] + alpha * (s / k));
       }
     }
   }

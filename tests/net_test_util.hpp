@@ -116,7 +116,7 @@ struct TestNode {
     if (!opt.secret) opt.secret = "test-secret";
     if (opt.backoff_min_s == 0.2) opt.backoff_min_s = 0.02;
     if (opt.backoff_max_s == 10) opt.backoff_max_s = 0.3;
-    opt.log = false;
+    opt.log = std::getenv("SPES_NET_TEST_LOG") != nullptr;
     client = std::make_unique<SyncClient>(cfg, layout, own, fp, opt);
   }
 
