@@ -379,8 +379,12 @@ struct Coordinator::Impl::Session : std::enable_shared_from_this<Session> {
   // Refuses with a plain reason, then closes once the Error frame is written.
   void fail(wire::ErrorCode code, const std::string& reason) {
     if (state == State::closing || state == State::closed) return;
-    if (code == wire::ErrorCode_stale_round) co.log("%s: %s", who().c_str(), reason.c_str());
-    else co.refused(who(), reason);
+    if (code == wire::ErrorCode_stale_round) {
+      co.update_stats([](CoordinatorStats& st) { ++st.refused; });
+      co.log("%s: %s", who().c_str(), reason.c_str());
+    } else {
+      co.refused(who(), reason);
+    }
     // Nothing more after the Error; a frame already in flight is finished first.
     if (writing && !outq.empty()) {
       outq.erase(outq.begin() + 1, outq.end());
