@@ -3,6 +3,7 @@
 #include <cstdio>
 #include <cstring>
 #include <string>
+#include <vector>
 
 #include <boost/program_options.hpp>
 
@@ -10,6 +11,9 @@
 #include "engine/checkpoint.hpp"
 #include "engine/config.hpp"
 #include "engine/error.hpp"
+#include "engine/local.hpp"
+#include "net/coordinator.hpp"
+#include "net/merge.hpp"
 #include "model/hf_export.hpp"
 #include "engine/trainer.hpp"
 
@@ -49,6 +53,24 @@ int export_hf_command(int argc, char** argv) {
   return 0;
 }
 
+// `coordinator CONFIG [--set section.key=value]... [--dump-state DIR] [--dump-every N]`
+int coordinator_command(int argc, char** argv) {
+  if (argc < 2 || argv[1][0] == '-')
+    throw Error("usage: spes-engine coordinator CONFIG [--set section.key=value]... [--dump-state DIR] [--dump-every N]");
+  std::vector<std::string> sets, rest;
+  for (int i = 2; i < argc; ++i) {
+    if (!std::strcmp(argv[i], "--set")) {
+      if (i + 1 == argc) throw Error("--set needs section.key=value");
+      sets.push_back(argv[++i]);
+    } else {
+      rest.push_back(argv[i]);
+    }
+  }
+  return net::coordinator_main(load_config(argv[1], sets), rest);
+}
+
+int merge_experts_command(int argc, char** argv) { return net::merge_experts_main({argv + 1, argv + argc}); }
+
 struct Command {
   const char* name;
   int (*main)(int, char**);
@@ -57,6 +79,9 @@ struct Command {
 
 const Command kCommands[] = {
     {"train", train_main, "train one node: train CONFIG [--set section.key=value]... [--node-id N] [--resume]"},
+    {"coordinator", coordinator_command, "merge coordinator: coordinator CONFIG [--set k=v]... [--dump-state DIR --dump-every N]"},
+    {"local", local_main, "coordinator + every node on this machine: local CONFIG [--set k=v]..."},
+    {"merge-experts", merge_experts_command, "expert merging on safetensors: merge-experts --in A --out B --alpha X [--topk K]"},
     {"eval", eval_main, "validation loss: eval CONFIG --checkpoint DIR [--data MANIFEST]"},
     {"export-hf", export_hf_command, "HF OLMoE export: export-hf --checkpoint DIR --out DIR [--dtype F32|BF16]"},
     {"tokenize", tokenize_command, "text/JSONL to token files: tokenize --input FILE... --out DIR [--val-fraction F]"},
