@@ -175,7 +175,7 @@ struct Coordinator::Impl {
 
   Impl(const Config& c, CoordinatorOptions o);
   void log(const char* fmt, ...) const __attribute__((format(printf, 2, 3)));
-  void set_phase(Phase p, const std::string& why);
+  void set_phase(Phase p, int64_t r, const std::string& why);
   void accept();
   void on_push_chunk(Session& s, const wire::PushChunk* m);
   void on_push_done(Session& s, const wire::PushDone* m);
@@ -614,8 +614,8 @@ void Coordinator::Impl::refused(const std::string& who, const std::string& reaso
         refusal_logs == 20 ? " (further refusals logged every 1000th)" : "");
 }
 
-void Coordinator::Impl::set_phase(Phase p, const std::string& why) {
-  log("round %" PRId64 ": %s -> %s (%s)", round + 1, phase_name(phase), phase_name(p), why.c_str());
+void Coordinator::Impl::set_phase(Phase p, int64_t r, const std::string& why) {
+  log("round %" PRId64 ": %s -> %s (%s)", r, phase_name(phase), phase_name(p), why.c_str());
   phase = p;
 }
 
@@ -684,7 +684,7 @@ void Coordinator::Impl::on_push_chunk(Session& s, const wire::PushChunk* m) {
   float* v = scratch.data();
   if (!decode(codec, p, ch.size(), v)) return s.fail(wire::ErrorCode_bad_push, "push payload holds non-finite values");
   if (phase == Phase::waiting) {
-    set_phase(Phase::collecting, "first push, from node " + std::to_string(s.node_id));
+    set_phase(Phase::collecting, round + 1, "first push, from node " + std::to_string(s.node_id));
     timed_out = false;
     round_timer.expires_after(to_duration(cfg.spes.round_timeout_s));
     const int64_t r = round + 1;
@@ -731,7 +731,7 @@ void Coordinator::Impl::maybe_close() {
 
 void Coordinator::Impl::close_round(const std::string& why) {
   round_timer.cancel();
-  set_phase(Phase::merging, why);
+  set_phase(Phase::merging, round + 1, why);
   const auto t0 = Clock::now();
   const int64_t r = round + 1;
   int participants = 0;
@@ -792,7 +792,7 @@ void Coordinator::Impl::close_round(const std::string& why) {
   // Persist before anyone can see the round: a restart never loses a published round.
   if (cfg.spes.persist_every > 0 && round % cfg.spes.persist_every == 0) persist();
 
-  set_phase(Phase::publishing, std::to_string(participants) + " recipient(s)");
+  set_phase(Phase::publishing, round, std::to_string(participants) + " recipient(s)");
   // RoundDone frame bytes (small) are counted with the chunks.
   pub->bytes += int64_t(kHeaderBytes + 96);
   std::vector<std::shared_ptr<Session>> recipients;
@@ -827,7 +827,7 @@ void Coordinator::Impl::close_round(const std::string& why) {
   round_bytes_in = 0;
   round_late = 0;
   timed_out = false;
-  set_phase(Phase::waiting, "round " + std::to_string(r) + " published");
+  set_phase(Phase::waiting, round + 1, "round " + std::to_string(r) + " published");
 }
 
 void Coordinator::Impl::persist() {
