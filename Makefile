@@ -27,7 +27,12 @@ build: configure
 test: build
 	cd $(BUILD) && ctest --output-on-failure -j 1
 
-run: build
+DEMO_DATA = runs/data/tinyshakespeare
+
+$(DEMO_DATA)/train.manifest: data/corpus/tinyshakespeare.txt | build
+	./$(BUILD)/spes-engine tokenize --input $< --out $(DEMO_DATA) --val-fraction 0.05
+
+run: build $(DEMO_DATA)/train.manifest
 	./$(BUILD)/spes-engine train configs/tiny.toml
 
 bench: build

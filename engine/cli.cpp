@@ -1,16 +1,83 @@
 #include "engine/cli.hpp"
 
 #include <cstdio>
+#include <cstring>
 #include <string>
+
+#include <boost/program_options.hpp>
+
+#include "data/tokenize.hpp"
+#include "engine/checkpoint.hpp"
+#include "engine/config.hpp"
+#include "engine/error.hpp"
+#include "model/hf_export.hpp"
+#include "engine/trainer.hpp"
 
 namespace spes {
 
-int run_cli(int argc, char** argv) {
-  if (argc < 2) {
-    std::fprintf(stderr, "usage: spes-engine <train|coordinator|local|eval|export-hf|tokenize|merge-experts> ...\n");
-    return 2;
+namespace {
+
+int tokenize_command(int argc, char** argv) { return tokenize_main({argv + 1, argv + argc}); }
+
+// `export-hf --checkpoint DIR --out DIR [--dtype F32|BF16]`: the checkpoint's
+// model as a folder transformers loads (OlmoeForCausalLM).
+int export_hf_command(int argc, char** argv) {
+  namespace po = boost::program_options;
+  std::string checkpoint, out, dtype = "F32";
+  po::options_description opts;
+  opts.add_options()("checkpoint", po::value(&checkpoint)->required(), "checkpoint folder or root")(
+      "out", po::value(&out)->required(), "output folder")("dtype", po::value(&dtype), "F32 or BF16");
+  po::variables_map vm;
+  try {
+    po::store(po::parse_command_line(argc, argv, opts), vm);
+    po::notify(vm);
+  } catch (const po::error& e) {
+    throw Error(std::string(e.what()) + "\nusage: spes-engine export-hf --checkpoint DIR --out DIR [--dtype F32|BF16]");
   }
+  if (dtype != "F32" && dtype != "BF16") throw Error("--dtype " + dtype + ": expected F32 or BF16");
+  const CheckpointState s = load_checkpoint(checkpoint);
+  const Config c = parse_config_text(s.config_toml, checkpoint + "/config.toml");
+  const ParamLayout layout = make_layout(c.model);
+  if (int64_t(s.params.size()) != layout.total)
+    throw CheckpointError(checkpoint + ": " + std::to_string(s.params.size()) + " parameters, its config needs " +
+                          std::to_string(layout.total));
+  HfExportOptions o;
+  o.dtype = dtype;
+  o.router_aux_loss_coef = c.train.loss.lb_coef;
+  export_hf(c.model, layout, s.params.data(), out, o);
+  std::fprintf(stderr, "exported step %lld to %s (config.json, model.safetensors)\n", (long long)s.step, out.c_str());
+  return 0;
+}
+
+struct Command {
+  const char* name;
+  int (*main)(int, char**);
+  const char* summary;
+};
+
+const Command kCommands[] = {
+    {"train", train_main, "train one node: train CONFIG [--set section.key=value]... [--node-id N] [--resume]"},
+    {"eval", eval_main, "validation loss: eval CONFIG --checkpoint DIR [--data MANIFEST]"},
+    {"export-hf", export_hf_command, "HF OLMoE export: export-hf --checkpoint DIR --out DIR [--dtype F32|BF16]"},
+    {"tokenize", tokenize_command, "text/JSONL to token files: tokenize --input FILE... --out DIR [--val-fraction F]"},
+};
+
+void usage() {
+  std::fprintf(stderr, "usage: spes-engine <command> [args]\ncommands:\n");
+  for (const Command& c : kCommands) std::fprintf(stderr, "  %-14s %s\n", c.name, c.summary);
+}
+
+}  // namespace
+
+int run_cli(int argc, char** argv) {
+  if (argc < 2 || !std::strcmp(argv[1], "--help") || !std::strcmp(argv[1], "-h")) {
+    usage();
+    return argc < 2 ? 2 : 0;
+  }
+  for (const Command& c : kCommands)
+    if (!std::strcmp(argv[1], c.name)) return c.main(argc - 1, argv + 1);
   std::fprintf(stderr, "spes-engine: unknown command '%s'\n", argv[1]);
+  usage();
   return 2;
 }
 

@@ -1,0 +1,122 @@
+// Shared by the row-normalisation kernels (rmsnorm.cu, rope.cu): how a block covers
+// rows of C channels, and the deterministic weight-gradient reduction.
+//
+// Layout: a block is tx × ty threads; the ty rows of threads (threadIdx.y) each own
+// one row of the tensor, and the tx threads of a row each own VPT 16-byte vectors
+// (8 channels each) at v = threadIdx.x + k·tx. tx is a multiple of 32, so warps never
+// straddle rows and a row reduction is warp shuffles plus one smem exchange.
+// A row is read once into registers and written once: one pass over memory.
+//
+// dweight: the backward kernels run a fixed grid of G blocks that stride over rows;
+// each thread keeps its channels' Σ_rows partial in registers, the ty row-slices of
+// a block are added in fixed order, and the block's partial goes to scratch[G][C].
+// A second kernel adds the G partials per channel in fixed order into dweight.
+// No float atomics: bit-identical results for the same device and shape.
+#pragma once
+#include <algorithm>
+
+#include "cuda/check.cuh"
+#include "cuda/common.cuh"
+
+namespace spes::cuda::norm {
+
+constexpr int kMaxVpt = 4;         // ≤ 4 vectors per thread: C ≤ 8·256·4 = 8192
+constexpr int kMaxRowsPerBlock = 4;
+// ≤ 512 threads per block leaves up to 128 registers per thread: the backward
+// kernels hold three VPT×8 float arrays (gradient, x̂, dweight partial).
+constexpr int kMaxThreads = 512;
+
+struct RowLayout {
+  int vpt = 1;  // vectors per thread: 1, 2 or 4
+  int tx = 32;  // threads per row (multiple of 32)
+  int ty = 1;   // rows per block
+};
+
+inline RowLayout row_layout(int64_t C, const char* op) {
+  require(C > 0 && C % 8 == 0, op, "channels C = " + std::to_string(C) + " must be a positive multiple of 8");
+  const int64_t c8 = C / 8;
+  RowLayout l;
+  l.vpt = c8 <= 256 ? 1 : c8 <= 512 ? 2 : 4;
+  require(c8 <= 256 * kMaxVpt, op, "channels C = " + std::to_string(C) + " > 8192 is not supported");
+  l.tx = static_cast<int>(round_up(ceil_div(c8, l.vpt), kWarp));
+  l.ty = std::max(1, std::min(kMaxRowsPerBlock, kMaxThreads / l.tx));
+  return l;
+}
+
+// Blocks for a backward kernel that strides over rows: as many as can be resident
+// at once (so one wave covers the GPU), never more than there are row groups.
+template <class Kernel>
+int partial_blocks(Kernel kernel, const RowLayout& l, size_t smem, int64_t N) {
+  int dev = 0, sms = 0, per_sm = 0;
+  cuda_check(cudaGetDevice(&dev));
+  cuda_check(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev));
+  cuda_check(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, l.tx * l.ty, smem));
+  const int64_t groups = ceil_div(N, l.ty);
+  return static_cast<int>(std::max<int64_t>(1, std::min<int64_t>(groups, int64_t(std::max(per_sm, 1)) * sms)));
+}
+
+// Adds the ty row-slices' dw partials of this block in order y = 0, 1, …, ty−1 and
+// writes the block's partial row to out[C]. smem holds C floats.
+template <int VPT>
+__device__ void store_block_partial(float (&dw)[VPT][8], float* out, float* smem, int C) {
+  const int c8 = C / 8;
+  for (int y = 1; y < static_cast<int>(blockDim.y); ++y) {
+    if (threadIdx.y == y) {
+#pragma unroll
+      for (int k = 0; k < VPT; ++k) {
+        const int v = threadIdx.x + k * blockDim.x;
+        if (v < c8) store8(smem + v * 8, dw[k]);
+      }
+    }
+    __syncthreads();
+    if (threadIdx.y == 0) {
+#pragma unroll
+      for (int k = 0; k < VPT; ++k) {
+        const int v = threadIdx.x + k * blockDim.x;
+        if (v < c8) {
+          float t[8];
+          load8(t, smem + v * 8);
+#pragma unroll
+          for (int i = 0; i < 8; ++i) dw[k][i] += t[i];
+        }
+      }
+    }
+    __syncthreads();
+  }
+  if (threadIdx.y == 0) {
+#pragma unroll
+    for (int k = 0; k < VPT; ++k) {
+      const int v = threadIdx.x + k * blockDim.x;
+      if (v < c8) store8(out + v * 8, dw[k]);
+    }
+  }
+}
+
+// dweight[c] += Σ_{b<G} partial[b][c], summed in b order by a fixed 32×16 shape:
+// thread (x, y) sums b ≡ y (mod 16) in increasing b, then the 16 sums are added in y
+// order. Launch: grid ceil(C/32), block (32, 16).
+constexpr int kReduceY = 16;
+static __global__ void dweight_reduce_kernel(float* __restrict__ dweight, const float* __restrict__ partial,
+                                             int G, int C) {
+  __shared__ float s[kReduceY][kWarp + 1];
+  const int c = blockIdx.x * kWarp + threadIdx.x;
+  float acc = 0.0f;
+  if (c < C)
+    for (int b = threadIdx.y; b < G; b += kReduceY) acc += partial[static_cast<int64_t>(b) * C + c];
+  s[threadIdx.y][threadIdx.x] = acc;
+  __syncthreads();
+  if (threadIdx.y == 0 && c < C) {
+    float t = 0.0f;
+#pragma unroll
+    for (int y = 0; y < kReduceY; ++y) t += s[y][threadIdx.x];
+    dweight[c] += t;
+  }
+}
+
+inline void launch_dweight_reduce(float* dweight, const float* partial, int G, int64_t C, cudaStream_t stream) {
+  dweight_reduce_kernel<<<static_cast<unsigned>(ceil_div(C, kWarp)), dim3(kWarp, kReduceY), 0, stream>>>(
+      dweight, partial, G, static_cast<int>(C));
+  cuda_check_launch();
+}
+
+}  // namespace spes::cuda::norm

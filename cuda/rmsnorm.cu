@@ -1,0 +1,202 @@
+// RMSNorm + residual: forward and backward. Layout and dweight scheme: norm_common.cuh.
+//
+// Memory passes (bf16 = 2 B/channel):
+//   forward:  read res_in, branch; write res_out, out       = 8 B/channel/row
+//   backward: read dout, dres_in, x; write dres_out         = 8 B/channel/row
+//             + G·C·8 B for the dweight partials (G ≈ resident blocks, ≈1–3 %)
+// Both are single-pass and bandwidth bound: expected ≥ 80 % of D2D copy at
+// 16k×768 / 16k×2048 (not yet measured: no GPU in the session that wrote this).
+#include "cuda/norm_common.cuh"
+#include "cuda/rmsnorm.cuh"
+
+namespace spes::cuda {
+
+namespace {
+
+using norm::RowLayout;
+
+template <int VPT>
+__global__ void __launch_bounds__(norm::kMaxThreads) rmsnorm_forward_kernel(bf16* out, float* __restrict__ rstd, bf16* res_out,
+                                                               const bf16* res_in, const bf16* __restrict__ branch,
+                                                               const bf16* __restrict__ weight, int64_t N, int C,
+                                                               float eps) {
+  __shared__ float scratch[norm::kMaxRowsPerBlock * kWarp];
+  const int64_t row = static_cast<int64_t>(blockIdx.x) * blockDim.y + threadIdx.y;
+  const bool active = row < N;  // no early return: row_sum synchronises the block
+  const int c8 = C / 8;
+  float x[VPT][8];
+  float ss = 0.0f;
+#pragma unroll
+  for (int k = 0; k < VPT; ++k) {
+    const int v = threadIdx.x + k * blockDim.x;
+    if (active && v < c8) {
+      const int64_t off = row * C + v * 8;
+      load8(x[k], res_in + off);
+      if (branch != nullptr) {
+        float b[8];
+        load8(b, branch + off);
+#pragma unroll
+        for (int i = 0; i < 8; ++i) x[k][i] = __bfloat162float(__float2bfloat16_rn(x[k][i] + b[i]));
+        store8(res_out + off, x[k]);
+      }
+#pragma unroll
+      for (int i = 0; i < 8; ++i) ss += x[k][i] * x[k][i];
+    } else {
+#pragma unroll
+      for (int i = 0; i < 8; ++i) x[k][i] = 0.0f;
+    }
+  }
+  const float total = row_sum(ss, scratch);
+  const float r = rsqrtf(total / static_cast<float>(C) + eps);
+  if (!active) return;
+  if (threadIdx.x == 0) rstd[row] = r;
+#pragma unroll
+  for (int k = 0; k < VPT; ++k) {
+    const int v = threadIdx.x + k * blockDim.x;
+    if (v < c8) {
+      float w[8], y[8];
+      load8(w, weight + v * 8);
+#pragma unroll
+      for (int i = 0; i < 8; ++i) y[i] = x[k][i] * r * w[i];
+      store8(out + row * C + v * 8, y);
+    }
+  }
+}
+
+// Grid: G blocks striding over row groups (see norm_common.cuh). partial: [G][C]
+// or nullptr when the weight is frozen.
+template <int VPT>
+__global__ void __launch_bounds__(norm::kMaxThreads) rmsnorm_backward_kernel(bf16* dres_out, float* __restrict__ partial,
+                                                                const bf16* __restrict__ dout, const bf16* dres_in,
+                                                                const bf16* __restrict__ x_in,
+                                                                const bf16* __restrict__ weight,
+                                                                const float* __restrict__ rstd, int64_t N, int C) {
+  extern __shared__ float smem[];  // C floats, for the block's dweight partial
+  __shared__ float scratch[norm::kMaxRowsPerBlock * kWarp];
+  const int c8 = C / 8;
+  const float inv_c = 1.0f / static_cast<float>(C);
+  float dw[VPT][8];
+#pragma unroll
+  for (int k = 0; k < VPT; ++k)
+#pragma unroll
+    for (int i = 0; i < 8; ++i) dw[k][i] = 0.0f;
+  const int64_t stride = static_cast<int64_t>(gridDim.x) * blockDim.y;
+  for (int64_t base = static_cast<int64_t>(blockIdx.x) * blockDim.y; base < N; base += stride) {
+    const int64_t row = base + threadIdx.y;
+    const bool active = row < N;  // uniform trip count: row_sum synchronises
+    const float r = active ? rstd[row] : 0.0f;
+    float g[VPT][8], xh[VPT][8];
+    float dot = 0.0f;
+#pragma unroll
+    for (int k = 0; k < VPT; ++k) {
+      const int v = threadIdx.x + k * blockDim.x;
+      if (active && v < c8) {
+        float w[8];  // re-read per row from L1: keeps registers for g, x̂ and dw
+        load8(w, weight + v * 8);
+        load8_stream(g[k], dout + row * C + v * 8);
+        load8_stream(xh[k], x_in + row * C + v * 8);
+#pragma unroll
+        for (int i = 0; i < 8; ++i) {
+          xh[k][i] *= r;
+          dot += g[k][i] * w[i] * xh[k][i];
+        }
+      } else {
+#pragma unroll
+        for (int i = 0; i < 8; ++i) g[k][i] = xh[k][i] = 0.0f;
+      }
+    }
+    const float mean_dot = row_sum(dot, scratch) * inv_c;
+    if (!active) continue;
+#pragma unroll
+    for (int k = 0; k < VPT; ++k) {
+      const int v = threadIdx.x + k * blockDim.x;
+      if (v < c8) {
+        const int64_t off = row * C + v * 8;
+        float w[8], d[8];
+        load8(w, weight + v * 8);
+        if (dres_in != nullptr) load8(d, dres_in + off);
+        else
+#pragma unroll
+          for (int i = 0; i < 8; ++i) d[i] = 0.0f;
+#pragma unroll
+        for (int i = 0; i < 8; ++i) {
+          d[i] += r * (g[k][i] * w[i] - xh[k][i] * mean_dot);
+          dw[k][i] += g[k][i] * xh[k][i];
+        }
+        store8(dres_out + off, d);
+      }
+    }
+  }
+  if (partial != nullptr) norm::store_block_partial<VPT>(dw, partial + static_cast<int64_t>(blockIdx.x) * C, smem, C);
+}
+
+template <int VPT>
+int backward_blocks(const RowLayout& l, int64_t N, int64_t C) {
+  return norm::partial_blocks(rmsnorm_backward_kernel<VPT>, l, C * sizeof(float), N);
+}
+
+int backward_blocks(const RowLayout& l, int64_t N, int64_t C) {
+  switch (l.vpt) {
+    case 1: return backward_blocks<1>(l, N, C);
+    case 2: return backward_blocks<2>(l, N, C);
+    default: return backward_blocks<4>(l, N, C);
+  }
+}
+
+void check_aligned(const void* p, const char* op, const char* name) {
+  require(p == nullptr || aligned(p, 16), op, std::string(name) + " must be 16-byte aligned");
+}
+
+}  // namespace
+
+void rmsnorm_forward(bf16* out, float* rstd, bf16* res_out, const bf16* res_in, const bf16* branch,
+                     const bf16* weight, int64_t N, int64_t C, float eps, cudaStream_t stream) {
+  const char* op = "rmsnorm_forward";
+  const RowLayout l = norm::row_layout(C, op);
+  require(branch == nullptr || res_out != nullptr, op, "a branch needs res_out for the new residual");
+  for (const void* p : {(const void*)out, (const void*)res_out, (const void*)res_in, (const void*)branch,
+                        (const void*)weight})
+    check_aligned(p, op, "every bf16 buffer");
+  if (N == 0) return;
+  const dim3 block(l.tx, l.ty);
+  const unsigned grid = static_cast<unsigned>(ceil_div(N, l.ty));
+  const int c = static_cast<int>(C);
+  switch (l.vpt) {
+    case 1: rmsnorm_forward_kernel<1><<<grid, block, 0, stream>>>(out, rstd, res_out, res_in, branch, weight, N, c, eps); break;
+    case 2: rmsnorm_forward_kernel<2><<<grid, block, 0, stream>>>(out, rstd, res_out, res_in, branch, weight, N, c, eps); break;
+    default: rmsnorm_forward_kernel<4><<<grid, block, 0, stream>>>(out, rstd, res_out, res_in, branch, weight, N, c, eps); break;
+  }
+  cuda_check_launch();
+}
+
+size_t rmsnorm_backward_scratch_bytes(int64_t N, int64_t C) {
+  const RowLayout l = norm::row_layout(C, "rmsnorm_backward");
+  if (N == 0) return 0;
+  return static_cast<size_t>(backward_blocks(l, N, C)) * C * sizeof(float);
+}
+
+void rmsnorm_backward(bf16* dres_out, float* dweight, void* scratch, const bf16* dout, const bf16* dres_in,
+                      const bf16* x, const bf16* weight, const float* rstd, int64_t N, int64_t C,
+                      cudaStream_t stream) {
+  const char* op = "rmsnorm_backward";
+  const RowLayout l = norm::row_layout(C, op);
+  for (const void* p : {(const void*)dres_out, (const void*)dout, (const void*)dres_in, (const void*)x,
+                        (const void*)weight, (const void*)scratch})
+    check_aligned(p, op, "every buffer");
+  require(dweight == nullptr || scratch != nullptr, op, "dweight needs scratch (rmsnorm_backward_scratch_bytes)");
+  if (N == 0) return;
+  const int G = backward_blocks(l, N, C);
+  float* partial = dweight ? static_cast<float*>(scratch) : nullptr;
+  const dim3 block(l.tx, l.ty);
+  const size_t smem = C * sizeof(float);
+  const int c = static_cast<int>(C);
+  switch (l.vpt) {
+    case 1: rmsnorm_backward_kernel<1><<<G, block, smem, stream>>>(dres_out, partial, dout, dres_in, x, weight, rstd, N, c); break;
+    case 2: rmsnorm_backward_kernel<2><<<G, block, smem, stream>>>(dres_out, partial, dout, dres_in, x, weight, rstd, N, c); break;
+    default: rmsnorm_backward_kernel<4><<<G, block, smem, stream>>>(dres_out, partial, dout, dres_in, x, weight, rstd, N, c); break;
+  }
+  cuda_check_launch();
+  if (dweight) norm::launch_dweight_reduce(dweight, partial, G, C, stream);
+}
+
+}  // namespace spes::cuda

@@ -1,0 +1,38 @@
+// RMSNorm fused with the residual add (DESIGN §1: y = x / sqrt(mean(x²) + eps) · w,
+// statistics in fp32). Same math as cpu::rmsnorm_forward / rmsnorm_backward.
+//
+// In the pre-norm block `h = x + Attn(RMSNorm_in(x))`, `x' = h + MoE(RMSNorm_post(h))`
+// every norm input is a fresh residual sum, so forward takes the residual and the
+// branch output, writes the new residual and its normalised copy in one pass.
+// Backward adds the norm's input gradient to the residual-stream gradient: the sum
+// is the gradient of the new residual, hence of both the old residual and the branch.
+#pragma once
+#include <cuda_runtime.h>
+
+#include <cstdint>
+
+#include "cuda/common.cuh"
+
+namespace spes::cuda {
+
+// x = res_in + branch, rounded to bf16 and written to res_out (branch == nullptr:
+// x = res_in, res_out untouched — the first layer's input norm);
+// out = x · rstd · weight, rstd[n] = 1/sqrt(mean_c x² + eps) (fp32). The norm uses
+// the bf16-rounded x, i.e. exactly what backward will read. res_out may alias res_in.
+// C must be a multiple of 8 (≤ 8192) and every pointer 16-byte aligned.
+void rmsnorm_forward(bf16* out, float* rstd, bf16* res_out, const bf16* res_in, const bf16* branch,
+                     const bf16* weight, int64_t N, int64_t C, float eps, cudaStream_t stream);
+
+// Scratch rmsnorm_backward needs for its deterministic dweight partials (0 when the
+// weight is frozen). Plan it once per (N, C) on the device that will run it.
+size_t rmsnorm_backward_scratch_bytes(int64_t N, int64_t C);
+
+// dres_out = dres_in + dx, where dx = rstd·(dout⊙w − x̂·mean(dout⊙w⊙x̂)), x̂ = x·rstd.
+// dres_in == nullptr means 0 (e.g. the final norm); dres_out may alias dres_in.
+// dweight (fp32, nullable = frozen) += Σ_n dout⊙x̂, without float atomics, using
+// `scratch` (rmsnorm_backward_scratch_bytes).
+void rmsnorm_backward(bf16* dres_out, float* dweight, void* scratch, const bf16* dout, const bf16* dres_in,
+                      const bf16* x, const bf16* weight, const float* rstd, int64_t N, int64_t C,
+                      cudaStream_t stream);
+
+}  // namespace spes::cuda

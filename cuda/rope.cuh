@@ -1,0 +1,31 @@
+// QK-norm + RoPE, fused (DESIGN §1): q = q_norm(Wq·a), k = k_norm(Wk·a) where the
+// norm is an RMSNorm over the whole projection (C = H·D channels, before the split
+// into heads), then RoPE in the rotate_half (NeoX) convention on [B,T,H,D].
+// Same math as cpu::rmsnorm_forward followed by cpu::rope_forward (fp32 in
+// between: the normalised value is never rounded to bf16 before the rotation).
+#pragma once
+#include <cuda_runtime.h>
+
+#include <cstdint>
+
+#include "cuda/common.cuh"
+
+namespace spes::cuda {
+
+// inp: the projection output [B·T, H·D] (bf16); out: the rotated q or k, same
+// layout (must not alias inp: backward needs inp). rstd[B·T] saved (fp32).
+// Position of row n is n mod T. H·D must be a multiple of 8 (≤ 8192), D even,
+// bf16 pointers 16-byte aligned.
+void qknorm_rope_forward(bf16* out, float* rstd, const bf16* inp, const bf16* weight, int64_t B, int64_t T,
+                         int64_t H, int64_t D, float eps, double theta, cudaStream_t stream);
+
+size_t qknorm_rope_backward_scratch_bytes(int64_t B, int64_t T, int64_t H, int64_t D);
+
+// dinp (bf16, overwritten) = d(rmsnorm)/d(inp) applied to rope_backward(dout);
+// dweight (fp32, nullable = frozen) += Σ_n rope_backward(dout)⊙x̂ (deterministic,
+// via `scratch` of qknorm_rope_backward_scratch_bytes).
+void qknorm_rope_backward(bf16* dinp, float* dweight, void* scratch, const bf16* dout, const bf16* inp,
+                          const bf16* weight, const float* rstd, int64_t B, int64_t T, int64_t H, int64_t D,
+                          double theta, cudaStream_t stream);
+
+}  // namespace spes::cuda

@@ -1,0 +1,438 @@
+#include "data/tokenize.hpp"
+
+#include <fcntl.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <boost/program_options.hpp>
+#include <cerrno>
+#include <cmath>
+#include <cstdio>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <iostream>
+#include <nlohmann/json.hpp>
+#include <sstream>
+
+#include "data/tokenizer.hpp"
+#include "engine/error.hpp"
+
+namespace spes {
+
+namespace fs = std::filesystem;
+
+namespace {
+
+constexpr size_t kChunkBytes = size_t{1} << 20;
+
+std::string errno_text() { return std::strerror(errno); }
+
+// A file written through a temporary name; commit() fsyncs and renames it into place,
+// the destructor removes an uncommitted temporary.
+class AtomicFile {
+ public:
+  explicit AtomicFile(fs::path final_path) : final_(std::move(final_path)) {
+    temp_ = final_;
+    temp_ += ".tmp." + std::to_string(::getpid());
+    fd_ = ::open(temp_.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+    if (fd_ < 0) throw DataError("tokenize: cannot create " + temp_.string() + " (" + errno_text() + ")");
+  }
+  ~AtomicFile() {
+    if (fd_ >= 0) ::close(fd_);
+    if (!committed_) {
+      std::error_code ec;
+      fs::remove(temp_, ec);
+    }
+  }
+  AtomicFile(const AtomicFile&) = delete;
+  AtomicFile& operator=(const AtomicFile&) = delete;
+
+  void write(const void* data, size_t n) {
+    const auto* p = static_cast<const unsigned char*>(data);
+    while (n > 0) {
+      const ssize_t w = ::write(fd_, p, n);
+      if (w < 0) {
+        if (errno == EINTR) continue;
+        throw DataError("tokenize: writing " + temp_.string() + " failed (" + errno_text() + ")");
+      }
+      p += w;
+      n -= static_cast<size_t>(w);
+    }
+  }
+  // Flushes to disk and closes; the file keeps its temporary name until commit().
+  void close() {
+    if (fd_ < 0) return;
+    if (::fsync(fd_) != 0 || ::close(fd_) != 0) {
+      fd_ = -1;
+      throw DataError("tokenize: flushing " + temp_.string() + " failed (" + errno_text() + ")");
+    }
+    fd_ = -1;
+  }
+  void commit() {
+    close();
+    std::error_code ec;
+    fs::rename(temp_, final_, ec);
+    if (ec) throw DataError("tokenize: cannot rename " + temp_.string() + " to " + final_.string() + " (" + ec.message() + ")");
+    committed_ = true;
+  }
+  const fs::path& final_path() const { return final_; }
+
+ private:
+  fs::path final_;
+  fs::path temp_;
+  int fd_ = -1;
+  bool committed_ = false;
+};
+
+// One split's output: token files of at most shard_tokens tokens each.
+class ShardWriter {
+ public:
+  ShardWriter(fs::path dir, std::string prefix, TokenDtype dtype, uint64_t shard_tokens)
+      : dir_(std::move(dir)), prefix_(std::move(prefix)), dtype_(dtype), shard_tokens_(shard_tokens) {
+    buffer_.reserve(kChunkBytes + 4);
+  }
+
+  void write(const std::vector<uint32_t>& tokens) {
+    for (uint32_t t : tokens) put(t);
+  }
+  void put(uint32_t t) {
+    if (shards_.empty() || (shard_tokens_ > 0 && in_shard_ == shard_tokens_)) start_shard();
+    // Little-endian, whatever the host (the on-disk format is fixed).
+    buffer_.push_back(static_cast<unsigned char>(t));
+    buffer_.push_back(static_cast<unsigned char>(t >> 8));
+    if (dtype_ == TokenDtype::kUint32) {
+      buffer_.push_back(static_cast<unsigned char>(t >> 16));
+      buffer_.push_back(static_cast<unsigned char>(t >> 24));
+    }
+    ++in_shard_;
+    ++total_;
+    if (buffer_.size() >= kChunkBytes) flush();
+  }
+  uint64_t tokens() const { return total_; }
+
+  // Closes the last shard; the files keep their temporary names until commit().
+  void close() {
+    flush();
+    for (auto& s : shards_) s->close();
+  }
+  std::vector<std::string> commit() {
+    std::vector<std::string> names;
+    for (auto& s : shards_) {
+      s->commit();
+      names.push_back(s->final_path().filename().string());
+    }
+    return names;
+  }
+
+ private:
+  void start_shard() {
+    flush();
+    if (!shards_.empty()) shards_.back()->close();
+    char name[64];
+    std::snprintf(name, sizeof(name), "%s-%05zu.bin", prefix_.c_str(), shards_.size());
+    shards_.push_back(std::make_unique<AtomicFile>(dir_ / name));
+    in_shard_ = 0;
+  }
+  void flush() {
+    if (!buffer_.empty()) shards_.back()->write(buffer_.data(), buffer_.size());
+    buffer_.clear();
+  }
+
+  fs::path dir_;
+  std::string prefix_;
+  TokenDtype dtype_;
+  uint64_t shard_tokens_;
+  std::vector<std::unique_ptr<AtomicFile>> shards_;
+  std::vector<unsigned char> buffer_;
+  uint64_t in_shard_ = 0;
+  uint64_t total_ = 0;
+};
+
+InputFormat detect_format(const std::string& path) {
+  const std::string ext = fs::path(path).extension().string();
+  if (ext == ".gz" || ext == ".zst" || ext == ".bz2" || ext == ".xz") {
+    throw DataError(path + ": compressed input is not supported; decompress it first");
+  }
+  return (ext == ".jsonl" || ext == ".json") ? InputFormat::kJsonl : InputFormat::kText;
+}
+
+bool is_val_document(uint64_t d, double f) {
+  return f > 0.0 && std::floor(static_cast<double>(d + 1) * f) > std::floor(static_cast<double>(d) * f);
+}
+
+void check_readable(const std::string& path) {
+  std::error_code ec;
+  if (!fs::exists(path, ec)) throw DataError(path + ": input file not found");
+  if (!fs::is_regular_file(path, ec)) throw DataError(path + ": input is not a regular file");
+}
+
+// The 1-based line of byte `offset`, for an error message.
+uint64_t line_of(const std::string& path, uint64_t offset) {
+  std::ifstream in(path, std::ios::binary);
+  uint64_t line = 1;
+  std::vector<char> buf(kChunkBytes);
+  uint64_t pos = 0;
+  while (pos < offset && in) {
+    in.read(buf.data(), static_cast<std::streamsize>(std::min<uint64_t>(buf.size(), offset - pos)));
+    const auto got = static_cast<uint64_t>(in.gcount());
+    line += static_cast<uint64_t>(std::count(buf.data(), buf.data() + got, '\n'));
+    pos += got;
+    if (got == 0) break;
+  }
+  return line;
+}
+
+struct Writers {
+  ShardWriter train;
+  ShardWriter* val;  // nullptr without a split
+};
+
+// A plain-text file: one document, optionally split head (train) / tail (validation).
+uint64_t tokenize_text(const std::string& path, const TokenizeOptions& opt, Writers& w) {
+  check_readable(path);
+  const uint64_t size = fs::file_size(path);
+  if (size == 0) return 0;
+  std::ifstream in(path, std::ios::binary);
+  if (!in) throw DataError(path + ": cannot be read");
+
+  // Where the validation tail starts: the first line start at or after the cut (the
+  // cut itself when no newline follows it).
+  uint64_t switch_at = size;
+  if (w.val != nullptr && size > 0) {
+    const uint64_t cut = static_cast<uint64_t>(static_cast<double>(size) * (1.0 - opt.val_fraction));
+    switch_at = cut;
+    const uint64_t from = cut > 0 ? cut - 1 : 0;  // a newline just before the cut counts
+    in.seekg(static_cast<std::streamoff>(from));
+    std::vector<char> buf(kChunkBytes);
+    uint64_t pos = from;
+    while (cut > 0 && in) {
+      in.read(buf.data(), static_cast<std::streamsize>(buf.size()));
+      const auto got = static_cast<size_t>(in.gcount());
+      const char* nl = static_cast<const char*>(std::memchr(buf.data(), '\n', got));
+      if (nl != nullptr) {
+        switch_at = pos + static_cast<uint64_t>(nl - buf.data()) + 1;
+        break;
+      }
+      pos += got;
+    }
+    in.clear();
+    in.seekg(0);
+  }
+
+  std::vector<char> buf(kChunkBytes);
+  std::vector<uint32_t> tokens;
+  uint64_t pos = 0;
+  while (pos < size) {
+    in.read(buf.data(), static_cast<std::streamsize>(std::min<uint64_t>(buf.size(), size - pos)));
+    const auto got = static_cast<size_t>(in.gcount());
+    if (got == 0) throw DataError(path + ": read error at byte " + std::to_string(pos));
+    if (opt.append_eos) {
+      if (const void* nul = std::memchr(buf.data(), '\0', got)) {
+        const uint64_t at = pos + static_cast<uint64_t>(static_cast<const char*>(nul) - buf.data());
+        throw DataError(path + ":" + std::to_string(line_of(path, at)) + ": contains a NUL byte (byte " +
+                        std::to_string(at) + "), which the byte tokenizer uses as the document separator; "
+                        "use --no-eos for binary input");
+      }
+    }
+    // Bytes before switch_at go to train, the rest to validation.
+    const size_t n_train = static_cast<size_t>(std::clamp<uint64_t>(switch_at, pos, pos + got) - pos);
+    if (n_train > 0) {
+      tokens.clear();
+      ByteTokenizer::encode_into(std::string_view(buf.data(), n_train), tokens);
+      w.train.write(tokens);
+    }
+    if (n_train < got) {
+      tokens.clear();
+      ByteTokenizer::encode_into(std::string_view(buf.data() + n_train, got - n_train), tokens);
+      w.val->write(tokens);
+    }
+    pos += got;
+  }
+  if (opt.append_eos) {
+    if (switch_at > 0) w.train.put(ByteTokenizer::kEos);
+    if (switch_at < size) w.val->put(ByteTokenizer::kEos);
+  }
+  return 1;
+}
+
+// A JSONL file: one document per non-blank line, from its "text" string.
+uint64_t tokenize_jsonl(const std::string& path, const TokenizeOptions& opt, Writers& w, uint64_t first_doc) {
+  check_readable(path);
+  std::ifstream in(path, std::ios::binary);
+  if (!in) throw DataError(path + ": cannot be read");
+  std::string line;
+  std::vector<uint32_t> tokens;
+  uint64_t line_no = 0;
+  uint64_t docs = 0;
+  while (std::getline(in, line)) {
+    ++line_no;
+    const std::string where = path + ":" + std::to_string(line_no);
+    if (line.find_first_not_of(" \t\r") == std::string::npos) continue;
+    nlohmann::json j;
+    try {
+      j = nlohmann::json::parse(line);
+    } catch (const nlohmann::json::parse_error& e) {
+      // e.what() is "[json.exception.parse_error.101] parse error at ..."; keep the reason.
+      std::string why = e.what();
+      if (auto p = why.find("] "); p != std::string::npos) why = why.substr(p + 2);
+      throw DataError(where + ": not valid JSON (" + why + ")");
+    }
+    if (!j.is_object()) throw DataError(where + ": expected a JSON object with a \"text\" field, got " + j.type_name());
+    auto it = j.find("text");
+    if (it == j.end()) throw DataError(where + ": the object has no \"text\" field");
+    if (!it->is_string()) {
+      throw DataError(where + ": \"text\" is " + std::string(it->type_name()) + ", expected a string");
+    }
+    const std::string& text = it->get_ref<const std::string&>();
+    if (text.empty()) continue;
+    if (opt.append_eos && text.find('\0') != std::string::npos) {
+      throw DataError(where + ": \"text\" contains a NUL character, which the byte tokenizer uses as the "
+                      "document separator; use --no-eos to allow it");
+    }
+    ShardWriter& out = (w.val != nullptr && is_val_document(first_doc + docs, opt.val_fraction)) ? *w.val : w.train;
+    tokens.clear();
+    ByteTokenizer::encode_into(text, tokens);
+    if (opt.append_eos) tokens.push_back(ByteTokenizer::kEos);
+    out.write(tokens);
+    ++docs;
+  }
+  if (in.bad()) throw DataError(path + ": read error after line " + std::to_string(line_no));
+  return docs;
+}
+
+std::string manifest_text(const TokenizeOptions& opt, const std::vector<std::string>& files) {
+  std::ostringstream m;
+  m << "# written by spes-engine tokenize: byte-level tokenizer (vocab 256";
+  if (opt.append_eos) m << ", each document ends with token " << ByteTokenizer::kEos;
+  m << "), " << token_dtype_name(opt.dtype) << " little-endian tokens\n";
+  for (const auto& f : files) m << f << "\n";
+  return m.str();
+}
+
+void write_manifest(const fs::path& path, const std::string& text) {
+  AtomicFile f(path);
+  f.write(text.data(), text.size());
+  f.commit();
+}
+
+}  // namespace
+
+TokenizeSummary run_tokenize(const TokenizeOptions& opt) {
+  if (opt.inputs.empty()) throw DataError("tokenize: no input files");
+  if (opt.out_dir.empty()) throw DataError("tokenize: no output folder");
+  if (!(opt.val_fraction >= 0.0 && opt.val_fraction < 1.0)) {
+    throw DataError("tokenize: val_fraction " + std::to_string(opt.val_fraction) + " must be in [0, 1)");
+  }
+  const fs::path out_dir(opt.out_dir);
+  std::error_code ec;
+  fs::create_directories(out_dir, ec);
+  if (ec) throw DataError("tokenize: cannot create output folder " + opt.out_dir + " (" + ec.message() + ")");
+
+  const bool split = opt.val_fraction > 0.0;
+  ShardWriter val_writer(out_dir, "val", opt.dtype, opt.shard_tokens);
+  Writers w{ShardWriter(out_dir, "train", opt.dtype, opt.shard_tokens), split ? &val_writer : nullptr};
+
+  TokenizeSummary summary;
+  uint64_t jsonl_docs = 0;
+  for (const auto& path : opt.inputs) {
+    const InputFormat format = opt.format == InputFormat::kAuto ? detect_format(path) : opt.format;
+    if (format == InputFormat::kJsonl) {
+      const uint64_t docs = tokenize_jsonl(path, opt, w, jsonl_docs);
+      jsonl_docs += docs;
+      summary.documents += docs;
+    } else {
+      summary.documents += tokenize_text(path, opt, w);
+    }
+  }
+  if (w.train.tokens() == 0) throw DataError("tokenize: the inputs hold no text; nothing to write");
+  if (split && val_writer.tokens() == 0) {
+    throw DataError("tokenize: val_fraction " + std::to_string(opt.val_fraction) + " of " +
+                    std::to_string(summary.documents) + " documents leaves the validation split empty");
+  }
+
+  // Everything was read: put the token files in place, then the manifests.
+  w.train.close();
+  if (split) val_writer.close();
+  summary.train_files = w.train.commit();
+  summary.train_tokens = w.train.tokens();
+  summary.train_manifest = (out_dir / "train.manifest").string();
+  write_manifest(summary.train_manifest, manifest_text(opt, summary.train_files));
+  if (split) {
+    summary.validation_files = val_writer.commit();
+    summary.validation_tokens = val_writer.tokens();
+    summary.validation_manifest = (out_dir / "val.manifest").string();
+    write_manifest(summary.validation_manifest, manifest_text(opt, summary.validation_files));
+  }
+  return summary;
+}
+
+int tokenize_main(const std::vector<std::string>& args) {
+  namespace po = boost::program_options;
+  std::vector<std::string> inputs;
+  std::string out_dir, format = "auto", dtype = "uint16";
+  double val_fraction = 0.0;
+  int64_t shard_tokens = 0;
+  po::options_description desc(
+      "usage: spes-engine tokenize --input FILE... --out DIR [options]\n"
+      "Turns plain text or JSONL (a \"text\" field per line) into byte-level token files\n"
+      "and a manifest (DIR/train.manifest; with --val-fraction also DIR/val.manifest).\n"
+      "Options");
+  desc.add_options()
+      ("help,h", "print this help")
+      ("input,i", po::value(&inputs)->multitoken(), "input files (also accepted as plain arguments)")
+      ("out,o", po::value(&out_dir), "output folder")
+      ("format", po::value(&format)->default_value("auto"),
+       "auto|text|jsonl (auto: *.jsonl and *.json are JSONL, anything else text)")
+      ("dtype", po::value(&dtype)->default_value("uint16"), "uint16|uint32 token width")
+      ("val-fraction", po::value(&val_fraction)->default_value(0.0),
+       "hold out this fraction in [0, 1) as validation data")
+      ("shard-tokens", po::value(&shard_tokens)->default_value(0), "tokens per output file (0 = one file)")
+      ("no-eos", "do not end documents with token 0");
+  po::positional_options_description positional;
+  positional.add("input", -1);
+
+  auto usage_error = [&desc](const std::string& msg) {
+    std::cerr << "spes-engine tokenize: " << msg << "\n" << desc << "\n";
+    return 2;
+  };
+  TokenizeOptions opt;
+  try {
+    po::variables_map vm;
+    po::store(po::command_line_parser(args).options(desc).positional(positional).run(), vm);
+    po::notify(vm);
+    if (vm.count("help")) {
+      std::cout << desc << "\n";
+      return 0;
+    }
+    if (inputs.empty()) return usage_error("no input files (--input FILE...)");
+    if (out_dir.empty()) return usage_error("no output folder (--out DIR)");
+    if (format == "auto") opt.format = InputFormat::kAuto;
+    else if (format == "text") opt.format = InputFormat::kText;
+    else if (format == "jsonl") opt.format = InputFormat::kJsonl;
+    else return usage_error("--format '" + format + "' is not one of auto, text, jsonl");
+    if (dtype != "uint16" && dtype != "uint32") return usage_error("--dtype '" + dtype + "' is not uint16 or uint32");
+    opt.dtype = parse_token_dtype(dtype);
+    if (!(val_fraction >= 0.0 && val_fraction < 1.0)) return usage_error("--val-fraction must be in [0, 1)");
+    opt.val_fraction = val_fraction;
+    if (shard_tokens < 0) return usage_error("--shard-tokens must be >= 0");
+    opt.shard_tokens = static_cast<uint64_t>(shard_tokens);
+    opt.append_eos = vm.count("no-eos") == 0;
+    opt.inputs = inputs;
+    opt.out_dir = out_dir;
+  } catch (const po::error& e) {
+    return usage_error(e.what());
+  }
+
+  const TokenizeSummary s = run_tokenize(opt);
+  std::cerr << "tokenize: " << s.documents << " documents; " << s.train_tokens << " train tokens in "
+            << s.train_files.size() << " file(s) -> " << s.train_manifest;
+  if (!s.validation_manifest.empty()) {
+    std::cerr << "; " << s.validation_tokens << " validation tokens in " << s.validation_files.size()
+              << " file(s) -> " << s.validation_manifest;
+  }
+  std::cerr << "\n";
+  return 0;
+}
+
+}  // namespace spes

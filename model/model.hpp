@@ -1,0 +1,71 @@
+// The OLMoE-style MoE decoder (DESIGN §1) as a sequence of op calls on the CPU
+// reference ops: forward, loss, and a hand-written backward into owned-space
+// gradients. Activations for one micro-batch are sized once, at construction.
+#pragma once
+#include <cstdint>
+#include <vector>
+
+#include "model/layout.hpp"
+#include "model/model_config.hpp"
+
+namespace spes {
+
+// Loss parts of one micro-batch, each a mean over its tokens (LB and RZ also
+// averaged over layers), plus tokens routed to each expert ([layer][expert]).
+struct LossParts {
+  double ce = 0, lb = 0, router_z = 0, lm_z = 0;
+  std::vector<int64_t> expert_counts;  // n_layers × n_experts
+  double total(const LossConfig& c) const {
+    return ce + c.lb_coef * lb + c.router_z_coef * router_z + c.lm_z_coef * lm_z;
+  }
+};
+
+// Coefficient of variation of tokens per expert, averaged over layers.
+double expert_load_cv(const std::vector<int64_t>& counts, int64_t n_layers, int64_t n_experts);
+
+// SPES decayed aux loss factor for owned experts' counts: 0.7 → 1.0 linearly over
+// the first 20% of the run (1 when the option is off).
+float aux_loss_factor(const LossConfig& c, int64_t step, int64_t total_steps);
+
+class CpuModel {
+ public:
+  CpuModel(const ModelConfig& cfg, const ParamLayout& layout, const Ownership& own, int64_t batch,
+           int64_t seq_len);
+
+  // Forward and loss only (eval). aux_factor scales owned experts' LB counts.
+  LossParts forward(const float* params, const int32_t* inputs, const int32_t* targets,
+                    const LossConfig& loss, float aux_factor = 1.0f);
+  // Forward, then backward of grad_scale · total loss: grads (owned space, see
+  // Ownership) are accumulated (+=); frozen experts get no weight gradients.
+  LossParts forward_backward(const float* params, float* grads, const int32_t* inputs,
+                             const int32_t* targets, const LossConfig& loss, float aux_factor,
+                             float grad_scale);
+
+  // Last forward's per-token logits [B·T, V] (valid until backward overwrites them).
+  const float* logits() const { return logits_.data(); }
+
+ private:
+  struct LayerActs {
+    std::vector<float> x_in, an1, rstd1, q_raw, k_raw, v, q_n, k_n, rstd_q, rstd_k, q, k, att, lse, h,
+        an2, rstd2, router_logits, probs, router_lse, topk_w, xe, gate, up, act, ye;
+    std::vector<int32_t> topk_idx, offsets, slot_token, token_slot;
+  };
+  void layer_forward(const float* params, int l, const float* x_in, float* x_out, float aux_factor,
+                     LossParts& parts);
+  void layer_backward(const float* params, float* grads, int l, float* dx, const LossConfig& loss,
+                      float aux_factor, float grad_scale);
+  float* grad_of(float* grads, int64_t offset) const;
+
+  ModelConfig cfg_;
+  ParamLayout layout_;
+  Ownership own_;
+  int64_t B_, T_, N_, S_;
+  std::vector<LayerActs> acts_;
+  std::vector<float> x_final_, fnorm_, rstd_f_, logits_, ce_lse_, ce_losses_;
+  std::vector<int32_t> inputs_, targets_;
+  // Backward scratch, reused by every layer.
+  std::vector<float> d_x_, d_a_, d_b_, d_q_, d_k_, d_v_, d_att_, d_logits_r_, d_topk_w_, d_xe_,
+      d_xe2_, d_ye_, d_act_, d_gate_, d_up_, lb_dprob_;
+};
+
+}  // namespace spes

@@ -1,0 +1,53 @@
+// Device runtime: handles, arena planning/alignment, clear memory errors.
+#include <string>
+
+#include "cuda/matmul.cuh"
+#include "tests/cuda_test.cuh"
+
+using namespace spes::cuda;
+using namespace spes::test;
+
+GPU_TEST_CASE("cuda runtime: device, stream and handles") {
+  Runtime& rt = runtime();
+  MESSAGE("GPU " << rt.info().ordinal << ": " << rt.info().name << " sm_" << rt.info().cc_major
+                 << rt.info().cc_minor << ", " << rt.info().sm_count << " SMs, " << format_bytes(rt.info().total_bytes));
+  CHECK(rt.info().cc_major >= 8);
+  CHECK(rt.stream() != nullptr);
+  CHECK(rt.cublas() != nullptr);
+  CHECK(rt.cublaslt() != nullptr);
+  CHECK(rt.gemm().cached_plans() >= 0);
+  CHECK_THROWS_WITH_AS(Runtime(1 << 20), doctest::Contains("requested"), spes::Error);
+}
+
+GPU_TEST_CASE("cuda runtime: arena plan matches allocations, aligned, overflow is an error") {
+  ArenaPlan plan;
+  plan.reserve<float>(3);
+  plan.reserve<bf16>(1001);
+  plan.reserve<int32_t>(7, 1024);
+  plan.reserve_bytes(1);
+  DeviceArena arena(plan.bytes(), "test arena");
+  float* a = arena.alloc<float>(3);
+  bf16* b = arena.alloc<bf16>(1001);
+  int32_t* c = arena.alloc<int32_t>(7, 1024);
+  void* d = arena.alloc_bytes(1);
+  CHECK(arena.used() == plan.bytes());
+  CHECK(aligned(a, kArenaAlign));
+  CHECK(aligned(b, kArenaAlign));
+  CHECK(aligned(c, 1024));
+  CHECK(aligned(d, kArenaAlign));
+  CHECK(reinterpret_cast<char*>(b) >= reinterpret_cast<char*>(a) + 3 * sizeof(float));
+  CHECK_THROWS_WITH_AS(arena.alloc<float>(1), doctest::Contains("ArenaPlan"), spes::Error);
+  // rewinding reuses the same addresses: no allocation in the step loop
+  arena.reset(0);
+  CHECK(arena.alloc<float>(3) == a);
+  // writable end to end
+  cuda_check(cudaMemset(arena.base(), 0, arena.capacity()));
+  cuda_check(cudaDeviceSynchronize());
+}
+
+GPU_TEST_CASE("cuda runtime: too little memory says how much is needed and free") {
+  const size_t huge = size_t(1) << 50;  // 1 PiB
+  CHECK_THROWS_WITH_AS(require_device_memory(huge, "test model"), doctest::Contains("test model needs 1048576.00 GiB"),
+                       spes::Error);
+  CHECK_THROWS_WITH_AS(DeviceArena(huge, "big arena"), doctest::Contains("free (of"), spes::Error);
+}

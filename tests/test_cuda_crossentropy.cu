@@ -1,0 +1,94 @@
+// Fused cross-entropy + z-loss vs cpu::crossentropy_forward / _backward on the
+// same bf16 logits. Tolerances: losses and lse (fp32 math) 1e-5; the bf16
+// gradient 1e-2. Both implementations (sm_90 cluster, row) are checked where the
+// device supports them; rows that are not 16-byte aligned (ld = V odd) and padded
+// rows (ld > V, padding poisoned with NaN: reading it would poison lse) both run.
+#include <tuple>
+
+#include "cuda/crossentropy.cuh"
+#include "engine/ops/ops.hpp"
+#include "tests/cuda_test.cuh"
+
+using namespace spes::cuda;
+using namespace spes::test;
+
+namespace {
+
+constexpr double kTolF32 = 1e-5;
+constexpr double kTolBf16 = 1e-2;
+
+// Host logits with row stride ld; the padding is NaN.
+std::vector<float> strided(const std::vector<float>& dense, int64_t N, int64_t V, int64_t ld) {
+  std::vector<float> s(N * ld, NAN);
+  for (int64_t n = 0; n < N; ++n)
+    for (int64_t i = 0; i < V; ++i) s[n * ld + i] = dense[n * V + i];
+  return s;
+}
+std::vector<float> dense_of(const std::vector<float>& s, int64_t N, int64_t V, int64_t ld) {
+  std::vector<float> d(N * V);
+  for (int64_t n = 0; n < N; ++n)
+    for (int64_t i = 0; i < V; ++i) d[n * V + i] = s[n * ld + i];
+  return d;
+}
+
+void check_case(int64_t N, int64_t V, int64_t ld, CeImpl impl, bool in_place) {
+  CAPTURE(N);
+  CAPTURE(V);
+  CAPTURE(ld);
+  CAPTURE(int(impl));
+  CAPTURE(in_place);
+  const std::vector<float> logits = rounded_bf16(random_vector(N * V, 3.0f));
+  std::vector<int32_t> targets = random_tokens(N, V);
+  targets[0] = 0;
+  if (N > 1) targets[N - 1] = int32_t(V - 1);
+  if (N > 2) targets[1] = int32_t(std::min<int64_t>(V - 1, round_up(ceil_div(V, 8), 8)));  // a slice boundary
+  const float ce_scale = 1.0f / float(N), z_scale = 0.3f / float(N);
+
+  std::vector<float> loss_ref(N), lse_ref(N), dlogits_ref(N * V);
+  spes::cpu::crossentropy_forward(loss_ref.data(), lse_ref.data(), logits.data(), targets.data(), N, V);
+  spes::cpu::crossentropy_backward(dlogits_ref.data(), logits.data(), lse_ref.data(), targets.data(), N, V, ce_scale,
+                                   z_scale);
+
+  auto d_logits = upload_bf16(strided(logits, N, V, ld));
+  auto d_targets = upload(targets);
+  DevTensor<float> d_loss(N), d_lse(N);
+  DevTensor<bf16> d_grad(N * ld);
+  d_loss.poison();
+  d_lse.poison();
+  d_grad.poison();
+  bf16* grad = in_place ? d_logits.get() : d_grad.get();
+  crossentropy_forward_backward(grad, d_loss, d_lse, d_logits, d_targets, N, V, ld, ce_scale, z_scale, stream(), impl);
+  CHECK_REL("loss", download(d_loss.get(), N).data(), loss_ref.data(), N, kTolF32);
+  CHECK_REL("lse", download(d_lse.get(), N).data(), lse_ref.data(), N, kTolF32);
+  const std::vector<float> g = dense_of(download(grad, N * ld), N, V, ld);
+  CHECK_REL("dlogits", g.data(), dlogits_ref.data(), N * V, kTolBf16);
+
+  // forward only (evaluation): no gradient written
+  d_loss.poison();
+  auto d_logits2 = upload_bf16(strided(logits, N, V, ld));
+  crossentropy_forward_backward(nullptr, d_loss, d_lse, d_logits2, d_targets, N, V, ld, ce_scale, z_scale, stream(),
+                                impl);
+  CHECK_REL("loss (forward only)", download(d_loss.get(), N).data(), loss_ref.data(), N, kTolF32);
+}
+
+}  // namespace
+
+GPU_TEST_CASE("cuda crossentropy: fused loss, lse and logit gradient vs cpu") {
+  std::vector<CeImpl> impls = {CeImpl::row};
+  if (crossentropy_cluster_supported(151665)) impls.push_back(CeImpl::cluster);
+  else MESSAGE("cluster kernel not supported on this device/build: only the row kernel is tested");
+  for (CeImpl impl : impls) {
+    for (auto [N, V, pad] : {std::tuple<int64_t, int64_t, int64_t>{7, 1000, 0}, {5, 1001, 0}, {3, 151665, 0},
+                             {4, 151665, 15}, {2, 13, 3}, {33, 4, 0}}) {
+      const int64_t ld = V + pad;
+      check_case(N, V, ld, impl, false);
+      check_case(N, V, ld, impl, true);
+    }
+  }
+}
+
+GPU_TEST_CASE("cuda crossentropy: automatic choice uses the cluster kernel on sm_90") {
+  const bool supported = crossentropy_cluster_supported(151665);
+  MESSAGE("cluster kernel " << (supported ? "supported" : "not supported") << " on " << runtime().info().name);
+  if (runtime().info().cc_major >= 9) WARN_MESSAGE(supported, "sm_90 device but no cluster kernel: built without sm_90?");
+}

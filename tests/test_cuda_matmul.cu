@@ -1,0 +1,141 @@
+// cuBLASLt GEMM wrapper vs cpu::matmul_* on the same (bf16-rounded) inputs.
+// Tolerances: fp32 outputs 1e-4 (products of bf16 are exact in fp32; only the
+// summation order differs), bf16 outputs 1e-2 (one rounding of each result).
+#include <cmath>
+#include <tuple>
+
+#include "cuda/matmul.cuh"
+#include "engine/ops/ops.hpp"
+#include "tests/cuda_test.cuh"
+
+using namespace spes::cuda;
+using namespace spes::test;
+
+namespace {
+
+constexpr double kTolF32 = 1e-4;
+constexpr double kTolBf16 = 1e-2;
+
+struct Problem {
+  int64_t N, C, OC;
+  std::vector<float> inp, weight, dout;  // bf16-representable values
+  Problem(int64_t n, int64_t c, int64_t oc)
+      : N(n), C(c), OC(oc), inp(rounded_bf16(random_vector(n * c))), weight(rounded_bf16(random_vector(oc * c, 0.1f))),
+        dout(rounded_bf16(random_vector(n * oc))) {}
+};
+
+}  // namespace
+
+GPU_TEST_CASE("cuda matmul: forward, both backward products, accumulation, vs cpu") {
+  // Expert GEMMs see any token count N (including 1 and odd), so N varies freely;
+  // C and OC are model widths (multiples of 8).
+  for (auto [N, C, OC] : {std::tuple<int64_t, int64_t, int64_t>{64, 96, 160}, {37, 64, 200}, {1, 128, 40},
+                          {515, 768, 384}}) {
+    CAPTURE(N);
+    CAPTURE(C);
+    CAPTURE(OC);
+    Problem p(N, C, OC);
+    Gemm& g = runtime().gemm();
+    auto inp = upload_bf16(p.inp), weight = upload_bf16(p.weight), dout = upload_bf16(p.dout);
+
+    // forward
+    std::vector<float> ref(N * OC);
+    spes::cpu::matmul_forward(ref.data(), p.inp.data(), p.weight.data(), N, C, OC);
+    DevTensor<bf16> out_bf(N * OC);
+    DevTensor<float> out_f(N * OC);
+    out_bf.poison();
+    out_f.poison();
+    matmul_forward(g, out_bf, DType::bf16, inp, weight, N, C, OC, stream());
+    matmul_forward(g, out_f, DType::f32, inp, weight, N, C, OC, stream());
+    CHECK_REL("forward bf16 out", download(out_bf.get(), N * OC).data(), ref.data(), N * OC, kTolBf16);
+    CHECK_REL("forward f32 out", download(out_f.get(), N * OC).data(), ref.data(), N * OC, kTolF32);
+
+    // forward with accumulate (beta = 1) onto existing fp32 values
+    std::vector<float> prior = random_vector(N * OC);
+    auto acc = upload(prior);
+    matmul_forward(g, acc, DType::f32, inp, weight, N, C, OC, stream(), /*accumulate=*/true);
+    std::vector<float> ref_acc(N * OC);
+    for (int64_t i = 0; i < N * OC; ++i) ref_acc[i] = prior[i] + ref[i];
+    CHECK_REL("forward accumulate", download(acc.get(), N * OC).data(), ref_acc.data(), N * OC, kTolF32);
+
+    // backward: dinp = dout·W (overwrite), dweight += doutᵀ·inp (beta = 1)
+    std::vector<float> dinp_ref(N * C);
+    std::vector<float> dw_prior = random_vector(OC * C);
+    std::vector<float> dw_ref = dw_prior;
+    spes::cpu::matmul_backward(dinp_ref.data(), dw_ref.data(), p.dout.data(), p.inp.data(), p.weight.data(), N, C, OC);
+    DevTensor<bf16> dinp_bf(N * C);
+    DevTensor<float> dinp_f(N * C);
+    dinp_bf.poison();
+    dinp_f.poison();
+    auto dw = upload(dw_prior);
+    matmul_backward(g, dinp_bf, dw, dout, inp, weight, N, C, OC, stream());
+    matmul_backward_input(g, dinp_f, DType::f32, dout, weight, N, C, OC, stream());
+    CHECK_REL("backward dinp bf16", download(dinp_bf.get(), N * C).data(), dinp_ref.data(), N * C, kTolBf16);
+    CHECK_REL("backward dinp f32", download(dinp_f.get(), N * C).data(), dinp_ref.data(), N * C, kTolF32);
+    CHECK_REL("backward dweight += (beta=1)", download(dw.get(), OC * C).data(), dw_ref.data(), OC * C, kTolF32);
+
+    // dweight overwrite (beta = 0) into a poisoned buffer; frozen weight (null) skips it
+    std::vector<float> dw0_ref(OC * C, 0.0f);
+    spes::cpu::matmul_backward(nullptr, dw0_ref.data(), p.dout.data(), p.inp.data(), p.weight.data(), N, C, OC);
+    DevTensor<float> dw0(OC * C);
+    dw0.poison();
+    matmul_backward_weight(g, dw0, dout, inp, N, C, OC, stream(), /*accumulate=*/false);
+    CHECK_REL("backward dweight (beta=0)", download(dw0.get(), OC * C).data(), dw0_ref.data(), OC * C, kTolF32);
+    dinp_bf.poison();
+    matmul_backward(g, dinp_bf, nullptr, dout, inp, weight, N, C, OC, stream());  // frozen: no weight product
+    CHECK_REL("backward dinp, frozen weight", download(dinp_bf.get(), N * C).data(), dinp_ref.data(), N * C, kTolBf16);
+
+    // activation-gradient accumulation (two branches feeding one input)
+    auto dinp_acc = upload(dinp_ref);
+    matmul_backward_input(g, dinp_acc, DType::f32, dout, weight, N, C, OC, stream(), /*accumulate=*/true);
+    std::vector<float> twice(N * C);
+    for (int64_t i = 0; i < N * C; ++i) twice[i] = 2.0f * dinp_ref[i];
+    CHECK_REL("backward dinp accumulate", download(dinp_acc.get(), N * C).data(), twice.data(), N * C, kTolF32);
+  }
+}
+
+GPU_TEST_CASE("cuda matmul: padded row stride of out / dout (lm-head logits)") {
+  const int64_t N = 33, C = 64, OC = 1001, ldo = 1008;
+  Problem p(N, C, OC);
+  Gemm& g = runtime().gemm();
+  auto inp = upload_bf16(p.inp), weight = upload_bf16(p.weight);
+  std::vector<float> ref(N * OC);
+  spes::cpu::matmul_forward(ref.data(), p.inp.data(), p.weight.data(), N, C, OC);
+  DevTensor<float> out(N * ldo);
+  out.poison();
+  matmul_forward(g, out, DType::f32, inp, weight, N, C, OC, stream(), false, ldo);
+  const std::vector<float> o = download(out.get(), N * ldo);
+  std::vector<float> dense(N * OC);
+  for (int64_t n = 0; n < N; ++n)
+    for (int64_t i = 0; i < OC; ++i) dense[n * OC + i] = o[n * ldo + i];
+  CHECK_REL("forward, ldo > OC", dense.data(), ref.data(), N * OC, kTolF32);
+
+  // dout with NaN padding: the backward products must never read it
+  std::vector<float> dout_padded(N * ldo, NAN);
+  for (int64_t n = 0; n < N; ++n)
+    for (int64_t i = 0; i < OC; ++i) dout_padded[n * ldo + i] = p.dout[n * OC + i];
+  auto dout = upload_bf16(dout_padded);
+  std::vector<float> dinp_ref(N * C), dw_ref(OC * C, 0.0f);
+  spes::cpu::matmul_backward(dinp_ref.data(), dw_ref.data(), p.dout.data(), p.inp.data(), p.weight.data(), N, C, OC);
+  DevTensor<float> dinp(N * C), dw(OC * C);
+  dinp.poison();
+  dw.poison();
+  matmul_backward_input(g, dinp, DType::f32, dout, weight, N, C, OC, stream(), false, ldo);
+  matmul_backward_weight(g, dw, dout, inp, N, C, OC, stream(), false, ldo);
+  CHECK_REL("backward dinp, ldo > OC", download(dinp.get(), N * C).data(), dinp_ref.data(), N * C, kTolF32);
+  CHECK_REL("backward dweight, ldo > OC", download(dw.get(), OC * C).data(), dw_ref.data(), OC * C, kTolF32);
+}
+
+GPU_TEST_CASE("cuda matmul: one plan per problem, reused") {
+  Gemm& g = runtime().gemm();
+  Problem p(48, 64, 72);
+  auto inp = upload_bf16(p.inp), weight = upload_bf16(p.weight);
+  DevTensor<float> out(p.N * p.OC);
+  matmul_forward(g, out, DType::f32, inp, weight, p.N, p.C, p.OC, stream());
+  const size_t plans = g.cached_plans();
+  for (int i = 0; i < 3; ++i) matmul_forward(g, out, DType::f32, inp, weight, p.N, p.C, p.OC, stream());
+  CHECK(g.cached_plans() == plans);
+  matmul_forward(g, out, DType::f32, inp, weight, p.N - 1, p.C, p.OC, stream());
+  CHECK(g.cached_plans() == plans + 1);
+  cuda_check(cudaStreamSynchronize(stream()));
+}

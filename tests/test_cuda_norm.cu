@@ -1,0 +1,154 @@
+// RMSNorm + residual and QK-norm + RoPE vs cpu::rmsnorm_* / cpu::rope_* on the
+// same bf16-rounded inputs. Tolerances: bf16 outputs 1e-2; fp32 rstd and dweight
+// 1e-5 (same math, only the summation order and rsqrt rounding differ).
+#include <tuple>
+
+#include "cuda/rmsnorm.cuh"
+#include "cuda/rope.cuh"
+#include "engine/ops/ops.hpp"
+#include "tests/cuda_test.cuh"
+
+using namespace spes::cuda;
+using namespace spes::test;
+
+namespace {
+
+constexpr double kTolBf16 = 1e-2;
+constexpr double kTolF32 = 1e-5;
+
+std::vector<float> norm_weight(int64_t C) {
+  std::vector<float> w = random_vector(C, 0.2f);
+  for (auto& x : w) x += 1.0f;
+  return rounded_bf16(w);
+}
+
+std::vector<float> add(const std::vector<float>& a, const std::vector<float>& b) {
+  std::vector<float> r(a.size());
+  for (size_t i = 0; i < a.size(); ++i) r[i] = a[i] + b[i];
+  return r;
+}
+
+}  // namespace
+
+GPU_TEST_CASE("cuda rmsnorm + residual: forward and backward vs cpu") {
+  const float eps = 1e-6f;
+  // C covers 1, 2 and 4 vectors per thread and partial warps.
+  for (auto [N, C] : {std::tuple<int64_t, int64_t>{37, 64}, {130, 768}, {9, 2048}, {11, 2056}, {5, 4104}, {300, 24}}) {
+    CAPTURE(N);
+    CAPTURE(C);
+    const int64_t NC = N * C;
+    const std::vector<float> res = rounded_bf16(random_vector(NC)), branch = rounded_bf16(random_vector(NC));
+    const std::vector<float> w = norm_weight(C);
+    // The GPU stores the new residual in bf16 and normalises that stored value.
+    std::vector<float> x = add(res, branch);
+    const std::vector<float> x_exact = x;
+    x = rounded_bf16(x);
+    std::vector<float> out_ref(NC), rstd_ref(N);
+    spes::cpu::rmsnorm_forward(out_ref.data(), rstd_ref.data(), x.data(), w.data(), N, C, eps);
+
+    auto d_res = upload_bf16(res), d_branch = upload_bf16(branch), d_w = upload_bf16(w);
+    DevTensor<bf16> d_out(NC), d_xnew(NC);
+    DevTensor<float> d_rstd(N);
+    d_out.poison();
+    d_xnew.poison();
+    d_rstd.poison();
+    rmsnorm_forward(d_out, d_rstd, d_xnew, d_res, d_branch, d_w, N, C, eps, stream());
+    CHECK_REL("fwd new residual", download(d_xnew.get(), NC).data(), x_exact.data(), NC, kTolBf16);
+    CHECK_REL("fwd new residual = bf16(res + branch)", download(d_xnew.get(), NC).data(), x.data(), NC, 0.0);
+    CHECK_REL("fwd out", download(d_out.get(), NC).data(), out_ref.data(), NC, kTolBf16);
+    CHECK_REL("fwd rstd", download(d_rstd.get(), N).data(), rstd_ref.data(), N, kTolF32);
+
+    // in place (res_out aliases res_in), and without a branch (plain norm)
+    auto d_inplace = upload_bf16(res);
+    d_out.poison();
+    rmsnorm_forward(d_out, d_rstd, d_inplace, d_inplace, d_branch, d_w, N, C, eps, stream());
+    CHECK_REL("fwd in place residual", download(d_inplace.get(), NC).data(), x.data(), NC, 0.0);
+    CHECK_REL("fwd in place out", download(d_out.get(), NC).data(), out_ref.data(), NC, kTolBf16);
+    std::vector<float> plain_ref(NC), plain_rstd(N);
+    spes::cpu::rmsnorm_forward(plain_ref.data(), plain_rstd.data(), res.data(), w.data(), N, C, eps);
+    d_out.poison();
+    rmsnorm_forward(d_out, d_rstd, nullptr, d_res, nullptr, d_w, N, C, eps, stream());
+    CHECK_REL("fwd no branch out", download(d_out.get(), NC).data(), plain_ref.data(), NC, kTolBf16);
+    CHECK_REL("fwd no branch rstd", download(d_rstd.get(), N).data(), plain_rstd.data(), N, kTolF32);
+
+    // backward of the with-branch forward
+    rmsnorm_forward(d_out, d_rstd, d_xnew, d_res, d_branch, d_w, N, C, eps, stream());
+    const std::vector<float> dout = rounded_bf16(random_vector(NC)), dres = rounded_bf16(random_vector(NC));
+    std::vector<float> dx_ref(NC), dw_ref(C, 0.0f);
+    spes::cpu::rmsnorm_backward(dx_ref.data(), dw_ref.data(), dout.data(), x.data(), w.data(), rstd_ref.data(), N, C);
+    const std::vector<float> dres_ref = add(dres, dx_ref);
+
+    auto d_dout = upload_bf16(dout), d_dres = upload_bf16(dres);
+    DevTensor<bf16> d_dres_out(NC);
+    DevTensor<float> d_dw(C);
+    DevTensor<char> scratch{static_cast<int64_t>(rmsnorm_backward_scratch_bytes(N, C))};
+    d_dres_out.poison();
+    cuda_check(cudaMemset(d_dw.get(), 0, C * sizeof(float)));
+    rmsnorm_backward(d_dres_out, d_dw, scratch, d_dout, d_dres, d_xnew, d_w, d_rstd, N, C, stream());
+    CHECK_REL("bwd dresidual", download(d_dres_out.get(), NC).data(), dres_ref.data(), NC, kTolBf16);
+    const std::vector<float> dw1 = download(d_dw.get(), C);
+    CHECK_REL("bwd dweight", dw1.data(), dw_ref.data(), C, kTolF32);
+
+    // dweight accumulates (+=) and is deterministic: a second call adds exactly the same values
+    rmsnorm_backward(d_dres_out, d_dw, scratch, d_dout, d_dres, d_xnew, d_w, d_rstd, N, C, stream());
+    std::vector<float> dw2 = download(d_dw.get(), C), twice(C);
+    for (int64_t c = 0; c < C; ++c) twice[c] = dw1[c] + dw1[c];
+    CHECK_MESSAGE(bitwise_equal(dw2, twice), "dweight accumulation is not bit-reproducible");
+
+    // in place on the residual gradient; no incoming residual gradient + frozen weight
+    auto d_dres_inplace = upload_bf16(dres);
+    rmsnorm_backward(d_dres_inplace, nullptr, nullptr, d_dout, d_dres_inplace, d_xnew, d_w, d_rstd, N, C, stream());
+    CHECK_REL("bwd in place dresidual", download(d_dres_inplace.get(), NC).data(), dres_ref.data(), NC, kTolBf16);
+    d_dres_out.poison();
+    rmsnorm_backward(d_dres_out, nullptr, nullptr, d_dout, nullptr, d_xnew, d_w, d_rstd, N, C, stream());
+    CHECK_REL("bwd no residual grad", download(d_dres_out.get(), NC).data(), dx_ref.data(), NC, kTolBf16);
+  }
+}
+
+GPU_TEST_CASE("cuda qk-norm + rope: forward and backward vs cpu rmsnorm then rope") {
+  const float eps = 1e-6f;
+  // D % 8 != 0 (24: vectors straddle the halves; 6: vectors straddle heads), long T
+  // (large angles), OLMoE-like 16×128.
+  for (auto [B, T, H, D, theta] :
+       {std::tuple<int64_t, int64_t, int64_t, int64_t, double>{2, 5, 3, 16, 10000.0}, {2, 33, 12, 64, 10000.0},
+        {1, 7, 4, 24, 10000.0}, {3, 4, 4, 6, 10000.0}, {1, 3, 16, 128, 500000.0}, {1, 2049, 2, 16, 10000.0}}) {
+    CAPTURE(B);
+    CAPTURE(T);
+    CAPTURE(H);
+    CAPTURE(D);
+    const int64_t N = B * T, C = H * D, NC = N * C;
+    const std::vector<float> inp = rounded_bf16(random_vector(NC, 2.0f));
+    const std::vector<float> w = norm_weight(C);
+    std::vector<float> normed(NC), rstd_ref(N), out_ref(NC);
+    spes::cpu::rmsnorm_forward(normed.data(), rstd_ref.data(), inp.data(), w.data(), N, C, eps);
+    spes::cpu::rope_forward(out_ref.data(), normed.data(), B, T, H, D, theta);
+
+    auto d_inp = upload_bf16(inp), d_w = upload_bf16(w);
+    DevTensor<bf16> d_out(NC);
+    DevTensor<float> d_rstd(N);
+    d_out.poison();
+    d_rstd.poison();
+    qknorm_rope_forward(d_out, d_rstd, d_inp, d_w, B, T, H, D, eps, theta, stream());
+    CHECK_REL("fwd out", download(d_out.get(), NC).data(), out_ref.data(), NC, kTolBf16);
+    CHECK_REL("fwd rstd", download(d_rstd.get(), N).data(), rstd_ref.data(), N, kTolF32);
+
+    const std::vector<float> dout = rounded_bf16(random_vector(NC));
+    std::vector<float> dnormed(NC), dinp_ref(NC), dw_ref(C, 0.0f);
+    spes::cpu::rope_backward(dnormed.data(), dout.data(), B, T, H, D, theta);
+    spes::cpu::rmsnorm_backward(dinp_ref.data(), dw_ref.data(), dnormed.data(), inp.data(), w.data(), rstd_ref.data(),
+                                N, C);
+    auto d_dout = upload_bf16(dout);
+    DevTensor<bf16> d_dinp(NC);
+    DevTensor<float> d_dw(C);
+    DevTensor<char> scratch{static_cast<int64_t>(qknorm_rope_backward_scratch_bytes(B, T, H, D))};
+    d_dinp.poison();
+    cuda_check(cudaMemset(d_dw.get(), 0, C * sizeof(float)));
+    qknorm_rope_backward(d_dinp, d_dw, scratch, d_dout, d_inp, d_w, d_rstd, B, T, H, D, theta, stream());
+    CHECK_REL("bwd dinp", download(d_dinp.get(), NC).data(), dinp_ref.data(), NC, kTolBf16);
+    CHECK_REL("bwd dweight", download(d_dw.get(), C).data(), dw_ref.data(), C, kTolF32);
+
+    d_dinp.poison();
+    qknorm_rope_backward(d_dinp, nullptr, nullptr, d_dout, d_inp, d_w, d_rstd, B, T, H, D, theta, stream());
+    CHECK_REL("bwd dinp, frozen weight", download(d_dinp.get(), NC).data(), dinp_ref.data(), NC, kTolBf16);
+  }
+}
