@@ -12,6 +12,8 @@
 #include "engine/error.hpp"
 #include "model/hf_export.hpp"
 #include "engine/trainer.hpp"
+#include "net/coordinator.hpp"
+#include "net/merge.hpp"
 
 namespace spes {
 
@@ -49,6 +51,27 @@ int export_hf_command(int argc, char** argv) {
   return 0;
 }
 
+// `coordinator CONFIG [--set section.key=value]... [--dump-state DIR [--dump-every N]] [--port P]`
+int coordinator_command(int argc, char** argv) {
+  std::string config;
+  std::vector<std::string> sets, rest;
+  for (int i = 1; i < argc; ++i) {
+    const std::string a = argv[i];
+    const bool takes_value = a == "--set" || a == "--dump-state" || a == "--dump-every" || a == "--port";
+    if (takes_value && i + 1 >= argc) throw Error(a + " needs a value");
+    if (a == "--set") sets.push_back(argv[++i]);
+    else if (a.rfind("--set=", 0) == 0) sets.push_back(a.substr(6));
+    else if (takes_value) rest.push_back(a), rest.push_back(argv[++i]);
+    else if (config.empty() && !a.empty() && a[0] != '-') config = a;
+    else rest.push_back(a);
+  }
+  if (config.empty())
+    throw Error("usage: spes-engine coordinator CONFIG [--set section.key=value]... [--dump-state DIR [--dump-every N]]");
+  return net::coordinator_main(load_config(config, sets), rest);
+}
+
+int merge_experts_command(int argc, char** argv) { return net::merge_experts_main({argv + 1, argv + argc}); }
+
 struct Command {
   const char* name;
   int (*main)(int, char**);
@@ -59,6 +82,10 @@ const Command kCommands[] = {
     {"train", train_main, "train one node: train CONFIG [--set section.key=value]... [--node-id N] [--resume]"},
     {"eval", eval_main, "validation loss: eval CONFIG --checkpoint DIR [--data MANIFEST]"},
     {"export-hf", export_hf_command, "HF OLMoE export: export-hf --checkpoint DIR --out DIR [--dtype F32|BF16]"},
+    {"coordinator", coordinator_command,
+     "merge coordinator: coordinator CONFIG [--set k=v]... [--dump-state DIR [--dump-every N]]"},
+    {"merge-experts", merge_experts_command,
+     "expert-merging warm-up on an HF export: merge-experts --in A.safetensors --out B.safetensors --alpha X [--topk K]"},
     {"tokenize", tokenize_command, "text/JSONL to token files: tokenize --input FILE... --out DIR [--val-fraction F]"},
 };
 

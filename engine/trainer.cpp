@@ -11,6 +11,7 @@
 
 #include "engine/checkpoint.hpp"
 #include "engine/error.hpp"
+#include "engine/net_sync.hpp"
 #include "engine/ops/ops.hpp"
 #include "engine/schedule.hpp"
 
@@ -297,6 +298,7 @@ int train_main(int argc, char** argv) {
   if (c.train.device == "cuda")
     throw ConfigError(c.path + ": [train] device = \"cuda\": the CUDA training step is not built yet; use \"cpu\"");
   Trainer t(c);
+  if (c.spes.sync_steps > 0) t.set_sync_hook(make_net_sync_hook(c, t.layout(), t.ownership()));
   t.run(std::cout, resume);
   return 0;
 }

@@ -26,6 +26,7 @@
 #include <sstream>
 
 #include "engine/error.hpp"
+#include "model/hf_export.hpp"
 #include "model/layout.hpp"
 #include "net/codec.hpp"
 #include "net/digest.hpp"
@@ -183,6 +184,7 @@ struct Coordinator::Impl {
   void maybe_close();
   void close_round(const std::string& why);
   void persist();
+  void dump_hf();
   void shutdown();
   void refused(const std::string& who, const std::string& reason);
   template <class F>
@@ -791,6 +793,7 @@ void Coordinator::Impl::close_round(const std::string& why) {
 
   // Persist before anyone can see the round: a restart never loses a published round.
   if (cfg.spes.persist_every > 0 && round % cfg.spes.persist_every == 0) persist();
+  if (!opt.dump_dir.empty() && opt.dump_every > 0 && round % opt.dump_every == 0) dump_hf();
 
   set_phase(Phase::publishing, round, std::to_string(participants) + " recipient(s)");
   // RoundDone frame bytes (small) are counted with the chunks.
@@ -844,6 +847,21 @@ void Coordinator::Impl::persist() {
   persisted_round = round;
   log("round %" PRId64 " persisted to %s (%.0f ms)", round, path.c_str(),
       std::chrono::duration<double, std::milli>(Clock::now() - t0).count());
+}
+
+void Coordinator::Impl::dump_hf() {
+  char name[32];
+  std::snprintf(name, sizeof name, "round-%08lld", static_cast<long long>(round));
+  const std::string dir = (std::filesystem::path(opt.dump_dir) / name).string();
+  try {
+    HfExportOptions o;
+    o.router_aux_loss_coef = cfg.train.loss.lb_coef;
+    export_hf(cfg.model, layout, theta.data(), dir, o);
+    log("round %" PRId64 " exported to %s", round, dir.c_str());
+  } catch (const std::exception& e) {
+    // The run goes on; the export is a by-product.
+    log("round %" PRId64 ": HF export to %s failed: %s", round, dir.c_str(), e.what());
+  }
 }
 
 void Coordinator::Impl::shutdown() {
@@ -910,8 +928,10 @@ int coordinator_main(const Config& cfg, const std::vector<std::string>& args) {
     };
     if (args[i] == "--dump-state") opt.dump_dir = value("--dump-state");
     else if (args[i] == "--dump-every") opt.dump_every = std::stoll(value("--dump-every"));
+    else if (args[i] == "--port") opt.port = std::stoi(value("--port"));
     else throw NetError("coordinator: unknown argument '" + args[i] + "'");
   }
+  if (!opt.dump_dir.empty() && opt.dump_every <= 0) opt.dump_every = 1;
   opt.csv = &std::cout;
   opt.handle_signals = true;
   Coordinator c(cfg, opt);

@@ -54,7 +54,7 @@ struct OwnedChunk {
 
 struct SyncClient::Impl {
   Config cfg;
-  const ParamLayout& layout;
+  ParamLayout layout;
   Ownership own;
   uint64_t fingerprint;
   SyncClientOptions opt;
@@ -346,6 +346,8 @@ struct SyncClient::Impl {
       gather_owned(params, base.data());
       std::swap(residual, pending);
       force_snapshot = false;
+      log("round %" PRId64 " synced: %d participant(s), merge alpha %.4g, state %s", r, d->participants(),
+          d->merge_alpha(), hash_hex(h).c_str());
       st.round = r;
       st.state_hash = h;
       st.participants = d->participants();
