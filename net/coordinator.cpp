@@ -205,7 +205,7 @@ struct Coordinator::Impl::Session : std::enable_shared_from_this<Session> {
   std::array<uint8_t, kNonceBytes> nonce{};
   std::array<uint8_t, kHeaderBytes> hdr{};
   FrameHeader header;
-  std::vector<uint8_t> payload;
+  RecvBuffer payload;
   FrameWriter writer;
   std::deque<OutJob> outq;
   bool writing = false;
@@ -258,8 +258,7 @@ struct Coordinator::Impl::Session : std::enable_shared_from_this<Session> {
       return fail(hc == HeaderCheck::bad_version ? wire::ErrorCode_protocol_version : wire::ErrorCode_bad_frame,
                   header_problem(hc, header, cap()));
     }
-    payload.resize(header.length);
-    asio::async_read(sock, asio::buffer(payload), [self = shared_from_this()](boost::system::error_code e, size_t) {
+    asio::async_read(sock, asio::buffer(payload.take(header.length), header.length), [self = shared_from_this()](boost::system::error_code e, size_t) {
       self->on_payload(e);
     });
   }
@@ -755,15 +754,20 @@ void Coordinator::Impl::close_round(const std::string& why) {
   pub->step = rstep;
   pub->participants = participants;
   pub->alpha = alpha;
+  StateHasher hasher;  // θ is final chunk by chunk, in order: hash it while it is in cache
   for (size_t c = 0; c < grid.chunks.size(); ++c) {
-    if (!changed[c]) continue;
-    pub->chunks.push_back(int(c));
     const GridChunk& ch = grid.chunks[c];
     const int64_t n = ch.size();
     float* th = theta.data() + ch.begin;
+    if (!changed[c]) {
+      hasher.update(th, n);
+      continue;
+    }
+    pub->chunks.push_back(int(c));
     const double* tg = target + ch.begin;
     if (codec == Codec::fp32) {
       for (int64_t i = 0; i < n; ++i) th[i] = float(tg[i]);
+      hasher.update(th, n);
       pub->bytes += int64_t(kHeaderBytes + 128 + n * 4);  // frame overhead estimate; exact below for lossy
       continue;
     }
@@ -778,12 +782,13 @@ void Coordinator::Impl::close_round(const std::string& why) {
       ok = apply_update(codec, dst, n, th, th);
     });
     if (!ok) throw NetError("internal: round " + std::to_string(r) + " produced a non-finite update");
+    hasher.update(th, n);
     pub->frames.push_back(own(v));
     pub->bytes += int64_t(v.size());
   }
   round = r;
   step = rstep;
-  hash = state_hash(theta.data(), layout.total);
+  hash = hasher.digest();
   pub->hash = hash;
   const double merge_ms = std::chrono::duration<double, std::milli>(Clock::now() - t0).count();
   log("round %" PRId64 " merged: step %" PRId64 ", %d participant(s)%s%s, alpha %.4g, %zu of %zu chunks changed, "
