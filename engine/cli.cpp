@@ -12,10 +12,10 @@
 #include "engine/config.hpp"
 #include "engine/error.hpp"
 #include "engine/local.hpp"
+#include "engine/trainer.hpp"
+#include "model/hf_export.hpp"
 #include "net/coordinator.hpp"
 #include "net/merge.hpp"
-#include "model/hf_export.hpp"
-#include "engine/trainer.hpp"
 
 namespace spes {
 
@@ -53,20 +53,23 @@ int export_hf_command(int argc, char** argv) {
   return 0;
 }
 
-// `coordinator CONFIG [--set section.key=value]... [--dump-state DIR] [--dump-every N]`
+// `coordinator CONFIG [--set section.key=value]... [--dump-state DIR [--dump-every N]] [--port P]`
 int coordinator_command(int argc, char** argv) {
-  if (argc < 2 || argv[1][0] == '-')
-    throw Error("usage: spes-engine coordinator CONFIG [--set section.key=value]... [--dump-state DIR] [--dump-every N]");
+  std::string config;
   std::vector<std::string> sets, rest;
-  for (int i = 2; i < argc; ++i) {
-    if (!std::strcmp(argv[i], "--set")) {
-      if (i + 1 == argc) throw Error("--set needs section.key=value");
-      sets.push_back(argv[++i]);
-    } else {
-      rest.push_back(argv[i]);
-    }
+  for (int i = 1; i < argc; ++i) {
+    const std::string a = argv[i];
+    const bool takes_value = a == "--set" || a == "--dump-state" || a == "--dump-every" || a == "--port";
+    if (takes_value && i + 1 >= argc) throw Error(a + " needs a value");
+    if (a == "--set") sets.push_back(argv[++i]);
+    else if (a.rfind("--set=", 0) == 0) sets.push_back(a.substr(6));
+    else if (takes_value) rest.push_back(a), rest.push_back(argv[++i]);
+    else if (config.empty() && !a.empty() && a[0] != '-') config = a;
+    else rest.push_back(a);
   }
-  return net::coordinator_main(load_config(argv[1], sets), rest);
+  if (config.empty())
+    throw Error("usage: spes-engine coordinator CONFIG [--set section.key=value]... [--dump-state DIR [--dump-every N]]");
+  return net::coordinator_main(load_config(config, sets), rest);
 }
 
 int merge_experts_command(int argc, char** argv) { return net::merge_experts_main({argv + 1, argv + argc}); }
@@ -79,11 +82,13 @@ struct Command {
 
 const Command kCommands[] = {
     {"train", train_main, "train one node: train CONFIG [--set section.key=value]... [--node-id N] [--resume]"},
-    {"coordinator", coordinator_command, "merge coordinator: coordinator CONFIG [--set k=v]... [--dump-state DIR --dump-every N]"},
     {"local", local_main, "coordinator + every node on this machine: local CONFIG [--set k=v]..."},
-    {"merge-experts", merge_experts_command, "expert merging on safetensors: merge-experts --in A --out B --alpha X [--topk K]"},
     {"eval", eval_main, "validation loss: eval CONFIG --checkpoint DIR [--data MANIFEST]"},
     {"export-hf", export_hf_command, "HF OLMoE export: export-hf --checkpoint DIR --out DIR [--dtype F32|BF16]"},
+    {"coordinator", coordinator_command,
+     "merge coordinator: coordinator CONFIG [--set k=v]... [--dump-state DIR [--dump-every N]]"},
+    {"merge-experts", merge_experts_command,
+     "expert-merging warm-up on an HF export: merge-experts --in A.safetensors --out B.safetensors --alpha X [--topk K]"},
     {"tokenize", tokenize_command, "text/JSONL to token files: tokenize --input FILE... --out DIR [--val-fraction F]"},
 };
 

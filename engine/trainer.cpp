@@ -11,9 +11,9 @@
 
 #include "engine/checkpoint.hpp"
 #include "engine/error.hpp"
+#include "engine/net_sync.hpp"
 #include "engine/ops/ops.hpp"
 #include "engine/schedule.hpp"
-#include "net/sync_client.hpp"
 
 namespace spes {
 
@@ -252,30 +252,6 @@ void Trainer::run(std::ostream& csv, bool resume) {
   save(true);
 }
 
-namespace {
-
-// The sync protocol's node side (net/sync_client) behind the trainer's hook.
-class NetSyncHook : public SyncHook {
- public:
-  NetSyncHook(const Config& c, const ParamLayout& layout, const Ownership& own, uint64_t fingerprint)
-      : client_(c, layout, own, fingerprint) {}
-  SyncStats sync_round(float* params, int64_t step) override {
-    const net::SyncStats s = client_.sync_round(params, step);
-    return {s.round, s.ms, s.bytes_up, s.bytes_down, s.state_hash};
-  }
-  void save_state(CheckpointState& s) const override { client_.save_state(s); }
-  void load_state(const CheckpointState& s, float*) override { client_.load_state(s); }
-
- private:
-  net::SyncClient client_;
-};
-
-}  // namespace
-
-void Trainer::connect_sync() {
-  set_sync_hook(std::make_unique<NetSyncHook>(cfg_, layout_, own_, fingerprint_));
-}
-
 namespace po = boost::program_options;
 
 namespace {
@@ -324,7 +300,7 @@ int train_main(int argc, char** argv) {
   if (c.train.device == "cuda")
     throw ConfigError(c.path + ": [train] device = \"cuda\": the CUDA training step is not built yet; use \"cpu\"");
   Trainer t(c);
-  if (c.spes.sync_steps > 0) t.connect_sync();
+  if (c.spes.sync_steps > 0) t.set_sync_hook(make_net_sync_hook(c, t.layout(), t.ownership()));
   t.run(std::cout, resume);
   return 0;
 }

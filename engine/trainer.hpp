@@ -51,8 +51,6 @@ class Trainer {
   // checkpoint in checkpoint.dir (a fresh start when there is none).
   void run(std::ostream& csv, bool resume);
   void set_sync_hook(std::unique_ptr<SyncHook> hook);
-  // Sync rounds with the coordinator of [spes] every sync_steps steps (net/).
-  void connect_sync();
   // Parameters and step from a checkpoint (eval, export); refuses another model.
   void load_params(const CheckpointState& s, const std::string& source);
 

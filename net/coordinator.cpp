@@ -26,6 +26,7 @@
 #include <sstream>
 
 #include "engine/error.hpp"
+#include "model/hf_export.hpp"
 #include "model/layout.hpp"
 #include "net/codec.hpp"
 #include "net/digest.hpp"
@@ -175,7 +176,7 @@ struct Coordinator::Impl {
 
   Impl(const Config& c, CoordinatorOptions o);
   void log(const char* fmt, ...) const __attribute__((format(printf, 2, 3)));
-  void set_phase(Phase p, const std::string& why);
+  void set_phase(Phase p, int64_t r, const std::string& why);
   void accept();
   void on_push_chunk(Session& s, const wire::PushChunk* m);
   void on_push_done(Session& s, const wire::PushDone* m);
@@ -183,6 +184,7 @@ struct Coordinator::Impl {
   void maybe_close();
   void close_round(const std::string& why);
   void persist();
+  void dump_hf();
   void shutdown();
   void refused(const std::string& who, const std::string& reason);
   template <class F>
@@ -203,7 +205,7 @@ struct Coordinator::Impl::Session : std::enable_shared_from_this<Session> {
   std::array<uint8_t, kNonceBytes> nonce{};
   std::array<uint8_t, kHeaderBytes> hdr{};
   FrameHeader header;
-  std::vector<uint8_t> payload;
+  RecvBuffer payload;
   FrameWriter writer;
   std::deque<OutJob> outq;
   bool writing = false;
@@ -256,8 +258,7 @@ struct Coordinator::Impl::Session : std::enable_shared_from_this<Session> {
       return fail(hc == HeaderCheck::bad_version ? wire::ErrorCode_protocol_version : wire::ErrorCode_bad_frame,
                   header_problem(hc, header, cap()));
     }
-    payload.resize(header.length);
-    asio::async_read(sock, asio::buffer(payload), [self = shared_from_this()](boost::system::error_code e, size_t) {
+    asio::async_read(sock, asio::buffer(payload.take(header.length), header.length), [self = shared_from_this()](boost::system::error_code e, size_t) {
       self->on_payload(e);
     });
   }
@@ -614,8 +615,8 @@ void Coordinator::Impl::refused(const std::string& who, const std::string& reaso
         refusal_logs == 20 ? " (further refusals logged every 1000th)" : "");
 }
 
-void Coordinator::Impl::set_phase(Phase p, const std::string& why) {
-  log("round %" PRId64 ": %s -> %s (%s)", round + 1, phase_name(phase), phase_name(p), why.c_str());
+void Coordinator::Impl::set_phase(Phase p, int64_t r, const std::string& why) {
+  log("round %" PRId64 ": %s -> %s (%s)", r, phase_name(phase), phase_name(p), why.c_str());
   phase = p;
 }
 
@@ -684,7 +685,7 @@ void Coordinator::Impl::on_push_chunk(Session& s, const wire::PushChunk* m) {
   float* v = scratch.data();
   if (!decode(codec, p, ch.size(), v)) return s.fail(wire::ErrorCode_bad_push, "push payload holds non-finite values");
   if (phase == Phase::waiting) {
-    set_phase(Phase::collecting, "first push, from node " + std::to_string(s.node_id));
+    set_phase(Phase::collecting, round + 1, "first push, from node " + std::to_string(s.node_id));
     timed_out = false;
     round_timer.expires_after(to_duration(cfg.spes.round_timeout_s));
     const int64_t r = round + 1;
@@ -731,7 +732,7 @@ void Coordinator::Impl::maybe_close() {
 
 void Coordinator::Impl::close_round(const std::string& why) {
   round_timer.cancel();
-  set_phase(Phase::merging, why);
+  set_phase(Phase::merging, round + 1, why);
   const auto t0 = Clock::now();
   const int64_t r = round + 1;
   int participants = 0;
@@ -753,15 +754,20 @@ void Coordinator::Impl::close_round(const std::string& why) {
   pub->step = rstep;
   pub->participants = participants;
   pub->alpha = alpha;
+  StateHasher hasher;  // θ is final chunk by chunk, in order: hash it while it is in cache
   for (size_t c = 0; c < grid.chunks.size(); ++c) {
-    if (!changed[c]) continue;
-    pub->chunks.push_back(int(c));
     const GridChunk& ch = grid.chunks[c];
     const int64_t n = ch.size();
     float* th = theta.data() + ch.begin;
+    if (!changed[c]) {
+      hasher.update(th, n);
+      continue;
+    }
+    pub->chunks.push_back(int(c));
     const double* tg = target + ch.begin;
     if (codec == Codec::fp32) {
       for (int64_t i = 0; i < n; ++i) th[i] = float(tg[i]);
+      hasher.update(th, n);
       pub->bytes += int64_t(kHeaderBytes + 128 + n * 4);  // frame overhead estimate; exact below for lossy
       continue;
     }
@@ -776,12 +782,13 @@ void Coordinator::Impl::close_round(const std::string& why) {
       ok = apply_update(codec, dst, n, th, th);
     });
     if (!ok) throw NetError("internal: round " + std::to_string(r) + " produced a non-finite update");
+    hasher.update(th, n);
     pub->frames.push_back(own(v));
     pub->bytes += int64_t(v.size());
   }
   round = r;
   step = rstep;
-  hash = state_hash(theta.data(), layout.total);
+  hash = hasher.digest();
   pub->hash = hash;
   const double merge_ms = std::chrono::duration<double, std::milli>(Clock::now() - t0).count();
   log("round %" PRId64 " merged: step %" PRId64 ", %d participant(s)%s%s, alpha %.4g, %zu of %zu chunks changed, "
@@ -791,8 +798,9 @@ void Coordinator::Impl::close_round(const std::string& why) {
 
   // Persist before anyone can see the round: a restart never loses a published round.
   if (cfg.spes.persist_every > 0 && round % cfg.spes.persist_every == 0) persist();
+  if (!opt.dump_dir.empty() && opt.dump_every > 0 && round % opt.dump_every == 0) dump_hf();
 
-  set_phase(Phase::publishing, std::to_string(participants) + " recipient(s)");
+  set_phase(Phase::publishing, round, std::to_string(participants) + " recipient(s)");
   // RoundDone frame bytes (small) are counted with the chunks.
   pub->bytes += int64_t(kHeaderBytes + 96);
   std::vector<std::shared_ptr<Session>> recipients;
@@ -827,7 +835,7 @@ void Coordinator::Impl::close_round(const std::string& why) {
   round_bytes_in = 0;
   round_late = 0;
   timed_out = false;
-  set_phase(Phase::waiting, "round " + std::to_string(r) + " published");
+  set_phase(Phase::waiting, round + 1, "round " + std::to_string(r) + " published");
 }
 
 void Coordinator::Impl::persist() {
@@ -844,6 +852,21 @@ void Coordinator::Impl::persist() {
   persisted_round = round;
   log("round %" PRId64 " persisted to %s (%.0f ms)", round, path.c_str(),
       std::chrono::duration<double, std::milli>(Clock::now() - t0).count());
+}
+
+void Coordinator::Impl::dump_hf() {
+  char name[32];
+  std::snprintf(name, sizeof name, "round-%08lld", static_cast<long long>(round));
+  const std::string dir = (std::filesystem::path(opt.dump_dir) / name).string();
+  try {
+    HfExportOptions o;
+    o.router_aux_loss_coef = cfg.train.loss.lb_coef;
+    export_hf(cfg.model, layout, theta.data(), dir, o);
+    log("round %" PRId64 " exported to %s", round, dir.c_str());
+  } catch (const std::exception& e) {
+    // The run goes on; the export is a by-product.
+    log("round %" PRId64 ": HF export to %s failed: %s", round, dir.c_str(), e.what());
+  }
 }
 
 void Coordinator::Impl::shutdown() {
@@ -910,8 +933,10 @@ int coordinator_main(const Config& cfg, const std::vector<std::string>& args) {
     };
     if (args[i] == "--dump-state") opt.dump_dir = value("--dump-state");
     else if (args[i] == "--dump-every") opt.dump_every = std::stoll(value("--dump-every"));
+    else if (args[i] == "--port") opt.port = std::stoi(value("--port"));
     else throw NetError("coordinator: unknown argument '" + args[i] + "'");
   }
+  if (!opt.dump_dir.empty() && opt.dump_every <= 0) opt.dump_every = 1;
   opt.csv = &std::cout;
   opt.handle_signals = true;
   Coordinator c(cfg, opt);

@@ -72,8 +72,10 @@ class Coordinator {
   std::unique_ptr<Impl> impl_;
 };
 
-// `spes-engine coordinator CONFIG [--dump-state DIR] [--dump-every N]`: args are the
-// ones after the config path. Serves until SIGINT/SIGTERM.
+// `spes-engine coordinator CONFIG [--dump-state DIR [--dump-every N]] [--port P]`: args
+// are the ones after the config path. --dump-state writes θ as an HF export
+// (config.json + model.safetensors) to DIR/round-NNNNNNNN every N rounds (default 1).
+// Serves until SIGINT/SIGTERM.
 int coordinator_main(const Config& cfg, const std::vector<std::string>& args);
 
 // The shared secret: contents of secret_file (trailing whitespace trimmed) when

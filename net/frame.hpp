@@ -15,6 +15,7 @@
 #include <array>
 #include <cstddef>
 #include <cstdint>
+#include <memory>
 #include <span>
 #include <string>
 #include <string_view>
@@ -154,6 +155,27 @@ class FrameWriter {
   static uint32_t checksum(const uint8_t* p, size_t n);
   flatbuffers::FlatBufferBuilder b_;
   std::array<uint8_t, kHeaderBytes> header_{};
+};
+
+// A receive buffer that grows without zero-filling (a frame is read straight into
+// it; std::vector::resize would memset every chunk) and stays 16-byte aligned.
+class RecvBuffer {
+ public:
+  uint8_t* take(size_t n) {
+    if (n > cap_) {
+      buf_.reset(new uint8_t[n]);
+      cap_ = n;
+    }
+    size_ = n;
+    return buf_.get();
+  }
+  uint8_t* data() { return buf_.get(); }
+  size_t size() const { return size_; }
+  void release() { buf_.reset(), cap_ = size_ = 0; }
+
+ private:
+  std::unique_ptr<uint8_t[]> buf_;
+  size_t cap_ = 0, size_ = 0;
 };
 
 // Field caps a receiver applies after verification (counts and lengths a peer sent).

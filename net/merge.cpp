@@ -151,9 +151,10 @@ std::vector<bool> StreamingMerge::close(const float* theta, const ParamLayout& l
     double* a = acc_.data() + ch.begin;
     const int64_t n = ch.size();
     if (count_[c] > 0) {
-      // The mean, rounded to fp32 once (one contributor: its value, exactly).
+      // The mean, rounded to fp32 once (one contributor: its value, already exact).
       const double k = double(count_[c]);
-      for (int64_t i = 0; i < n; ++i) a[i] = double(float(a[i] / k));
+      if (count_[c] > 1)
+        for (int64_t i = 0; i < n; ++i) a[i] = double(float(a[i] / k));
       changed[c] = true;
     } else if (merging && ch.segment > 0) {
       for (int64_t i = 0; i < n; ++i) a[i] = double(theta[ch.begin + i]);

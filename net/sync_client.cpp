@@ -54,7 +54,7 @@ struct OwnedChunk {
 
 struct SyncClient::Impl {
   Config cfg;
-  const ParamLayout& layout;
+  ParamLayout layout;
   Ownership own;
   uint64_t fingerprint;
   SyncClientOptions opt;
@@ -76,8 +76,9 @@ struct SyncClient::Impl {
   bool force_snapshot = false;  // params no longer hold "θ_old + local work"
   ChunkGrid grid;
   std::vector<OwnedChunk> owned_chunks;
+  std::vector<int64_t> owned_off;  // per grid chunk: its offset in owned space, or -1
   FrameWriter writer{64 * 1024};
-  std::vector<uint8_t> rx;
+  RecvBuffer rx;
   std::array<uint8_t, kHeaderBytes> hdr{};
   std::mt19937_64 rng;
   int64_t bytes_up = 0, bytes_down = 0;
@@ -89,10 +90,15 @@ struct SyncClient::Impl {
     addr = parse_host_port(opt.address.empty() ? cfg.spes.coordinator : opt.address);
     node = own.node_id;
     if (opt.io_timeout_s <= 0) opt.io_timeout_s = std::max(60.0, cfg.spes.round_timeout_s + 120.0);
-    std::vector<float> init(size_t(layout.total));
-    init_parameters(init.data(), cfg.model, layout, cfg.train.seed);
     base.resize(size_t(own.owned_count));
-    gather_owned(init.data(), base.data());
+    if (opt.initial_params) {
+      gather_owned(opt.initial_params, base.data());
+    } else {
+      std::vector<float> init(size_t(layout.total));
+      init_parameters(init.data(), cfg.model, layout, cfg.train.seed);
+      gather_owned(init.data(), base.data());
+    }
+    opt.initial_params = nullptr;
     if (codec_is_lossy(codec)) residual.assign(base.size(), 0.0f), pending.assign(base.size(), 0.0f);
     std::random_device rd;
     rng.seed((uint64_t(rd()) << 32) ^ rd() ^ uint64_t(node));
@@ -167,8 +173,8 @@ struct SyncClient::Impl {
     const HeaderCheck hc = parse_header(hdr.data(), cap, &fh);
     if (hc == HeaderCheck::bad_version) throw Refused(wire::ErrorCode_protocol_version, header_problem(hc, fh, cap));
     if (hc != HeaderCheck::ok) throw Transient("bad frame from the coordinator: " + header_problem(hc, fh, cap));
-    rx.resize(fh.length);
-    run_op([&](auto&& h) { asio::async_read(sock, asio::buffer(rx), h); }, opt.io_timeout_s,
+    uint8_t* buf = rx.take(fh.length);
+    run_op([&](auto&& h) { asio::async_read(sock, asio::buffer(buf, fh.length), h); }, opt.io_timeout_s,
            "reading from the coordinator");
     bytes_down += int64_t(kHeaderBytes + fh.length);
     std::string why;
@@ -242,9 +248,13 @@ struct SyncClient::Impl {
     if (grid.chunk_elems != ce) {
       grid = make_grid(layout, cfg.model.n_experts, ce);
       owned_chunks.clear();
+      owned_off.assign(grid.chunks.size(), -1);
       int64_t o = 0;
       for (const Range& r : own.owned_ranges) {
-        for (int c : grid.chunks_in(r)) owned_chunks.push_back({c, o + (grid.chunks[c].begin - r.begin)});
+        for (int c : grid.chunks_in(r)) {
+          owned_chunks.push_back({c, o + (grid.chunks[c].begin - r.begin)});
+          owned_off[c] = owned_chunks.back().owned_off;
+        }
         o += r.size();
       }
     }
@@ -312,9 +322,17 @@ struct SyncClient::Impl {
     const int64_t r = round + 1;
     uint32_t got = 0;
     bool reset = false;
+    // Chunks arrive in ascending order, so θ is final up to each chunk's end: hash it
+    // as it comes, and refresh sync_base from the owned chunks as they land.
+    StateHasher hasher;
+    int64_t hashed = 0;
+    const auto t_wait = Clock::now();
+    auto t_first = t_wait;
     for (;;) {
       const wire::Envelope* env = read_frame(kMaxFrameBytes, opt.io_timeout_s);
       if (!reset) {
+        t_first = Clock::now();
+        st.wait_ms = std::chrono::duration<double, std::milli>(t_first - t_wait).count();
         // θ_old over the owned ranges is sync_base: the local work has been pushed.
         force_snapshot = true;  // until the round is complete, params are neither old nor new
         scatter_owned(base.data(), params);
@@ -328,24 +346,31 @@ struct SyncClient::Impl {
             vec_size(m->payload()) != encoded_bytes(codec, n) ||
             crc32c(m->payload()->data(), vec_size(m->payload())) != m->checksum())
           throw Transient("bad round chunk from the coordinator");
+        if (m->begin() < hashed) throw Transient("round chunks out of order");
         float* x = params + m->begin();
         if (!apply_update(codec, m->payload()->data(), n, x, x)) throw Transient("malformed round chunk");
+        if (owned_off[c] >= 0) std::memcpy(base.data() + owned_off[c], x, size_t(n) * 4);
+        hasher.update(params + hashed, m->end() - hashed);
+        hashed = m->end();
         ++got;
         continue;
       }
       if (env->msg_type() != wire::Message_RoundDone) throw Transient("unexpected message while waiting for the round");
       const auto* d = env->msg_as_RoundDone();
       if (d->round() != r || d->chunks() != got) throw Transient("incomplete round result");
-      const uint64_t h = state_hash(params, layout.total);
+      hasher.update(params + hashed, layout.total - hashed);
+      const uint64_t h = hasher.digest();
       if (h != d->state_hash()) {
         log("state hash mismatch after round %" PRId64 ": node %s, coordinator %s; resyncing from a snapshot", r,
             hash_hex(h).c_str(), hash_hex(d->state_hash()).c_str());
         throw Transient("state hash mismatch");
       }
-      round = r;
-      gather_owned(params, base.data());
+      st.pull_ms = std::chrono::duration<double, std::milli>(Clock::now() - t_first).count();
+      round = r;  // sync_base already holds the new owned values
       std::swap(residual, pending);
       force_snapshot = false;
+      log("round %" PRId64 " synced: %d participant(s), merge alpha %.4g, state %s", r, d->participants(),
+          d->merge_alpha(), hash_hex(h).c_str());
       st.round = r;
       st.state_hash = h;
       st.participants = d->participants();
@@ -366,7 +391,9 @@ struct SyncClient::Impl {
           snapshot(params, st);
           break;
         }
+        const auto tp = Clock::now();
         push(params, step);
+        st.push_ms = std::chrono::duration<double, std::milli>(Clock::now() - tp).count();
         receive_result(params, st);
         break;
       } catch (const Refused& e) {

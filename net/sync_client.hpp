@@ -32,6 +32,7 @@ namespace spes::net {
 struct SyncStats {
   int64_t round = 0;          // the round the node now holds
   double ms = 0;              // wall time of sync_round
+  double push_ms = 0, wait_ms = 0, pull_ms = 0;  // encode+send, coordinator merge, receive+apply+hash
   int64_t bytes_up = 0, bytes_down = 0;
   uint64_t state_hash = 0;    // hash of θ after the round (equal to the coordinator's)
   bool resynced = false;      // params were replaced by a snapshot (no push this time)
@@ -46,6 +47,7 @@ struct SyncClientOptions {
   double io_timeout_s = 0;          // silence tolerated while waiting; 0 = round_timeout_s + 120
   std::optional<std::string> secret;  // overrides secret_file / SPES_SECRET (tests)
   std::string address;              // overrides [spes] coordinator (tests: ephemeral ports)
+  const float* initial_params = nullptr;  // the seeded init θ when the caller has it (else recomputed)
   bool log = true;
 };
 

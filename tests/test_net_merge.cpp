@@ -7,6 +7,8 @@
 #include <random>
 #include <vector>
 
+#include "engine/error.hpp"
+#include "model/hf_export.hpp"
 #include "model/layout.hpp"
 #include "net/grid.hpp"
 #include "net/merge.hpp"
@@ -176,4 +178,23 @@ TEST_CASE("merge: streaming mean is order independent and exact for one contribu
   sm.add_delta(c_shared, theta.data(), delta.data());
   sm.close(theta.data(), L, 0.0, 4);
   CHECK(float(sm.target()[5]) == theta[5] + 0.5f);
+}
+
+TEST_CASE("merge-experts: the command on an HF safetensors export equals the direct computation") {
+  const ModelConfig m = small_model(5);
+  const ParamLayout L = make_layout(m);
+  const auto theta = random_theta(L, 77);
+  const std::string dir = testing::temp_dir("merge-cli");
+  write_hf_safetensors(dir + "/a.safetensors", L, theta.data());
+  REQUIRE(merge_experts_main({"--in", dir + "/a.safetensors", "--out", dir + "/b.safetensors", "--alpha", "0.4",
+                              "--topk", "2"}) == 0);
+  const std::vector<float> got = read_hf_safetensors(dir + "/b.safetensors", L);
+  const auto expect = reference_merge(theta, L, m, 0.4, 2, nullptr);
+  CHECK(got == expect);
+  CHECK_THROWS_WITH_AS(merge_experts_main({"--in", dir + "/a.safetensors", "--out", dir + "/c.safetensors"}),
+                       doctest::Contains("--alpha"), Error);
+  CHECK_THROWS_AS(merge_experts_main({"--in", dir + "/missing.safetensors", "--out", dir + "/c.safetensors",
+                                      "--alpha", "0.1"}),
+                  Error);
+  std::filesystem::remove_all(dir);
 }

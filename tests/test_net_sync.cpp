@@ -7,6 +7,7 @@
 #include <cmath>
 
 #include "engine/error.hpp"
+#include "model/hf_export.hpp"
 #include "net/merge.hpp"
 #include "net/state_file.hpp"
 #include "net_test_util.hpp"
@@ -315,4 +316,21 @@ TEST_CASE("persistence: state file round trip and corruption detected") {
   save_state_file(path, ps, theta, nullptr);
   CHECK_THROWS_WITH_AS(load_state_file(path, wrong, nullptr), doctest::Contains("parameters"), NetError);
   std::filesystem::remove_all(dir);
+}
+
+TEST_CASE("coordinator: --dump-state writes the global θ as an HF export at the chosen rounds") {
+  const Config cfg = tiny_config(2, "bf16");
+  CoordinatorOptions opt;
+  opt.dump_dir = temp_dir("dump");
+  opt.dump_every = 2;
+  CoordThread co(cfg, opt);
+  std::vector<std::unique_ptr<TestNode>> nodes;
+  for (int p = 0; p < 2; ++p) nodes.push_back(std::make_unique<TestNode>(cfg, p, co.address()));
+  sync_all(nodes);
+  CHECK_FALSE(std::filesystem::exists(opt.dump_dir + "/round-00000001"));
+  sync_all(nodes);
+  const HfModel hf = import_hf(opt.dump_dir + "/round-00000002");
+  CHECK(hf.config.n_experts == cfg.model.n_experts);
+  CHECK(hf.params == nodes[0]->params);
+  std::filesystem::remove_all(opt.dump_dir);
 }

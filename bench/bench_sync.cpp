@@ -1,0 +1,264 @@
+// Sync round cost over loopback for a ~100M-parameter OLMoE-shaped state, per codec:
+//  1. one node owning every expert: push 100M params + merge + pull, as seconds and
+//     GB/s of wire bytes, next to a raw TCP copy of the same bytes on this machine;
+//     the coordinator (a separate process) peak RSS over the model's fp32 bytes;
+//  2. 4 nodes x 2 experts (SPES ownership): bytes per node per round next to what
+//     the SPES reference sends (fp32 trained params up + full fp32 model down).
+//   bench_sync [--rounds N] [--small]   (--small: a ~10M-parameter model, for a quick look)
+#include <signal.h>
+#include <spawn.h>
+#include <sys/socket.h>
+#include <sys/wait.h>
+#include <netinet/in.h>
+#include <netinet/tcp.h>
+#include <arpa/inet.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <cstring>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "engine/config.hpp"
+#include "model/layout.hpp"
+#include "net/codec.hpp"
+#include "net/coordinator.hpp"
+#include "net/sync_client.hpp"
+
+extern char** environ;
+
+using namespace spes;
+using Clock = std::chrono::steady_clock;
+
+namespace {
+
+Config bench_config(const std::string& codec, int n_nodes, bool small, uint16_t port) {
+  Config c;
+  ModelConfig& m = c.model;
+  m.vocab_size = small ? 4096 : 16384;
+  m.d_model = small ? 256 : 768;
+  m.n_layers = small ? 4 : 8;
+  m.n_heads = small ? 4 : 12;
+  m.n_kv_heads = m.n_heads;
+  m.n_experts = 8;
+  m.top_k = 2;
+  m.expert_hidden = small ? 512 : 384;
+  m.seq_len = 1024;
+  c.train.seed = 1;
+  c.spes.n_nodes = n_nodes;
+  c.spes.ownership = n_nodes == 1 ? "all" : "partitioned";
+  c.spes.experts_per_node = n_nodes == 1 ? 0 : m.n_experts / n_nodes;
+  c.spes.codec = codec;
+  c.spes.run_id = "bench";
+  c.spes.coordinator = "127.0.0.1:" + std::to_string(port);
+  c.spes.round_timeout_s = 600;
+  c.spes.persist_every = 0;  // the bench measures the protocol, not the disk
+  return c;
+}
+
+uint16_t free_port() {
+  int fd = ::socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in a{};
+  a.sin_family = AF_INET;
+  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  ::bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof a);
+  socklen_t len = sizeof a;
+  ::getsockname(fd, reinterpret_cast<sockaddr*>(&a), &len);
+  ::close(fd);
+  return ntohs(a.sin_port);
+}
+
+long proc_kib(pid_t pid, const char* key) {
+  FILE* f = std::fopen(("/proc/" + std::to_string(pid) + "/status").c_str(), "r");
+  if (!f) return 0;
+  char line[256];
+  long v = 0;
+  while (std::fgets(line, sizeof line, f))
+    if (std::strncmp(line, key, std::strlen(key)) == 0) v = std::atol(line + std::strlen(key));
+  std::fclose(f);
+  return v;
+}
+
+bool can_connect(uint16_t port) {
+  int fd = ::socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in a{};
+  a.sin_family = AF_INET;
+  a.sin_port = htons(port);
+  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  const bool ok = ::connect(fd, reinterpret_cast<sockaddr*>(&a), sizeof a) == 0;
+  ::close(fd);
+  return ok;
+}
+
+// The coordinator in its own process, so its peak RSS is its own.
+pid_t spawn_coordinator(const char* self, const std::string& codec, int n_nodes, bool small, uint16_t port) {
+  std::string a0 = self, a1 = "--coordinator", a2 = codec, a3 = std::to_string(n_nodes), a4 = small ? "1" : "0",
+              a5 = std::to_string(port);
+  char* argv[] = {a0.data(), a1.data(), a2.data(), a3.data(), a4.data(), a5.data(), nullptr};
+  pid_t pid = -1;
+  if (posix_spawn(&pid, self, nullptr, nullptr, argv, environ) != 0) {
+    std::perror("posix_spawn");
+    std::exit(1);
+  }
+  while (!can_connect(port)) std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  return pid;
+}
+
+int coordinator_child(char** argv) {
+  const Config c = bench_config(argv[2], std::atoi(argv[3]), std::atoi(argv[4]) != 0, uint16_t(std::atoi(argv[5])));
+  net::CoordinatorOptions o;
+  o.secret = "bench";
+  o.log = false;
+  o.handle_signals = true;
+  net::Coordinator co(c, o);
+  co.run();
+  return 0;
+}
+
+// A raw TCP copy of `bytes` over loopback (sender thread -> receiver), in seconds.
+double raw_tcp_seconds(int64_t bytes) {
+  int lfd = ::socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in a{};
+  a.sin_family = AF_INET;
+  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  ::bind(lfd, reinterpret_cast<sockaddr*>(&a), sizeof a);
+  ::listen(lfd, 1);
+  socklen_t len = sizeof a;
+  ::getsockname(lfd, reinterpret_cast<sockaddr*>(&a), &len);
+  std::vector<uint8_t> src(4 << 20, 0x5A), dst(4 << 20);
+  int cfd = ::socket(AF_INET, SOCK_STREAM, 0);
+  ::connect(cfd, reinterpret_cast<sockaddr*>(&a), sizeof a);
+  int sfd = ::accept(lfd, nullptr, nullptr);
+  const auto t0 = Clock::now();
+  std::thread sender([&] {
+    int64_t left = bytes;
+    while (left > 0) {
+      const ssize_t w = ::send(cfd, src.data(), size_t(std::min<int64_t>(left, int64_t(src.size()))), 0);
+      if (w <= 0) break;
+      left -= w;
+    }
+  });
+  int64_t got = 0;
+  while (got < bytes) {
+    const ssize_t r = ::recv(sfd, dst.data(), dst.size(), 0);
+    if (r <= 0) break;
+    got += r;
+  }
+  sender.join();
+  const double s = std::chrono::duration<double>(Clock::now() - t0).count();
+  ::close(cfd);
+  ::close(sfd);
+  ::close(lfd);
+  return s;
+}
+
+// Local "training" between rounds: a small change to every owned parameter.
+void perturb(std::vector<float>& p, const Ownership& own, int round) {
+  for (const Range& r : own.owned_ranges)
+    for (int64_t i = r.begin; i < r.end; ++i) p[size_t(i)] += 1e-4f * float(((i * 2654435761u + round) >> 7) % 200 - 100) / 100.0f;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  if (argc >= 6 && !std::strcmp(argv[1], "--coordinator")) return coordinator_child(argv);
+  int rounds = 3;
+  bool small = false;
+  for (int i = 1; i < argc; ++i) {
+    if (!std::strcmp(argv[i], "--rounds") && i + 1 < argc) rounds = std::max(1, std::atoi(argv[++i]));
+    else if (!std::strcmp(argv[i], "--small")) small = true;
+  }
+  const char* self = "/proc/self/exe";
+  char self_path[4096];
+  const ssize_t n = ::readlink(self, self_path, sizeof self_path - 1);
+  if (n > 0) self_path[n] = 0, self = self_path;
+
+  const Config probe = bench_config("fp32", 1, small, 0);
+  const ParamLayout layout = make_layout(probe.model);
+  const double model_mb = double(layout.total) * 4 / 1e6;
+  std::printf("bench_sync: %.1fM params (%.1f MB fp32; shared %.1fM, 8 experts x %.2fM), loopback, %d rounds each\n",
+              layout.total / 1e6, model_mb, layout.shared_count / 1e6, layout.expert_block / 1e6, rounds);
+  std::vector<float> init(size_t(layout.total));
+  init_parameters(init.data(), probe.model, layout, probe.train.seed);
+
+  // ---- 1. one node owning everything -------------------------------------------
+  std::printf("\n1 node owning every expert: push %.0fM + merge + pull %.0fM (best round)\n", layout.total / 1e6,
+              layout.total / 1e6);
+  std::printf("%-5s %9s %9s %8s %7s %10s %7s %14s   %s\n", "codec", "up MB", "down MB", "seconds", "GB/s", "raw TCP s",
+              "ratio", "coord RSS/model", "push / merge / pull ms");
+  for (const char* codec : {"fp32", "bf16", "int8"}) {
+    const uint16_t port = free_port();
+    const Config c = bench_config(codec, 1, small, port);
+    const pid_t pid = spawn_coordinator(self, codec, 1, small, port);
+    const Ownership own = make_ownership(c.model, layout, 0, 1, "all", 0);
+    net::SyncClientOptions o;
+    o.secret = "bench";
+    o.log = false;
+    o.initial_params = init.data();
+    net::SyncClient client(c, layout, own, model_fingerprint(c.model, layout, own), o);
+    std::vector<float> params = init;
+    double best = 1e30;
+    net::SyncStats st, best_st;
+    for (int r = 1; r <= rounds; ++r) {
+      perturb(params, own, r);
+      const auto t0 = Clock::now();
+      st = client.sync_round(params.data(), r * 100);
+      const double s = std::chrono::duration<double>(Clock::now() - t0).count();
+      if (s < best) best = s, best_st = st;
+    }
+    const long hwm = proc_kib(pid, "VmHWM:");
+    ::kill(pid, SIGTERM);
+    ::waitpid(pid, nullptr, 0);
+    const int64_t wire = st.bytes_up + st.bytes_down;
+    const double raw = raw_tcp_seconds(wire);
+    std::printf("%-5s %9.1f %9.1f %8.3f %7.2f %10.3f %7.2f %14.2f   %.0f / %.0f / %.0f\n", codec, st.bytes_up / 1e6,
+                st.bytes_down / 1e6, best, wire / best / 1e9, raw, best / raw,
+                double(hwm) * 1024 / (double(layout.total) * 4), best_st.push_ms, best_st.wait_ms, best_st.pull_ms);
+    std::fflush(stdout);
+  }
+
+  // ---- 2. SPES ownership: 4 nodes x 2 experts ------------------------------------
+  std::printf("\n4 nodes x 2 experts (SPES): bytes per node per round vs the SPES reference\n");
+  std::printf("%-5s %9s %9s %9s %11s %7s %8s\n", "codec", "up MB", "down MB", "total MB", "SPES ref MB", "ratio",
+              "seconds");
+  for (const char* codec : {"fp32", "bf16", "int8"}) {
+    const uint16_t port = free_port();
+    const Config c = bench_config(codec, 4, small, port);
+    const pid_t pid = spawn_coordinator(self, codec, 4, small, port);
+    std::vector<std::unique_ptr<net::SyncClient>> clients;
+    std::vector<Ownership> owns;
+    std::vector<std::vector<float>> params;
+    for (int p = 0; p < 4; ++p) {
+      owns.push_back(make_ownership(c.model, layout, p, 4, "partitioned", 2));
+      net::SyncClientOptions o;
+      o.secret = "bench";
+      o.log = false;
+      o.initial_params = init.data();
+      clients.push_back(std::make_unique<net::SyncClient>(c, layout, owns[p], model_fingerprint(c.model, layout, owns[p]), o));
+      params.push_back(init);
+    }
+    std::vector<net::SyncStats> st(4);
+    double secs = 0;
+    for (int r = 1; r <= 2; ++r) {
+      for (int p = 0; p < 4; ++p) perturb(params[p], owns[p], r * 10 + p);
+      const auto t0 = Clock::now();
+      std::vector<std::thread> ts;
+      for (int p = 0; p < 4; ++p) ts.emplace_back([&, p] { st[p] = clients[p]->sync_round(params[p].data(), r * 100); });
+      for (auto& t : ts) t.join();
+      secs = std::chrono::duration<double>(Clock::now() - t0).count();
+    }
+    ::kill(pid, SIGTERM);
+    ::waitpid(pid, nullptr, 0);
+    const double ref = (double(owns[0].owned_count) * 4 + double(layout.total) * 4) / 1e6;
+    const double total = double(st[0].bytes_up + st[0].bytes_down) / 1e6;
+    std::printf("%-5s %9.1f %9.1f %9.1f %11.1f %7.2f %8.3f\n", codec, st[0].bytes_up / 1e6, st[0].bytes_down / 1e6,
+                total, ref, total / ref, secs);
+    std::fflush(stdout);
+    for (int p = 1; p < 4; ++p)
+      if (st[p].state_hash != st[0].state_hash) std::printf("  !! node %d state hash differs\n", p);
+  }
+  return 0;
+}
