@@ -136,38 +136,36 @@ __global__ void __launch_bounds__(norm::kMaxThreads)
   for (int64_t base = static_cast<int64_t>(blockIdx.x) * blockDim.y; base < N; base += step) {
     const int64_t row = base + threadIdx.y;
     const bool active = row < N;  // uniform trip count: the block synchronises below
-    if (active) {
+    int4 x_raw[VPT];  // the saved input, loaded before the barrier, kept packed
 #pragma unroll
-      for (int k = 0; k < VPT; ++k) {
-        const int v = threadIdx.x + k * blockDim.x;
-        if (v < c8) {
-          float t[8];
-          load8_stream(t, dout + row * C + v * 8);
-          store8(ys + v * 8, t);
-        }
+    for (int k = 0; k < VPT; ++k) {
+      const int v = threadIdx.x + k * blockDim.x;
+      x_raw[k] = make_int4(0, 0, 0, 0);
+      if (active && v < c8) {
+        float t[8];
+        load8_stream(t, dout + row * C + v * 8);
+        x_raw[k] = load16_stream(inp + row * C + v * 8);
+        store8(ys + v * 8, t);
       }
     }
     __syncthreads();  // incoming gradient row visible
     const float r = active ? rstd[row] : 0.0f;
     const float2* cst = table + (active ? row % T : 0) * (D / 2);
-    float g[VPT][8], xh[VPT][8];
+    float g[VPT][8];
     float dot = 0.0f;
 #pragma unroll
     for (int k = 0; k < VPT; ++k) {
       const int v = threadIdx.x + k * blockDim.x;
       if (active && v < c8) {
         rotate8(g[k], ys, cst, v, D, -1.0f);  // gradient w.r.t. the normalised row
-        float w[8];
+        float w[8], xh[8];
         load8(w, weight + v * 8);
-        load8(xh[k], inp + row * C + v * 8);
+        unpack8(xh, x_raw[k]);
 #pragma unroll
-        for (int i = 0; i < 8; ++i) {
-          xh[k][i] *= r;
-          dot += g[k][i] * w[i] * xh[k][i];
-        }
+        for (int i = 0; i < 8; ++i) dot += g[k][i] * w[i] * (xh[i] * r);
       } else {
 #pragma unroll
-        for (int i = 0; i < 8; ++i) g[k][i] = xh[k][i] = 0.0f;
+        for (int i = 0; i < 8; ++i) g[k][i] = 0.0f;
       }
     }
     // row_sum's barriers also order this iteration's smem reads before the next
@@ -178,12 +176,14 @@ __global__ void __launch_bounds__(norm::kMaxThreads)
     for (int k = 0; k < VPT; ++k) {
       const int v = threadIdx.x + k * blockDim.x;
       if (v < c8) {
-        float w[8], d[8];
+        float w[8], xh[8], d[8];
         load8(w, weight + v * 8);
+        unpack8(xh, x_raw[k]);
 #pragma unroll
         for (int i = 0; i < 8; ++i) {
-          d[i] = r * (g[k][i] * w[i] - xh[k][i] * mean_dot);
-          dw[k][i] += g[k][i] * xh[k][i];
+          xh[i] *= r;
+          d[i] = r * (g[k][i] * w[i] - xh[i] * mean_dot);
+          dw[k][i] += g[k][i] * xh[i];
         }
         store8(dinp + row * C + v * 8, d);
       }
