@@ -35,7 +35,6 @@ int main(int argc, char** argv) {
   const ModelConfig& m = c.model;
   const int threads = c.train.threads > 0 ? int(c.train.threads) : omp_get_num_procs();
   omp_set_num_threads(threads);
-  openblas_set_num_threads(threads);
   ParamLayout layout = make_layout(m);
   Ownership own = make_ownership(m, layout, 0, 1, "all", 0);
   std::vector<float> params(layout.total), grads(own.owned_count), mom1(own.owned_count), mom2(own.owned_count);

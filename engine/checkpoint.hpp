@@ -2,7 +2,7 @@
 // Layout on disk: <checkpoint.dir>/step-00000100/ holding state.bin (sections with
 // a CRC32C each and a whole-file checksum) and config.toml. Written into a temp
 // folder and renamed into place, so a crash never leaves a half checkpoint; the
-// newest `keep` are kept.
+// newest `keep` are kept. The byte format is documented in checkpoint.cpp.
 #pragma once
 #include <cstdint>
 #include <string>
@@ -26,13 +26,18 @@ struct CheckpointState {
   int64_t sync_round = 0;           // last completed sync round
 };
 
-// Writes <root>/step-XXXXXXXX atomically and prunes to the newest `keep`.
-// Returns the folder written.
+// Writes <root>/step-XXXXXXXX atomically (via <root>/.step-XXXXXXXX.tmp, fsynced,
+// renamed; an existing folder of the same step is swapped out atomically) and
+// prunes to the newest `keep` by step (keep <= 0 keeps all; the folder just
+// written is never pruned). Returns the folder written.
 std::string save_checkpoint(const std::string& root, const CheckpointState& s, int64_t keep);
-// `path` is a step folder, or a root holding step folders (the newest is taken).
-// Verifies every checksum; throws CheckpointError naming the file and what is wrong.
+// `path` is a step folder, a root holding step folders (the newest is taken), or
+// a state.bin. Verifies magic, version, every length, every CRC32C, exact section
+// presence, and that the step matches the folder's name; throws CheckpointError
+// naming the file and what is wrong.
 CheckpointState load_checkpoint(const std::string& path);
-// The newest complete step folder under root, or "" when there is none.
+// The newest complete step folder (step-XXXXXXXX holding state.bin) under root,
+// or "" when there is none; temp folders of interrupted saves are ignored.
 std::string latest_checkpoint(const std::string& root);
 
 }  // namespace spes

@@ -3,8 +3,18 @@
 #include <cstdio>
 #include <cstring>
 #include <string>
+#include <vector>
+
+#include <boost/program_options.hpp>
 
 #include "data/tokenize.hpp"
+#include "engine/checkpoint.hpp"
+#include "engine/config.hpp"
+#include "engine/error.hpp"
+#include "engine/local.hpp"
+#include "net/coordinator.hpp"
+#include "net/merge.hpp"
+#include "model/hf_export.hpp"
 #include "engine/trainer.hpp"
 
 namespace spes {
@@ -12,6 +22,54 @@ namespace spes {
 namespace {
 
 int tokenize_command(int argc, char** argv) { return tokenize_main({argv + 1, argv + argc}); }
+
+// `export-hf --checkpoint DIR --out DIR [--dtype F32|BF16]`: the checkpoint's
+// model as a folder transformers loads (OlmoeForCausalLM).
+int export_hf_command(int argc, char** argv) {
+  namespace po = boost::program_options;
+  std::string checkpoint, out, dtype = "F32";
+  po::options_description opts;
+  opts.add_options()("checkpoint", po::value(&checkpoint)->required(), "checkpoint folder or root")(
+      "out", po::value(&out)->required(), "output folder")("dtype", po::value(&dtype), "F32 or BF16");
+  po::variables_map vm;
+  try {
+    po::store(po::parse_command_line(argc, argv, opts), vm);
+    po::notify(vm);
+  } catch (const po::error& e) {
+    throw Error(std::string(e.what()) + "\nusage: spes-engine export-hf --checkpoint DIR --out DIR [--dtype F32|BF16]");
+  }
+  if (dtype != "F32" && dtype != "BF16") throw Error("--dtype " + dtype + ": expected F32 or BF16");
+  const CheckpointState s = load_checkpoint(checkpoint);
+  const Config c = parse_config_text(s.config_toml, checkpoint + "/config.toml");
+  const ParamLayout layout = make_layout(c.model);
+  if (int64_t(s.params.size()) != layout.total)
+    throw CheckpointError(checkpoint + ": " + std::to_string(s.params.size()) + " parameters, its config needs " +
+                          std::to_string(layout.total));
+  HfExportOptions o;
+  o.dtype = dtype;
+  o.router_aux_loss_coef = c.train.loss.lb_coef;
+  export_hf(c.model, layout, s.params.data(), out, o);
+  std::fprintf(stderr, "exported step %lld to %s (config.json, model.safetensors)\n", (long long)s.step, out.c_str());
+  return 0;
+}
+
+// `coordinator CONFIG [--set section.key=value]... [--dump-state DIR] [--dump-every N]`
+int coordinator_command(int argc, char** argv) {
+  if (argc < 2 || argv[1][0] == '-')
+    throw Error("usage: spes-engine coordinator CONFIG [--set section.key=value]... [--dump-state DIR] [--dump-every N]");
+  std::vector<std::string> sets, rest;
+  for (int i = 2; i < argc; ++i) {
+    if (!std::strcmp(argv[i], "--set")) {
+      if (i + 1 == argc) throw Error("--set needs section.key=value");
+      sets.push_back(argv[++i]);
+    } else {
+      rest.push_back(argv[i]);
+    }
+  }
+  return net::coordinator_main(load_config(argv[1], sets), rest);
+}
+
+int merge_experts_command(int argc, char** argv) { return net::merge_experts_main({argv + 1, argv + argc}); }
 
 struct Command {
   const char* name;
@@ -21,7 +79,11 @@ struct Command {
 
 const Command kCommands[] = {
     {"train", train_main, "train one node: train CONFIG [--set section.key=value]... [--node-id N] [--resume]"},
+    {"coordinator", coordinator_command, "merge coordinator: coordinator CONFIG [--set k=v]... [--dump-state DIR --dump-every N]"},
+    {"local", local_main, "coordinator + every node on this machine: local CONFIG [--set k=v]..."},
+    {"merge-experts", merge_experts_command, "expert merging on safetensors: merge-experts --in A --out B --alpha X [--topk K]"},
     {"eval", eval_main, "validation loss: eval CONFIG --checkpoint DIR [--data MANIFEST]"},
+    {"export-hf", export_hf_command, "HF OLMoE export: export-hf --checkpoint DIR --out DIR [--dtype F32|BF16]"},
     {"tokenize", tokenize_command, "text/JSONL to token files: tokenize --input FILE... --out DIR [--val-fraction F]"},
 };
 

@@ -13,6 +13,7 @@
 #include "engine/error.hpp"
 #include "engine/ops/ops.hpp"
 #include "engine/schedule.hpp"
+#include "net/sync_client.hpp"
 
 namespace spes {
 
@@ -27,7 +28,6 @@ double ms_since(Clock::time_point t0) {
 void set_threads(int64_t threads) {
   const int n = threads > 0 ? int(threads) : omp_get_num_procs();
   omp_set_num_threads(n);
-  openblas_set_num_threads(n);
 }
 
 std::string latest_or_none(const std::string& root) {
@@ -90,7 +90,7 @@ int64_t Trainer::optimizer_state_bytes() const {
 
 const char* Trainer::csv_header() {
   return "step,tokens,loss,ce,lb,router_z,lm_z,lr,grad_norm,step_ms,tokens_per_s,expert_load_cv,"
-         "val_ce,sync_round,sync_ms,bytes_up,bytes_down";
+         "val_ce,sync_round,sync_ms,bytes_up,bytes_down,state_hash";
 }
 
 EvalResult Trainer::evaluate(int64_t max_batches) {
@@ -173,12 +173,14 @@ void Trainer::train_step(std::ostream& csv) {
     val = buf;
   }
   const double step_ms = ms_since(t0);
+  char hash[20] = "";
+  if (sync.round > 0) std::snprintf(hash, sizeof hash, "%016llx", (unsigned long long)sync.state_hash);
   char row[512];
-  std::snprintf(row, sizeof row, "%lld,%lld,%.6f,%.6f,%.6f,%.6f,%.6f,%.6e,%.6f,%.1f,%.1f,%.4f,%s,%lld,%.1f,%lld,%lld",
+  std::snprintf(row, sizeof row, "%lld,%lld,%.6f,%.6f,%.6f,%.6f,%.6f,%.6e,%.6f,%.1f,%.1f,%.4f,%s,%lld,%.1f,%lld,%lld,%s",
                 (long long)step_, (long long)tokens_seen_, loss, sum.ce, sum.lb, sum.router_z, sum.lm_z, lr,
                 grad_norm, step_ms, double(step_tokens) / (step_ms / 1000.0),
                 expert_load_cv(sum.expert_counts, cfg_.model.n_layers, cfg_.model.n_experts), val.c_str(),
-                (long long)sync.round, sync.ms, (long long)sync.bytes_up, (long long)sync.bytes_down);
+                (long long)sync.round, sync.ms, (long long)sync.bytes_up, (long long)sync.bytes_down, hash);
   csv << row << std::endl;  // flushed: a reader following stdout sees every step
 }
 
@@ -250,6 +252,30 @@ void Trainer::run(std::ostream& csv, bool resume) {
   save(true);
 }
 
+namespace {
+
+// The sync protocol's node side (net/sync_client) behind the trainer's hook.
+class NetSyncHook : public SyncHook {
+ public:
+  NetSyncHook(const Config& c, const ParamLayout& layout, const Ownership& own, uint64_t fingerprint)
+      : client_(c, layout, own, fingerprint) {}
+  SyncStats sync_round(float* params, int64_t step) override {
+    const net::SyncStats s = client_.sync_round(params, step);
+    return {s.round, s.ms, s.bytes_up, s.bytes_down, s.state_hash};
+  }
+  void save_state(CheckpointState& s) const override { client_.save_state(s); }
+  void load_state(const CheckpointState& s, float*) override { client_.load_state(s); }
+
+ private:
+  net::SyncClient client_;
+};
+
+}  // namespace
+
+void Trainer::connect_sync() {
+  set_sync_hook(std::make_unique<NetSyncHook>(cfg_, layout_, own_, fingerprint_));
+}
+
 namespace po = boost::program_options;
 
 namespace {
@@ -298,6 +324,7 @@ int train_main(int argc, char** argv) {
   if (c.train.device == "cuda")
     throw ConfigError(c.path + ": [train] device = \"cuda\": the CUDA training step is not built yet; use \"cpu\"");
   Trainer t(c);
+  if (c.spes.sync_steps > 0) t.connect_sync();
   t.run(std::cout, resume);
   return 0;
 }

@@ -22,6 +22,7 @@ struct SyncStats {
   int64_t round = 0;
   double ms = 0;
   int64_t bytes_up = 0, bytes_down = 0;
+  uint64_t state_hash = 0;  // hash of θ after the round: equal on every node and the coordinator
 };
 
 // What the trainer needs from the sync protocol (net/): called every sync_steps
@@ -50,6 +51,8 @@ class Trainer {
   // checkpoint in checkpoint.dir (a fresh start when there is none).
   void run(std::ostream& csv, bool resume);
   void set_sync_hook(std::unique_ptr<SyncHook> hook);
+  // Sync rounds with the coordinator of [spes] every sync_steps steps (net/).
+  void connect_sync();
   // Parameters and step from a checkpoint (eval, export); refuses another model.
   void load_params(const CheckpointState& s, const std::string& source);
 

@@ -145,6 +145,50 @@ void naive_attention(std::vector<double>& out, std::vector<double>& lse, const V
     }
 }
 
+// Its backward from the same explicit matrix: dP = g·vᵀ, dS = P⊙(dP − rowsum(P⊙dP)),
+// dq = scale·dS·k, dk = scale·dSᵀ·q, dv = Pᵀ·g (summed over the heads of a group).
+void naive_attention_backward(std::vector<double>& dq, std::vector<double>& dk, std::vector<double>& dv,
+                              const Vec& g, const Vec& q, const Vec& k, const Vec& v, int64_t B, int64_t T,
+                              int64_t H, int64_t Hkv, int64_t D) {
+  dq.assign(q.size(), 0.0);
+  dk.assign(k.size(), 0.0);
+  dv.assign(v.size(), 0.0);
+  const double scale = 1.0 / std::sqrt(static_cast<double>(D));
+  auto Q = [&](int64_t b, int64_t t, int64_t h) { return ((b * T + t) * H + h) * D; };
+  auto KV = [&](int64_t b, int64_t t, int64_t h) { return ((b * T + t) * Hkv + h) * D; };
+  for (int64_t b = 0; b < B; ++b)
+    for (int64_t h = 0; h < H; ++h) {
+      const int64_t kvh = h / (H / Hkv);
+      for (int64_t i = 0; i < T; ++i) {
+        std::vector<double> p(static_cast<size_t>(i + 1)), dp(static_cast<size_t>(i + 1));
+        double m = -1e300, z = 0.0, delta = 0.0;
+        for (int64_t j = 0; j <= i; ++j) {
+          double s = 0.0, gv = 0.0;
+          for (int64_t d = 0; d < D; ++d) {
+            s += static_cast<double>(q[Q(b, i, h) + d]) * k[KV(b, j, kvh) + d];
+            gv += static_cast<double>(g[Q(b, i, h) + d]) * v[KV(b, j, kvh) + d];
+          }
+          p[j] = s * scale;
+          dp[j] = gv;
+          m = std::max(m, p[j]);
+        }
+        for (int64_t j = 0; j <= i; ++j) z += std::exp(p[j] - m);
+        for (int64_t j = 0; j <= i; ++j) {
+          p[j] = std::exp(p[j] - m) / z;
+          delta += p[j] * dp[j];
+        }
+        for (int64_t j = 0; j <= i; ++j) {
+          const double ds = p[j] * (dp[j] - delta) * scale;
+          for (int64_t d = 0; d < D; ++d) {
+            dq[Q(b, i, h) + d] += ds * k[KV(b, j, kvh) + d];
+            dk[KV(b, j, kvh) + d] += ds * q[Q(b, i, h) + d];
+            dv[KV(b, j, kvh) + d] += p[j] * g[Q(b, i, h) + d];
+          }
+        }
+      }
+    }
+}
+
 }  // namespace
 
 // ============================== embedding ======================================
@@ -317,6 +361,26 @@ TEST_CASE("attention: forward and lse vs explicit softmax matrix (MHA and GQA)")
     CHECK(max_abs_diff(out.data(), ref_out.data(), ref_out.size()) < 1e-5);
     CHECK(max_abs_diff(lse.data(), ref_lse.data(), ref_lse.size()) < 1e-5);
   }
+}
+
+TEST_CASE("attention: forward and backward vs explicit matrices over several query blocks") {
+  // T = 150 crosses the 64-row query blocks of the implementation (two full, one partial).
+  std::mt19937_64 rng(18);
+  const int64_t B = 1, T = 150, H = 4, Hkv = 2, D = 16;
+  Vec q = randn(B * T * H * D, rng), k = randn(B * T * Hkv * D, rng), v = randn(B * T * Hkv * D, rng);
+  const Vec g = randn(q.size(), rng);
+  Vec out(q.size()), lse(B * H * T), dq(q.size()), dk(k.size()), dv(v.size());
+  attention_forward(out.data(), lse.data(), q.data(), k.data(), v.data(), B, T, H, Hkv, D);
+  attention_backward(dq.data(), dk.data(), dv.data(), g.data(), q.data(), k.data(), v.data(), out.data(),
+                     lse.data(), B, T, H, Hkv, D);
+  std::vector<double> ro, rl, rdq, rdk, rdv;
+  naive_attention(ro, rl, q, k, v, B, T, H, Hkv, D);
+  naive_attention_backward(rdq, rdk, rdv, g, q, k, v, B, T, H, Hkv, D);
+  CHECK(max_abs_diff(out.data(), ro.data(), ro.size()) < 1e-5);
+  CHECK(max_abs_diff(lse.data(), rl.data(), rl.size()) < 1e-5);
+  CHECK(max_abs_diff(dq.data(), rdq.data(), rdq.size()) < 1e-4);
+  CHECK(max_abs_diff(dk.data(), rdk.data(), rdk.size()) < 1e-4);
+  CHECK(max_abs_diff(dv.data(), rdv.data(), rdv.size()) < 1e-4);
 }
 
 TEST_CASE("attention: causal (future keys do not change past rows)") {
@@ -604,6 +668,21 @@ TEST_CASE("swiglu: forward vs formula, FD gradients") {
   };
   check_grad("swiglu dgate", dg, gate, loss, 1e-3f, 1e-3);
   check_grad("swiglu dup", du, up, loss, 1e-2f, 1e-4);
+
+  // Saturated gates stay finite and exact-ish: silu(g) → g for g ≫ 0, → 0 for g ≪ 0.
+  const Vec big = {-1e6f, -1000.0f, -100.0f, -88.5f, -30.0f, 30.0f, 88.5f, 100.0f, 1000.0f, 1e6f};
+  const Vec ones(big.size(), 1.0f);
+  Vec hb(big.size()), dgb(big.size()), dub(big.size());
+  swiglu_forward(hb.data(), big.data(), ones.data(), static_cast<int64_t>(big.size()));
+  swiglu_backward(dgb.data(), dub.data(), ones.data(), big.data(), ones.data(), static_cast<int64_t>(big.size()));
+  for (size_t i = 0; i < big.size(); ++i) {
+    CAPTURE(big[i]);
+    const double gd = big[i], sig = 1.0 / (1.0 + std::exp(-gd));
+    CHECK(std::isfinite(hb[i]));
+    CHECK(std::isfinite(dgb[i]));
+    CHECK(hb[i] == doctest::Approx(gd * sig).epsilon(1e-6).scale(1.0));
+    CHECK(dgb[i] == doctest::Approx(sig * (1.0 + gd * (1.0 - sig))).epsilon(1e-6).scale(1.0));
+  }
 }
 
 // ============================== cross-entropy ==================================
@@ -677,8 +756,8 @@ TEST_CASE("adamw: one hand-computed step, then several steps vs a double referen
     }
   }
   CHECK(max_abs_diff(param.data(), pd.data(), n) < 1e-6);
-  std::vector<double> mdd(md.begin(), md.end());
-  CHECK(max_abs_diff(mm.data(), mdd.data(), n) < 1e-6);
+  CHECK(max_abs_diff(mm.data(), md.data(), n) < 1e-6);
+  CHECK(max_abs_diff(vv.data(), vd.data(), n) < 1e-6);
 
   // Zero weight decay and zero gradient leave a parameter untouched.
   float p0 = 0.7f, g0 = 0.0f, m0 = 0.0f, v0 = 0.0f;
@@ -706,7 +785,7 @@ TEST_CASE("sum_squares and scale_inplace") {
 
 TEST_CASE("every op is bitwise deterministic across runs and thread counts") {
   std::mt19937_64 rng(16);
-  const int64_t B = 2, T = 33, H = 4, Hkv = 2, D = 16, N = B * T, C = 48, V = 37, E = 6, K = 2;
+  const int64_t B = 2, T = 97, H = 4, Hkv = 2, D = 16, N = B * T, C = 48, V = 37, E = 6, K = 2;
   const Vec q = randn(B * T * H * D, rng), k = randn(B * T * Hkv * D, rng), v = randn(B * T * Hkv * D, rng);
   const Vec x = randn(N * C, rng), gx = randn(N * C, rng), w = randn(C, rng), lb = randn(E, rng);
   const Vec wmat = randn(C * C, rng), logits = randn(N * V, rng), rl = randn(N * E, rng);
@@ -783,61 +862,121 @@ TEST_CASE("every op is bitwise deterministic across runs and thread counts") {
 
 // ============================== timing (opt-in) ================================
 // Not a test: `spes_tests --test-case='ops timing*' --no-skip` prints per-op times
-// at the tiny config (d 128, 4 heads of 32, seq 256, micro-batch 8, 8 experts top-2,
-// expert hidden 256, vocab 256).
+// (best of several runs, wall clock) at the tiny config (d 128, 4 heads of 32, seq 256,
+// micro-batch 8, 8 experts top-2, expert hidden 256, vocab 256, 4 layers) and the sum
+// of all op calls of one micro-batch forward+backward.
 
 TEST_CASE("ops timing at the tiny config" * doctest::skip()) {
   std::mt19937_64 rng(17);
-  const int64_t B = 8, T = 256, H = 4, D = 32, N = B * T, C = 128, F = 256, V = 256;
-  const Vec q = randn(N * C, rng), k = randn(N * C, rng), v = randn(N * C, rng), g = randn(N * C, rng);
-  Vec out(N * C), lse(B * H * T), dq(N * C), dk(N * C), dv(N * C);
+  const int64_t B = 8, T = 256, H = 4, D = 32, N = B * T, C = 128, F = 256, V = 256, E = 8, K = 2;
+  const int64_t L = 4, S = N * K, Ne = S / E;  // Ne: tokens per expert when balanced
   auto time_ms = [](int reps, const std::function<void()>& f) {
     f();  // warm up
-    const auto t0 = std::chrono::steady_clock::now();
-    for (int i = 0; i < reps; ++i) f();
-    return std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count() / reps;
+    double best = 1e30;
+    for (int i = 0; i < reps; ++i) {
+      const auto t0 = std::chrono::steady_clock::now();
+      f();
+      best = std::min(best, std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count());
+    }
+    return best;
   };
-  std::printf("threads %d\n", omp_get_max_threads());
-  std::printf("attention_forward  B8 T256 H4 D32: %.2f ms\n", time_ms(10, [&] {
+  double step = 0.0;
+  auto report = [&](const char* what, double ms, int64_t calls) {
+    std::printf("%-44s %8.3f ms  x%-3ld\n", what, ms, static_cast<long>(calls));
+    step += ms * static_cast<double>(calls);
+  };
+  std::printf("OpenMP threads %d\n", omp_get_max_threads());
+
+  const Vec q = randn(N * C, rng), k = randn(N * C, rng), v = randn(N * C, rng), g = randn(N * C, rng);
+  Vec out(N * C), lse(B * H * T), dq(N * C), dk(N * C), dv(N * C);
+  report("attention_forward  B8 T256 H4 D32", time_ms(10, [&] {
     attention_forward(out.data(), lse.data(), q.data(), k.data(), v.data(), B, T, H, H, D);
-  }));
-  std::printf("attention_backward B8 T256 H4 D32: %.2f ms\n", time_ms(10, [&] {
+  }), L);
+  report("attention_backward B8 T256 H4 D32", time_ms(10, [&] {
     attention_backward(dq.data(), dk.data(), dv.data(), g.data(), q.data(), k.data(), v.data(), out.data(),
                        lse.data(), B, T, H, H, D);
-  }));
-  const Vec w = randn(F * C, rng), x = randn(N * C, rng), gy = randn(N * F, rng);
-  Vec y(N * F), dx(N * C), dw(F * C, 0.0f);
-  std::printf("matmul_forward  N2048 C128 OC128: %.3f ms\n",
-              time_ms(20, [&] { matmul_forward(y.data(), x.data(), w.data(), N, C, C); }));
-  std::printf("matmul_backward N2048 C128 OC128: %.3f ms\n", time_ms(20, [&] {
+  }), L);
+
+  const Vec w = randn(V * C, rng), x = randn(N * F, rng), gy = randn(N * V, rng);
+  Vec y(N * V), dx(N * F), dw(V * C, 0.0f);
+  report("matmul_forward  N2048 C128 OC128 (q,k,v,o)", time_ms(20, [&] {
+    matmul_forward(y.data(), x.data(), w.data(), N, C, C);
+  }), 4 * L);
+  report("matmul_backward N2048 C128 OC128 (q,k,v,o)", time_ms(20, [&] {
     matmul_backward(dx.data(), dw.data(), gy.data(), x.data(), w.data(), N, C, C);
-  }));
-  std::printf("matmul_forward  N512 C128 OC256 (one expert): %.3f ms\n",
-              time_ms(20, [&] { matmul_forward(y.data(), x.data(), w.data(), 512, C, F); }));
-  std::printf("matmul_backward N512 C128 OC256 (one expert): %.3f ms\n", time_ms(20, [&] {
-    matmul_backward(dx.data(), dw.data(), gy.data(), x.data(), w.data(), 512, C, F);
-  }));
-  std::printf("matmul_forward  N2048 C128 OC256 (lm_head): %.3f ms\n",
-              time_ms(20, [&] { matmul_forward(y.data(), x.data(), w.data(), N, C, V); }));
-  Vec h(N * F);
-  std::printf("swiglu fwd+bwd n=%ld: %.3f ms\n", static_cast<long>(N * 2 * F / 2), time_ms(20, [&] {
-    swiglu_forward(h.data(), y.data(), gy.data(), N * F);
-    swiglu_backward(dq.data(), dk.data(), h.data(), y.data(), gy.data(), N * C);
-  }));
+  }), 4 * L);
+  report("matmul_forward  N512 C128 OC256 (expert gate/up)", time_ms(20, [&] {
+    matmul_forward(y.data(), x.data(), w.data(), Ne, C, F);
+  }), 2 * E * L);
+  report("matmul_backward N512 C128 OC256 (expert gate/up)", time_ms(20, [&] {
+    matmul_backward(dx.data(), dw.data(), gy.data(), x.data(), w.data(), Ne, C, F);
+  }), 2 * E * L);
+  report("matmul_forward  N512 C256 OC128 (expert down)", time_ms(20, [&] {
+    matmul_forward(y.data(), x.data(), w.data(), Ne, F, C);
+  }), E * L);
+  report("matmul_backward N512 C256 OC128 (expert down)", time_ms(20, [&] {
+    matmul_backward(dx.data(), dw.data(), gy.data(), x.data(), w.data(), Ne, F, C);
+  }), E * L);
+  report("matmul_forward  N2048 C128 OC8 (router)", time_ms(20, [&] {
+    matmul_forward(y.data(), x.data(), w.data(), N, C, E);
+  }), L);
+  report("matmul_backward N2048 C128 OC8 (router)", time_ms(20, [&] {
+    matmul_backward(dx.data(), dw.data(), gy.data(), x.data(), w.data(), N, C, E);
+  }), L);
+  report("matmul_forward  N2048 C128 OC256 (lm_head)", time_ms(20, [&] {
+    matmul_forward(y.data(), x.data(), w.data(), N, C, V);
+  }), 1);
+  report("matmul_backward N2048 C128 OC256 (lm_head)", time_ms(20, [&] {
+    matmul_backward(dx.data(), dw.data(), gy.data(), x.data(), w.data(), N, C, V);
+  }), 1);
+
+  Vec h(S * F), dg(S * F), du(S * F);
+  const Vec up = randn(S * F, rng), gate = randn(S * F, rng);
+  report("swiglu fwd+bwd n=4096*256", time_ms(20, [&] {
+    swiglu_forward(h.data(), gate.data(), up.data(), S * F);
+    swiglu_backward(dg.data(), du.data(), h.data(), gate.data(), up.data(), S * F);
+  }), L);
   Vec rs(N), nrm(N * C), wn(C, 1.0f), dwn(C, 0.0f);
-  std::printf("rmsnorm fwd+bwd N2048 C128: %.3f ms\n", time_ms(20, [&] {
-    rmsnorm_forward(nrm.data(), rs.data(), x.data(), wn.data(), N, C, 1e-5f);
-    rmsnorm_backward(dx.data(), dwn.data(), g.data(), x.data(), wn.data(), rs.data(), N, C);
-  }));
-  std::printf("rope fwd+bwd B8 T256 H4 D32: %.3f ms\n", time_ms(20, [&] {
+  report("rmsnorm fwd+bwd N2048 C128", time_ms(20, [&] {
+    rmsnorm_forward(nrm.data(), rs.data(), q.data(), wn.data(), N, C, 1e-5f);
+    rmsnorm_backward(dq.data(), dwn.data(), g.data(), q.data(), wn.data(), rs.data(), N, C);
+  }), 4 * L + 1);
+  report("rope fwd+bwd B8 T256 H4 D32", time_ms(20, [&] {
     rope_forward(out.data(), q.data(), B, T, H, D, 10000.0);
     rope_backward(dq.data(), g.data(), B, T, H, D, 10000.0);
-  }));
+  }), 2 * L);
+
+  Vec probs(N * E), rlse(N), tw(N * K), dl(N * E), dtw(N * K, 0.1f), lb(E, 0.01f);
+  std::vector<int32_t> idx(N * K), offsets(E + 1), slot_token(S), token_slot(S);
+  const Vec logits8 = randn(N * E, rng);
+  report("router fwd+bwd + dispatch N2048 E8 K2", time_ms(20, [&] {
+    router_forward(probs.data(), rlse.data(), idx.data(), tw.data(), logits8.data(), N, E, K, false);
+    router_backward(dl.data(), dtw.data(), probs.data(), rlse.data(), idx.data(), tw.data(), lb.data(), 1e-3f, N,
+                    E, K, false);
+    moe_dispatch_indices(offsets.data(), slot_token.data(), token_slot.data(), idx.data(), N, E, K);
+  }), L);
+  Vec xe(S * C), ye(S * C), dye(S * C), mo(N * C), dtw2(N * K);
+  report("moe gather+combine fwd+bwd N2048 K2 C128", time_ms(20, [&] {
+    moe_gather_forward(xe.data(), q.data(), slot_token.data(), S, C);
+    moe_combine_forward(mo.data(), xe.data(), tw.data(), token_slot.data(), N, K, C);
+    moe_combine_backward(dye.data(), dtw2.data(), g.data(), xe.data(), tw.data(), token_slot.data(), N, K, C);
+    moe_gather_backward(dq.data(), dye.data(), token_slot.data(), N, K, C);
+  }), L);
+
   std::vector<int32_t> targets(N);
   for (int64_t n = 0; n < N; ++n) targets[n] = static_cast<int32_t>(n % V);
-  Vec losses(N), clse(N);
-  std::printf("crossentropy fwd+bwd N2048 V256: %.3f ms\n", time_ms(20, [&] {
-    crossentropy_forward(losses.data(), clse.data(), y.data(), targets.data(), N, V);
-    crossentropy_backward(h.data(), y.data(), clse.data(), targets.data(), N, V, 1.0f / N, 1e-5f);
-  }));
+  Vec losses(N), clse(N), dlog(N * V);
+  report("crossentropy fwd+bwd N2048 V256", time_ms(20, [&] {
+    crossentropy_forward(losses.data(), clse.data(), gy.data(), targets.data(), N, V);
+    crossentropy_backward(dlog.data(), gy.data(), clse.data(), targets.data(), N, V, 1.0f / N, 1e-5f);
+  }), 1);
+  std::vector<int32_t> tokens(N);
+  for (int64_t n = 0; n < N; ++n) tokens[n] = static_cast<int32_t>((n * 31) % V);
+  Vec table = randn(V * C, rng), dtable(V * C, 0.0f);
+  report("embedding fwd+bwd N2048 C128", time_ms(20, [&] {
+    embedding_forward(out.data(), tokens.data(), table.data(), N, C);
+    embedding_backward(dtable.data(), g.data(), tokens.data(), N, C);
+  }), 1);
+  std::printf("sum of op calls per micro-batch (fwd+bwd, %ld tokens): %.1f ms -> %.0f tokens/s\n",
+              static_cast<long>(N), step, static_cast<double>(N) / (step / 1000.0));
 }

@@ -1,9 +1,20 @@
 // Causal multi-head attention with grouped KV heads: out = softmax(q·kᵀ/√D)·v.
+//
 // Forward saves lse = logsumexp of each row of scaled scores, so backward rebuilds
 // the probabilities exactly (p = exp(s − lse)) without storing the T×T matrix, as
-// FlashAttention does. The loops are arranged so the innermost one is a plain
-// vectorisable loop with no reduction: scores run over keys with K held transposed
-// in a per-task scratch (Kt[d][j]), weighted sums run over the head dimension.
+// FlashAttention does. Work is split into (batch, head) tasks over OpenMP; inside a
+// task, queries go in blocks of kQBlock rows and each block's products are single-
+// threaded sgemm calls over the keys it can see (the diagonal block is computed in
+// full and masked, which wastes ~25% at T = 256 but runs at GEMM speed). Fixed
+// block sizes make the result independent of the thread count.
+// Measured, one thread (CPU time), B 8, T 256, H 4, D 32: forward 2.6 ms, backward
+// 5.8 ms; a per-row version with vectorised loops over keys/D and std::exp took
+// 10.4 / 15.5 ms.
+#include <cblas.h>
+
+#include <algorithm>
+#include <bit>
+#include <cassert>
 #include <cmath>
 #include <vector>
 
@@ -12,74 +23,120 @@
 namespace spes::cpu {
 namespace {
 
-// Kt[d·T + j] = k[b, j, kvh, d] for j < T: the keys of one (batch, kv head) transposed.
-void transpose_head(float* Kt, const float* k, int64_t b, int64_t kvh, int64_t T, int64_t Hkv, int64_t D) {
-  for (int64_t j = 0; j < T; ++j) {
-    const float* kr = k + ((b * T + j) * Hkv + kvh) * D;
-    for (int64_t d = 0; d < D; ++d) Kt[d * T + j] = kr[d];
-  }
+constexpr int64_t kQBlock = 64;
+
+int i32(int64_t x) { return static_cast<int>(x); }
+
+// e^x for the softmax, written so that GCC vectorises the loops that call it (a call
+// to std::exp keeps them scalar; with it, exp was about a third of the forward
+// time). Range reduction x = n·ln2 + r, |r| ≤ ln2/2 (ln2 split in two for exactness),
+// degree-7 Taylor polynomial for e^r, 2^n built in the exponent bits. Measured over
+// every float in [−2e9, 88]: ≤ 1.3 ulp from the correctly rounded value; results
+// below 2^−126 (x < −87.3) flush to 0. No branches: with the default
+// -ftrapping-math GCC will not if-convert, so a clamp on x would block vectorising;
+// the clamp is done on the integer exponent instead. −inf and NaN give NaN.
+inline float exp_softmax(float x) {
+  const float n = (x * 1.44269504088896341f + 12582912.0f) - 12582912.0f;  // round(x·log2 e)
+  float r = x - n * 0.693145751953125f;
+  r = r - n * 1.42860682030941723212e-6f;
+  float p = 1.0f / 5040.0f;
+  p = p * r + 1.0f / 720.0f;
+  p = p * r + 1.0f / 120.0f;
+  p = p * r + 1.0f / 24.0f;
+  p = p * r + 1.0f / 6.0f;
+  p = p * r + 0.5f;
+  p = p * r + 1.0f;
+  p = p * r + 1.0f;
+  int32_t biased = static_cast<int32_t>(n) + 127;
+  biased = biased < 0 ? 0 : biased;  // 2^n underflows to 0
+  return p * std::bit_cast<float>(biased << 23);
 }
 
-// s[j] = scale · Σ_d q[d]·Kt[d][j] for j ≤ t; returns max_j s[j]. Forward and
-// backward both call this, so they see bit-identical scores.
-float causal_scores(float* s, const float* qr, const float* Kt, int64_t t, int64_t T, int64_t D,
-                    float scale) {
-  const int64_t n = t + 1;
-  for (int64_t j = 0; j < n; ++j) s[j] = 0.0f;
-  for (int64_t d = 0; d < D; ++d) {
-    const float qd = qr[d] * scale;
-    const float* kt = Kt + d * T;
-#pragma omp simd
-    for (int64_t j = 0; j < n; ++j) s[j] += qd * kt[j];
-  }
-  float maxv = s[0];
-  for (int64_t j = 1; j < n; ++j) maxv = s[j] > maxv ? s[j] : maxv;
-  return maxv;
+// The strided view of one head: rows t of [B,T,heads,D] for fixed b and head.
+struct HeadView {
+  int64_t offset;  // element offset of row t = 0
+  int ld;          // row stride = heads·D
+};
+HeadView head_view(int64_t b, int64_t head, int64_t T, int64_t heads, int64_t D) {
+  return {(b * T * heads + head) * D, i32(heads * D)};
+}
+
+// Per-thread scratch that only grows: after the first step no call allocates
+// (DESIGN §2), and OpenMP keeps its threads, so the buffers live across calls.
+float* scratch(int which, int64_t n) {
+  thread_local std::vector<float> buffers[2];
+  std::vector<float>& buf = buffers[which];
+  if (static_cast<int64_t>(buf.size()) < n) buf.resize(static_cast<size_t>(n));
+  return buf.data();
+}
+
+// S[rows, L] = scale · q[t0 : t0+rows] · k[0 : L]ᵀ for L = t0 + rows keys. Forward and
+// backward both call this with the same arguments, so they see bit-identical scores.
+void block_scores(float* S, const float* qh, int ldq, const float* kh, int ldk, int64_t t0,
+                  int64_t rows, int64_t D, float scale) {
+  const int64_t L = t0 + rows;
+  cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, i32(rows), i32(L), i32(D), scale, qh + t0 * ldq,
+              ldq, kh, ldk, 0.0f, S, i32(L));
 }
 
 }  // namespace
 
 void attention_forward(float* out, float* lse, const float* q, const float* k, const float* v,
                        int64_t B, int64_t T, int64_t H, int64_t Hkv, int64_t D) {
+  assert(Hkv > 0 && H % Hkv == 0);
   const int64_t group = H / Hkv;  // query heads per kv head
   const float scale = 1.0f / std::sqrt(static_cast<float>(D));
+  openblas_set_num_threads(1);  // parallelism comes from the (b, h) tasks (see matmul.cpp)
 #pragma omp parallel
   {
-    std::vector<float> Kt(D * T);
-    std::vector<float> s(T);
+    float* S = scratch(0, kQBlock * T);
+    float inv_sum[kQBlock];
 #pragma omp for schedule(static)
     for (int64_t bh = 0; bh < B * H; ++bh) {
       const int64_t b = bh / H;
       const int64_t h = bh % H;
-      const int64_t kvh = h / group;
-      transpose_head(Kt.data(), k, b, kvh, T, Hkv, D);
-      for (int64_t t = 0; t < T; ++t) {
-        const float* qr = q + ((b * T + t) * H + h) * D;
-        float* o = out + ((b * T + t) * H + h) * D;
-        const float maxv = causal_scores(s.data(), qr, Kt.data(), t, T, D, scale);
-        float sum = 0.0f;
-        for (int64_t j = 0; j <= t; ++j) {
-          s[j] = std::exp(s[j] - maxv);
-          sum += s[j];
+      const HeadView qv = head_view(b, h, T, H, D);
+      const HeadView kv = head_view(b, h / group, T, Hkv, D);
+      const float* qh = q + qv.offset;
+      const float* kh = k + kv.offset;
+      const float* vh = v + kv.offset;
+      float* oh = out + qv.offset;
+      for (int64_t t0 = 0; t0 < T; t0 += kQBlock) {
+        const int64_t rows = std::min(kQBlock, T - t0);
+        const int64_t L = t0 + rows;
+        block_scores(S, qh, qv.ld, kh, kv.ld, t0, rows, D, scale);
+        // Row t sees keys j ≤ t: softmax over those, zero beyond (P·V then ignores them).
+        for (int64_t i = 0; i < rows; ++i) {
+          const int64_t n = t0 + i + 1;
+          float* s = S + i * L;
+          float maxv = s[0];
+#pragma omp simd reduction(max : maxv)
+          for (int64_t j = 1; j < n; ++j) maxv = s[j] > maxv ? s[j] : maxv;
+          float sum = 0.0f;
+#pragma omp simd reduction(+ : sum)
+          for (int64_t j = 0; j < n; ++j) {
+            s[j] = exp_softmax(s[j] - maxv);
+            sum += s[j];
+          }
+          for (int64_t j = n; j < L; ++j) s[j] = 0.0f;
+          inv_sum[i] = 1.0f / sum;
+          lse[(b * H + h) * T + t0 + i] = maxv + std::log(sum);
         }
-        for (int64_t d = 0; d < D; ++d) o[d] = 0.0f;
-        for (int64_t j = 0; j <= t; ++j) {
-          const float pj = s[j];
-          const float* vr = v + ((b * T + j) * Hkv + kvh) * D;
-#pragma omp simd
-          for (int64_t d = 0; d < D; ++d) o[d] += pj * vr[d];
+        // out[t0 : t0+rows] = P · v[0 : L], then normalise each row.
+        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, i32(rows), i32(D), i32(L), 1.0f, S,
+                    i32(L), vh, kv.ld, 0.0f, oh + t0 * qv.ld, qv.ld);
+        for (int64_t i = 0; i < rows; ++i) {
+          float* o = oh + (t0 + i) * qv.ld;
+          for (int64_t d = 0; d < D; ++d) o[d] *= inv_sum[i];
         }
-        const float inv = 1.0f / sum;
-        for (int64_t d = 0; d < D; ++d) o[d] *= inv;
-        lse[(b * H + h) * T + t] = maxv + std::log(sum);
       }
     }
   }
 }
 
-// Per query row t (p_j = exp(s_j − lse_t), g = dout_t):
-//   dv_j += p_j·g;   dp_j = g·v_j;   ds_j = p_j·(dp_j − Δ_t),  Δ_t = Σ_j p_j·dp_j = g·out_t;
-//   dq_t = scale·Σ_j ds_j·k_j;   dk_j += scale·ds_j·q_t.
+// Per query block (p = exp(s − lse), g = dout):
+//   dP = g · vᵀ;   dS = P ⊙ (dP − Δ),  Δ_t = Σ_j p_tj·dP_tj = g_t·out_t;
+//   dq = scale·dS·k;   dk += scale·dSᵀ·q;   dv += Pᵀ·g.
 // Tasks are (batch, kv head) so that all query heads writing one dk/dv slice run in
 // one task, in a fixed order: no atomics, same bits for any thread count.
 void attention_backward(float* dq, float* dk, float* dv, const float* dout, const float* q,
@@ -87,61 +144,63 @@ void attention_backward(float* dq, float* dk, float* dv, const float* dout, cons
                         int64_t B, int64_t T, int64_t H, int64_t Hkv, int64_t D) {
   const int64_t group = H / Hkv;
   const float scale = 1.0f / std::sqrt(static_cast<float>(D));
+  openblas_set_num_threads(1);
 #pragma omp parallel
   {
-    std::vector<float> Kt(D * T);
-    std::vector<float> Vt(D * T);
-    std::vector<float> s(T);
-    std::vector<float> dp(T);
-    std::vector<float> dqr(D);
+    float* P = scratch(0, kQBlock * T);
+    float* dS = scratch(1, kQBlock * T);
 #pragma omp for schedule(static)
     for (int64_t bk = 0; bk < B * Hkv; ++bk) {
       const int64_t b = bk / Hkv;
       const int64_t kvh = bk % Hkv;
-      transpose_head(Kt.data(), k, b, kvh, T, Hkv, D);
-      transpose_head(Vt.data(), v, b, kvh, T, Hkv, D);
-      for (int64_t j = 0; j < T; ++j) {
-        float* dkr = dk + ((b * T + j) * Hkv + kvh) * D;
-        float* dvr = dv + ((b * T + j) * Hkv + kvh) * D;
-        for (int64_t d = 0; d < D; ++d) dkr[d] = 0.0f;
-        for (int64_t d = 0; d < D; ++d) dvr[d] = 0.0f;
+      const HeadView kv = head_view(b, kvh, T, Hkv, D);
+      const float* kh = k + kv.offset;
+      const float* vh = v + kv.offset;
+      float* dkh = dk + kv.offset;
+      float* dvh = dv + kv.offset;
+      for (int64_t t = 0; t < T; ++t) {
+        std::fill(dkh + t * kv.ld, dkh + t * kv.ld + D, 0.0f);
+        std::fill(dvh + t * kv.ld, dvh + t * kv.ld + D, 0.0f);
       }
       for (int64_t h = kvh * group; h < (kvh + 1) * group; ++h) {
-        for (int64_t t = 0; t < T; ++t) {
-          const int64_t row = ((b * T + t) * H + h) * D;
-          const float* qr = q + row;
-          const float* g = dout + row;
-          const float* o = out + row;
-          const int64_t n = t + 1;
-          causal_scores(s.data(), qr, Kt.data(), t, T, D, scale);
-          const float l = lse[(b * H + h) * T + t];
-          for (int64_t j = 0; j < n; ++j) s[j] = std::exp(s[j] - l);  // s now holds p
-          // dp_j = Σ_d g[d]·Vt[d][j], vectorised over j like the scores.
-          for (int64_t j = 0; j < n; ++j) dp[j] = 0.0f;
-          for (int64_t d = 0; d < D; ++d) {
-            const float gd = g[d];
-            const float* vt = Vt.data() + d * T;
+        const HeadView qv = head_view(b, h, T, H, D);
+        const float* qh = q + qv.offset;
+        const float* gh = dout + qv.offset;
+        const float* oh = out + qv.offset;
+        float* dqh = dq + qv.offset;
+        for (int64_t t0 = 0; t0 < T; t0 += kQBlock) {
+          const int64_t rows = std::min(kQBlock, T - t0);
+          const int64_t L = t0 + rows;
+          block_scores(P, qh, qv.ld, kh, kv.ld, t0, rows, D, scale);
+          // dP[rows, L] = g[t0 : t0+rows] · v[0 : L]ᵀ
+          cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, i32(rows), i32(L), i32(D), 1.0f,
+                      gh + t0 * qv.ld, qv.ld, vh, kv.ld, 0.0f, dS, i32(L));
+          for (int64_t i = 0; i < rows; ++i) {
+            const int64_t t = t0 + i;
+            const int64_t n = t + 1;
+            const float* g = gh + t * qv.ld;
+            const float* o = oh + t * qv.ld;
+            float delta = 0.0f;
+#pragma omp simd reduction(+ : delta)
+            for (int64_t d = 0; d < D; ++d) delta += g[d] * o[d];
+            const float l = lse[(b * H + h) * T + t];
+            float* p = P + i * L;
+            float* ds = dS + i * L;
 #pragma omp simd
-            for (int64_t j = 0; j < n; ++j) dp[j] += gd * vt[j];
-          }
-          float delta = 0.0f;
-          for (int64_t d = 0; d < D; ++d) delta += g[d] * o[d];
-          for (int64_t d = 0; d < D; ++d) dqr[d] = 0.0f;
-          for (int64_t j = 0; j < n; ++j) {
-            const float pj = s[j];
-            const float dsj = pj * (dp[j] - delta) * scale;
-            const float* kr = k + ((b * T + j) * Hkv + kvh) * D;
-            float* dkr = dk + ((b * T + j) * Hkv + kvh) * D;
-            float* dvr = dv + ((b * T + j) * Hkv + kvh) * D;
-#pragma omp simd
-            for (int64_t d = 0; d < D; ++d) {
-              dqr[d] += dsj * kr[d];
-              dkr[d] += dsj * qr[d];
-              dvr[d] += pj * g[d];
+            for (int64_t j = 0; j < n; ++j) {
+              p[j] = exp_softmax(p[j] - l);
+              ds[j] = p[j] * (ds[j] - delta);
             }
+            for (int64_t j = n; j < L; ++j) p[j] = ds[j] = 0.0f;  // future keys
           }
-          float* dqo = dq + row;
-          for (int64_t d = 0; d < D; ++d) dqo[d] = dqr[d];
+          // dq[t0 : t0+rows] = scale · dS · k[0 : L]
+          cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, i32(rows), i32(D), i32(L), scale,
+                      dS, i32(L), kh, kv.ld, 0.0f, dqh + t0 * qv.ld, qv.ld);
+          // dk[0 : L] += scale · dSᵀ · q[t0 : t0+rows];  dv[0 : L] += Pᵀ · g[t0 : t0+rows]
+          cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, i32(L), i32(D), i32(rows), scale,
+                      dS, i32(L), qh + t0 * qv.ld, qv.ld, 1.0f, dkh, kv.ld);
+          cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, i32(L), i32(D), i32(rows), 1.0f, P,
+                      i32(L), gh + t0 * qv.ld, qv.ld, 1.0f, dvh, kv.ld);
         }
       }
     }

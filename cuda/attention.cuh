@@ -1,0 +1,37 @@
+// Causal multi-head attention on tensor cores (FlashAttention-2 style), forward and
+// backward. Same layouts and semantics as spes::cpu::attention_forward/backward:
+//   q, out, dq, dout: [B,T,H,D] bf16      (the layout the Q projection produces)
+//   k, v, dk, dv:     [B,T,Hkv,D] bf16    (query head h reads kv head h / (H/Hkv))
+//   lse:              [B,H,T] fp32, natural-log logsumexp of the scaled scores
+// scale = 1/√D, causal (key j visible to query t iff j ≤ t). D ∈ {64, 128}; any
+// B ≥ 1, T ≥ 0, H a multiple of Hkv. All pointers 16-byte aligned (cudaMalloc'd
+// buffers at offsets that are multiples of 8 elements).
+//
+// No T×T matrix is ever written to global memory. Both passes are deterministic:
+// no atomics, every output element is reduced by one thread in a fixed order
+// (dK/dV sum over the query heads of a GQA group inside one CTA).
+#pragma once
+#include <cuda_bf16.h>
+#include <cuda_runtime.h>
+
+#include <cstddef>
+#include <cstdint>
+
+namespace spes::cuda {
+
+using bf16 = __nv_bfloat16;
+
+// out = softmax(q·kᵀ/√D + causal mask)·v, lse = per-row logsumexp (saved for backward).
+void attention_forward(bf16* out, float* lse, const bf16* q, const bf16* k, const bf16* v,
+                       int64_t B, int64_t T, int64_t H, int64_t Hkv, int64_t D, cudaStream_t stream);
+
+// Bytes of device scratch attention_backward needs (the row sums D_i = dout·out).
+size_t attention_backward_scratch_bytes(int64_t B, int64_t T, int64_t H);
+
+// dq, dk, dv (overwritten, not accumulated) from dout and the forward's out and lse.
+// `scratch` holds attention_backward_scratch_bytes(B, T, H) bytes, 16-byte aligned.
+void attention_backward(bf16* dq, bf16* dk, bf16* dv, const bf16* dout, const bf16* q, const bf16* k,
+                        const bf16* v, const bf16* out, const float* lse, void* scratch, int64_t B,
+                        int64_t T, int64_t H, int64_t Hkv, int64_t D, cudaStream_t stream);
+
+}  // namespace spes::cuda

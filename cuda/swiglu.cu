@@ -1,0 +1,125 @@
+// SwiGLU forward/backward: elementwise and memory-bound, so the only design points
+// are 16-byte vector accesses (8 bf16 per load) and a grid-stride loop. The backward
+// also re-emits h, which lets the MoE layer drop h after the forward down GEMM and
+// rebuild it here for the down-weight gradient at no extra pass over memory.
+#include <cstdint>
+
+#include "cuda/check.cuh"
+#include "cuda/swiglu.cuh"
+
+namespace spes::cuda {
+namespace {
+
+constexpr int kThreads = 256;
+
+// VEC consecutive bf16 <-> fp32: VEC = 8 is one 16-byte access (caller guarantees
+// alignment); VEC = 1 is the fallback for odd sizes or unaligned views.
+template <int VEC>
+__device__ __forceinline__ void load_vec(float (&f)[VEC], const bf16* p) {
+  if constexpr (VEC == 8) {
+    load8(f, p);
+  } else {
+#pragma unroll
+    for (int i = 0; i < VEC; ++i) f[i] = __bfloat162float(p[i]);
+  }
+}
+
+template <int VEC>
+__device__ __forceinline__ void store_vec(bf16* p, const float (&f)[VEC]) {
+  if constexpr (VEC == 8) {
+    store8(p, f);
+  } else {
+#pragma unroll
+    for (int i = 0; i < VEC; ++i) p[i] = __float2bfloat16_rn(f[i]);
+  }
+}
+
+__device__ __forceinline__ float sigmoid(float g) { return 1.0f / (1.0f + expf(-g)); }
+
+template <int VEC>
+__global__ void swiglu_forward_kernel(bf16* __restrict__ h, const bf16* __restrict__ gate,
+                                      const bf16* __restrict__ up, int64_t rows, int64_t H,
+                                      int64_t ld_in) {
+  const int64_t vec_per_row = H / VEC;
+  const int64_t n = rows * vec_per_row;
+  for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n;
+       i += int64_t(gridDim.x) * blockDim.x) {
+    const int64_t r = i / vec_per_row;
+    const int64_t c = (i - r * vec_per_row) * VEC;
+    float g[VEC], u[VEC], out[VEC];
+    load_vec<VEC>(g, gate + r * ld_in + c);
+    load_vec<VEC>(u, up + r * ld_in + c);
+#pragma unroll
+    for (int j = 0; j < VEC; ++j) out[j] = g[j] * sigmoid(g[j]) * u[j];
+    store_vec<VEC>(h + r * H + c, out);
+  }
+}
+
+template <int VEC>
+__global__ void swiglu_backward_kernel(bf16* dgate, bf16* dup, bf16* h_out, const bf16* dh,
+                                       const bf16* gate, const bf16* up, int64_t rows, int64_t H,
+                                       int64_t ld_in) {
+  // No __restrict__: h_out may alias dh and dgate/dup may alias gate/up; every
+  // thread reads its elements before it writes the same elements.
+  const int64_t vec_per_row = H / VEC;
+  const int64_t n = rows * vec_per_row;
+  for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n;
+       i += int64_t(gridDim.x) * blockDim.x) {
+    const int64_t r = i / vec_per_row;
+    const int64_t c = (i - r * vec_per_row) * VEC;
+    float g[VEC], u[VEC], d[VEC], dg[VEC], du[VEC], hv[VEC];
+    load_vec<VEC>(g, gate + r * ld_in + c);
+    load_vec<VEC>(u, up + r * ld_in + c);
+    load_vec<VEC>(d, dh + r * H + c);
+#pragma unroll
+    for (int j = 0; j < VEC; ++j) {
+      const float sig = sigmoid(g[j]);
+      const float silu = g[j] * sig;
+      dg[j] = d[j] * u[j] * sig * (1.0f + g[j] * (1.0f - sig));
+      du[j] = d[j] * silu;
+      hv[j] = silu * u[j];
+    }
+    store_vec<VEC>(dgate + r * ld_in + c, dg);
+    store_vec<VEC>(dup + r * ld_in + c, du);
+    if (h_out != nullptr) store_vec<VEC>(h_out + r * H + c, hv);
+  }
+}
+
+bool aligned16(const void* p) { return (reinterpret_cast<uintptr_t>(p) & 15) == 0; }
+
+int grid_for(int64_t n_items) {
+  // Enough blocks to fill any current GPU several times over; the loop covers the rest.
+  const int64_t blocks = (n_items + kThreads - 1) / kThreads;
+  return static_cast<int>(blocks < 65536 ? (blocks > 0 ? blocks : 1) : 65536);
+}
+
+}  // namespace
+
+void swiglu_forward(bf16* h, const bf16* gate, const bf16* up, int64_t rows, int64_t H, int64_t ld_in,
+                    cudaStream_t stream) {
+  if (rows <= 0 || H <= 0) return;
+  const bool vec8 = H % 8 == 0 && ld_in % 8 == 0 && aligned16(h) && aligned16(gate) && aligned16(up);
+  if (vec8) {
+    swiglu_forward_kernel<8><<<grid_for(rows * H / 8), kThreads, 0, stream>>>(h, gate, up, rows, H, ld_in);
+  } else {
+    swiglu_forward_kernel<1><<<grid_for(rows * H), kThreads, 0, stream>>>(h, gate, up, rows, H, ld_in);
+  }
+  cuda_check_launch();
+}
+
+void swiglu_backward(bf16* dgate, bf16* dup, bf16* h_out, const bf16* dh, const bf16* gate,
+                     const bf16* up, int64_t rows, int64_t H, int64_t ld_in, cudaStream_t stream) {
+  if (rows <= 0 || H <= 0) return;
+  const bool vec8 = H % 8 == 0 && ld_in % 8 == 0 && aligned16(dgate) && aligned16(dup) &&
+                    aligned16(h_out) && aligned16(dh) && aligned16(gate) && aligned16(up);
+  if (vec8) {
+    swiglu_backward_kernel<8><<<grid_for(rows * H / 8), kThreads, 0, stream>>>(dgate, dup, h_out, dh, gate,
+                                                                              up, rows, H, ld_in);
+  } else {
+    swiglu_backward_kernel<1><<<grid_for(rows * H), kThreads, 0, stream>>>(dgate, dup, h_out, dh, gate, up,
+                                                                          rows, H, ld_in);
+  }
+  cuda_check_launch();
+}
+
+}  // namespace spes::cuda

@@ -1,0 +1,50 @@
+// Delta codecs for sync payloads (DESIGN §3): fp32, bf16, int8 block-wise.
+//
+// A payload carries one chunk of a parameter range. The lossy codecs (bf16, int8)
+// carry a *delta* against a base both sides hold (upload: the node's θ at the last
+// round; download: the coordinator's θ_old); fp32 is lossless and carries the new
+// values themselves, which makes "1 node + coordinator" equal plain local training
+// bit for bit (base + (x − base) is not always x in fp32).
+//
+// Decoding is bit-deterministic: bf16 widens exactly, and the int8 per-block
+// scale keeps at most 17 significant bits, so q·scale (|q| ≤ 127, 7 bits) is exact
+// in fp32 and "base + q·scale" rounds once whether or not the compiler fuses it.
+// So the node and the coordinator apply the very same update.
+#pragma once
+#include <cstddef>
+#include <cstdint>
+#include <string>
+
+namespace spes::net {
+
+enum class Codec : uint8_t { fp32 = 0, bf16 = 1, int8 = 2 };  // = wire::Codec values
+
+constexpr int64_t kInt8Block = 128;  // elements per int8 scale
+
+Codec parse_codec(const std::string& name);  // throws ConfigError
+const char* codec_name(Codec c);
+bool codec_is_lossy(Codec c);
+
+// Payload bytes for n elements (int8: one fp32 scale per block, then n int8).
+size_t encoded_bytes(Codec c, int64_t n);
+
+// Lossy codecs, node side: x = (params − base) + residual (the error feedback of
+// earlier rounds) is quantised into out; residual_out = x − decoded(out).
+// residual_in / residual_out may alias. Returns false when x is not finite.
+// fp32: out = params (values, lossless); base and residuals are not read.
+bool encode_update(Codec c, const float* params, const float* base, const float* residual_in,
+                   float* residual_out, int64_t n, uint8_t* out);
+
+// Quantises a delta x (no error feedback; the coordinator keeps its own residual).
+// residual_out (may be null) = x − decoded(out).
+void encode_delta(Codec c, const float* x, int64_t n, uint8_t* out, float* residual_out);
+
+// Decodes a delta payload into out (n floats). Returns false when the payload is
+// malformed (non-finite value or scale, negative scale). fp32: out = the values.
+bool decode(Codec c, const uint8_t* in, int64_t n, float* out);
+
+// Applies a decoded payload to a base: fp32 → x = values; lossy → x = base + delta.
+// x may alias base. Returns false on a malformed payload (x then undefined).
+bool apply_update(Codec c, const uint8_t* in, int64_t n, const float* base, float* x);
+
+}  // namespace spes::net

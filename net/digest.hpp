@@ -1,0 +1,45 @@
+// Checksums, the state hash, and the HMAC proof used by the sync protocol.
+//  - crc32c: frame and chunk checksums (hardware CRC32 instruction when present).
+//  - StateHasher / state_hash: a 64-bit hash of a parameter buffer's exact bits.
+//    Every shared state carries one (STYLE "PCCL"): after a sync round every node
+//    and the coordinator compare it instead of trusting that they agree.
+//  - hmac_sha256: proof of a shared secret over a nonce (OpenSSL libcrypto).
+#pragma once
+#include <array>
+#include <cstddef>
+#include <cstdint>
+#include <span>
+#include <string>
+
+namespace spes::net {
+
+uint32_t crc32c(const void* data, size_t n, uint32_t crc = 0);
+
+// Streaming 64-bit hash (four multiply-rotate lanes over 32-byte stripes, then an
+// avalanche). Feeding a buffer in any split gives the same value as one call, so a
+// node can hash "frozen params + owned sync base" without assembling them.
+class StateHasher {
+ public:
+  StateHasher();
+  void update(const void* data, size_t n);
+  void update(const float* x, int64_t n) { update(static_cast<const void*>(x), size_t(n) * 4); }
+  uint64_t digest() const;
+
+ private:
+  uint64_t lane_[4];
+  uint8_t tail_[32];
+  size_t tail_n_ = 0;
+  uint64_t total_ = 0;
+};
+
+uint64_t state_hash(const float* x, int64_t n);
+
+using Digest = std::array<uint8_t, 32>;
+Digest hmac_sha256(const std::string& key, std::span<const uint8_t> message);
+bool digest_equal(std::span<const uint8_t> a, std::span<const uint8_t> b);  // constant time
+void random_bytes(uint8_t* out, size_t n);
+
+// "0123456789abcdef" form of a state hash, as logged and written to CSV.
+std::string hash_hex(uint64_t h);
+
+}  // namespace spes::net

@@ -1,0 +1,449 @@
+#include "net/sync_client.hpp"
+
+#include <netinet/in.h>
+#include <netinet/tcp.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cinttypes>
+#include <cstdarg>
+#include <cstdio>
+#include <cstring>
+#include <random>
+#include <thread>
+#include <utility>
+
+#include <boost/asio.hpp>
+
+#include "engine/error.hpp"
+#include "net/codec.hpp"
+#include "net/coordinator.hpp"
+#include "net/digest.hpp"
+#include "net/frame.hpp"
+#include "net/grid.hpp"
+
+namespace spes::net {
+
+namespace asio = boost::asio;
+using tcp = asio::ip::tcp;
+using Clock = std::chrono::steady_clock;
+
+namespace {
+
+// Worth retrying: the connection broke, timed out, or the peer said something
+// we could not use. The coordinator may be restarting.
+struct Transient : NetError {
+  using NetError::NetError;
+};
+// The coordinator sent an Error frame.
+struct Refused : NetError {
+  wire::ErrorCode code;
+  Refused(wire::ErrorCode c, const std::string& why) : NetError(why), code(c) {}
+};
+
+std::chrono::nanoseconds to_duration(double s) {
+  return std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::duration<double>(std::min(s, 1e9)));
+}
+
+struct OwnedChunk {
+  int chunk;            // grid index
+  int64_t owned_off;    // offset in owned space
+};
+
+}  // namespace
+
+struct SyncClient::Impl {
+  Config cfg;
+  const ParamLayout& layout;
+  Ownership own;
+  uint64_t fingerprint;
+  SyncClientOptions opt;
+  Codec codec;
+  std::string secret;
+  HostPort addr;
+  int node;
+
+  // Sync state (checkpointed).
+  int64_t round = 0;
+  std::vector<float> base;      // owned space
+  std::vector<float> residual;  // owned space, lossy codecs
+  std::vector<float> pending;   // residual of the push in flight (committed with the round)
+
+  // Connection.
+  asio::io_context io;
+  tcp::socket sock{io};
+  bool connected = false;
+  bool force_snapshot = false;  // params no longer hold "θ_old + local work"
+  ChunkGrid grid;
+  std::vector<OwnedChunk> owned_chunks;
+  FrameWriter writer{64 * 1024};
+  std::vector<uint8_t> rx;
+  std::array<uint8_t, kHeaderBytes> hdr{};
+  std::mt19937_64 rng;
+  int64_t bytes_up = 0, bytes_down = 0;
+
+  Impl(const Config& c, const ParamLayout& l, const Ownership& o, uint64_t fp, SyncClientOptions op)
+      : cfg(c), layout(l), own(o), fingerprint(fp), opt(std::move(op)) {
+    codec = parse_codec(cfg.spes.codec);
+    secret = opt.secret ? *opt.secret : load_secret(cfg.spes.secret_file);
+    addr = parse_host_port(opt.address.empty() ? cfg.spes.coordinator : opt.address);
+    node = own.node_id;
+    if (opt.io_timeout_s <= 0) opt.io_timeout_s = std::max(60.0, cfg.spes.round_timeout_s + 120.0);
+    std::vector<float> init(size_t(layout.total));
+    init_parameters(init.data(), cfg.model, layout, cfg.train.seed);
+    base.resize(size_t(own.owned_count));
+    gather_owned(init.data(), base.data());
+    if (codec_is_lossy(codec)) residual.assign(base.size(), 0.0f), pending.assign(base.size(), 0.0f);
+    std::random_device rd;
+    rng.seed((uint64_t(rd()) << 32) ^ rd() ^ uint64_t(node));
+  }
+
+  void log(const char* fmt, ...) const __attribute__((format(printf, 2, 3))) {
+    if (!opt.log) return;
+    char buf[1024];
+    va_list ap;
+    va_start(ap, fmt);
+    std::vsnprintf(buf, sizeof buf, fmt, ap);
+    va_end(ap);
+    std::fprintf(stderr, "[node %d] %s\n", node, buf);
+  }
+
+  void gather_owned(const float* params, float* out) const {
+    int64_t o = 0;
+    for (const Range& r : own.owned_ranges) {
+      std::memcpy(out + o, params + r.begin, size_t(r.size()) * 4);
+      o += r.size();
+    }
+  }
+  void scatter_owned(const float* in, float* params) const {
+    int64_t o = 0;
+    for (const Range& r : own.owned_ranges) {
+      std::memcpy(params + r.begin, in + o, size_t(r.size()) * 4);
+      o += r.size();
+    }
+  }
+
+  uint64_t base_hash(const float* params) const {
+    StateHasher h;
+    int64_t at = 0, o = 0;
+    for (const Range& r : own.owned_ranges) {
+      h.update(params + at, r.begin - at);
+      h.update(base.data() + o, r.size());
+      o += r.size();
+      at = r.end;
+    }
+    h.update(params + at, layout.total - at);
+    return h.digest();
+  }
+
+  // ---- I/O with deadlines: async operations driven by run_for ----------------
+
+  template <class Start>
+  void run_op(Start&& start, double timeout_s, const char* what) {
+    boost::system::error_code result = asio::error::would_block;
+    start([&](boost::system::error_code ec, auto&&...) { result = ec; });
+    io.restart();
+    io.run_for(to_duration(timeout_s));
+    if (result == asio::error::would_block) {
+      boost::system::error_code ec;
+      sock.close(ec);
+      io.restart();
+      io.run();
+      throw Transient(std::string("timeout ") + what);
+    }
+    if (result) throw Transient(std::string(what) + ": " + result.message());
+  }
+
+  void write_frame(const FrameView& v) {
+    std::array<asio::const_buffer, 2> bufs{asio::buffer(v.header, kHeaderBytes), asio::buffer(v.body, v.body_size)};
+    run_op([&](auto&& h) { asio::async_write(sock, bufs, h); }, opt.io_timeout_s, "sending to the coordinator");
+    bytes_up += int64_t(v.size());
+  }
+
+  // Reads one frame; an Error frame becomes Refused.
+  const wire::Envelope* read_frame(uint32_t cap, double timeout_s) {
+    run_op([&](auto&& h) { asio::async_read(sock, asio::buffer(hdr), h); }, timeout_s, "waiting for the coordinator");
+    FrameHeader fh;
+    const HeaderCheck hc = parse_header(hdr.data(), cap, &fh);
+    if (hc == HeaderCheck::bad_version) throw Refused(wire::ErrorCode_protocol_version, header_problem(hc, fh, cap));
+    if (hc != HeaderCheck::ok) throw Transient("bad frame from the coordinator: " + header_problem(hc, fh, cap));
+    rx.resize(fh.length);
+    run_op([&](auto&& h) { asio::async_read(sock, asio::buffer(rx), h); }, opt.io_timeout_s,
+           "reading from the coordinator");
+    bytes_down += int64_t(kHeaderBytes + fh.length);
+    std::string why;
+    const wire::Envelope* env = open_payload(rx.data(), rx.size(), fh.crc, &why);
+    if (!env) throw Transient("bad frame from the coordinator: " + why);
+    if (env->msg_type() == wire::Message_Error) {
+      const auto* e = env->msg_as_Error();
+      throw Refused(e->code(), std::string(str_view(e->reason()).substr(0, kMaxReasonBytes)));
+    }
+    return env;
+  }
+
+  void disconnect() {
+    boost::system::error_code ec;
+    sock.shutdown(tcp::socket::shutdown_both, ec);
+    sock.close(ec);
+    connected = false;
+  }
+
+  // Connects and authenticates; returns whether the node is in sync.
+  bool connect(const float* params) {
+    disconnect();
+    tcp::resolver resolver(io);
+    boost::system::error_code ec;
+    auto endpoints = resolver.resolve(addr.host, std::to_string(addr.port), ec);
+    if (ec) throw Transient("cannot resolve " + addr.host + ": " + ec.message());
+    run_op([&](auto&& h) { asio::async_connect(sock, endpoints, h); }, opt.connect_timeout_s,
+           ("connecting to " + addr.host + ":" + std::to_string(addr.port)).c_str());
+    sock.set_option(tcp::no_delay(true), ec);
+    sock.set_option(asio::socket_base::keep_alive(true), ec);
+    int idle = 10, intvl = 5, cnt = 3;
+    ::setsockopt(sock.native_handle(), IPPROTO_TCP, TCP_KEEPIDLE, &idle, sizeof idle);
+    ::setsockopt(sock.native_handle(), IPPROTO_TCP, TCP_KEEPINTVL, &intvl, sizeof intvl);
+    ::setsockopt(sock.native_handle(), IPPROTO_TCP, TCP_KEEPCNT, &cnt, sizeof cnt);
+
+    const wire::Envelope* env = read_frame(kMaxHandshakeFrameBytes, opt.connect_timeout_s);
+    if (env->msg_type() != wire::Message_Challenge) throw Transient("coordinator did not send a Challenge");
+    const auto* ch = env->msg_as_Challenge();
+    if (ch->protocol_version() != kProtocolVersion)
+      throw Refused(wire::ErrorCode_protocol_version,
+                    "protocol version mismatch: coordinator speaks " + std::to_string(ch->protocol_version()) +
+                        ", this node " + std::to_string(kProtocolVersion));
+    if (vec_size(ch->nonce()) != kNonceBytes) throw Transient("bad Challenge from the coordinator");
+    std::array<uint8_t, kNonceBytes> server_nonce;
+    std::memcpy(server_nonce.data(), ch->nonce()->data(), kNonceBytes);
+
+    HelloFields h;
+    h.run_id = cfg.spes.run_id;
+    h.node_id = node;
+    h.fingerprint = fingerprint;
+    h.codec = codec;
+    h.sync_round = round;
+    h.state_hash = force_snapshot ? 0 : base_hash(params);
+    random_bytes(h.node_nonce.data(), h.node_nonce.size());
+    h.proof = hmac_sha256(secret, hello_proof_message(server_nonce, h.run_id, node, fingerprint));
+    write_frame(writer.hello(h));
+
+    env = read_frame(kMaxFrameBytes, opt.io_timeout_s);
+    if (env->msg_type() != wire::Message_Welcome) throw Transient("coordinator did not send Welcome");
+    const auto* w = env->msg_as_Welcome();
+    const auto expect = hmac_sha256(secret, welcome_proof_message(h.node_nonce, server_nonce));
+    if (vec_size(w->proof()) != kProofBytes ||
+        !digest_equal(expect, std::span<const uint8_t>(w->proof()->data(), kProofBytes)))
+      throw Refused(wire::ErrorCode_auth, "the coordinator failed to prove the shared secret");
+    const int64_t ce = w->chunk_elems();
+    if (ce < kInt8Block || ce > kMaxChunkElems || ce % kInt8Block)
+      throw Transient("coordinator announced a bad chunk size " + std::to_string(ce));
+    if (w->n_nodes() != cfg.spes.n_nodes)
+      throw Refused(wire::ErrorCode_bad_node, "coordinator runs " + std::to_string(w->n_nodes()) + " nodes, config says " +
+                                                  std::to_string(cfg.spes.n_nodes));
+    if (grid.chunk_elems != ce) {
+      grid = make_grid(layout, cfg.model.n_experts, ce);
+      owned_chunks.clear();
+      int64_t o = 0;
+      for (const Range& r : own.owned_ranges) {
+        for (int c : grid.chunks_in(r)) owned_chunks.push_back({c, o + (grid.chunks[c].begin - r.begin)});
+        o += r.size();
+      }
+    }
+    connected = true;
+    const bool in_sync = w->in_sync() && !force_snapshot;
+    log("connected to %s:%u (coordinator round %" PRId64 ", ours %" PRId64 ", %s)", addr.host.c_str(),
+        unsigned(addr.port), w->round(), round, in_sync ? "in sync" : "snapshot needed");
+    return in_sync;
+  }
+
+  void snapshot(float* params, SyncStats& st) {
+    write_frame(writer.snapshot_request());
+    force_snapshot = true;  // params are overwritten from here on
+    uint32_t got = 0;
+    for (;;) {
+      const wire::Envelope* env = read_frame(kMaxFrameBytes, opt.io_timeout_s);
+      if (env->msg_type() == wire::Message_SnapshotChunk) {
+        const auto* m = env->msg_as_SnapshotChunk();
+        const int c = grid.find(m->begin(), m->end());
+        if (c < 0 || vec_size(m->payload()) != size_t(m->end() - m->begin()) * 4 ||
+            crc32c(m->payload()->data(), vec_size(m->payload())) != m->checksum())
+          throw Transient("bad snapshot chunk from the coordinator");
+        std::memcpy(params + m->begin(), m->payload()->data(), vec_size(m->payload()));
+        ++got;
+        continue;
+      }
+      if (env->msg_type() != wire::Message_SnapshotDone) throw Transient("unexpected message during a snapshot");
+      const auto* d = env->msg_as_SnapshotDone();
+      const uint64_t h = state_hash(params, layout.total);
+      if (got != grid.chunks.size() || d->chunks() != got || h != d->state_hash())
+        throw Transient("snapshot incomplete or its hash does not match");
+      round = d->round();
+      gather_owned(params, base.data());
+      std::fill(residual.begin(), residual.end(), 0.0f);
+      force_snapshot = false;
+      st.round = round;
+      st.state_hash = h;
+      st.resynced = true;
+      log("resynced from a snapshot of round %" PRId64 " (state %s)", round, hash_hex(h).c_str());
+      return;
+    }
+  }
+
+  void push(const float* params, int64_t step) {
+    const int64_t r = round + 1;
+    for (const OwnedChunk& oc : owned_chunks) {
+      const GridChunk& c = grid.chunks[oc.chunk];
+      const int64_t n = c.size();
+      bool ok = true;
+      ChunkTag t{r, step, node, c.begin, c.end, codec};
+      const FrameView v = writer.push_chunk(t, encoded_bytes(codec, n), [&](uint8_t* dst) {
+        const float* res = residual.empty() ? nullptr : residual.data() + oc.owned_off;
+        float* res_out = pending.empty() ? nullptr : pending.data() + oc.owned_off;
+        ok = encode_update(codec, params + c.begin, base.data() + oc.owned_off, res, res_out, n, dst);
+      });
+      if (!ok)
+        throw NetError("node " + std::to_string(node) + ": non-finite parameters in [" + std::to_string(c.begin) +
+                       ", " + std::to_string(c.end) + ") at step " + std::to_string(step) + "; not pushing them");
+      write_frame(v);
+    }
+    write_frame(writer.push_done(r, node, step, uint32_t(owned_chunks.size())));
+  }
+
+  void receive_result(float* params, SyncStats& st) {
+    const int64_t r = round + 1;
+    uint32_t got = 0;
+    bool reset = false;
+    for (;;) {
+      const wire::Envelope* env = read_frame(kMaxFrameBytes, opt.io_timeout_s);
+      if (!reset) {
+        // θ_old over the owned ranges is sync_base: the local work has been pushed.
+        force_snapshot = true;  // until the round is complete, params are neither old nor new
+        scatter_owned(base.data(), params);
+        reset = true;
+      }
+      if (env->msg_type() == wire::Message_RoundChunk) {
+        const auto* m = env->msg_as_RoundChunk();
+        const int c = grid.find(m->begin(), m->end());
+        const int64_t n = m->end() - m->begin();
+        if (m->round() != r || c < 0 || !valid_codec(m->codec()) || Codec(m->codec()) != codec ||
+            vec_size(m->payload()) != encoded_bytes(codec, n) ||
+            crc32c(m->payload()->data(), vec_size(m->payload())) != m->checksum())
+          throw Transient("bad round chunk from the coordinator");
+        float* x = params + m->begin();
+        if (!apply_update(codec, m->payload()->data(), n, x, x)) throw Transient("malformed round chunk");
+        ++got;
+        continue;
+      }
+      if (env->msg_type() != wire::Message_RoundDone) throw Transient("unexpected message while waiting for the round");
+      const auto* d = env->msg_as_RoundDone();
+      if (d->round() != r || d->chunks() != got) throw Transient("incomplete round result");
+      const uint64_t h = state_hash(params, layout.total);
+      if (h != d->state_hash()) {
+        log("state hash mismatch after round %" PRId64 ": node %s, coordinator %s; resyncing from a snapshot", r,
+            hash_hex(h).c_str(), hash_hex(d->state_hash()).c_str());
+        throw Transient("state hash mismatch");
+      }
+      round = r;
+      gather_owned(params, base.data());
+      std::swap(residual, pending);
+      force_snapshot = false;
+      st.round = r;
+      st.state_hash = h;
+      st.participants = d->participants();
+      st.merge_alpha = d->merge_alpha();
+      return;
+    }
+  }
+
+  SyncStats sync_round(float* params, int64_t step) {
+    const auto t0 = Clock::now();
+    SyncStats st;
+    bytes_up = bytes_down = 0;
+    const auto give_up = t0 + to_duration(opt.retry_for_s);
+    int attempt = 0;
+    for (;;) {
+      try {
+        if (!connected && !connect(params)) {
+          snapshot(params, st);
+          break;
+        }
+        push(params, step);
+        receive_result(params, st);
+        break;
+      } catch (const Refused& e) {
+        disconnect();
+        switch (e.code) {
+          case wire::ErrorCode_stale_round:
+            log("%s", e.what());
+            continue;  // reconnecting finds the node behind: snapshot
+          case wire::ErrorCode_duplicate_node:  // our previous connection may not be gone yet
+          case wire::ErrorCode_busy:
+          case wire::ErrorCode_timeout:
+          case wire::ErrorCode_shutting_down:
+          case wire::ErrorCode_bad_frame:
+            if (Clock::now() > give_up) throw NetError("coordinator keeps refusing node " + std::to_string(node) + ": " + e.what());
+            backoff(attempt++, e.what());
+            continue;
+          default:
+            throw NetError("coordinator " + addr.host + ":" + std::to_string(addr.port) + " refused node " +
+                           std::to_string(node) + ": " + e.what());
+        }
+      } catch (const Transient& e) {
+        disconnect();
+        if (Clock::now() > give_up)
+          throw NetError("node " + std::to_string(node) + ": coordinator " + addr.host + ":" +
+                         std::to_string(addr.port) + " unreachable for " + std::to_string(int(opt.retry_for_s)) +
+                         " s (" + e.what() + ")");
+        backoff(attempt++, e.what());
+      }
+    }
+    st.ms = std::chrono::duration<double, std::milli>(Clock::now() - t0).count();
+    st.bytes_up = bytes_up;
+    st.bytes_down = bytes_down;
+    return st;
+  }
+
+  void backoff(int attempt, const char* why) {
+    const double base_s = std::min(opt.backoff_max_s, opt.backoff_min_s * std::pow(2.0, std::min(attempt, 30)));
+    std::uniform_real_distribution<double> jitter(0.5, 1.5);
+    const double s = base_s * jitter(rng);
+    log("%s; retrying in %.2f s", why, s);
+    std::this_thread::sleep_for(to_duration(s));
+  }
+};
+
+SyncClient::SyncClient(const Config& cfg, const ParamLayout& layout, const Ownership& own, uint64_t fingerprint,
+                       SyncClientOptions opt)
+    : impl_(std::make_unique<Impl>(cfg, layout, own, fingerprint, std::move(opt))) {}
+
+SyncClient::~SyncClient() = default;
+
+SyncStats SyncClient::sync_round(float* params, int64_t step) { return impl_->sync_round(params, step); }
+
+void SyncClient::save_state(CheckpointState& s) const {
+  s.sync_base = impl_->base;
+  s.sync_residual = impl_->residual;
+  s.sync_round = impl_->round;
+}
+
+void SyncClient::load_state(const CheckpointState& s) {
+  Impl& I = *impl_;
+  I.disconnect();
+  I.force_snapshot = false;
+  I.round = s.sync_round;
+  if (!s.sync_base.empty()) {
+    if (int64_t(s.sync_base.size()) != I.own.owned_count)
+      throw NetError("checkpoint sync_base has " + std::to_string(s.sync_base.size()) + " values, node owns " +
+                     std::to_string(I.own.owned_count));
+    I.base = s.sync_base;
+  }
+  if (codec_is_lossy(I.codec)) {
+    if (s.sync_residual.size() == I.base.size()) I.residual = s.sync_residual;
+    else std::fill(I.residual.begin(), I.residual.end(), 0.0f);
+  }
+}
+
+int64_t SyncClient::round() const { return impl_->round; }
+uint64_t SyncClient::base_hash(const float* params) const { return impl_->base_hash(params); }
+void SyncClient::disconnect() { impl_->disconnect(); }
+
+}  // namespace spes::net

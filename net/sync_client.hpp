@@ -1,0 +1,80 @@
+// The node side of a sync round (DESIGN §1), called by the trainer every
+// sync_steps optimizer steps with its full flat parameter buffer:
+//
+//   Δ over the owned ranges = params − sync_base (+ the codec's error-feedback
+//   residual) → encode → push in grid chunks (idempotent per (round, node)) →
+//   receive the round result (only the chunks that changed, encoded θ_new − θ_old)
+//   → params = θ_old + decoded, bit-identical to the coordinator's θ (the state
+//   hash in RoundDone proves it) → sync_base = params over the owned ranges.
+//
+// θ_old is the node's θ at the last round: frozen params as they are (they never
+// change locally) and sync_base over the owned ranges. AdamW moments are the
+// trainer's and are kept.
+//
+// Faults: a lost connection is retried with exponential backoff and jitter (a
+// restarted coordinator is picked up without user action; pushes are resent
+// safely). A node that is behind (it restarted from an older checkpoint, or its
+// push came after the round closed: "stale round") gets a full snapshot: params
+// become the coordinator's θ and the local work since its last round is dropped.
+#pragma once
+#include <cstdint>
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "engine/checkpoint.hpp"
+#include "engine/config.hpp"
+#include "model/layout.hpp"
+
+namespace spes::net {
+
+struct SyncStats {
+  int64_t round = 0;          // the round the node now holds
+  double ms = 0;              // wall time of sync_round
+  int64_t bytes_up = 0, bytes_down = 0;
+  uint64_t state_hash = 0;    // hash of θ after the round (equal to the coordinator's)
+  bool resynced = false;      // params were replaced by a snapshot (no push this time)
+  int participants = 0;
+  double merge_alpha = 0;
+};
+
+struct SyncClientOptions {
+  double connect_timeout_s = 10;
+  double retry_for_s = 3600;        // give up after the coordinator is unreachable this long
+  double backoff_min_s = 0.2, backoff_max_s = 10;
+  double io_timeout_s = 0;          // silence tolerated while waiting; 0 = round_timeout_s + 120
+  std::optional<std::string> secret;  // overrides secret_file / SPES_SECRET (tests)
+  std::string address;              // overrides [spes] coordinator (tests: ephemeral ports)
+  bool log = true;
+};
+
+class SyncClient {
+ public:
+  // A fresh node: sync_base = the seeded init θ over the owned ranges, round 0
+  // (the coordinator starts from the same θ). load_state() replaces it on resume.
+  SyncClient(const Config& cfg, const ParamLayout& layout, const Ownership& own, uint64_t fingerprint,
+             SyncClientOptions opt = {});
+  ~SyncClient();
+  SyncClient(const SyncClient&) = delete;
+  SyncClient& operator=(const SyncClient&) = delete;
+
+  // One sync round at optimizer step `step`. Throws NetError when the coordinator
+  // refuses this node (secret, run id, fingerprint, codec...) or stays unreachable
+  // for retry_for_s.
+  SyncStats sync_round(float* params, int64_t step);
+
+  void save_state(CheckpointState& s) const;  // sync_base, sync_residual, sync_round
+  void load_state(const CheckpointState& s);
+
+  int64_t round() const;
+  // Hash of θ at the last round: params outside the owned ranges, sync_base inside.
+  uint64_t base_hash(const float* params) const;
+  void disconnect();
+
+ private:
+  struct Impl;
+  std::unique_ptr<Impl> impl_;
+};
+
+}  // namespace spes::net

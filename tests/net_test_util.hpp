@@ -1,0 +1,292 @@
+// Shared helpers of the net tests: a tiny model config, a coordinator on a
+// thread, simulated nodes (their "training" is a deterministic perturbation of
+// the owned parameters), and a raw POSIX client for refusal and fuzz tests.
+#pragma once
+#include <poll.h>
+#include <sys/socket.h>
+#include <netinet/in.h>
+#include <netinet/tcp.h>
+#include <arpa/inet.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <cstring>
+#include <filesystem>
+#include <functional>
+#include <memory>
+#include <sstream>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "engine/config.hpp"
+#include "model/layout.hpp"
+#include "net/coordinator.hpp"
+#include "net/digest.hpp"
+#include "net/frame.hpp"
+#include "net/sync_client.hpp"
+
+namespace spes::net::testing {
+
+inline Config tiny_config(int n_nodes, const std::string& codec = "fp32", const std::string& ownership = "partitioned") {
+  Config c;
+  c.model.vocab_size = 64;
+  c.model.d_model = 32;
+  c.model.n_layers = 2;
+  c.model.n_heads = 2;
+  c.model.n_kv_heads = 2;
+  c.model.n_experts = 4;
+  c.model.top_k = 2;
+  c.model.expert_hidden = 64;
+  c.model.seq_len = 16;
+  c.train.seed = 7;
+  c.spes.n_nodes = n_nodes;
+  c.spes.ownership = ownership;
+  c.spes.experts_per_node = ownership == "all" ? 0 : c.model.n_experts / n_nodes;
+  c.spes.sync_steps = 5;
+  c.spes.run_id = "net-test";
+  c.spes.coordinator = "127.0.0.1:0";
+  c.spes.codec = codec;
+  c.spes.round_timeout_s = 30;
+  c.spes.min_nodes = 1;
+  c.spes.persist_every = 0;  // tests that persist set a state_dir
+  c.spes.state_dir = "/nonexistent-spes-state";
+  return c;
+}
+
+inline std::string temp_dir(const std::string& name) {
+  auto p = std::filesystem::temp_directory_path() /
+           ("spes-net-" + name + "-" + std::to_string(::getpid()) + "-" +
+            std::to_string(std::chrono::steady_clock::now().time_since_epoch().count()));
+  std::filesystem::create_directories(p);
+  return p.string();
+}
+
+// A coordinator serving on its own thread, on a free loopback port.
+struct CoordThread {
+  std::unique_ptr<Coordinator> c;
+  std::thread t;
+  std::ostringstream csv;
+  CoordThread(const Config& cfg, CoordinatorOptions opt = {}) {
+    if (opt.port < 0) opt.port = 0;
+    if (opt.chunk_elems == (1 << 20)) opt.chunk_elems = 1024;
+    opt.csv = &csv;
+    if (!opt.secret) opt.secret = "test-secret";
+    c = std::make_unique<Coordinator>(cfg, opt);
+    t = std::thread([this] { c->run(); });
+  }
+  ~CoordThread() { stop(); }
+  void stop() {
+    if (t.joinable()) {
+      c->stop();
+      t.join();
+    }
+  }
+  uint16_t port() const { return c->port(); }
+  std::string address() const { return "127.0.0.1:" + std::to_string(port()); }
+};
+
+inline float noise(uint64_t a, uint64_t b, uint64_t c) {
+  uint64_t x = a * 0x9E3779B97F4A7C15ull ^ (b + 0x632BE59BD9B4E019ull) * 0xBF58476D1CE4E5B9ull ^ c * 0x94D049BB133111EBull;
+  x ^= x >> 31;
+  x *= 0xD6E8FEB86659FD93ull;
+  x ^= x >> 32;
+  return float(double(x >> 11) / 9007199254740992.0 * 2.0 - 1.0);
+}
+
+// A node whose "training" perturbs its owned parameters deterministically.
+struct TestNode {
+  Config cfg;
+  ParamLayout layout;
+  Ownership own;
+  uint64_t fp = 0;
+  std::vector<float> params;
+  std::unique_ptr<SyncClient> client;
+  int64_t step = 0;
+
+  TestNode(const Config& c, int node_id, const std::string& address, SyncClientOptions opt = {}) : cfg(c) {
+    cfg.spes.node_id = node_id;
+    layout = make_layout(cfg.model);
+    own = make_ownership(cfg.model, layout, node_id, int(cfg.spes.n_nodes), cfg.spes.ownership,
+                         cfg.spes.experts_per_node);
+    fp = model_fingerprint(cfg.model, layout, own);
+    params.resize(size_t(layout.total));
+    init_parameters(params.data(), cfg.model, layout, cfg.train.seed);
+    opt.address = address;
+    if (!opt.secret) opt.secret = "test-secret";
+    if (opt.backoff_min_s == 0.2) opt.backoff_min_s = 0.02;
+    if (opt.backoff_max_s == 10) opt.backoff_max_s = 0.3;
+    opt.log = std::getenv("SPES_NET_TEST_LOG") != nullptr;
+    client = std::make_unique<SyncClient>(cfg, layout, own, fp, opt);
+  }
+
+  void train(int64_t steps = 5) {
+    for (int64_t s = 0; s < steps; ++s, ++step)
+      for (const Range& r : own.owned_ranges)
+        for (int64_t i = r.begin; i < r.end; ++i) params[i] += 1e-3f * noise(own.node_id, step, i);
+  }
+  SyncStats sync() { return client->sync_round(params.data(), step); }
+};
+
+// Every node trains, then all sync concurrently (each sync_round blocks until the round closes).
+inline std::vector<SyncStats> sync_all(std::vector<std::unique_ptr<TestNode>>& nodes, bool train = true) {
+  std::vector<SyncStats> st(nodes.size());
+  std::vector<std::thread> ts;
+  std::vector<std::string> errors(nodes.size());
+  for (size_t i = 0; i < nodes.size(); ++i)
+    ts.emplace_back([&, i] {
+      try {
+        if (train) nodes[i]->train();
+        st[i] = nodes[i]->sync();
+      } catch (const std::exception& e) {
+        errors[i] = e.what();
+      }
+    });
+  for (auto& t : ts) t.join();
+  for (size_t i = 0; i < nodes.size(); ++i)
+    if (!errors[i].empty()) throw std::runtime_error("node " + std::to_string(i) + ": " + errors[i]);
+  return st;
+}
+
+// A raw TCP client for refusal and fuzz tests (plain POSIX, with timeouts).
+struct RawConn {
+  int fd = -1;
+  ~RawConn() { close(); }
+  bool connect(uint16_t port) {
+    fd = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    sockaddr_in a{};
+    a.sin_family = AF_INET;
+    a.sin_port = htons(port);
+    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    int one = 1;
+    ::setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
+    return ::connect(fd, reinterpret_cast<sockaddr*>(&a), sizeof a) == 0;
+  }
+  void close() {
+    if (fd >= 0) ::close(fd);
+    fd = -1;
+  }
+  bool send_all(const void* p, size_t n) {
+    const auto* c = static_cast<const uint8_t*>(p);
+    while (n) {
+      const ssize_t w = ::send(fd, c, n, MSG_NOSIGNAL);
+      if (w <= 0) return false;
+      c += w;
+      n -= size_t(w);
+    }
+    return true;
+  }
+  bool send_frame(const FrameView& v) { return send_all(v.header, kHeaderBytes) && send_all(v.body, v.body_size); }
+  // Reads exactly n bytes; false on close or timeout.
+  bool recv_all(void* p, size_t n, double timeout_s) {
+    auto* c = static_cast<uint8_t*>(p);
+    const auto deadline = std::chrono::steady_clock::now() + std::chrono::duration<double>(timeout_s);
+    while (n) {
+      const int ms = int(std::chrono::duration<double, std::milli>(deadline - std::chrono::steady_clock::now()).count());
+      if (ms <= 0) return false;
+      pollfd pf{fd, POLLIN, 0};
+      if (::poll(&pf, 1, ms) <= 0) return false;
+      const ssize_t r = ::recv(fd, c, n, 0);
+      if (r <= 0) return false;
+      c += r;
+      n -= size_t(r);
+    }
+    return true;
+  }
+  // One frame's payload (verified); false on close/timeout/bad frame.
+  bool read_frame(std::vector<uint8_t>& payload, double timeout_s = 5) {
+    uint8_t h[kHeaderBytes];
+    if (!recv_all(h, kHeaderBytes, timeout_s)) return false;
+    FrameHeader fh;
+    if (parse_header(h, kMaxFrameBytes, &fh) != HeaderCheck::ok) return false;
+    payload.resize(fh.length);
+    if (!recv_all(payload.data(), fh.length, timeout_s)) return false;
+    std::string why;
+    return open_payload(payload.data(), payload.size(), fh.crc, &why) != nullptr;
+  }
+  // True when the peer closes (EOF) within the timeout, skipping any data.
+  bool wait_closed(double timeout_s = 5) {
+    const auto deadline = std::chrono::steady_clock::now() + std::chrono::duration<double>(timeout_s);
+    uint8_t buf[4096];
+    for (;;) {
+      const int ms = int(std::chrono::duration<double, std::milli>(deadline - std::chrono::steady_clock::now()).count());
+      if (ms <= 0) return false;
+      pollfd pf{fd, POLLIN, 0};
+      if (::poll(&pf, 1, ms) <= 0) return false;
+      const ssize_t r = ::recv(fd, buf, sizeof buf, 0);
+      if (r <= 0) return true;
+    }
+  }
+};
+
+// Reads the Challenge's nonce; false when it does not come.
+inline bool read_challenge(RawConn& c, std::array<uint8_t, kNonceBytes>& nonce) {
+  std::vector<uint8_t> p;
+  if (!c.read_frame(p)) return false;
+  const auto* env = wire::GetEnvelope(p.data());
+  if (env->msg_type() != wire::Message_Challenge || vec_size(env->msg_as_Challenge()->nonce()) != kNonceBytes)
+    return false;
+  std::memcpy(nonce.data(), env->msg_as_Challenge()->nonce()->data(), kNonceBytes);
+  return true;
+}
+
+// A correct Hello for node `id` of the tiny config (fields overridable by the caller).
+inline HelloFields make_hello(const Config& cfg, int id, const std::array<uint8_t, kNonceBytes>& nonce,
+                              const std::string& secret = "test-secret") {
+  const ParamLayout layout = make_layout(cfg.model);
+  const Ownership own =
+      make_ownership(cfg.model, layout, id, int(cfg.spes.n_nodes), cfg.spes.ownership, cfg.spes.experts_per_node);
+  HelloFields h;
+  h.run_id = cfg.spes.run_id;
+  h.node_id = id;
+  h.fingerprint = model_fingerprint(cfg.model, layout, own);
+  h.codec = parse_codec(cfg.spes.codec);
+  h.sync_round = 0;
+  h.state_hash = 0;
+  h.proof = hmac_sha256(secret, hello_proof_message(nonce, h.run_id, id, h.fingerprint));
+  return h;
+}
+
+// The reply to a Hello: the Error's code and reason, or "welcome".
+struct Reply {
+  bool welcome = false;
+  bool error = false;
+  wire::ErrorCode code = wire::ErrorCode_bad_frame;
+  std::string reason;
+};
+inline Reply read_reply(RawConn& c) {
+  Reply r;
+  std::vector<uint8_t> p;
+  if (!c.read_frame(p)) return r;
+  const auto* env = wire::GetEnvelope(p.data());
+  if (env->msg_type() == wire::Message_Welcome) r.welcome = true;
+  if (env->msg_type() == wire::Message_Error) {
+    r.error = true;
+    r.code = env->msg_as_Error()->code();
+    r.reason = std::string(str_view(env->msg_as_Error()->reason()));
+  }
+  return r;
+}
+
+inline long rss_kib() {
+  FILE* f = std::fopen("/proc/self/status", "r");
+  if (!f) return 0;
+  char line[256];
+  long v = 0;
+  while (std::fgets(line, sizeof line, f))
+    if (std::strncmp(line, "VmRSS:", 6) == 0) v = std::atol(line + 6);
+  std::fclose(f);
+  return v;
+}
+
+template <class Pred>
+bool wait_until(Pred p, double timeout_s = 10) {
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::duration<double>(timeout_s);
+  while (std::chrono::steady_clock::now() < deadline) {
+    if (p()) return true;
+    std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  }
+  return p();
+}
+
+}  // namespace spes::net::testing

@@ -1,0 +1,152 @@
+// CUDA flash attention vs the CPU reference (spes::cpu::attention_forward/backward).
+// Inputs are random, rounded to bf16 and given to both sides as the same values; the
+// CPU computes in fp32 from them. Tolerances (DESIGN §5, bf16 kernels, relative error
+// ‖gpu − cpu‖/‖cpu‖): out, dq, dk, dv 2e-2 (bf16 storage of out/grads alone costs
+// ~3e-3, P and dS are rounded to bf16 for the tensor-core products); lse 1e-3 (fp32,
+// differs only through fp32 summation order and ex2.approx). The kernels use no
+// atomics, so a second backward run must give bit-identical gradients.
+#include <cuda_bf16.h>
+#include <cuda_runtime.h>
+
+#include <cstring>
+#include <string>
+#include <vector>
+
+#include "cuda/attention.cuh"
+#include "cuda/check.cuh"
+#include "engine/ops/ops.hpp"
+#include "tests/gpu_test.hpp"
+
+namespace {
+
+using spes::cuda::bf16;
+
+// Owning device array (test-local RAII).
+template <class T>
+struct DeviceArray {
+  T* p = nullptr;
+  size_t n = 0;
+  explicit DeviceArray(size_t count) : n(count) { cuda_check(cudaMalloc(&p, (count ? count : 1) * sizeof(T))); }
+  ~DeviceArray() { cudaFree(p); }
+  DeviceArray(DeviceArray&& o) noexcept : p(o.p), n(o.n) { o.p = nullptr; }
+  DeviceArray(const DeviceArray&) = delete;
+  DeviceArray& operator=(const DeviceArray&) = delete;
+  DeviceArray& operator=(DeviceArray&&) = delete;
+  void poison() { cuda_check(cudaMemset(p, 0xFF, n * sizeof(T))); }  // all-ones: NaN in bf16 and fp32
+};
+
+// Rounds x to bf16 in place and returns the bf16 copy to upload.
+std::vector<bf16> round_to_bf16(std::vector<float>& x) {
+  std::vector<bf16> h(x.size());
+  for (size_t i = 0; i < x.size(); ++i) {
+    h[i] = __float2bfloat16(x[i]);
+    x[i] = __bfloat162float(h[i]);
+  }
+  return h;
+}
+
+DeviceArray<bf16> upload(const std::vector<bf16>& h) {
+  DeviceArray<bf16> d(h.size());
+  cuda_check(cudaMemcpy(d.p, h.data(), h.size() * sizeof(bf16), cudaMemcpyHostToDevice));
+  return d;
+}
+
+std::vector<float> download(const DeviceArray<bf16>& d) {
+  std::vector<bf16> h(d.n);
+  cuda_check(cudaMemcpy(h.data(), d.p, d.n * sizeof(bf16), cudaMemcpyDeviceToHost));
+  std::vector<float> f(d.n);
+  for (size_t i = 0; i < d.n; ++i) f[i] = __bfloat162float(h[i]);
+  return f;
+}
+
+std::vector<float> download(const DeviceArray<float>& d) {
+  std::vector<float> f(d.n);
+  cuda_check(cudaMemcpy(f.data(), d.p, d.n * sizeof(float), cudaMemcpyDeviceToHost));
+  return f;
+}
+
+struct Shape {
+  int64_t B, T, H, Hkv, D;
+  float q_scale;  // > 1 makes the softmax peaky, exercising the online rescale
+};
+
+void check_attention(const Shape& s) {
+  const auto [B, T, H, Hkv, D, q_scale] = s;
+  const std::string tag = "B=" + std::to_string(B) + " T=" + std::to_string(T) + " H=" + std::to_string(H) +
+                          " Hkv=" + std::to_string(Hkv) + " D=" + std::to_string(D);
+  INFO(tag);
+  const int64_t nq = B * T * H * D, nkv = B * T * Hkv * D, nl = B * H * T;
+
+  std::vector<float> q = spes::test::random_vector(nq, q_scale), k = spes::test::random_vector(nkv),
+                     v = spes::test::random_vector(nkv), dout = spes::test::random_vector(nq);
+  const auto qh = round_to_bf16(q), kh = round_to_bf16(k), vh = round_to_bf16(v), douth = round_to_bf16(dout);
+
+  std::vector<float> out_ref(nq), lse_ref(nl), dq_ref(nq), dk_ref(nkv), dv_ref(nkv);
+  spes::cpu::attention_forward(out_ref.data(), lse_ref.data(), q.data(), k.data(), v.data(), B, T, H, Hkv, D);
+  spes::cpu::attention_backward(dq_ref.data(), dk_ref.data(), dv_ref.data(), dout.data(), q.data(), k.data(),
+                                v.data(), out_ref.data(), lse_ref.data(), B, T, H, Hkv, D);
+
+  auto d_q = upload(qh), d_k = upload(kh), d_v = upload(vh), d_dout = upload(douth);
+  DeviceArray<bf16> out(nq), gq(nq), gk(nkv), gv(nkv);
+  DeviceArray<float> lse(nl);
+  DeviceArray<unsigned char> scratch(spes::cuda::attention_backward_scratch_bytes(B, T, H));
+  out.poison();
+  lse.poison();
+  gq.poison();
+  gk.poison();
+  gv.poison();
+  cuda_check(cudaMemset(scratch.p, 0xFF, scratch.n));
+
+  spes::cuda::attention_forward(out.p, lse.p, d_q.p, d_k.p, d_v.p, B, T, H, Hkv, D, nullptr);
+  spes::cuda::attention_backward(gq.p, gk.p, gv.p, d_dout.p, d_q.p, d_k.p, d_v.p, out.p, lse.p, scratch.p, B, T,
+                                 H, Hkv, D, nullptr);
+  cuda_check(cudaDeviceSynchronize());
+
+  const auto out_g = download(out), lse_g = download(lse);
+  const auto dq_g = download(gq), dk_g = download(gk), dv_g = download(gv);
+  const std::string n_out = "out " + tag, n_lse = "lse " + tag, n_dq = "dq " + tag, n_dk = "dk " + tag,
+                    n_dv = "dv " + tag;
+  CHECK_REL(n_out, out_g.data(), out_ref.data(), nq, 2e-2);
+  CHECK_REL(n_lse, lse_g.data(), lse_ref.data(), nl, 1e-3);
+  CHECK_REL(n_dq, dq_g.data(), dq_ref.data(), nq, 2e-2);
+  CHECK_REL(n_dk, dk_g.data(), dk_ref.data(), nkv, 2e-2);
+  CHECK_REL(n_dv, dv_g.data(), dv_ref.data(), nkv, 2e-2);
+
+  // Determinism: same inputs, freshly poisoned outputs → the same bits.
+  gq.poison();
+  gk.poison();
+  gv.poison();
+  spes::cuda::attention_backward(gq.p, gk.p, gv.p, d_dout.p, d_q.p, d_k.p, d_v.p, out.p, lse.p, scratch.p, B, T,
+                                 H, Hkv, D, nullptr);
+  cuda_check(cudaDeviceSynchronize());
+  const auto dq2 = download(gq), dk2 = download(gk), dv2 = download(gv);
+  CHECK_MESSAGE(std::memcmp(dq2.data(), dq_g.data(), nq * sizeof(float)) == 0, "dq not deterministic " << tag);
+  CHECK_MESSAGE(std::memcmp(dk2.data(), dk_g.data(), nkv * sizeof(float)) == 0, "dk not deterministic " << tag);
+  CHECK_MESSAGE(std::memcmp(dv2.data(), dv_g.data(), nkv * sizeof(float)) == 0, "dv not deterministic " << tag);
+}
+
+}  // namespace
+
+// Forward tiles are 128 queries × 64 keys; backward 64 × 64. The shapes cover one
+// partial tile, tails of every kind, T = 1, MHA / GQA / MQA, both head dims, B > 1.
+GPU_TEST_CASE("cuda attention matches the CPU reference, head dim 64") {
+  for (const Shape& s : {Shape{1, 64, 1, 1, 64, 1.0f}, Shape{2, 100, 4, 4, 64, 1.0f}, Shape{1, 1, 2, 1, 64, 1.0f},
+                         Shape{1, 515, 8, 1, 64, 3.0f}, Shape{2, 256, 4, 2, 64, 1.0f}})
+    check_attention(s);
+}
+
+GPU_TEST_CASE("cuda attention matches the CPU reference, head dim 128") {
+  for (const Shape& s : {Shape{1, 128, 2, 2, 128, 1.0f}, Shape{1, 257, 4, 2, 128, 1.0f},
+                         Shape{2, 300, 6, 2, 128, 3.0f}, Shape{1, 17, 3, 1, 128, 1.0f},
+                         Shape{3, 192, 2, 2, 128, 1.0f}})
+    check_attention(s);
+}
+
+GPU_TEST_CASE("cuda attention rejects unsupported shapes") {
+  CHECK_THROWS_AS(spes::cuda::attention_forward(nullptr, nullptr, nullptr, nullptr, nullptr, 1, 16, 4, 3, 64,
+                                                nullptr),
+                  spes::Error);
+  CHECK_THROWS_AS(spes::cuda::attention_forward(nullptr, nullptr, nullptr, nullptr, nullptr, 1, 16, 4, 4, 96,
+                                                nullptr),
+                  spes::Error);
+}

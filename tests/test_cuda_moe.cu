@@ -1,0 +1,717 @@
+// CUDA router, dispatch/combine, SwiGLU and the whole MoE layer against the CPU
+// reference ops (engine/ops). Inputs are drawn fresh every run, every output buffer
+// is NaN-poisoned first (0xFF bytes: NaN in fp32 and bf16), and the CPU reference
+// sees exactly the bf16 values the GPU sees, so what is measured is the GPU's own
+// rounding. Tolerances (‖gpu − cpu‖ / ‖cpu‖):
+//   fp32 router math (probs, lse, weights, LB, RZ, fp32 dlogits): 1e-5 … 1e-4
+//     (summation order only);
+//   bf16 outputs of one rounding (gather/combine, SwiGLU, bf16 dlogits): 1e-2
+//     (bf16 has a 2^-9 relative step, ≈ 2e-3 per rounding);
+//   MoE layer forward output: 1e-2, activation and expert weight gradients: 2e-2,
+//     router weight gradient: 3e-2 (several chained bf16 roundings: gu, h, ye, dye,
+//     dh, dgu, dxe, dlogits).
+// Router logits are built from values on a 1/8 grid so the fp32 logits are exact on
+// both sides whatever the summation order: top-k choices (many exact ties, broken to
+// the lower index) then must agree exactly, not just "almost always".
+#include <cublas_v2.h>
+#include <cuda_bf16.h>
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <numeric>
+#include <string>
+#include <vector>
+
+#include "cuda/check.cuh"
+#include "cuda/moe.cuh"
+#include "cuda/router.cuh"
+#include "cuda/swiglu.cuh"
+#include "engine/ops/ops.hpp"
+#include "tests/gpu_test.hpp"
+
+namespace {
+
+using spes::cuda::bf16;
+using Vec = std::vector<float>;
+using IVec = std::vector<int32_t>;
+
+// ---- small device helpers ---------------------------------------------------------
+template <typename T>
+class Dev {
+ public:
+  explicit Dev(int64_t n) : n_(n) {
+    cuda_check(cudaMalloc(&p_, sizeof(T) * std::max<int64_t>(n, 1)));
+    poison();
+  }
+  explicit Dev(const std::vector<T>& v) : Dev(static_cast<int64_t>(v.size())) { upload(v); }
+  ~Dev() { cudaFree(p_); }
+  Dev(const Dev&) = delete;
+  Dev& operator=(const Dev&) = delete;
+  T* get() const { return p_; }
+  int64_t size() const { return n_; }
+  void poison() { cuda_check(cudaMemset(p_, 0xFF, sizeof(T) * std::max<int64_t>(n_, 1))); }
+  void upload(const std::vector<T>& v) {
+    cuda_check(cudaMemcpy(p_, v.data(), sizeof(T) * v.size(), cudaMemcpyHostToDevice));
+  }
+  std::vector<T> download() const {
+    std::vector<T> v(n_);
+    cuda_check(cudaDeviceSynchronize());
+    cuda_check(cudaMemcpy(v.data(), p_, sizeof(T) * n_, cudaMemcpyDeviceToHost));
+    return v;
+  }
+
+ private:
+  T* p_ = nullptr;
+  int64_t n_;
+};
+
+struct Cublas {
+  cublasHandle_t h = nullptr;
+  Cublas() { cublas_check(cublasCreate(&h)); }
+  ~Cublas() { cublasDestroy(h); }
+};
+
+std::vector<bf16> to_bf16(const Vec& v) {
+  std::vector<bf16> out(v.size());
+  for (size_t i = 0; i < v.size(); ++i) out[i] = __float2bfloat16_rn(v[i]);
+  return out;
+}
+Vec to_float(const std::vector<bf16>& v) {
+  Vec out(v.size());
+  for (size_t i = 0; i < v.size(); ++i) out[i] = __bfloat162float(v[i]);
+  return out;
+}
+// Values the GPU can hold exactly in bf16.
+Vec round_bf16(const Vec& v) { return to_float(to_bf16(v)); }
+
+// Normal values snapped to a grid of `step`, clipped to ±clip (exact in bf16 when
+// clip/step < 256).
+Vec grid_vector(int64_t n, float scale, float step, float clip) {
+  Vec v = spes::test::random_vector(n, scale);
+  for (auto& x : v) x = std::clamp(std::round(x / step) * step, -clip, clip);
+  return v;
+}
+
+Vec uniform_vector(int64_t n, float lo, float hi) {
+  std::uniform_real_distribution<float> d(lo, hi);
+  Vec v(n);
+  for (auto& x : v) x = d(spes::test::rng());
+  return v;
+}
+
+// K distinct experts per token, drawn from `allowed`.
+IVec random_topk(int64_t N, int64_t K, std::vector<int32_t> allowed) {
+  IVec idx(N * K);
+  for (int64_t t = 0; t < N; ++t) {
+    std::shuffle(allowed.begin(), allowed.end(), spes::test::rng());
+    for (int64_t k = 0; k < K; ++k) idx[t * K + k] = allowed[k];
+  }
+  return idx;
+}
+
+template <typename T>
+int64_t first_mismatch(const std::vector<T>& a, const std::vector<T>& b) {
+  if (a.size() != b.size()) return 0;
+  for (size_t i = 0; i < a.size(); ++i)
+    if (a[i] != b[i]) return static_cast<int64_t>(i);
+  return -1;
+}
+
+// Exact equality of two vectors; prints the first mismatch.
+#define CHECK_SAME(name, a, b)                                                                     \
+  do {                                                                                             \
+    const auto& a_ = (a);                                                                          \
+    const auto& b_ = (b);                                                                          \
+    const int64_t at_ = first_mismatch(a_, b_);                                                    \
+    if (at_ >= 0 && a_.size() == b_.size())                                                        \
+      MESSAGE(name << ": first mismatch at " << at_ << ": " << a_[at_] << " vs " << b_[at_]);      \
+    CHECK_MESSAGE(at_ < 0, name << " differs (sizes " << a_.size() << ", " << b_.size() << ")");   \
+  } while (0)
+
+bool bits_equal(const void* a, const void* b, size_t bytes) { return std::memcmp(a, b, bytes) == 0; }
+
+// ---- router ---------------------------------------------------------------------------
+
+struct RouterCase {
+  int64_t N, E, K;
+  bool renorm;
+};
+
+void check_router_forward(const RouterCase& rc, bool bf16_logits, bool in_place) {
+  const int64_t N = rc.N, E = rc.E, K = rc.K;
+  CAPTURE(N);
+  CAPTURE(E);
+  CAPTURE(K);
+  CAPTURE(rc.renorm);
+  CAPTURE(bf16_logits);
+  // Quarter-grid logits: many exact ties, all exact in bf16.
+  const Vec logits = grid_vector(N * E, 1.5f, 0.25f, 8.0f);
+  Vec probs(N * E), lse(N), w(N * K);
+  IVec idx(N * K);
+  spes::cpu::router_forward(probs.data(), lse.data(), idx.data(), w.data(), logits.data(), N, E, K, rc.renorm);
+
+  Dev<float> d_probs(N * E), d_lse(N), d_w(N * K), d_part(spes::cuda::router_partials_count(N, E));
+  Dev<int32_t> d_idx(N * K);
+  if (bf16_logits) {
+    Dev<bf16> d_logits(to_bf16(logits));
+    spes::cuda::router_forward(d_probs.get(), d_lse.get(), d_idx.get(), d_w.get(), d_part.get(),
+                               d_logits.get(), N, E, K, rc.renorm, nullptr);
+  } else if (in_place) {
+    d_probs.upload(logits);
+    spes::cuda::router_forward(d_probs.get(), d_lse.get(), d_idx.get(), d_w.get(), d_part.get(),
+                               d_probs.get(), N, E, K, rc.renorm, nullptr);
+  } else {
+    Dev<float> d_logits(logits);
+    spes::cuda::router_forward(d_probs.get(), d_lse.get(), d_idx.get(), d_w.get(), d_part.get(),
+                               d_logits.get(), N, E, K, rc.renorm, nullptr);
+  }
+  const Vec g_probs = d_probs.download(), g_lse = d_lse.download(), g_w = d_w.download();
+  const IVec g_idx = d_idx.download();
+  CHECK_REL("router probs", g_probs.data(), probs.data(), N * E, 1e-5);
+  CHECK_REL("router lse", g_lse.data(), lse.data(), N, 1e-5);
+  CHECK_SAME("router top-k indices", g_idx, idx);
+  CHECK_REL("router top-k weights", g_w.data(), w.data(), N * K, 1e-5);
+
+  // LB / RZ statistics, against the DESIGN §1 formula in double on the CPU outputs.
+  IVec offsets(E + 1), slot_token(N * K), token_slot(N * K);
+  spes::cpu::moe_dispatch_indices(offsets.data(), slot_token.data(), token_slot.data(), idx.data(), N, E, K);
+  const Vec count_scale = uniform_vector(E, 0.7f, 1.0f);
+  Dev<int32_t> d_off(offsets);
+  Dev<float> d_scale(count_scale), d_aux(2), d_lbw(E);
+  spes::cuda::router_aux_forward(d_aux.get(), d_lbw.get(), d_part.get(), d_off.get(), d_scale.get(), N, E, K,
+                                 nullptr);
+  const Vec aux = d_aux.download(), lbw = d_lbw.download();
+  double lb = 0.0, rz = 0.0;
+  Vec lbw_ref(E);
+  for (int64_t e = 0; e < E; ++e) {
+    double psum = 0.0;
+    for (int64_t t = 0; t < N; ++t) psum += probs[t * E + e];
+    const double wgt = double(count_scale[e]) * (offsets[e + 1] - offsets[e]) * double(E) / (double(K) * N * N);
+    lbw_ref[e] = static_cast<float>(wgt);
+    lb += wgt * psum;
+  }
+  for (int64_t t = 0; t < N; ++t) rz += double(lse[t]) * lse[t];
+  rz /= double(N);
+  const float lb_ref = static_cast<float>(lb), rz_ref = static_cast<float>(rz);
+  CHECK_REL("LB loss", &aux[0], &lb_ref, 1, 1e-4);
+  CHECK_REL("router z-loss", &aux[1], &rz_ref, 1, 1e-4);
+  CHECK_REL("LB per-expert weight", lbw.data(), lbw_ref.data(), E, 1e-5);
+
+  // Deterministic: the same partials reduce to the same bits.
+  spes::cuda::router_aux_forward(d_aux.get(), d_lbw.get(), d_part.get(), d_off.get(), d_scale.get(), N, E, K,
+                                 nullptr);
+  const Vec aux2 = d_aux.download();
+  CHECK(bits_equal(aux.data(), aux2.data(), sizeof(float) * 2));
+}
+
+}  // namespace
+
+GPU_TEST_CASE("cuda router forward: probs, lse, top-k with ties, renorm, LB and z-loss statistics") {
+  const RouterCase cases[] = {{300, 8, 2, false},   {300, 8, 2, true},     {1000, 64, 8, false},
+                              {1000, 64, 8, true},  {77, 6, 1, false},     {513, 40, 3, true},
+                              {129, 200, 4, false}, {2000, 16, 2, false}, {33, 256, 32, true}};
+  for (const auto& rc : cases) {
+    check_router_forward(rc, /*bf16_logits=*/false, /*in_place=*/false);
+    check_router_forward(rc, /*bf16_logits=*/true, /*in_place=*/false);
+    check_router_forward(rc, /*bf16_logits=*/false, /*in_place=*/true);
+  }
+}
+
+GPU_TEST_CASE("cuda router backward: routing weights, LB and z-loss terms, with and without renorm") {
+  const RouterCase cases[] = {{300, 8, 2, false}, {300, 8, 2, true}, {1000, 64, 8, true}, {77, 6, 1, false},
+                              {129, 200, 4, true}};
+  for (const auto& rc : cases) {
+    const int64_t N = rc.N, E = rc.E, K = rc.K;
+    CAPTURE(N);
+    CAPTURE(E);
+    CAPTURE(K);
+    CAPTURE(rc.renorm);
+    const Vec logits = grid_vector(N * E, 1.5f, 0.25f, 8.0f);
+    Vec probs(N * E), lse(N), w(N * K);
+    IVec idx(N * K);
+    spes::cpu::router_forward(probs.data(), lse.data(), idx.data(), w.data(), logits.data(), N, E, K, rc.renorm);
+    const Vec dw = spes::test::random_vector(N * K);
+    const Vec lb_dprob = spes::test::random_vector(E, 0.1f);
+    const float lb_scale = 0.75f, rz_scale = 0.01f;
+    Vec lb_scaled(E);
+    for (int64_t e = 0; e < E; ++e) lb_scaled[e] = lb_scale * lb_dprob[e];
+    Vec ref(N * E);
+    spes::cpu::router_backward(ref.data(), dw.data(), probs.data(), lse.data(), idx.data(), w.data(),
+                               lb_scaled.data(), rz_scale, N, E, K, rc.renorm);
+
+    Dev<float> d_dw(dw), d_probs(probs), d_lse(lse), d_w(w), d_lb(lb_dprob), d_out(N * E);
+    Dev<int32_t> d_idx(idx);
+    Dev<bf16> d_out16(N * E);
+    spes::cuda::router_backward(d_out.get(), d_dw.get(), d_probs.get(), d_lse.get(), d_idx.get(), d_w.get(),
+                                d_lb.get(), lb_scale, rz_scale, N, E, K, rc.renorm, nullptr);
+    spes::cuda::router_backward(d_out16.get(), d_dw.get(), d_probs.get(), d_lse.get(), d_idx.get(), d_w.get(),
+                                d_lb.get(), lb_scale, rz_scale, N, E, K, rc.renorm, nullptr);
+    const Vec g = d_out.download(), g16 = to_float(d_out16.download());
+    CHECK_REL("router dlogits (fp32)", g.data(), ref.data(), N * E, 1e-5);
+    CHECK_REL("router dlogits (bf16)", g16.data(), ref.data(), N * E, 1e-2);
+
+    // No LB term (null lb_dprob).
+    spes::cpu::router_backward(ref.data(), dw.data(), probs.data(), lse.data(), idx.data(), w.data(), nullptr,
+                               rz_scale, N, E, K, rc.renorm);
+    d_out.poison();
+    spes::cuda::router_backward(d_out.get(), d_dw.get(), d_probs.get(), d_lse.get(), d_idx.get(), d_w.get(),
+                                nullptr, lb_scale, rz_scale, N, E, K, rc.renorm, nullptr);
+    const Vec g2 = d_out.download();
+    CHECK_REL("router dlogits (no LB)", g2.data(), ref.data(), N * E, 1e-5);
+  }
+}
+
+// ---- dispatch / gather / combine ---------------------------------------------------------
+
+GPU_TEST_CASE("cuda moe dispatch: the CPU's stable expert-major permutation, exactly") {
+  struct Case {
+    int64_t N, E, K;
+    std::vector<int32_t> allowed;  // empty: all experts
+    const char* what;
+  };
+  const Case cases[] = {
+      {3000, 16, 2, {}, "several chunks, last one partial"},
+      {5, 4, 4, {}, "every expert on every token"},
+      {700, 8, 2, {0, 2, 5}, "empty experts"},
+      {2500, 4, 1, {3}, "all tokens on one expert"},
+      {2049, 64, 8, {}, "fine-grained"},
+      {1, 3, 2, {}, "one token"},
+      {4096, 256, 2, {}, "E = 256, exact chunk multiple"},
+  };
+  for (const auto& c : cases) {
+    CAPTURE(c.what);
+    std::vector<int32_t> allowed = c.allowed;
+    if (allowed.empty()) {
+      allowed.resize(c.E);
+      std::iota(allowed.begin(), allowed.end(), 0);
+    }
+    const int64_t NK = c.N * c.K;
+    const IVec idx = random_topk(c.N, c.K, allowed);
+    IVec offsets(c.E + 1), slot_token(NK), token_slot(NK);
+    spes::cpu::moe_dispatch_indices(offsets.data(), slot_token.data(), token_slot.data(), idx.data(), c.N, c.E,
+                                    c.K);
+    Dev<int32_t> d_idx(idx), d_off(c.E + 1), d_st(NK), d_ts(NK),
+        d_scratch(spes::cuda::moe_dispatch_scratch_count(c.N, c.E, c.K));
+    spes::cuda::moe_dispatch_indices(d_off.get(), d_st.get(), d_ts.get(), d_scratch.get(), d_idx.get(), c.N, c.E,
+                                     c.K, nullptr);
+    CHECK_SAME("offsets", d_off.download(), offsets);
+    CHECK_SAME("slot_token", d_st.download(), slot_token);
+    CHECK_SAME("token_slot", d_ts.download(), token_slot);
+  }
+}
+
+GPU_TEST_CASE("cuda moe gather/combine: CPU semantics, backward, and the permutation round trip") {
+  struct Case {
+    int64_t N, E, K, C;
+  };
+  const Case cases[] = {{500, 8, 2, 64}, {300, 6, 4, 60}, {1000, 64, 8, 256}, {257, 5, 1, 24}};
+  for (const auto& c : cases) {
+    const int64_t N = c.N, K = c.K, C = c.C, S = N * K;
+    CAPTURE(N);
+    CAPTURE(K);
+    CAPTURE(C);
+    std::vector<int32_t> all(c.E);
+    std::iota(all.begin(), all.end(), 0);
+    const IVec idx = random_topk(N, K, all);
+    IVec offsets(c.E + 1), slot_token(S), token_slot(S);
+    spes::cpu::moe_dispatch_indices(offsets.data(), slot_token.data(), token_slot.data(), idx.data(), N, c.E, K);
+    Dev<int32_t> d_st(slot_token), d_ts(token_slot);
+
+    const Vec x = round_bf16(spes::test::random_vector(N * C));
+    const Vec dxe = round_bf16(spes::test::random_vector(S * C));
+    const Vec ye = round_bf16(spes::test::random_vector(S * C));
+    const Vec dout = round_bf16(spes::test::random_vector(N * C));
+    const Vec w = uniform_vector(S, 0.05f, 1.0f);
+    Vec xe(S * C), dx(N * C), out(N * C), dye(S * C), dw(S);
+    spes::cpu::moe_gather_forward(xe.data(), x.data(), slot_token.data(), S, C);
+    spes::cpu::moe_gather_backward(dx.data(), dxe.data(), token_slot.data(), N, K, C);
+    spes::cpu::moe_combine_forward(out.data(), ye.data(), w.data(), token_slot.data(), N, K, C);
+    spes::cpu::moe_combine_backward(dye.data(), dw.data(), dout.data(), ye.data(), w.data(), token_slot.data(), N,
+                                    K, C);
+
+    Dev<bf16> d_x(to_bf16(x)), d_xe(S * C), d_dxe(to_bf16(dxe)), d_dx(N * C), d_ye(to_bf16(ye)), d_out(N * C),
+        d_dout(to_bf16(dout)), d_dye(S * C);
+    Dev<float> d_w(w), d_dw(S);
+    spes::cuda::moe_gather_forward(d_xe.get(), d_x.get(), d_st.get(), S, C, nullptr);
+    spes::cuda::moe_gather_backward(d_dx.get(), d_dxe.get(), d_ts.get(), N, K, C, nullptr);
+    spes::cuda::moe_combine_forward(d_out.get(), d_ye.get(), d_w.get(), d_ts.get(), N, K, C, nullptr);
+    spes::cuda::moe_combine_backward(d_dye.get(), d_dw.get(), d_dout.get(), d_ye.get(), d_w.get(), d_ts.get(), N,
+                                     K, C, nullptr);
+    CHECK_SAME("gather forward (a copy: exact)", to_float(d_xe.download()), xe);
+    const Vec g_dx = to_float(d_dx.download()), g_out = to_float(d_out.download());
+    const Vec g_dye = to_float(d_dye.download()), g_dw = d_dw.download();
+    CHECK_REL("gather backward", g_dx.data(), dx.data(), N * C, 1e-2);
+    CHECK_REL("combine forward", g_out.data(), out.data(), N * C, 1e-2);
+    CHECK_REL("combine backward dye", g_dye.data(), dye.data(), S * C, 1e-2);
+    CHECK_REL("combine backward dtopk_w", g_dw.data(), dw.data(), S, 1e-5);
+
+    // Round trip. Gather then gather-backward sums K copies of x: K·x, exact in bf16
+    // for K a power of two. Combine of the gathered rows with weights 1/K gives x back.
+    if ((K & (K - 1)) == 0) {
+      Dev<bf16> d_back(N * C);
+      spes::cuda::moe_gather_backward(d_back.get(), d_xe.get(), d_ts.get(), N, K, C, nullptr);
+      Vec kx(N * C);
+      for (int64_t i = 0; i < N * C; ++i) kx[i] = float(K) * x[i];
+      CHECK_SAME("gather → gather backward = K·x", to_float(d_back.download()), kx);
+      Dev<float> d_inv(Vec(S, 1.0f / float(K)));
+      d_back.poison();
+      spes::cuda::moe_combine_forward(d_back.get(), d_xe.get(), d_inv.get(), d_ts.get(), N, K, C, nullptr);
+      CHECK_SAME("gather → combine(1/K) = x", to_float(d_back.download()), x);
+    }
+  }
+}
+
+// ---- SwiGLU ---------------------------------------------------------------------------------
+
+GPU_TEST_CASE("cuda swiglu: forward and backward vs CPU, interleaved gate|up rows, h recompute") {
+  struct Case {
+    int64_t rows, H;
+    bool interleaved;
+  };
+  const Case cases[] = {{37, 48, true}, {37, 48, false}, {101, 20, true}, {64, 1024, true}};
+  for (const auto& c : cases) {
+    const int64_t rows = c.rows, H = c.H, n = rows * H, ld = c.interleaved ? 2 * H : H;
+    CAPTURE(rows);
+    CAPTURE(H);
+    CAPTURE(c.interleaved);
+    const Vec gate = round_bf16(spes::test::random_vector(n, 2.0f));
+    const Vec up = round_bf16(spes::test::random_vector(n));
+    const Vec dh = round_bf16(spes::test::random_vector(n));
+    Vec h(n), dgate(n), dup(n);
+    spes::cpu::swiglu_forward(h.data(), gate.data(), up.data(), n);
+    spes::cpu::swiglu_backward(dgate.data(), dup.data(), dh.data(), gate.data(), up.data(), n);
+
+    // Device layout: [rows, ld] with gate at column 0 and up at column H (interleaved)
+    // or two dense buffers.
+    auto pack = [&](const Vec& a, const Vec& b) {
+      Vec p(rows * 2 * H);
+      for (int64_t r = 0; r < rows; ++r)
+        for (int64_t j = 0; j < H; ++j) {
+          p[r * 2 * H + j] = a[r * H + j];
+          p[r * 2 * H + H + j] = b[r * H + j];
+        }
+      return p;
+    };
+    Dev<bf16> d_gu(to_bf16(c.interleaved ? pack(gate, up) : gate)), d_up(to_bf16(up));
+    Dev<bf16> d_dgu(c.interleaved ? 2 * n : n), d_dup(n), d_h(n), d_h2(n), d_dh(to_bf16(dh));
+    const bf16* g_ptr = d_gu.get();
+    const bf16* u_ptr = c.interleaved ? d_gu.get() + H : d_up.get();
+    bf16* dg_ptr = d_dgu.get();
+    bf16* du_ptr = c.interleaved ? d_dgu.get() + H : d_dup.get();
+    spes::cuda::swiglu_forward(d_h.get(), g_ptr, u_ptr, rows, H, ld, nullptr);
+    spes::cuda::swiglu_backward(dg_ptr, du_ptr, d_h2.get(), d_dh.get(), g_ptr, u_ptr, rows, H, ld, nullptr);
+    const Vec g_h = to_float(d_h.download());
+    CHECK_REL("swiglu h", g_h.data(), h.data(), n, 1e-2);
+    Vec g_dg(n), g_du(n);
+    const Vec dgu = to_float(d_dgu.download());
+    const Vec dupv = c.interleaved ? Vec() : to_float(d_dup.download());
+    for (int64_t r = 0; r < rows; ++r)
+      for (int64_t j = 0; j < H; ++j) {
+        g_dg[r * H + j] = dgu[r * ld + j];
+        g_du[r * H + j] = c.interleaved ? dgu[r * ld + H + j] : dupv[r * H + j];
+      }
+    CHECK_REL("swiglu dgate", g_dg.data(), dgate.data(), n, 1e-2);
+    CHECK_REL("swiglu dup", g_du.data(), dup.data(), n, 1e-2);
+    // The recomputed h is the forward's h, bit for bit (same fp32 expression).
+    CHECK_SAME("swiglu backward h recompute", to_float(d_h2.download()), g_h);
+    // h_out aliasing dh (how MoeLayer calls it).
+    d_dgu.poison();
+    spes::cuda::swiglu_backward(dg_ptr, du_ptr, d_dh.get(), d_dh.get(), g_ptr, u_ptr, rows, H, ld, nullptr);
+    CHECK_SAME("swiglu in-place h over dh", to_float(d_dh.download()), g_h);
+    CHECK_SAME("swiglu in-place dgate|dup unchanged", to_float(d_dgu.download()), dgu);
+  }
+}
+
+// ---- the MoE layer ------------------------------------------------------------------------------
+namespace {
+
+struct LayerCase {
+  const char* what;
+  int64_t N, d, E, K, H;
+  bool renorm;
+  bool fused_layout;        // gate, up, down per expert (the layout's order) vs up, gate, down
+  std::vector<int> owned;   // the rest are frozen
+  spes::cuda::ExpertGemm gemm;
+  int force_empty = -1;     // this expert never gets a token
+  int force_all = -1;       // every token picks this expert (use K = 1)
+};
+
+struct LayerInputs {
+  Vec x, router, dout, count_scale;
+  std::vector<Vec> gate, up, down;  // per expert, bf16-exact
+};
+
+struct LayerRef {
+  Vec out, dx, drouter;
+  std::vector<Vec> dgate, dup, ddown;
+  IVec topk_idx, offsets;
+  float lb = 0, rz = 0;
+};
+
+LayerInputs make_inputs(const LayerCase& c) {
+  const int64_t N = c.N, d = c.d, E = c.E, H = c.H;
+  LayerInputs in;
+  // x and the router on a 1/8 grid: fp32 logits are exact sums (multiples of 1/64,
+  // far below 2^24/64), so CPU and GPU route identically.
+  in.x = grid_vector(N * d, 1.0f, 0.125f, 4.0f);
+  in.router = grid_vector(E * d, 0.25f, 0.125f, 2.0f);
+  if (c.force_empty >= 0 || c.force_all >= 0) {
+    for (int64_t t = 0; t < N; ++t) in.x[t * d] = 1.0f;  // a constant feature
+    if (c.force_empty >= 0) in.router[c.force_empty * d] = -32.0f;
+    if (c.force_all >= 0) in.router[c.force_all * d] = 32.0f;
+  }
+  in.dout = round_bf16(spes::test::random_vector(N * d));
+  in.count_scale = uniform_vector(E, 0.7f, 1.0f);
+  for (int64_t e = 0; e < E; ++e) {
+    in.gate.push_back(round_bf16(spes::test::random_vector(H * d, 1.0f / std::sqrt(float(d)))));
+    in.up.push_back(round_bf16(spes::test::random_vector(H * d, 1.0f / std::sqrt(float(d)))));
+    in.down.push_back(round_bf16(spes::test::random_vector(d * H, 1.0f / std::sqrt(float(H)))));
+  }
+  return in;
+}
+
+// The MoE layer composed from the CPU reference ops, fp32 throughout. Gradients are
+// increments (zero-initialised), computed for every expert.
+LayerRef cpu_layer(const LayerCase& c, const LayerInputs& in, float lb_loss_scale, float rz_loss_scale) {
+  using namespace spes::cpu;
+  const int64_t N = c.N, d = c.d, E = c.E, K = c.K, H = c.H, S = N * K;
+  LayerRef r;
+  Vec probs(N * E), lse(N), w(N * K);
+  r.topk_idx.resize(N * K);
+  matmul_forward(probs.data(), in.x.data(), in.router.data(), N, d, E);  // logits
+  const Vec logits = probs;
+  router_forward(probs.data(), lse.data(), r.topk_idx.data(), w.data(), logits.data(), N, E, K, c.renorm);
+  r.offsets.resize(E + 1);
+  IVec slot_token(S), token_slot(S);
+  moe_dispatch_indices(r.offsets.data(), slot_token.data(), token_slot.data(), r.topk_idx.data(), N, E, K);
+  Vec xe(S * d), g(S * H), u(S * H), h(S * H), ye(S * d);
+  moe_gather_forward(xe.data(), in.x.data(), slot_token.data(), S, d);
+  for (int64_t e = 0; e < E; ++e) {
+    const int64_t o = r.offsets[e], m = r.offsets[e + 1] - o;
+    if (m == 0) continue;
+    matmul_forward(g.data() + o * H, xe.data() + o * d, in.gate[e].data(), m, d, H);
+    matmul_forward(u.data() + o * H, xe.data() + o * d, in.up[e].data(), m, d, H);
+  }
+  swiglu_forward(h.data(), g.data(), u.data(), S * H);
+  for (int64_t e = 0; e < E; ++e) {
+    const int64_t o = r.offsets[e], m = r.offsets[e + 1] - o;
+    if (m > 0) matmul_forward(ye.data() + o * d, h.data() + o * H, in.down[e].data(), m, H, d);
+  }
+  r.out.resize(N * d);
+  moe_combine_forward(r.out.data(), ye.data(), w.data(), token_slot.data(), N, K, d);
+
+  Vec lb_weight(E);
+  double lb = 0.0, rz = 0.0;
+  for (int64_t e = 0; e < E; ++e) {
+    double psum = 0.0;
+    for (int64_t t = 0; t < N; ++t) psum += probs[t * E + e];
+    const double wgt = double(in.count_scale[e]) * (r.offsets[e + 1] - r.offsets[e]) * double(E) / (double(K) * N * N);
+    lb_weight[e] = static_cast<float>(wgt);
+    lb += wgt * psum;
+  }
+  for (int64_t t = 0; t < N; ++t) rz += double(lse[t]) * lse[t];
+  r.lb = static_cast<float>(lb);
+  r.rz = static_cast<float>(rz / N);
+
+  // backward
+  Vec dye(S * d), dw(S), dh(S * H), dg(S * H), du(S * H), dxe(S * d), tmp(S * d);
+  moe_combine_backward(dye.data(), dw.data(), in.dout.data(), ye.data(), w.data(), token_slot.data(), N, K, d);
+  r.dgate.assign(E, Vec(H * d, 0.0f));
+  r.dup.assign(E, Vec(H * d, 0.0f));
+  r.ddown.assign(E, Vec(d * H, 0.0f));
+  for (int64_t e = 0; e < E; ++e) {
+    const int64_t o = r.offsets[e], m = r.offsets[e + 1] - o;
+    if (m > 0)
+      matmul_backward(dh.data() + o * H, r.ddown[e].data(), dye.data() + o * d, h.data() + o * H,
+                      in.down[e].data(), m, H, d);
+  }
+  swiglu_backward(dg.data(), du.data(), dh.data(), g.data(), u.data(), S * H);
+  for (int64_t e = 0; e < E; ++e) {
+    const int64_t o = r.offsets[e], m = r.offsets[e + 1] - o;
+    if (m == 0) continue;
+    matmul_backward(dxe.data() + o * d, r.dgate[e].data(), dg.data() + o * H, xe.data() + o * d,
+                    in.gate[e].data(), m, d, H);
+    matmul_backward(tmp.data() + o * d, r.dup[e].data(), du.data() + o * H, xe.data() + o * d, in.up[e].data(),
+                    m, d, H);
+    for (int64_t i = o * d; i < (o + m) * d; ++i) dxe[i] += tmp[i];
+  }
+  r.dx.resize(N * d);
+  moe_gather_backward(r.dx.data(), dxe.data(), token_slot.data(), N, K, d);
+  Vec lb_dprob(E), dlogits(N * E), dx_router(N * d);
+  for (int64_t e = 0; e < E; ++e) lb_dprob[e] = lb_loss_scale * lb_weight[e];
+  router_backward(dlogits.data(), dw.data(), probs.data(), lse.data(), r.topk_idx.data(), w.data(),
+                  lb_dprob.data(), rz_loss_scale / float(N), N, E, K, c.renorm);
+  r.drouter.assign(E * d, 0.0f);
+  matmul_backward(dx_router.data(), r.drouter.data(), dlogits.data(), in.x.data(), in.router.data(), N, d, E);
+  for (int64_t i = 0; i < N * d; ++i) r.dx[i] += dx_router[i];
+  return r;
+}
+
+double rms(const Vec& v) {
+  double s = 0.0;
+  for (float x : v) s += double(x) * x;
+  return std::sqrt(s / std::max<size_t>(v.size(), 1));
+}
+
+// Starting gradients with the size of the expected increment, so "accumulated"
+// and "overwritten" are told apart by the tolerance.
+Vec initial_grad(const Vec& increment) {
+  const float scale = static_cast<float>(std::max(rms(increment), 1e-3));
+  return spes::test::random_vector(static_cast<int64_t>(increment.size()), scale);
+}
+
+void check_layer(const LayerCase& c) {
+  using namespace spes::cuda;
+  CAPTURE(c.what);
+  CAPTURE(c.gemm == ExpertGemm::grouped ? "grouped" : "per_expert");
+  const int64_t N = c.N, d = c.d, E = c.E, K = c.K, H = c.H;
+  const float lb_loss_scale = 0.5f, rz_loss_scale = 0.25f;  // large, so both terms show in the check
+  const LayerInputs in = make_inputs(c);
+  const LayerRef ref = cpu_layer(c, in, lb_loss_scale, rz_loss_scale);
+
+  // Flat expert buffers like the parameter layout: one block of 3·H·d per expert.
+  const int64_t blk = 3 * H * d;
+  const int64_t gate_off = c.fused_layout ? 0 : H * d, up_off = c.fused_layout ? H * d : 0, down_off = 2 * H * d;
+  Vec wflat(E * blk);
+  for (int64_t e = 0; e < E; ++e) {
+    std::copy(in.gate[e].begin(), in.gate[e].end(), wflat.begin() + e * blk + gate_off);
+    std::copy(in.up[e].begin(), in.up[e].end(), wflat.begin() + e * blk + up_off);
+    std::copy(in.down[e].begin(), in.down[e].end(), wflat.begin() + e * blk + down_off);
+  }
+  std::vector<bool> owned(E, false);
+  for (int e : c.owned) owned[e] = true;
+  // Gradient buffer with a block for every expert; frozen blocks hold a sentinel that
+  // must survive (no weight-gradient GEMM may touch them) and get null pointers.
+  Vec gflat(E * blk, 12345.0f);
+  std::vector<Vec> init_gate(E), init_up(E), init_down(E);
+  for (int64_t e = 0; e < E; ++e) {
+    if (!owned[e]) continue;
+    init_gate[e] = initial_grad(ref.dgate[e]);
+    init_up[e] = initial_grad(ref.dup[e]);
+    init_down[e] = initial_grad(ref.ddown[e]);
+    std::copy(init_gate[e].begin(), init_gate[e].end(), gflat.begin() + e * blk + gate_off);
+    std::copy(init_up[e].begin(), init_up[e].end(), gflat.begin() + e * blk + up_off);
+    std::copy(init_down[e].begin(), init_down[e].end(), gflat.begin() + e * blk + down_off);
+  }
+  const Vec init_router = initial_grad(ref.drouter);
+
+  const std::vector<bf16> wflat16 = to_bf16(wflat);
+  Dev<bf16> d_w(wflat16), d_router(to_bf16(in.router)), d_x(to_bf16(in.x)), d_dout(to_bf16(in.dout));
+  Dev<bf16> d_out(N * d), d_dx(N * d);
+  Dev<float> d_g(gflat), d_grouter(init_router), d_scale(in.count_scale);
+  const MoeShape shape{N, d, E, K, H, c.renorm};
+  Dev<char> d_saved(MoeSaved::bytes(shape)), d_scratch(MoeScratch::bytes(shape));  // poisoned
+
+  MoeWeights weights;
+  weights.router = d_router.get();
+  MoeGrads grads;
+  grads.router = d_grouter.get();
+  for (int64_t e = 0; e < E; ++e) {
+    weights.gate.push_back(d_w.get() + e * blk + gate_off);
+    weights.up.push_back(d_w.get() + e * blk + up_off);
+    weights.down.push_back(d_w.get() + e * blk + down_off);
+    grads.gate.push_back(owned[e] ? d_g.get() + e * blk + gate_off : nullptr);
+    grads.up.push_back(owned[e] ? d_g.get() + e * blk + up_off : nullptr);
+    grads.down.push_back(owned[e] ? d_g.get() + e * blk + down_off : nullptr);
+  }
+  Cublas cublas;
+  cudaStream_t stream = nullptr;
+  cuda_check(cudaStreamCreate(&stream));
+  MoeLayer layer(shape, c.gemm, weights, grads, MoeSaved::carve(d_saved.get(), shape),
+                 MoeScratch::carve(d_scratch.get(), shape));
+  layer.forward(cublas.h, d_out.get(), d_x.get(), d_scale.get(), stream);
+  layer.backward(cublas.h, d_dx.get(), d_dout.get(), d_x.get(), lb_loss_scale, rz_loss_scale, stream);
+  cuda_check(cudaStreamSynchronize(stream));
+
+  // Routing identical to the CPU (exact logits), offsets on the host too.
+  IVec g_idx(N * K), g_off(E + 1);
+  cuda_check(cudaMemcpy(g_idx.data(), layer.saved().topk_idx, sizeof(int32_t) * N * K, cudaMemcpyDeviceToHost));
+  cuda_check(cudaMemcpy(g_off.data(), layer.saved().offsets, sizeof(int32_t) * (E + 1), cudaMemcpyDeviceToHost));
+  CHECK_SAME("layer top-k indices", g_idx, ref.topk_idx);
+  CHECK_SAME("layer offsets (device)", g_off, ref.offsets);
+  CHECK_SAME("layer offsets (host copy)", IVec(layer.expert_offsets().begin(), layer.expert_offsets().end()),
+             ref.offsets);
+  Vec aux(2);
+  cuda_check(cudaMemcpy(aux.data(), layer.saved().aux, sizeof(float) * 2, cudaMemcpyDeviceToHost));
+  CHECK_REL("layer LB", &aux[0], &ref.lb, 1, 1e-4);
+  CHECK_REL("layer RZ", &aux[1], &ref.rz, 1, 1e-4);
+
+  const Vec out = to_float(d_out.download()), dx = to_float(d_dx.download());
+  CHECK_REL("layer out", out.data(), ref.out.data(), N * d, 1e-2);
+  CHECK_REL("layer dx", dx.data(), ref.dx.data(), N * d, 2e-2);
+  const Vec grouter = d_grouter.download();
+  Vec want_router(E * d);
+  for (int64_t i = 0; i < E * d; ++i) want_router[i] = init_router[i] + ref.drouter[i];
+  CHECK_REL("layer d router (accumulated)", grouter.data(), want_router.data(), E * d, 3e-2);
+
+  const Vec g = d_g.download();
+  for (int64_t e = 0; e < E; ++e) {
+    CAPTURE(e);
+    const float* ge = g.data() + e * blk;
+    if (!owned[e]) {
+      bool untouched = true;
+      for (int64_t i = 0; i < blk; ++i) untouched = untouched && ge[i] == 12345.0f;
+      CHECK_MESSAGE(untouched, "frozen expert " << e << ": its (unused) gradient region was written");
+      continue;
+    }
+    Vec want_gate(H * d), want_up(H * d), want_down(d * H);
+    for (int64_t i = 0; i < H * d; ++i) {
+      want_gate[i] = init_gate[e][i] + ref.dgate[e][i];
+      want_up[i] = init_up[e][i] + ref.dup[e][i];
+      want_down[i] = init_down[e][i] + ref.ddown[e][i];
+    }
+    CHECK_REL("layer d gate (owned, accumulated)", ge + gate_off, want_gate.data(), H * d, 2e-2);
+    CHECK_REL("layer d up (owned, accumulated)", ge + up_off, want_up.data(), H * d, 2e-2);
+    CHECK_REL("layer d down (owned, accumulated)", ge + down_off, want_down.data(), d * H, 2e-2);
+  }
+  // No weight is ever written, frozen or owned (the optimizer does that).
+  const std::vector<bf16> w_after = d_w.download();
+  CHECK_MESSAGE(bits_equal(w_after.data(), wflat16.data(), sizeof(bf16) * wflat16.size()),
+                "expert weights changed");
+
+  // Determinism: the same step again (fresh grads) gives the same bits.
+  d_out.poison();
+  d_dx.poison();
+  d_g.upload(gflat);
+  d_grouter.upload(init_router);
+  layer.forward(cublas.h, d_out.get(), d_x.get(), d_scale.get(), stream);
+  layer.backward(cublas.h, d_dx.get(), d_dout.get(), d_x.get(), lb_loss_scale, rz_loss_scale, stream);
+  cuda_check(cudaStreamSynchronize(stream));
+  CHECK_SAME("layer out, second run", to_float(d_out.download()), out);
+  CHECK_SAME("layer dx, second run", to_float(d_dx.download()), dx);
+  CHECK_SAME("layer expert grads, second run", d_g.download(), g);
+  CHECK_SAME("layer router grad, second run", d_grouter.download(), grouter);
+  cuda_check(cudaStreamDestroy(stream));
+}
+
+}  // namespace
+
+GPU_TEST_CASE("cuda MoE layer: forward and every gradient vs CPU, frozen experts, both GEMM paths") {
+  using spes::cuda::ExpertGemm;
+  for (ExpertGemm gemm : {ExpertGemm::per_expert, ExpertGemm::grouped}) {
+    check_layer({"fused gate|up, half frozen", 256, 64, 8, 2, 96, false, true, {0, 2, 3, 6}, gemm});
+    check_layer({"separate gate/up, renorm, odd sizes (scalar kernels)", 300, 60, 6, 3, 36, true, false, {1, 4},
+                 gemm});
+    check_layer({"fine-grained, 3/4 frozen", 512, 128, 32, 8, 64, true, true, {0, 9, 18, 27, 4, 13, 22, 31},
+                 gemm});
+    check_layer({"all owned", 200, 64, 4, 2, 64, false, true, {0, 1, 2, 3}, gemm});
+    check_layer({"all frozen (router only)", 200, 64, 4, 2, 64, false, false, {}, gemm});
+  }
+}
+
+GPU_TEST_CASE("cuda MoE layer: an empty expert, and all tokens on one expert") {
+  using spes::cuda::ExpertGemm;
+  for (ExpertGemm gemm : {ExpertGemm::per_expert, ExpertGemm::grouped}) {
+    LayerCase empty{"expert 5 empty", 256, 64, 8, 2, 64, false, true, {1, 5, 6}, gemm};
+    empty.force_empty = 5;
+    check_layer(empty);
+    LayerCase one{"every token on expert 2", 300, 64, 4, 1, 64, false, true, {2, 3}, gemm};
+    one.force_all = 2;
+    check_layer(one);
+    LayerCase one_frozen{"every token on frozen expert 1, renorm", 300, 64, 4, 1, 64, true, true, {0, 3}, gemm};
+    one_frozen.force_all = 1;
+    check_layer(one_frozen);
+  }
+}

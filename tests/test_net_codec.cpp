@@ -1,0 +1,148 @@
+// Delta codecs: round trips within each codec's error bound, the int8 exactness
+// that makes decoding bit-deterministic, error feedback, malformed payloads.
+#include <doctest/doctest.h>
+
+#include <bit>
+#include <cmath>
+#include <cstring>
+#include <random>
+#include <vector>
+
+#include "net/codec.hpp"
+
+using namespace spes::net;
+
+namespace {
+std::vector<float> random_vec(size_t n, float scale, uint64_t seed) {
+  std::mt19937_64 g(seed);
+  std::normal_distribution<float> d(0.0f, scale);
+  std::vector<float> v(n);
+  for (auto& x : v) x = d(g);
+  return v;
+}
+}  // namespace
+
+TEST_CASE("codec: payload sizes") {
+  CHECK(encoded_bytes(Codec::fp32, 1000) == 4000);
+  CHECK(encoded_bytes(Codec::bf16, 1000) == 2000);
+  CHECK(encoded_bytes(Codec::int8, 1000) == 8 * 4 + 1000);  // ceil(1000/128) scales
+  CHECK(parse_codec("int8") == Codec::int8);
+  CHECK_THROWS(parse_codec("fp8"));
+}
+
+TEST_CASE("codec: fp32 is lossless, bf16 within half an ulp of bf16") {
+  const auto x = random_vec(1000, 1e-3f, 1);
+  std::vector<uint8_t> buf(encoded_bytes(Codec::bf16, 1000));
+  std::vector<float> y(1000), r(1000);
+  std::vector<uint8_t> fbuf(encoded_bytes(Codec::fp32, 1000));
+  encode_delta(Codec::fp32, x.data(), 1000, fbuf.data(), nullptr);
+  REQUIRE(decode(Codec::fp32, fbuf.data(), 1000, y.data()));
+  CHECK(y == x);
+  encode_delta(Codec::bf16, x.data(), 1000, buf.data(), r.data());
+  REQUIRE(decode(Codec::bf16, buf.data(), 1000, y.data()));
+  for (size_t i = 0; i < x.size(); ++i) {
+    CHECK(std::fabs(y[i] - x[i]) <= std::fabs(x[i]) * (1.0f / 256));
+    CHECK(r[i] == x[i] - y[i]);
+  }
+}
+
+TEST_CASE("codec: int8 block-wise error bound, and q*scale is exact in fp32") {
+  auto x = random_vec(1000, 1e-2f, 2);
+  x[5] = 0.5f;  // one block with a large outlier
+  std::vector<uint8_t> buf(encoded_bytes(Codec::int8, 1000));
+  std::vector<float> y(1000), r(1000);
+  encode_delta(Codec::int8, x.data(), 1000, buf.data(), r.data());
+  REQUIRE(decode(Codec::int8, buf.data(), 1000, y.data()));
+  for (int64_t b = 0; b * kInt8Block < 1000; ++b) {
+    float s;
+    std::memcpy(&s, buf.data() + 4 * b, 4);
+    CHECK((std::bit_cast<uint32_t>(s) & 0x7Fu) == 0u);  // ≤ 17 significant bits
+    float amax = 0;
+    for (int64_t i = b * kInt8Block; i < std::min<int64_t>(1000, (b + 1) * kInt8Block); ++i)
+      amax = std::max(amax, std::fabs(x[i]));
+    CHECK(s >= amax / 127.0f);
+    CHECK(s <= amax / 127.0f * 1.0001f);
+    const auto* q = reinterpret_cast<const int8_t*>(buf.data() + 4 * 8);
+    for (int64_t i = b * kInt8Block; i < std::min<int64_t>(1000, (b + 1) * kInt8Block); ++i) {
+      CHECK(std::fabs(y[i] - x[i]) <= s * 0.5f * 1.0001f);
+      CHECK(double(y[i]) == double(q[i]) * double(s));  // the product is exact
+      CHECK(r[i] == x[i] - y[i]);
+    }
+  }
+}
+
+TEST_CASE("codec: apply_update is θ_old + decoded, bit-deterministic") {
+  for (Codec c : {Codec::fp32, Codec::bf16, Codec::int8}) {
+    CAPTURE(codec_name(c));
+    const auto base = random_vec(3000, 0.02f, 3);
+    const auto d = random_vec(3000, 1e-3f, 4);
+    std::vector<uint8_t> buf(encoded_bytes(c, 3000));
+    if (c == Codec::fp32) {
+      std::vector<float> v(3000);
+      for (size_t i = 0; i < v.size(); ++i) v[i] = base[i] + d[i];
+      encode_delta(c, v.data(), 3000, buf.data(), nullptr);  // fp32 carries values
+    } else {
+      encode_delta(c, d.data(), 3000, buf.data(), nullptr);
+    }
+    std::vector<float> dec(3000), a(3000), b = base;
+    REQUIRE(decode(c, buf.data(), 3000, dec.data()));
+    REQUIRE(apply_update(c, buf.data(), 3000, base.data(), a.data()));
+    REQUIRE(apply_update(c, buf.data(), 3000, b.data(), b.data()));  // in place
+    CHECK(std::memcmp(a.data(), b.data(), a.size() * 4) == 0);
+    for (size_t i = 0; i < a.size(); ++i) {
+      const float expect = c == Codec::fp32 ? dec[i] : base[i] + dec[i];
+      CHECK(std::bit_cast<uint32_t>(a[i]) == std::bit_cast<uint32_t>(expect));
+    }
+  }
+}
+
+TEST_CASE("codec: error feedback carries the quantisation error to later rounds") {
+  for (Codec c : {Codec::bf16, Codec::int8}) {
+    CAPTURE(codec_name(c));
+    const int64_t n = 512;
+    std::vector<float> base(n, 0.0f), params(n), res(n, 0.0f), res2(n);
+    std::vector<double> sent(n, 0.0), truth(n, 0.0);
+    std::vector<uint8_t> buf(encoded_bytes(c, n));
+    std::vector<float> dec(n);
+    for (int round = 0; round < 50; ++round) {
+      const auto delta = random_vec(size_t(n), 1e-3f, 100 + round);
+      for (int64_t i = 0; i < n; ++i) params[i] = base[i] + delta[i], truth[i] += double(params[i]) - double(base[i]);
+      REQUIRE(encode_update(c, params.data(), base.data(), res.data(), res2.data(), n, buf.data()));
+      REQUIRE(decode(c, buf.data(), n, dec.data()));
+      for (int64_t i = 0; i < n; ++i) sent[i] += dec[i];
+      res.swap(res2);
+    }
+    // Σ sent = Σ truth − final residual (up to fp32 rounding of the additions).
+    double worst = 0, worst_res = 0;
+    for (int64_t i = 0; i < n; ++i) {
+      worst = std::max(worst, std::fabs(sent[i] + double(res[i]) - truth[i]));
+      worst_res = std::max(worst_res, double(std::fabs(res[i])));
+    }
+    CHECK(worst < 1e-7);
+    CHECK(worst_res < (c == Codec::int8 ? 3e-5 : 2e-5));  // bounded, not growing with rounds
+  }
+}
+
+TEST_CASE("codec: malformed payloads and non-finite inputs are refused") {
+  const int64_t n = 256;
+  std::vector<float> out(n), x(n, 1e-3f), base(n, 0.0f);
+  std::vector<uint8_t> buf(encoded_bytes(Codec::int8, n), 0);
+  float bad = std::nanf("");
+  std::memcpy(buf.data(), &bad, 4);
+  CHECK_FALSE(decode(Codec::int8, buf.data(), n, out.data()));
+  float neg = -1.0f;
+  std::memcpy(buf.data(), &neg, 4);
+  CHECK_FALSE(decode(Codec::int8, buf.data(), n, out.data()));
+  CHECK_FALSE(apply_update(Codec::int8, buf.data(), n, base.data(), out.data()));
+  std::vector<uint8_t> b16(encoded_bytes(Codec::bf16, n), 0);
+  b16[2 * 7] = 0xC0, b16[2 * 7 + 1] = 0x7F;  // 0x7FC0: NaN
+  CHECK_FALSE(decode(Codec::bf16, b16.data(), n, out.data()));
+  std::vector<uint8_t> f32(encoded_bytes(Codec::fp32, n), 0);
+  const float inf = INFINITY;
+  std::memcpy(f32.data() + 12, &inf, 4);
+  CHECK_FALSE(decode(Codec::fp32, f32.data(), n, out.data()));
+  x[9] = std::nanf("");
+  std::vector<uint8_t> enc(encoded_bytes(Codec::int8, n));
+  CHECK_FALSE(encode_update(Codec::int8, x.data(), base.data(), nullptr, nullptr, n, enc.data()));
+  CHECK_FALSE(encode_update(Codec::fp32, x.data(), base.data(), nullptr, nullptr, n, f32.data()));
+}

@@ -1,0 +1,179 @@
+// Merge rules: the expert-merging warm-up against a direct, independent
+// computation written here from DESIGN §1, and the streaming mean merge.
+#include <doctest/doctest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <random>
+#include <vector>
+
+#include "model/layout.hpp"
+#include "net/grid.hpp"
+#include "net/merge.hpp"
+#include "net_test_util.hpp"
+
+using namespace spes;
+using namespace spes::net;
+
+namespace {
+
+ModelConfig small_model(int experts) {
+  ModelConfig m = testing::tiny_config(1).model;
+  m.n_experts = experts;
+  m.expert_hidden = 24;
+  m.d_model = 16;
+  m.n_heads = 2;
+  m.n_kv_heads = 2;
+  return m;
+}
+
+std::vector<float> random_theta(const ParamLayout& L, uint64_t seed) {
+  std::mt19937_64 g(seed);
+  std::normal_distribution<float> d(0.0f, 0.02f);
+  std::vector<float> t(size_t(L.total));
+  for (auto& x : t) x = d(g);
+  return t;
+}
+
+// DESIGN §1, written out directly: per layer, cosine similarity of flattened gate
+// weights; donors = top-k others (k ≤ E−1) by similarity; every weight of e moves
+// by α·mean over donors of (θ_j − θ_e), all from the pre-merge θ.
+std::vector<float> reference_merge(const std::vector<float>& pre, const ParamLayout& L, const ModelConfig& m,
+                                   double alpha, int topk, std::vector<std::vector<std::vector<int>>>* donors_out) {
+  std::vector<float> out = pre;
+  const int E = int(m.n_experts);
+  const int64_t gate_n = m.expert_hidden * m.d_model;
+  for (int l = 0; l < int(m.n_layers); ++l) {
+    auto gate = [&](int e, int64_t i) { return double(pre[size_t(L.experts[l][e].gate + i)]); };
+    std::vector<std::vector<int>> donors(E);
+    for (int e = 0; e < E; ++e) {
+      std::vector<std::pair<double, int>> sim;
+      for (int j = 0; j < E; ++j) {
+        if (j == e) continue;
+        double dot = 0, ne = 0, nj = 0;
+        for (int64_t i = 0; i < gate_n; ++i) dot += gate(e, i) * gate(j, i), ne += gate(e, i) * gate(e, i), nj += gate(j, i) * gate(j, i);
+        sim.push_back({dot / (std::sqrt(ne) * std::sqrt(nj)), j});
+      }
+      std::sort(sim.begin(), sim.end(), [](auto a, auto b) { return a.first != b.first ? a.first > b.first : a.second < b.second; });
+      const int k = std::min(topk, E - 1);
+      for (int i = 0; i < k; ++i) donors[e].push_back(sim[i].second);
+      std::sort(donors[e].begin(), donors[e].end());
+      for (int64_t off : {L.experts[l][e].gate, L.experts[l][e].up, L.experts[l][e].down})
+        for (int64_t i = 0; i < gate_n; ++i) {
+          const int64_t rel = off - L.experts[l][e].gate;
+          double s = 0;
+          for (int j : donors[e]) s += double(pre[size_t(L.experts[l][j].gate + rel + i)]) - double(pre[size_t(off + i)]);
+          out[size_t(off + i)] = float(double(pre[size_t(off + i)]) + alpha * (s / double(donors[e].size())));
+        }
+    }
+    if (donors_out) donors_out->push_back(donors);
+  }
+  return out;
+}
+
+}  // namespace
+
+TEST_CASE("merge: α schedule") {
+  CHECK(merge_alpha_at(0.5, 100, 1000, 100) == doctest::Approx(0.45));
+  CHECK(merge_alpha_at(0.5, 100, 1000, 150) == 0.0);   // not a merge step
+  CHECK(merge_alpha_at(0.5, 100, 1000, 1000) == 0.0);  // decayed to 0
+  CHECK(merge_alpha_at(0.5, 100, 1000, 2000) == 0.0);
+  CHECK(merge_alpha_at(0.0, 100, 1000, 100) == 0.0);
+  CHECK(merge_alpha_at(0.5, 0, 1000, 100) == 0.0);     // interval 0 = off
+}
+
+TEST_CASE("merge: warm-up equals the direct computation (donors, values)") {
+  for (int E : {2, 4, 6}) {
+    for (int topk : {1, 3, 8}) {
+      CAPTURE(E);
+      CAPTURE(topk);
+      const ModelConfig m = small_model(E);
+      const ParamLayout L = make_layout(m);
+      auto theta = random_theta(L, uint64_t(E * 10 + topk));
+      // Make experts 0 and 1 near-duplicates so similarity is not noise only.
+      for (int l = 0; l < int(m.n_layers); ++l)
+        for (int64_t i = 0; i < m.expert_hidden * m.d_model; ++i)
+          theta[size_t(L.experts[l][1].gate + i)] = theta[size_t(L.experts[l][0].gate + i)] * 0.9f + 0.001f;
+      std::vector<std::vector<std::vector<int>>> ref_donors;
+      const auto expect = reference_merge(theta, L, m, 0.3, topk, &ref_donors);
+      auto got = theta;
+      merge_experts_flat(got.data(), L, 0.3, topk);
+      double worst = 0;
+      for (size_t i = 0; i < got.size(); ++i) worst = std::max(worst, double(std::fabs(got[i] - expect[i])));
+      CHECK(worst == 0.0);  // same formula, same order: bit for bit
+      for (int l = 0; l < int(m.n_layers); ++l) {
+        std::vector<ExpertWeights<float>> xs;
+        for (int e = 0; e < E; ++e) {
+          ExpertWeights<float> x;
+          x.gate = theta.data() + L.experts[l][e].gate;
+          x.gate_n = m.expert_hidden * m.d_model;
+          xs.push_back(x);
+        }
+        CHECK(merge_donors(xs, topk) == ref_donors[size_t(l)]);
+      }
+      if (E > 2) {
+        for (int l = 0; l < int(m.n_layers); ++l) {
+          CHECK(std::find(ref_donors[l][0].begin(), ref_donors[l][0].end(), 1) != ref_donors[l][0].end());
+        }
+      }
+      // Shared params are never touched.
+      CHECK(std::equal(got.begin(), got.begin() + L.shared_count, theta.begin()));
+    }
+  }
+}
+
+TEST_CASE("merge: α = 0 or a single expert leaves θ unchanged") {
+  const ModelConfig m = small_model(4);
+  const ParamLayout L = make_layout(m);
+  const auto theta = random_theta(L, 9);
+  auto a = theta;
+  merge_experts_flat(a.data(), L, 0.0, 4);
+  CHECK(a == theta);
+  const ModelConfig m1 = small_model(1);
+  const ParamLayout L1 = make_layout(m1);
+  const auto t1 = random_theta(L1, 10);
+  auto b = t1;
+  merge_experts_flat(b.data(), L1, 0.5, 4);
+  CHECK(b == t1);
+}
+
+TEST_CASE("merge: streaming mean is order independent and exact for one contributor") {
+  const ModelConfig m = small_model(4);
+  const ParamLayout L = make_layout(m);
+  const ChunkGrid g = make_grid(L, m.n_experts, 256);
+  const auto theta = random_theta(L, 1);
+  std::vector<std::vector<float>> v;
+  for (int p = 0; p < 5; ++p) v.push_back(random_theta(L, 100 + p));
+  const int c_shared = 0, c_solo = int(g.chunks.size()) - 1, c_none = int(g.chunks.size()) - 2;
+  auto run = [&](std::vector<int> order) {
+    StreamingMerge sm(g);
+    sm.begin_round();
+    for (int p : order) sm.add_values(c_shared, v[p].data() + g.chunks[c_shared].begin);
+    sm.add_values(c_solo, v[3].data() + g.chunks[c_solo].begin);
+    const auto changed = sm.close(theta.data(), L, 0.0, 4);
+    CHECK(changed[c_shared]);
+    CHECK(changed[c_solo]);
+    CHECK_FALSE(changed[c_none]);
+    std::vector<float> out(size_t(L.total));
+    for (size_t i = 0; i < out.size(); ++i) out[i] = float(sm.target()[i]);
+    return out;
+  };
+  const auto a = run({0, 1, 2, 3, 4});
+  const auto b = run({4, 2, 0, 3, 1});
+  const GridChunk& s = g.chunks[c_shared];
+  CHECK(std::equal(a.begin() + s.begin, a.begin() + s.end, b.begin() + s.begin));
+  for (int64_t i = s.begin; i < s.end; ++i) {
+    double sum = 0;
+    for (int p = 0; p < 5; ++p) sum += double(v[p][i]);
+    CHECK(a[i] == float(sum / 5));
+  }
+  const GridChunk& o = g.chunks[c_solo];
+  CHECK(std::equal(a.begin() + o.begin, a.begin() + o.end, v[3].begin() + o.begin));  // bitwise its value
+  // add_delta: θ_old + Δ.
+  StreamingMerge sm(g);
+  sm.begin_round();
+  std::vector<float> delta(size_t(s.size()), 0.5f);
+  sm.add_delta(c_shared, theta.data(), delta.data());
+  sm.close(theta.data(), L, 0.0, 4);
+  CHECK(float(sm.target()[5]) == theta[5] + 0.5f);
+}

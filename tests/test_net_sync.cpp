@@ -1,0 +1,318 @@
+// Sync rounds over loopback: nodes and coordinator agree bit for bit (state
+// hashes), the merge rules match an independent computation, one node owning
+// everything equals local training, and the faults of issue 3 (a node killed
+// mid-round, a restarted node, a restarted coordinator) leave a consistent run.
+#include <doctest/doctest.h>
+
+#include <cmath>
+
+#include "engine/error.hpp"
+#include "net/merge.hpp"
+#include "net/state_file.hpp"
+#include "net_test_util.hpp"
+
+using namespace spes;
+using namespace spes::net;
+using namespace spes::net::testing;
+
+namespace {
+
+// θ_new the merge rules give for fp32 pushes: shared = mean over all nodes,
+// expert e = mean over its owners (double sum, rounded once).
+std::vector<float> expected_merge(const std::vector<std::unique_ptr<TestNode>>& nodes, const std::vector<float>& theta_old,
+                                  const std::vector<int>& participants) {
+  const TestNode& n0 = *nodes[0];
+  std::vector<float> out = theta_old;
+  std::vector<double> sum(out.size(), 0.0);
+  std::vector<int> count(out.size(), 0);
+  for (int p : participants)
+    for (const Range& r : nodes[p]->own.owned_ranges)
+      for (int64_t i = r.begin; i < r.end; ++i) sum[i] += double(nodes[p]->params[i]), ++count[i];
+  for (size_t i = 0; i < out.size(); ++i)
+    if (count[i]) out[i] = float(sum[i] / count[i]);
+  (void)n0;
+  return out;
+}
+
+void check_all_equal(const std::vector<std::unique_ptr<TestNode>>& nodes, const std::vector<SyncStats>& st,
+                     const CoordThread& co) {
+  const uint64_t h = co.c->stats().state_hash;
+  for (size_t i = 0; i < nodes.size(); ++i) {
+    CHECK(st[i].state_hash == h);
+    CHECK(state_hash(nodes[i]->params.data(), int64_t(nodes[i]->params.size())) == h);
+    CHECK(std::memcmp(nodes[i]->params.data(), nodes[0]->params.data(), nodes[0]->params.size() * 4) == 0);
+  }
+}
+
+}  // namespace
+
+TEST_CASE("sync: 4 nodes x 3 rounds, fp32: hashes agree and θ equals the merge rules exactly") {
+  const Config cfg = tiny_config(4, "fp32");
+  CoordThread co(cfg);
+  std::vector<std::unique_ptr<TestNode>> nodes;
+  for (int p = 0; p < 4; ++p) nodes.push_back(std::make_unique<TestNode>(cfg, p, co.address()));
+  std::vector<float> theta = nodes[0]->params;
+  for (int r = 1; r <= 3; ++r) {
+    for (auto& n : nodes) n->train();
+    const auto expect = expected_merge(nodes, theta, {0, 1, 2, 3});
+    const auto st = sync_all(nodes, false);
+    for (const auto& s : st) {
+      CHECK(s.round == r);
+      CHECK(s.participants == 4);
+      CHECK(s.bytes_up > 0);
+      CHECK(s.bytes_down > 0);
+      CHECK_FALSE(s.resynced);
+    }
+    check_all_equal(nodes, st, co);
+    CHECK(std::memcmp(nodes[0]->params.data(), expect.data(), expect.size() * 4) == 0);
+    theta = nodes[0]->params;
+  }
+  // One CSV row per round, naming every participant and no missing node.
+  const std::string csv = co.c->stats().csv_rows;
+  CHECK(std::count(csv.begin(), csv.end(), '\n') == 3);
+  CHECK(csv.find("3,15,4,,0,") != std::string::npos);
+}
+
+TEST_CASE("sync: lossy codecs keep every node and the coordinator bit-identical") {
+  for (const char* codec : {"bf16", "int8"}) {
+    CAPTURE(codec);
+    const Config cfg = tiny_config(2, codec);
+    CoordThread co(cfg);
+    std::vector<std::unique_ptr<TestNode>> nodes;
+    for (int p = 0; p < 2; ++p) nodes.push_back(std::make_unique<TestNode>(cfg, p, co.address()));
+    std::vector<float> theta = nodes[0]->params;
+    int64_t fp32_bytes = 0;
+    for (int r = 1; r <= 3; ++r) {
+      for (auto& n : nodes) n->train();
+      const auto expect = expected_merge(nodes, theta, {0, 1});
+      const auto st = sync_all(nodes, false);
+      check_all_equal(nodes, st, co);
+      // Close to the exact merge (the residuals carry the rest to later rounds).
+      double worst = 0;
+      for (size_t i = 0; i < expect.size(); ++i)
+        worst = std::max(worst, double(std::fabs(nodes[0]->params[i] - expect[i])));
+      CHECK(worst < (std::string(codec) == "int8" ? 2e-4 : 2e-4));
+      theta = nodes[0]->params;
+      fp32_bytes = int64_t(nodes[0]->own.owned_count) * 4;
+      CHECK(st[0].bytes_up < fp32_bytes * (std::string(codec) == "int8" ? 0.3 : 0.55));
+    }
+  }
+}
+
+TEST_CASE("sync: one node owning every expert equals local training (fp32, bitwise)") {
+  Config cfg = tiny_config(1, "fp32", "all");
+  CoordThread co(cfg);
+  TestNode node(cfg, 0, co.address());
+  TestNode local(cfg, 0, co.address());  // never syncs
+  for (int r = 1; r <= 3; ++r) {
+    node.train();
+    local.train();
+    const SyncStats s = node.sync();
+    CHECK(s.round == r);
+    CHECK(std::memcmp(node.params.data(), local.params.data(), node.params.size() * 4) == 0);
+  }
+}
+
+TEST_CASE("sync: expert-merging warm-up at merge steps matches the standalone merge") {
+  Config cfg = tiny_config(2, "fp32");
+  cfg.spes.merge_alpha = 0.5;
+  cfg.spes.merge_interval = 10;  // rounds at steps 5, 10, 15: merging at 10
+  cfg.spes.merge_decay_steps = 40;
+  cfg.spes.merge_topk = 2;
+  CoordThread co(cfg);
+  std::vector<std::unique_ptr<TestNode>> nodes;
+  for (int p = 0; p < 2; ++p) nodes.push_back(std::make_unique<TestNode>(cfg, p, co.address()));
+  std::vector<float> theta = nodes[0]->params;
+  for (int r = 1; r <= 3; ++r) {
+    for (auto& n : nodes) n->train();
+    auto expect = expected_merge(nodes, theta, {0, 1});
+    const int64_t step = nodes[0]->step;
+    const double alpha = merge_alpha_at(0.5, 10, 40, step);
+    CHECK(alpha == (step == 10 ? doctest::Approx(0.5 * 0.75) : doctest::Approx(0.0)));
+    if (alpha > 0) merge_experts_flat(expect.data(), nodes[0]->layout, alpha, 2);
+    const auto st = sync_all(nodes, false);
+    check_all_equal(nodes, st, co);
+    CHECK(st[0].merge_alpha == doctest::Approx(alpha));
+    CHECK(std::memcmp(nodes[0]->params.data(), expect.data(), expect.size() * 4) == 0);
+    theta = nodes[0]->params;
+  }
+}
+
+TEST_CASE("faults: a node killed mid-round -> the round closes on timeout with quorum; restarted, it rejoins") {
+  Config cfg = tiny_config(3, "int8");
+  cfg.model.n_experts = 3;
+  cfg.spes.experts_per_node = 1;
+  cfg.spes.min_nodes = 2;
+  cfg.spes.round_timeout_s = 0.5;
+  CoordThread co(cfg);
+  std::vector<std::unique_ptr<TestNode>> nodes;
+  for (int p = 0; p < 3; ++p) nodes.push_back(std::make_unique<TestNode>(cfg, p, co.address()));
+  auto st = sync_all(nodes);  // round 1, everyone
+  check_all_equal(nodes, st, co);
+  CheckpointState ckpt2;  // node 2's checkpoint after round 1
+  nodes[2]->client->save_state(ckpt2);
+  const std::vector<float> params2 = nodes[2]->params;
+  const int64_t step2 = nodes[2]->step;
+
+  // Round 2: node 2 dies after pushing part of its chunks (a raw connection that
+  // authenticates as node 2, pushes two chunks and vanishes).
+  nodes[2]->client.reset();
+  {
+    RawConn c;
+    REQUIRE(c.connect(co.port()));
+    std::array<uint8_t, kNonceBytes> nonce;
+    REQUIRE(read_challenge(c, nonce));
+    HelloFields h = make_hello(cfg, 2, nonce);
+    h.sync_round = 1;
+    h.state_hash = state_hash(params2.data(), int64_t(params2.size()));  // = θ of round 1 (frozen + base)
+    FrameWriter w;
+    REQUIRE(c.send_frame(w.hello(h)));
+    REQUIRE(read_reply(c).welcome);
+    const ChunkGrid grid = make_grid(nodes[2]->layout, cfg.model.n_experts, 1024);
+    int sent = 0;
+    for (const Range& r : nodes[2]->own.owned_ranges)
+      for (int ch : grid.chunks_in(r)) {
+        if (sent == 2) break;
+        const GridChunk& g = grid.chunks[ch];
+        ChunkTag t{2, 10, 2, g.begin, g.end, Codec::int8};
+        std::vector<float> zero(size_t(g.size()), 0.0f);
+        REQUIRE(c.send_frame(w.push_chunk(t, encoded_bytes(Codec::int8, g.size()), [&](uint8_t* dst) {
+          encode_delta(Codec::int8, zero.data(), g.size(), dst, nullptr);
+        })));
+        ++sent;
+      }
+  }  // killed: the socket closes without PushDone
+  std::vector<std::unique_ptr<TestNode>> alive;
+  alive.push_back(std::move(nodes[0]));
+  alive.push_back(std::move(nodes[1]));
+  const auto t0 = std::chrono::steady_clock::now();
+  st = sync_all(alive);
+  const double waited = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  CHECK(waited >= 0.4);  // closed by the timer, not by "everyone pushed"
+  CHECK(st[0].round == 2);
+  CHECK(st[0].participants == 2);
+  check_all_equal(alive, st, co);
+  CHECK(co.c->stats().csv_rows.find("\n2,10,2,2,") != std::string::npos);  // row: missing node 2
+
+  // Node 2 restarts from its round-1 checkpoint: it is behind, gets a snapshot, and
+  // after the next round its hash matches everyone's.
+  nodes[2] = std::make_unique<TestNode>(cfg, 2, co.address());
+  nodes[2]->params = params2;
+  nodes[2]->step = step2;
+  nodes[2]->client->load_state(ckpt2);
+  nodes[2]->train();
+  const SyncStats s2 = nodes[2]->sync();
+  CHECK(s2.resynced);
+  CHECK(s2.round == 2);
+  CHECK(std::memcmp(nodes[2]->params.data(), alive[0]->params.data(), alive[0]->params.size() * 4) == 0);
+  nodes[0] = std::move(alive[0]);
+  nodes[1] = std::move(alive[1]);
+  nodes[2]->step = nodes[0]->step;
+  st = sync_all(nodes);  // round 3, all three
+  CHECK(st[0].round == 3);
+  CHECK(st[0].participants == 3);
+  check_all_equal(nodes, st, co);
+}
+
+TEST_CASE("faults: a late push gets 'stale round' and the node resyncs from a snapshot") {
+  Config cfg = tiny_config(2, "bf16");
+  cfg.spes.min_nodes = 1;
+  cfg.spes.round_timeout_s = 0.2;
+  CoordThread co(cfg);
+  std::vector<std::unique_ptr<TestNode>> nodes;
+  for (int p = 0; p < 2; ++p) nodes.push_back(std::make_unique<TestNode>(cfg, p, co.address()));
+  check_all_equal(nodes, sync_all(nodes), co);  // round 1: both, connections stay open
+  nodes[0]->train();
+  const SyncStats a = nodes[0]->sync();  // round 2 closes alone after the timeout
+  CHECK(a.round == 2);
+  CHECK(a.participants == 1);
+  nodes[1]->train();
+  const SyncStats b = nodes[1]->sync();  // pushes round 2, which is closed
+  CHECK(b.resynced);
+  CHECK(b.round == 2);
+  CHECK(b.state_hash == a.state_hash);
+  CHECK(std::memcmp(nodes[0]->params.data(), nodes[1]->params.data(), nodes[0]->params.size() * 4) == 0);
+  CHECK(co.c->stats().late_pushes >= 1);
+  auto st = sync_all(nodes);
+  check_all_equal(nodes, st, co);
+  CHECK(st[0].participants == 2);
+}
+
+TEST_CASE("faults: coordinator restart (in-process) -> nodes continue, no round lost") {
+  Config cfg = tiny_config(2, "int8");
+  cfg.spes.persist_every = 1;
+  cfg.spes.state_dir = temp_dir("restart");
+  auto co = std::make_unique<CoordThread>(cfg);
+  const uint16_t port = co->port();
+  std::vector<std::unique_ptr<TestNode>> nodes;
+  for (int p = 0; p < 2; ++p) nodes.push_back(std::make_unique<TestNode>(cfg, p, co->address()));
+  for (int r = 1; r <= 2; ++r) check_all_equal(nodes, sync_all(nodes), *co);
+  const uint64_t h2 = co->c->stats().state_hash;
+
+  // Restart between rounds: the nodes' connections break and they reconnect.
+  co.reset();
+  CoordinatorOptions opt;
+  opt.port = port;
+  co = std::make_unique<CoordThread>(cfg, opt);
+  CHECK(co->c->stats().round == 2);
+  CHECK(co->c->stats().state_hash == h2);
+  auto st = sync_all(nodes);
+  CHECK(st[0].round == 3);
+  CHECK_FALSE(st[0].resynced);
+  check_all_equal(nodes, st, *co);
+
+  // Restart mid-round: node 0 has pushed round 4 and waits; the coordinator dies;
+  // node 1 pushes to the new one; node 0 reconnects and resends. Round 4 completes.
+  for (auto& n : nodes) n->train();
+  SyncStats s0;
+  const int64_t in0 = co->c->stats().bytes_in;
+  std::thread t0([&] { s0 = nodes[0]->sync(); });
+  // Node 0's whole push (≈ 1 byte per owned parameter with int8) has arrived.
+  const bool pushed = wait_until([&] { return co->c->stats().bytes_in - in0 >= nodes[0]->own.owned_count; });
+  std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  CHECK(co->c->stats().round == 3);
+  co.reset();
+  co = std::make_unique<CoordThread>(cfg, opt);
+  const SyncStats s1 = nodes[1]->sync();
+  t0.join();
+  CHECK(pushed);
+  CHECK(s0.round == 4);
+  CHECK(s1.round == 4);
+  CHECK_FALSE(s0.resynced);
+  CHECK_FALSE(s1.resynced);
+  check_all_equal(nodes, {s0, s1}, *co);
+  std::filesystem::remove_all(cfg.spes.state_dir);
+}
+
+TEST_CASE("persistence: state file round trip and corruption detected") {
+  const std::string dir = temp_dir("state");
+  const std::string path = dir + "/state.bin";
+  std::vector<float> theta(1000), res(1000);
+  for (size_t i = 0; i < theta.size(); ++i) theta[i] = float(i) * 0.5f, res[i] = -float(i);
+  PersistedState ps;
+  ps.run_id = "r";
+  ps.fingerprint = 42;
+  ps.round = 7;
+  ps.step = 70;
+  ps.state_hash = state_hash(theta.data(), 1000);
+  ps.codec = 2;
+  save_state_file(path, ps, theta, &res);
+  std::vector<float> t2(1000), r2;
+  const PersistedState back = load_state_file(path, t2, &r2);
+  CHECK(back.round == 7);
+  CHECK(back.step == 70);
+  CHECK(back.run_id == "r");
+  CHECK(t2 == theta);
+  CHECK(r2 == res);
+  {
+    std::FILE* f = std::fopen(path.c_str(), "r+b");
+    std::fseek(f, 200, SEEK_SET);
+    std::fputc(0x5A, f);
+    std::fclose(f);
+  }
+  CHECK_THROWS_WITH_AS(load_state_file(path, t2, &r2), doctest::Contains("checksum"), NetError);
+  std::vector<float> wrong(10);
+  save_state_file(path, ps, theta, nullptr);
+  CHECK_THROWS_WITH_AS(load_state_file(path, wrong, nullptr), doctest::Contains("parameters"), NetError);
+  std::filesystem::remove_all(dir);
+}
