@@ -61,7 +61,10 @@ template <class T>
 void merge_tensor(const std::vector<T*>& w, int64_t n, const std::vector<std::vector<int>>& donors,
                   double alpha) {
   const int E = int(w.size());
+#pragma omp parallel
+  {
   std::vector<double> in(size_t(E) * kTile);
+#pragma omp for schedule(static)
   for (int64_t k0 = 0; k0 < n; k0 += kTile) {
     const int64_t m = std::min(kTile, n - k0);
     for (int e = 0; e < E; ++e)
@@ -76,6 +79,7 @@ void merge_tensor(const std::vector<T*>& w, int64_t n, const std::vector<std::ve
         w[e][k0 + i] = T(self[i] + alpha * (s / k));
       }
     }
+  }
   }
 }
 
@@ -143,9 +147,10 @@ void StreamingMerge::add_delta(int c, const float* theta_old, const float* delta
 
 std::vector<bool> StreamingMerge::close(const float* theta, const ParamLayout& layout, double merge_alpha,
                                         int64_t topk) {
-  std::vector<bool> changed(grid_.chunks.size(), false);
+  std::vector<char> changed_c(grid_.chunks.size(), 0);  // char, not vector<bool>: written by many threads
   const bool merging = merge_alpha > 0 && layout.experts.size() > 0 && !layout.experts[0].empty() &&
                        layout.experts[0].size() > 1;
+#pragma omp parallel for schedule(dynamic, 1)
   for (size_t c = 0; c < grid_.chunks.size(); ++c) {
     const GridChunk& ch = grid_.chunks[c];
     double* a = acc_.data() + ch.begin;
@@ -155,12 +160,13 @@ std::vector<bool> StreamingMerge::close(const float* theta, const ParamLayout& l
       const double k = double(count_[c]);
       if (count_[c] > 1)
         for (int64_t i = 0; i < n; ++i) a[i] = double(float(a[i] / k));
-      changed[c] = true;
+      changed_c[c] = 1;
     } else if (merging && ch.segment > 0) {
       for (int64_t i = 0; i < n; ++i) a[i] = double(theta[ch.begin + i]);
-      changed[c] = true;
+      changed_c[c] = 1;
     }
   }
+  std::vector<bool> changed(changed_c.begin(), changed_c.end());
   if (merging) merge_experts_flat(acc_.data(), layout, merge_alpha, topk);
   return changed;
 }
