@@ -7,6 +7,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cstdarg>
 #include <utility>
 
@@ -33,6 +34,7 @@
 #include "net/frame.hpp"
 #include "net/grid.hpp"
 #include "net/merge.hpp"
+#include "net/parallel.hpp"
 #include "net/state_file.hpp"
 
 namespace spes::net {
@@ -762,16 +764,15 @@ void Coordinator::Impl::close_round(const std::string& why) {
     if (changed[c]) ids.push_back(int(c));
   pub->chunks = ids;
   if (codec_is_lossy(codec)) pub->frames.resize(ids.size());
-  int bad = 0;
-#pragma omp parallel for schedule(dynamic, 1) reduction(+ : bad)
-  for (int64_t k = 0; k < int64_t(ids.size()); ++k) {
+  std::atomic<int> bad{0};
+  parallel_for(int64_t(ids.size()), [&](int64_t k) {
     const GridChunk& ch = grid.chunks[size_t(ids[size_t(k)])];
     const int64_t n = ch.size();
     float* th = theta.data() + ch.begin;
     const double* tg = target + ch.begin;
     if (codec == Codec::fp32) {
       for (int64_t i = 0; i < n; ++i) th[i] = float(tg[i]);
-      continue;
+      return;
     }
     std::vector<float> d(static_cast<size_t>(n));
     float* res = down_residual.data() + ch.begin;
@@ -783,9 +784,9 @@ void Coordinator::Impl::close_round(const std::string& why) {
       encode_delta(codec, d.data(), n, dst, res);
       ok = apply_update(codec, dst, n, th, th);
     });
-    bad += ok ? 0 : 1;
+    if (!ok) ++bad;
     pub->frames[size_t(k)] = own(v);
-  }
+  });
   if (bad) throw NetError("internal: round " + std::to_string(r) + " produced a non-finite update");
   for (size_t k = 0; k < ids.size(); ++k)
     pub->bytes += codec_is_lossy(codec) ? int64_t(pub->frames[k].size())
