@@ -33,7 +33,7 @@ $(DEMO_DATA)/train.manifest: data/corpus/tinyshakespeare.txt | build
 	./$(BUILD)/spes-engine tokenize --input $< --out $(DEMO_DATA) --val-fraction 0.05
 
 run: build $(DEMO_DATA)/train.manifest
-	./$(BUILD)/spes-engine train configs/tiny.toml
+	./$(BUILD)/spes-engine local configs/tiny.toml
 
 bench: build
 	@for b in $(BUILD)/bench_*; do echo "== $$b"; $$b || exit 1; done

@@ -66,13 +66,15 @@ void bench_width(Bench& b, cudaStream_t s, int64_t N, int64_t C, int64_t V) {
 
   // QK-norm + RoPE over the q projection (head dim 64 at C = 768, 128 at C = 2048)
   const int64_t D = C >= 2048 ? 128 : 64, H = C / D, T = 4096, B = N / T;
+  DevBuf rope_tab(rope_table_bytes(T, D));
+  rope_table_init(rope_tab.as<float2>(), T, D, 10000.0, s);
   b.mem_row("qknorm_rope_forward", dims(N, C),
-            [&] { qknorm_rope_forward(w.as<bf16>(), rstd.as<float>(), x.as<bf16>(), wt.as<bf16>(), B, T, H, D, 1e-6f, 10000.0, s); },
+            [&] { qknorm_rope_forward(w.as<bf16>(), rstd.as<float>(), x.as<bf16>(), wt.as<bf16>(), rope_tab.as<float2>(), B, T, H, D, 1e-6f, s); },
             2 * act, s);
   const size_t qs = qknorm_rope_backward_scratch_bytes(B, T, H, D);
   DevBuf qscratch(qs);
   b.mem_row("qknorm_rope_backward", dims(N, C),
-            [&] { qknorm_rope_backward(z.as<bf16>(), dw.as<float>(), qscratch.p, y.as<bf16>(), x.as<bf16>(), wt.as<bf16>(), rstd.as<float>(), B, T, H, D, 10000.0, s); },
+            [&] { qknorm_rope_backward(z.as<bf16>(), dw.as<float>(), qscratch.p, y.as<bf16>(), x.as<bf16>(), wt.as<bf16>(), rstd.as<float>(), rope_tab.as<float2>(), B, T, H, D, s); },
             3 * act, s);
 }
 

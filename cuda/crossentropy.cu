@@ -98,22 +98,6 @@ __device__ Stat block_merge(Stat st, Stat* red /*[32]*/, Stat* out) {
   return *out;
 }
 
-__device__ __forceinline__ void unpack8(float (&f)[8], int4 raw) {
-  const Bf16x8 v = *reinterpret_cast<const Bf16x8*>(&raw);
-#pragma unroll
-  for (int i = 0; i < 4; ++i) {
-    const float2 t = __bfloat1622float2(v.h[i]);
-    f[2 * i] = t.x;
-    f[2 * i + 1] = t.y;
-  }
-}
-__device__ __forceinline__ int4 pack8(const float (&f)[8]) {
-  Bf16x8 v;
-#pragma unroll
-  for (int i = 0; i < 4; ++i) v.h[i] = __floats2bfloat162_rn(f[2 * i], f[2 * i + 1]);
-  return *reinterpret_cast<const int4*>(&v);
-}
-
 // A slice of `len` values at `src`: `head` scalars up to the first 16-byte
 // boundary, `nvec` 16-byte vectors, then scalars from `tail` to `len`.
 struct Geom {

@@ -92,18 +92,27 @@ __device__ void store_block_partial(float (&dw)[VPT][8], float* out, float* smem
   }
 }
 
-// dweight[c] += Σ_{b<G} partial[b][c], summed in b order by a fixed 32×16 shape:
-// thread (x, y) sums b ≡ y (mod 16) in increasing b, then the 16 sums are added in y
-// order. Launch: grid ceil(C/32), block (32, 16).
-constexpr int kReduceY = 16;
-static __global__ void dweight_reduce_kernel(float* __restrict__ dweight, const float* __restrict__ partial,
-                                             int G, int C) {
+// dweight[c] += Σ_{b<G} partial[b][c], in a fixed order independent of the device:
+// thread (x, y) of a 32×32 block sums b ≡ y (mod 32) with 4 interleaved
+// accumulators (b = y + 32·(4j + u) goes to accumulator u; loads stay in flight),
+// then the 32 per-y sums are added in y order. Launch: grid ⌈C/32⌉, block (32, 32).
+constexpr int kReduceY = 32;
+static __global__ void __launch_bounds__(kWarp * kReduceY)
+    dweight_reduce_kernel(float* __restrict__ dweight, const float* __restrict__ partial, int G, int C) {
   __shared__ float s[kReduceY][kWarp + 1];
   const int c = blockIdx.x * kWarp + threadIdx.x;
-  float acc = 0.0f;
-  if (c < C)
-    for (int b = threadIdx.y; b < G; b += kReduceY) acc += partial[static_cast<int64_t>(b) * C + c];
-  s[threadIdx.y][threadIdx.x] = acc;
+  float a[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+  if (c < C) {
+    int b = threadIdx.y;
+    for (; b + 3 * kReduceY < G; b += 4 * kReduceY) {
+#pragma unroll
+      for (int u = 0; u < 4; ++u) a[u] += partial[static_cast<int64_t>(b + u * kReduceY) * C + c];
+    }
+#pragma unroll
+    for (int u = 0; u < 3; ++u)  // at most 3 left: b + 3·kReduceY ≥ G
+      if (b + u * kReduceY < G) a[u] += partial[static_cast<int64_t>(b + u * kReduceY) * C + c];
+  }
+  s[threadIdx.y][threadIdx.x] = (a[0] + a[1]) + (a[2] + a[3]);
   __syncthreads();
   if (threadIdx.y == 0 && c < C) {
     float t = 0.0f;

@@ -85,24 +85,25 @@ __global__ void __launch_bounds__(norm::kMaxThreads) rmsnorm_backward_kernel(bf1
     const int64_t row = base + threadIdx.y;
     const bool active = row < N;  // uniform trip count: row_sum synchronises
     const float r = active ? rstd[row] : 0.0f;
-    float g[VPT][8], xh[VPT][8];
+    // All three row loads are issued before the reduction's barrier and kept packed
+    // (4 registers per 8 channels); unpacked again after it.
+    int4 g_raw[VPT], x_raw[VPT], d_raw[VPT];
     float dot = 0.0f;
 #pragma unroll
     for (int k = 0; k < VPT; ++k) {
       const int v = threadIdx.x + k * blockDim.x;
+      g_raw[k] = x_raw[k] = d_raw[k] = make_int4(0, 0, 0, 0);
       if (active && v < c8) {
-        float w[8];  // re-read per row from L1: keeps registers for g, x̂ and dw
-        load8(w, weight + v * 8);
-        load8_stream(g[k], dout + row * C + v * 8);
-        load8_stream(xh[k], x_in + row * C + v * 8);
+        const int64_t off = row * C + v * 8;
+        g_raw[k] = load16_stream(dout + off);
+        x_raw[k] = load16_stream(x_in + off);
+        if (dres_in != nullptr) d_raw[k] = load16(dres_in + off);  // zeros: bf16 +0
+        float w[8], g[8], xh[8];
+        load8(w, weight + v * 8);  // L1-resident, re-read rather than held in registers
+        unpack8(g, g_raw[k]);
+        unpack8(xh, x_raw[k]);
 #pragma unroll
-        for (int i = 0; i < 8; ++i) {
-          xh[k][i] *= r;
-          dot += g[k][i] * w[i] * xh[k][i];
-        }
-      } else {
-#pragma unroll
-        for (int i = 0; i < 8; ++i) g[k][i] = xh[k][i] = 0.0f;
+        for (int i = 0; i < 8; ++i) dot += g[i] * w[i] * (xh[i] * r);
       }
     }
     const float mean_dot = row_sum(dot, scratch) * inv_c;
@@ -111,19 +112,18 @@ __global__ void __launch_bounds__(norm::kMaxThreads) rmsnorm_backward_kernel(bf1
     for (int k = 0; k < VPT; ++k) {
       const int v = threadIdx.x + k * blockDim.x;
       if (v < c8) {
-        const int64_t off = row * C + v * 8;
-        float w[8], d[8];
+        float w[8], g[8], xh[8], d[8];
         load8(w, weight + v * 8);
-        if (dres_in != nullptr) load8(d, dres_in + off);
-        else
-#pragma unroll
-          for (int i = 0; i < 8; ++i) d[i] = 0.0f;
+        unpack8(g, g_raw[k]);
+        unpack8(xh, x_raw[k]);
+        unpack8(d, d_raw[k]);
 #pragma unroll
         for (int i = 0; i < 8; ++i) {
-          d[i] += r * (g[k][i] * w[i] - xh[k][i] * mean_dot);
-          dw[k][i] += g[k][i] * xh[k][i];
+          xh[i] *= r;
+          d[i] += r * (g[i] * w[i] - xh[i] * mean_dot);
+          dw[k][i] += g[i] * xh[i];
         }
-        store8(dres_out + off, d);
+        store8(dres_out + row * C + v * 8, d);
       }
     }
   }

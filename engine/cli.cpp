@@ -3,6 +3,7 @@
 #include <cstdio>
 #include <cstring>
 #include <string>
+#include <vector>
 
 #include <boost/program_options.hpp>
 
@@ -10,8 +11,9 @@
 #include "engine/checkpoint.hpp"
 #include "engine/config.hpp"
 #include "engine/error.hpp"
-#include "model/hf_export.hpp"
+#include "engine/local.hpp"
 #include "engine/trainer.hpp"
+#include "model/hf_export.hpp"
 #include "net/coordinator.hpp"
 #include "net/merge.hpp"
 
@@ -80,6 +82,7 @@ struct Command {
 
 const Command kCommands[] = {
     {"train", train_main, "train one node: train CONFIG [--set section.key=value]... [--node-id N] [--resume]"},
+    {"local", local_main, "coordinator + every node on this machine: local CONFIG [--set k=v]..."},
     {"eval", eval_main, "validation loss: eval CONFIG --checkpoint DIR [--data MANIFEST]"},
     {"export-hf", export_hf_command, "HF OLMoE export: export-hf --checkpoint DIR --out DIR [--dtype F32|BF16]"},
     {"coordinator", coordinator_command,

@@ -18,6 +18,7 @@ class NetSyncHook : public SyncHook {
     out.ms = s.ms;
     out.bytes_up = s.bytes_up;
     out.bytes_down = s.bytes_down;
+    out.state_hash = s.state_hash;
     return out;
   }
   void save_state(CheckpointState& s) const override { client_.save_state(s); }

@@ -6,6 +6,7 @@
 #include <boost/program_options.hpp>
 #include <chrono>
 #include <cmath>
+#include <filesystem>
 #include <cstdio>
 #include <iostream>
 
@@ -28,6 +29,13 @@ double ms_since(Clock::time_point t0) {
 void set_threads(int64_t threads) {
   const int n = threads > 0 ? int(threads) : omp_get_num_procs();
   omp_set_num_threads(n);
+}
+
+// Nodes of one run may share a machine and a config: each keeps its checkpoints in
+// its own node-N folder.
+std::string checkpoint_root(const Config& c) {
+  if (c.spes.n_nodes == 1) return c.checkpoint.dir;
+  return (std::filesystem::path(c.checkpoint.dir) / ("node-" + std::to_string(c.spes.node_id))).string();
 }
 
 std::string latest_or_none(const std::string& root) {
@@ -90,7 +98,7 @@ int64_t Trainer::optimizer_state_bytes() const {
 
 const char* Trainer::csv_header() {
   return "step,tokens,loss,ce,lb,router_z,lm_z,lr,grad_norm,step_ms,tokens_per_s,expert_load_cv,"
-         "val_ce,sync_round,sync_ms,bytes_up,bytes_down";
+         "val_ce,sync_round,sync_ms,bytes_up,bytes_down,state_hash";
 }
 
 EvalResult Trainer::evaluate(int64_t max_batches) {
@@ -142,7 +150,7 @@ void Trainer::train_step(std::ostream& csv) {
     throw Error("step " + std::to_string(step_) + ": " + (std::isfinite(loss) ? "gradient norm" : "loss") +
                 " is " + (std::isnan(std::isfinite(loss) ? grad_norm : loss) ? "NaN" : "infinite") +
                 "; stopping before the update. Last good checkpoint: " +
-                (last_checkpoint_.empty() ? latest_or_none(cfg_.checkpoint.dir) : last_checkpoint_) +
+                (last_checkpoint_.empty() ? latest_or_none(checkpoint_root(cfg_)) : last_checkpoint_) +
                 " (lower [optim] lr or set [optim] grad_clip, then --resume)");
 
   if (cfg_.optim.grad_clip > 0 && grad_norm > cfg_.optim.grad_clip)
@@ -173,12 +181,14 @@ void Trainer::train_step(std::ostream& csv) {
     val = buf;
   }
   const double step_ms = ms_since(t0);
+  char hash[20] = "";
+  if (sync.round > 0) std::snprintf(hash, sizeof hash, "%016llx", (unsigned long long)sync.state_hash);
   char row[512];
-  std::snprintf(row, sizeof row, "%lld,%lld,%.6f,%.6f,%.6f,%.6f,%.6f,%.6e,%.6f,%.1f,%.1f,%.4f,%s,%lld,%.1f,%lld,%lld",
+  std::snprintf(row, sizeof row, "%lld,%lld,%.6f,%.6f,%.6f,%.6f,%.6f,%.6e,%.6f,%.1f,%.1f,%.4f,%s,%lld,%.1f,%lld,%lld,%s",
                 (long long)step_, (long long)tokens_seen_, loss, sum.ce, sum.lb, sum.router_z, sum.lm_z, lr,
                 grad_norm, step_ms, double(step_tokens) / (step_ms / 1000.0),
                 expert_load_cv(sum.expert_counts, cfg_.model.n_layers, cfg_.model.n_experts), val.c_str(),
-                (long long)sync.round, sync.ms, (long long)sync.bytes_up, (long long)sync.bytes_down);
+                (long long)sync.round, sync.ms, (long long)sync.bytes_up, (long long)sync.bytes_down, hash);
   csv << row << std::endl;  // flushed: a reader following stdout sees every step
 }
 
@@ -194,16 +204,16 @@ void Trainer::save(bool final) {
   s.data_state = data_->train.state();
   s.rng_state = {uint64_t(tokens_seen_)};
   if (sync_) sync_->save_state(s);
-  last_checkpoint_ = save_checkpoint(cfg_.checkpoint.dir, s, cfg_.checkpoint.keep);
+  last_checkpoint_ = save_checkpoint(checkpoint_root(cfg_), s, cfg_.checkpoint.keep);
   std::fprintf(stderr, "[node %lld] %scheckpoint %s\n", (long long)cfg_.spes.node_id, final ? "final " : "",
                last_checkpoint_.c_str());
 }
 
 void Trainer::restore_latest() {
-  const std::string dir = latest_checkpoint(cfg_.checkpoint.dir);
+  const std::string dir = latest_checkpoint(checkpoint_root(cfg_));
   if (dir.empty()) {
     std::fprintf(stderr, "[node %lld] --resume: no checkpoint in %s, starting fresh\n",
-                 (long long)cfg_.spes.node_id, cfg_.checkpoint.dir.c_str());
+                 (long long)cfg_.spes.node_id, checkpoint_root(cfg_).c_str());
     return;
   }
   CheckpointState s = load_checkpoint(dir);

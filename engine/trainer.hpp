@@ -22,6 +22,7 @@ struct SyncStats {
   int64_t round = 0;
   double ms = 0;
   int64_t bytes_up = 0, bytes_down = 0;
+  uint64_t state_hash = 0;  // hash of θ after the round: equal on every node and the coordinator
 };
 
 // What the trainer needs from the sync protocol (net/): called every sync_steps

@@ -32,7 +32,7 @@ std::string error_of(const std::string& text, const std::vector<std::string>& se
 }  // namespace
 
 TEST_CASE("shipped configs load and validate") {
-  for (const char* name : {"tiny.toml", "spes-1b.toml", "spes-1b-central.toml"}) {
+  for (const char* name : {"tiny.toml", "tiny-central.toml", "spes-1b.toml", "spes-1b-central.toml"}) {
     CAPTURE(name);
     Config c = load_config(std::string(SPES_SOURCE_DIR) + "/configs/" + name);
     CHECK(c.model.d_model % c.model.n_heads == 0);

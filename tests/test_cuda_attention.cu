@@ -128,17 +128,19 @@ void check_attention(const Shape& s) {
 }  // namespace
 
 // Forward tiles are 128 queries × 64 keys; backward 64 × 64. The shapes cover one
-// partial tile, tails of every kind, T = 1, MHA / GQA / MQA, both head dims, B > 1.
+// partial tile, tails of every kind, T = 1, MHA / GQA / MQA, both head dims, B > 1,
+// and T > 1k (long K/V pipelines, many CTAs per head).
 GPU_TEST_CASE("cuda attention matches the CPU reference, head dim 64") {
   for (const Shape& s : {Shape{1, 64, 1, 1, 64, 1.0f}, Shape{2, 100, 4, 4, 64, 1.0f}, Shape{1, 1, 2, 1, 64, 1.0f},
-                         Shape{1, 515, 8, 1, 64, 3.0f}, Shape{2, 256, 4, 2, 64, 1.0f}})
+                         Shape{1, 515, 8, 1, 64, 3.0f}, Shape{2, 256, 4, 2, 64, 1.0f},
+                         Shape{1, 1030, 2, 2, 64, 1.0f}})
     check_attention(s);
 }
 
 GPU_TEST_CASE("cuda attention matches the CPU reference, head dim 128") {
   for (const Shape& s : {Shape{1, 128, 2, 2, 128, 1.0f}, Shape{1, 257, 4, 2, 128, 1.0f},
                          Shape{2, 300, 6, 2, 128, 3.0f}, Shape{1, 17, 3, 1, 128, 1.0f},
-                         Shape{3, 192, 2, 2, 128, 1.0f}})
+                         Shape{3, 192, 2, 2, 128, 1.0f}, Shape{1, 1100, 4, 1, 128, 1.0f}})
     check_attention(s);
 }
 

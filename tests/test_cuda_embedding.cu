@@ -14,8 +14,8 @@ using namespace spes::test;
 GPU_TEST_CASE("cuda embedding: forward and deterministic backward vs cpu") {
   // small V: heavy repetition (runs longer than the 4-row unroll); V = 151665: the
   // real vocabulary (18 key bits), few repeats.
-  for (auto [N, C, V] : {std::tuple<int64_t, int64_t, int64_t>{300, 64, 50}, {1000, 768, 151665}, {17, 8, 3},
-                         {4096, 2048, 1000}}) {
+  for (auto [N, C, V] : {std::tuple<int64_t, int64_t, int64_t>{300, 64, 50}, {1000, 64, 151665}, {17, 8, 3},
+                         {2000, 768, 5000}, {4096, 2048, 1000}}) {
     CAPTURE(N);
     CAPTURE(C);
     CAPTURE(V);

@@ -1,6 +1,7 @@
 // RMSNorm + residual and QK-norm + RoPE vs cpu::rmsnorm_* / cpu::rope_* on the
 // same bf16-rounded inputs. Tolerances: bf16 outputs 1e-2; fp32 rstd and dweight
 // 1e-5 (same math, only the summation order and rsqrt rounding differ).
+#include <cmath>
 #include <tuple>
 
 #include "cuda/rmsnorm.cuh"
@@ -123,12 +124,27 @@ GPU_TEST_CASE("cuda qk-norm + rope: forward and backward vs cpu rmsnorm then rop
     spes::cpu::rmsnorm_forward(normed.data(), rstd_ref.data(), inp.data(), w.data(), N, C, eps);
     spes::cpu::rope_forward(out_ref.data(), normed.data(), B, T, H, D, theta);
 
+    // the table: the CPU reference's cos/sin (double, rounded once)
+    const int64_t half = D / 2;
+    DevTensor<float2> d_table(T * half);
+    d_table.poison();
+    rope_table_init(d_table, T, D, theta, stream());
+    std::vector<float> table_ref(2 * T * half);
+    for (int64_t t = 0; t < T; ++t)
+      for (int64_t i = 0; i < half; ++i) {
+        const double a = double(t) * std::pow(theta, -2.0 * double(i) / double(D));
+        table_ref[2 * (t * half + i)] = float(std::cos(a));
+        table_ref[2 * (t * half + i) + 1] = float(std::sin(a));
+      }
+    CHECK_REL("rope table", download(reinterpret_cast<const float*>(d_table.get()), 2 * T * half).data(),
+              table_ref.data(), 2 * T * half, 1e-7);
+
     auto d_inp = upload_bf16(inp), d_w = upload_bf16(w);
     DevTensor<bf16> d_out(NC);
     DevTensor<float> d_rstd(N);
     d_out.poison();
     d_rstd.poison();
-    qknorm_rope_forward(d_out, d_rstd, d_inp, d_w, B, T, H, D, eps, theta, stream());
+    qknorm_rope_forward(d_out, d_rstd, d_inp, d_w, d_table, B, T, H, D, eps, stream());
     CHECK_REL("fwd out", download(d_out.get(), NC).data(), out_ref.data(), NC, kTolBf16);
     CHECK_REL("fwd rstd", download(d_rstd.get(), N).data(), rstd_ref.data(), N, kTolF32);
 
@@ -143,12 +159,12 @@ GPU_TEST_CASE("cuda qk-norm + rope: forward and backward vs cpu rmsnorm then rop
     DevTensor<char> scratch{static_cast<int64_t>(qknorm_rope_backward_scratch_bytes(B, T, H, D))};
     d_dinp.poison();
     cuda_check(cudaMemset(d_dw.get(), 0, C * sizeof(float)));
-    qknorm_rope_backward(d_dinp, d_dw, scratch, d_dout, d_inp, d_w, d_rstd, B, T, H, D, theta, stream());
+    qknorm_rope_backward(d_dinp, d_dw, scratch, d_dout, d_inp, d_w, d_rstd, d_table, B, T, H, D, stream());
     CHECK_REL("bwd dinp", download(d_dinp.get(), NC).data(), dinp_ref.data(), NC, kTolBf16);
     CHECK_REL("bwd dweight", download(d_dw.get(), C).data(), dw_ref.data(), C, kTolF32);
 
     d_dinp.poison();
-    qknorm_rope_backward(d_dinp, nullptr, nullptr, d_dout, d_inp, d_w, d_rstd, B, T, H, D, theta, stream());
+    qknorm_rope_backward(d_dinp, nullptr, nullptr, d_dout, d_inp, d_w, d_rstd, d_table, B, T, H, D, stream());
     CHECK_REL("bwd dinp, frozen weight", download(d_dinp.get(), NC).data(), dinp_ref.data(), NC, kTolBf16);
   }
 }

@@ -3,6 +3,8 @@
 // nodes end every round bit-identical to each other and to the coordinator.
 #include <doctest/doctest.h>
 
+#include <algorithm>
+#include <cstdio>
 #include <sstream>
 #include <thread>
 
@@ -18,36 +20,10 @@ using namespace spes;
 namespace {
 
 Config trainer_config(const std::filesystem::path& dir, const std::vector<std::string>& extra) {
-  const std::string manifest = test::write_token_data(dir, 20000, 64);
-  std::string text = R"([model]
-vocab_size = 64
-d_model = 32
-n_layers = 2
-n_heads = 4
-n_kv_heads = 2
-n_experts = 4
-top_k = 2
-expert_hidden = 24
-seq_len = 16
-[train]
-steps = 6
-micro_batch = 2
-global_batch = 4
-threads = 1
-[optim]
-lr = 1e-2
-warmup_steps = 2
-decay_steps = 6
-[spes]
-sync_steps = 2
-run_id = "trainer-test"
-round_timeout_s = 60
-[data]
-)";
-  text += "train = \"" + manifest + "\"\n[checkpoint]\ndir = \"" + (dir / "ckpt").string() + "\"\n";
-  std::vector<std::string> sets = {"spes.state_dir=\"" + (dir / "coordinator").string() + "\""};
+  std::vector<std::string> sets = {"spes.sync_steps=2", "spes.run_id=\"trainer-test\"", "spes.round_timeout_s=60",
+                                   "spes.state_dir=\"" + (dir / "coordinator").string() + "\""};
   sets.insert(sets.end(), extra.begin(), extra.end());
-  return parse_config_text(text, "net.toml", sets);
+  return test::small_config(dir, sets);
 }
 
 struct Server {
@@ -111,14 +87,34 @@ TEST_CASE("trainer + coordinator: two SPES nodes end every round bit-identical (
   CHECK(server.c->stats().round == 3);
   CHECK(nodes[0]->params() == nodes[1]->params());  // step 6 is a sync step
   CHECK(server.c->stats().state_hash == net::state_hash(nodes[0]->params().data(), int64_t(nodes[0]->params().size())));
-  // The sync columns: a round on steps 2, 4, 6 with bytes both ways.
-  std::istringstream is(csv[0].str());
-  std::string line;
-  std::getline(is, line);
-  int rounds = 0;
-  while (std::getline(is, line)) {
-    const auto last = line.rfind(',');
-    if (std::stoll(line.substr(last + 1)) > 0) ++rounds;
+  // The sync columns: a round on steps 2, 4, 6 with bytes both ways, and the same
+  // state hash on both nodes after every round.
+  auto columns = [](const std::string& line) {
+    std::vector<std::string> out;
+    std::istringstream is(line);
+    for (std::string f; std::getline(is, f, ',');) out.push_back(f);
+    if (!line.empty() && line.back() == ',') out.push_back("");
+    return out;
+  };
+  std::vector<std::vector<std::string>> hashes(2);
+  for (int p = 0; p < 2; ++p) {
+    std::istringstream is(csv[p].str());
+    std::string line;
+    std::getline(is, line);
+    const auto header = columns(line);
+    const auto col = [&](const char* name) { return size_t(std::find(header.begin(), header.end(), name) - header.begin()); };
+    while (std::getline(is, line)) {
+      const auto row = columns(line);
+      REQUIRE(row.size() == header.size());
+      if (std::stoll(row[col("sync_round")]) == 0) continue;
+      CHECK(std::stoll(row[col("bytes_up")]) > 0);
+      CHECK(std::stoll(row[col("bytes_down")]) > 0);
+      hashes[p].push_back(row[col("state_hash")]);
+    }
   }
-  CHECK(rounds == 3);
+  CHECK(hashes[0].size() == 3);
+  CHECK(hashes[0] == hashes[1]);
+  char last[20];
+  std::snprintf(last, sizeof last, "%016llx", (unsigned long long)server.c->stats().state_hash);
+  CHECK(hashes[0].back() == last);
 }

@@ -18,33 +18,10 @@ using namespace spes;
 
 namespace {
 
-Config small_config(const std::filesystem::path& dir, const std::vector<std::string>& extra = {}) {
-  const std::string manifest = test::write_token_data(dir, 20000, 64);
-  std::string text = R"([model]
-vocab_size = 64
-d_model = 32
-n_layers = 2
-n_heads = 4
-n_kv_heads = 2
-n_experts = 4
-top_k = 2
-expert_hidden = 24
-seq_len = 16
-[train]
-steps = 6
-micro_batch = 2
-global_batch = 4
-threads = 1
-decayed_aux_loss = true
-[optim]
-lr = 1e-2
-warmup_steps = 2
-decay_steps = 6
-[data]
-val_fraction = 0.1
-)";
-  text += "train = \"" + manifest + "\"\n[checkpoint]\ndir = \"" + (dir / "ckpt").string() + "\"\n";
-  return parse_config_text(text, "small.toml", extra);
+// The shared small config with the SPES decayed aux loss on and a held-out split.
+Config small_config(const std::filesystem::path& dir, std::vector<std::string> extra = {}) {
+  extra.insert(extra.begin(), {"train.decayed_aux_loss=true", "data.val_fraction=0.1"});
+  return test::small_config(dir, extra);
 }
 
 // The loss column (3rd) of each CSV row after the header.

@@ -8,6 +8,8 @@
 #include <vector>
 #include <unistd.h>
 
+#include "engine/config.hpp"
+
 namespace spes::test {
 
 // A fresh, empty folder under the system temp dir (removed at the next call with
@@ -32,6 +34,35 @@ inline std::string write_token_data(const std::filesystem::path& dir, int64_t n,
   const auto manifest = dir / "train.manifest";
   std::ofstream(manifest) << bin.string() << "\n";
   return manifest.string();
+}
+
+// A config small enough for a training step in milliseconds (GQA, 4 experts top-2),
+// on write_token_data() tokens in dir, checkpoints in dir/ckpt; `sets` override.
+inline Config small_config(const std::filesystem::path& dir, const std::vector<std::string>& sets = {}) {
+  const std::string manifest = write_token_data(dir, 20000, 64);
+  std::string text = R"([model]
+vocab_size = 64
+d_model = 32
+n_layers = 2
+n_heads = 4
+n_kv_heads = 2
+n_experts = 4
+top_k = 2
+expert_hidden = 24
+seq_len = 16
+[train]
+steps = 6
+micro_batch = 2
+global_batch = 4
+threads = 1
+[optim]
+lr = 1e-2
+warmup_steps = 2
+decay_steps = 6
+[data]
+)";
+  text += "train = \"" + manifest + "\"\n[checkpoint]\ndir = \"" + (dir / "ckpt").string() + "\"\n";
+  return parse_config_text(text, "small.toml", sets);
 }
 
 }  // namespace spes::test

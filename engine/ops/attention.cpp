@@ -18,6 +18,7 @@
 #include <cmath>
 #include <vector>
 
+#include "engine/ops/fast_exp.hpp"
 #include "engine/ops/ops.hpp"
 
 namespace spes::cpu {
@@ -26,31 +27,6 @@ namespace {
 constexpr int64_t kQBlock = 64;
 
 int i32(int64_t x) { return static_cast<int>(x); }
-
-// e^x for the softmax, written so that GCC vectorises the loops that call it (a call
-// to std::exp keeps them scalar; with it, exp was about a third of the forward
-// time). Range reduction x = n·ln2 + r, |r| ≤ ln2/2 (ln2 split in two for exactness),
-// degree-7 Taylor polynomial for e^r, 2^n built in the exponent bits. Measured over
-// every float in [−2e9, 88]: ≤ 1.3 ulp from the correctly rounded value; results
-// below 2^−126 (x < −87.3) flush to 0. No branches: with the default
-// -ftrapping-math GCC will not if-convert, so a clamp on x would block vectorising;
-// the clamp is done on the integer exponent instead. −inf and NaN give NaN.
-inline float exp_softmax(float x) {
-  const float n = (x * 1.44269504088896341f + 12582912.0f) - 12582912.0f;  // round(x·log2 e)
-  float r = x - n * 0.693145751953125f;
-  r = r - n * 1.42860682030941723212e-6f;
-  float p = 1.0f / 5040.0f;
-  p = p * r + 1.0f / 720.0f;
-  p = p * r + 1.0f / 120.0f;
-  p = p * r + 1.0f / 24.0f;
-  p = p * r + 1.0f / 6.0f;
-  p = p * r + 0.5f;
-  p = p * r + 1.0f;
-  p = p * r + 1.0f;
-  int32_t biased = static_cast<int32_t>(n) + 127;
-  biased = biased < 0 ? 0 : biased;  // 2^n underflows to 0
-  return p * std::bit_cast<float>(biased << 23);
-}
 
 // The strided view of one head: rows t of [B,T,heads,D] for fixed b and head.
 struct HeadView {
@@ -115,7 +91,7 @@ void attention_forward(float* out, float* lse, const float* q, const float* k, c
           float sum = 0.0f;
 #pragma omp simd reduction(+ : sum)
           for (int64_t j = 0; j < n; ++j) {
-            s[j] = exp_softmax(s[j] - maxv);
+            s[j] = fast_exp(s[j] - maxv);
             sum += s[j];
           }
           for (int64_t j = n; j < L; ++j) s[j] = 0.0f;
@@ -188,7 +164,7 @@ void attention_backward(float* dq, float* dk, float* dv, const float* dout, cons
             float* ds = dS + i * L;
 #pragma omp simd
             for (int64_t j = 0; j < n; ++j) {
-              p[j] = exp_softmax(p[j] - l);
+              p[j] = fast_exp(p[j] - l);
               ds[j] = p[j] * (ds[j] - delta);
             }
             for (int64_t j = n; j < L; ++j) p[j] = ds[j] = 0.0f;  // future keys
