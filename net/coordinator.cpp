@@ -543,7 +543,9 @@ Coordinator::Impl::Impl(const Config& c, CoordinatorOptions o) : cfg(c), opt(std
   theta.resize(size_t(layout.total));
   const std::string state_path = (std::filesystem::path(cfg.spes.state_dir) / "state.bin").string();
   PersistedState ps;
-  if (std::filesystem::exists(state_path)) {
+  if (opt.fresh && std::filesystem::exists(state_path))
+    log("--fresh: ignoring the persisted state in %s (it is overwritten at the first persist)", state_path.c_str());
+  if (!opt.fresh && std::filesystem::exists(state_path)) {
     ps = load_state_file(state_path, theta, codec_is_lossy(codec) ? &down_residual : nullptr);
     if (ps.run_id != cfg.spes.run_id)
       throw NetError(state_path + " belongs to run '" + ps.run_id + "', not '" + cfg.spes.run_id +
@@ -941,6 +943,7 @@ int coordinator_main(const Config& cfg, const std::vector<std::string>& args) {
     if (args[i] == "--dump-state") opt.dump_dir = value("--dump-state");
     else if (args[i] == "--dump-every") opt.dump_every = std::stoll(value("--dump-every"));
     else if (args[i] == "--port") opt.port = std::stoi(value("--port"));
+    else if (args[i] == "--fresh") opt.fresh = true;
     else throw NetError("coordinator: unknown argument '" + args[i] + "'");
   }
   if (!opt.dump_dir.empty() && opt.dump_every <= 0) opt.dump_every = 1;
