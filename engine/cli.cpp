@@ -68,7 +68,8 @@ int coordinator_command(int argc, char** argv) {
     else rest.push_back(a);
   }
   if (config.empty())
-    throw Error("usage: spes-engine coordinator CONFIG [--set section.key=value]... [--dump-state DIR [--dump-every N]]");
+    throw Error(
+        "usage: spes-engine coordinator CONFIG [--set section.key=value]... [--fresh] [--dump-state DIR [--dump-every N]]");
   return net::coordinator_main(load_config(config, sets), rest);
 }
 
@@ -86,7 +87,7 @@ const Command kCommands[] = {
     {"eval", eval_main, "validation loss: eval CONFIG --checkpoint DIR [--data MANIFEST]"},
     {"export-hf", export_hf_command, "HF OLMoE export: export-hf --checkpoint DIR --out DIR [--dtype F32|BF16]"},
     {"coordinator", coordinator_command,
-     "merge coordinator: coordinator CONFIG [--set k=v]... [--dump-state DIR [--dump-every N]]"},
+     "merge coordinator: coordinator CONFIG [--set k=v]... [--fresh] [--dump-state DIR [--dump-every N]]"},
     {"merge-experts", merge_experts_command,
      "expert-merging warm-up on an HF export: merge-experts --in A.safetensors --out B.safetensors --alpha X [--topk K]"},
     {"tokenize", tokenize_command, "text/JSONL to token files: tokenize --input FILE... --out DIR [--val-fraction F]"},

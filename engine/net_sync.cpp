@@ -8,8 +8,8 @@ namespace {
 
 class NetSyncHook : public SyncHook {
  public:
-  NetSyncHook(const Config& cfg, const ParamLayout& layout, const Ownership& own)
-      : client_(cfg, layout, own, model_fingerprint(cfg.model, layout, own)) {}
+  NetSyncHook(const Config& cfg, const ParamLayout& layout, const Ownership& own, const float* init_params)
+      : client_(cfg, layout, own, model_fingerprint(cfg.model, layout, own), options(init_params)) {}
 
   SyncStats sync_round(float* params, int64_t step) override {
     const net::SyncStats s = client_.sync_round(params, step);
@@ -25,13 +25,19 @@ class NetSyncHook : public SyncHook {
   void load_state(const CheckpointState& s, float*) override { client_.load_state(s); }
 
  private:
+  static net::SyncClientOptions options(const float* init_params) {
+    net::SyncClientOptions o;
+    o.initial_params = init_params;
+    return o;
+  }
   net::SyncClient client_;
 };
 
 }  // namespace
 
-std::unique_ptr<SyncHook> make_net_sync_hook(const Config& cfg, const ParamLayout& layout, const Ownership& own) {
-  return std::make_unique<NetSyncHook>(cfg, layout, own);
+std::unique_ptr<SyncHook> make_net_sync_hook(const Config& cfg, const ParamLayout& layout, const Ownership& own,
+                                             const float* init_params) {
+  return std::make_unique<NetSyncHook>(cfg, layout, own, init_params);
 }
 
 }  // namespace spes

@@ -10,6 +10,9 @@
 
 namespace spes {
 
-std::unique_ptr<SyncHook> make_net_sync_hook(const Config& cfg, const ParamLayout& layout, const Ownership& own);
+// init_params: the seeded initial θ when the caller holds it (a fresh trainer's
+// params), so the client does not recompute it; null = recompute from the seed.
+std::unique_ptr<SyncHook> make_net_sync_hook(const Config& cfg, const ParamLayout& layout, const Ownership& own,
+                                             const float* init_params = nullptr);
 
 }  // namespace spes

@@ -308,7 +308,8 @@ int train_main(int argc, char** argv) {
   if (c.train.device == "cuda")
     throw ConfigError(c.path + ": [train] device = \"cuda\": the CUDA training step is not built yet; use \"cpu\"");
   Trainer t(c);
-  if (c.spes.sync_steps > 0) t.set_sync_hook(make_net_sync_hook(c, t.layout(), t.ownership()));
+  // Before run(): the trainer's params are still the seeded init θ the sync base starts from.
+  if (c.spes.sync_steps > 0) t.set_sync_hook(make_net_sync_hook(c, t.layout(), t.ownership(), t.params().data()));
   t.run(std::cout, resume);
   return 0;
 }

@@ -7,6 +7,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cstdarg>
 #include <utility>
 
@@ -33,6 +34,7 @@
 #include "net/frame.hpp"
 #include "net/grid.hpp"
 #include "net/merge.hpp"
+#include "net/parallel.hpp"
 #include "net/state_file.hpp"
 
 namespace spes::net {
@@ -162,6 +164,7 @@ struct Coordinator::Impl {
 
   asio::io_context io;
   tcp::acceptor acceptor{io};
+  tcp::endpoint bound;  // read by other threads (port(), bind_address()): set once in the constructor
   asio::steady_timer round_timer{io};
   std::unique_ptr<asio::signal_set> signals;
   std::set<std::shared_ptr<Session>> sessions;
@@ -540,7 +543,9 @@ Coordinator::Impl::Impl(const Config& c, CoordinatorOptions o) : cfg(c), opt(std
   theta.resize(size_t(layout.total));
   const std::string state_path = (std::filesystem::path(cfg.spes.state_dir) / "state.bin").string();
   PersistedState ps;
-  if (std::filesystem::exists(state_path)) {
+  if (opt.fresh && std::filesystem::exists(state_path))
+    log("--fresh: ignoring the persisted state in %s (it is overwritten at the first persist)", state_path.c_str());
+  if (!opt.fresh && std::filesystem::exists(state_path)) {
     ps = load_state_file(state_path, theta, codec_is_lossy(codec) ? &down_residual : nullptr);
     if (ps.run_id != cfg.spes.run_id)
       throw NetError(state_path + " belongs to run '" + ps.run_id + "', not '" + cfg.spes.run_id +
@@ -588,6 +593,7 @@ Coordinator::Impl::Impl(const Config& c, CoordinatorOptions o) : cfg(c), opt(std
   acceptor.bind(ep, ec);
   if (ec) throw NetError("cannot bind " + host + ":" + std::to_string(port) + ": " + ec.message());
   acceptor.listen(asio::socket_base::max_listen_connections);
+  bound = acceptor.local_endpoint();
   log("listening on %s:%u (%s, %d nodes, min_nodes %d, round timeout %.0f s, codec %s%s)", host.c_str(),
       unsigned(acceptor.local_endpoint().port()), secret.empty() ? "no secret" : "HMAC auth", n_nodes, min_nodes,
       cfg.spes.round_timeout_s, codec_name(codec), secret.empty() ? ", insecure" : "");
@@ -754,38 +760,41 @@ void Coordinator::Impl::close_round(const std::string& why) {
   pub->step = rstep;
   pub->participants = participants;
   pub->alpha = alpha;
-  StateHasher hasher;  // θ is final chunk by chunk, in order: hash it while it is in cache
-  for (size_t c = 0; c < grid.chunks.size(); ++c) {
-    const GridChunk& ch = grid.chunks[c];
+  // Chunks are independent: encode/apply them in parallel, then hash θ in order.
+  std::vector<int> ids;
+  for (size_t c = 0; c < grid.chunks.size(); ++c)
+    if (changed[c]) ids.push_back(int(c));
+  pub->chunks = ids;
+  if (codec_is_lossy(codec)) pub->frames.resize(ids.size());
+  std::atomic<int> bad{0};
+  parallel_for(int64_t(ids.size()), [&](int64_t k) {
+    const GridChunk& ch = grid.chunks[size_t(ids[size_t(k)])];
     const int64_t n = ch.size();
     float* th = theta.data() + ch.begin;
-    if (!changed[c]) {
-      hasher.update(th, n);
-      continue;
-    }
-    pub->chunks.push_back(int(c));
     const double* tg = target + ch.begin;
     if (codec == Codec::fp32) {
       for (int64_t i = 0; i < n; ++i) th[i] = float(tg[i]);
-      hasher.update(th, n);
-      pub->bytes += int64_t(kHeaderBytes + 128 + n * 4);  // frame overhead estimate; exact below for lossy
-      continue;
+      return;
     }
-    float* d = scratch.data();
+    std::vector<float> d(static_cast<size_t>(n));
     float* res = down_residual.data() + ch.begin;
-    for (int64_t i = 0; i < n; ++i) d[i] = float(tg[i] - double(th[i])) + res[i];
+    for (int64_t i = 0; i < n; ++i) d[size_t(i)] = float(tg[i] - double(th[i])) + res[i];
     FrameWriter w(encoded_bytes(codec, n) + 1024);
     ChunkTag t{r, rstep, 0, ch.begin, ch.end, codec};
     bool ok = true;
     const FrameView v = w.round_chunk(t, encoded_bytes(codec, n), [&](uint8_t* dst) {
-      encode_delta(codec, d, n, dst, res);
+      encode_delta(codec, d.data(), n, dst, res);
       ok = apply_update(codec, dst, n, th, th);
     });
-    if (!ok) throw NetError("internal: round " + std::to_string(r) + " produced a non-finite update");
-    hasher.update(th, n);
-    pub->frames.push_back(own(v));
-    pub->bytes += int64_t(v.size());
-  }
+    if (!ok) ++bad;
+    pub->frames[size_t(k)] = own(v);
+  });
+  if (bad) throw NetError("internal: round " + std::to_string(r) + " produced a non-finite update");
+  for (size_t k = 0; k < ids.size(); ++k)
+    pub->bytes += codec_is_lossy(codec) ? int64_t(pub->frames[k].size())
+                                        : int64_t(kHeaderBytes + 128 + grid.chunks[size_t(ids[k])].size() * 4);
+  StateHasher hasher;
+  hasher.update(theta.data(), layout.total);
   round = r;
   step = rstep;
   hash = hasher.digest();
@@ -893,8 +902,8 @@ Coordinator::Coordinator(const Config& cfg, CoordinatorOptions opt)
 
 Coordinator::~Coordinator() = default;
 
-uint16_t Coordinator::port() const { return impl_->acceptor.local_endpoint().port(); }
-std::string Coordinator::bind_address() const { return impl_->acceptor.local_endpoint().address().to_string(); }
+uint16_t Coordinator::port() const { return impl_->bound.port(); }
+std::string Coordinator::bind_address() const { return impl_->bound.address().to_string(); }
 
 void Coordinator::run() {
   Impl& I = *impl_;
@@ -934,6 +943,7 @@ int coordinator_main(const Config& cfg, const std::vector<std::string>& args) {
     if (args[i] == "--dump-state") opt.dump_dir = value("--dump-state");
     else if (args[i] == "--dump-every") opt.dump_every = std::stoll(value("--dump-every"));
     else if (args[i] == "--port") opt.port = std::stoi(value("--port"));
+    else if (args[i] == "--fresh") opt.fresh = true;
     else throw NetError("coordinator: unknown argument '" + args[i] + "'");
   }
   if (!opt.dump_dir.empty() && opt.dump_every <= 0) opt.dump_every = 1;

@@ -35,6 +35,8 @@ struct CoordinatorOptions {
   double hello_timeout_s = 10.0;      // a connection that does not authenticate by then is dropped
   int max_connections = 0;            // 0 = 4·n_nodes + 16
   bool handle_signals = false;        // SIGINT/SIGTERM stop the server (persisting θ first)
+  bool fresh = false;                 // ignore a persisted state: start from the seed (overwritten at
+                                      // the first persist); for a new run reusing a state_dir
 };
 
 struct CoordinatorStats {
@@ -72,9 +74,10 @@ class Coordinator {
   std::unique_ptr<Impl> impl_;
 };
 
-// `spes-engine coordinator CONFIG [--dump-state DIR [--dump-every N]] [--port P]`: args
+// `spes-engine coordinator CONFIG [--fresh] [--dump-state DIR [--dump-every N]] [--port P]`: args
 // are the ones after the config path. --dump-state writes θ as an HF export
 // (config.json + model.safetensors) to DIR/round-NNNNNNNN every N rounds (default 1).
+// --fresh starts from the seed even when state_dir holds a persisted state.
 // Serves until SIGINT/SIGTERM.
 int coordinator_main(const Config& cfg, const std::vector<std::string>& args);
 

@@ -37,7 +37,55 @@ uint32_t crc32c_table(const uint8_t* p, size_t n, uint32_t c) {
 }
 
 #if defined(__x86_64__)
+// Three independent CRC streams over adjacent kBlock-byte blocks hide the CRC32
+// instruction's 3-cycle latency (about 3x the single-stream speed). The register
+// update is linear over GF(2), so crc(A|B|C) = Z(Z(crc(A)) ^ crc0(B)) ^ crc0(C),
+// where crc0 starts from 0 and Z advances a register over kBlock zero bytes.
+constexpr size_t kBlock = 8192;
+
+__attribute__((target("sse4.2"))) uint32_t zeros_raw(uint32_t c, size_t n) {
+  uint64_t c64 = c;
+  for (size_t i = 0; i < n; i += 8) c64 = _mm_crc32_u64(c64, 0);
+  return uint32_t(c64);
+}
+
+struct ZeroShift {  // Z as four byte-indexed tables
+  uint32_t t[4][256];
+  ZeroShift() {
+    uint32_t basis[32];
+    for (int b = 0; b < 32; ++b) basis[b] = zeros_raw(1u << b, kBlock);
+    for (int k = 0; k < 4; ++k)
+      for (uint32_t v = 0; v < 256; ++v) {
+        uint32_t r = 0;
+        for (int b = 0; b < 8; ++b)
+          if (v & (1u << b)) r ^= basis[8 * k + b];
+        t[k][v] = r;
+      }
+  }
+  uint32_t operator()(uint32_t c) const {
+    return t[0][c & 0xFF] ^ t[1][(c >> 8) & 0xFF] ^ t[2][(c >> 16) & 0xFF] ^ t[3][c >> 24];
+  }
+};
+
 __attribute__((target("sse4.2"))) uint32_t crc32c_hw(const uint8_t* p, size_t n, uint32_t c) {
+  if (n >= 3 * kBlock) {
+    static const ZeroShift shift;
+    while (n >= 3 * kBlock) {
+      uint64_t a = c, b = 0, d = 0;
+      for (size_t i = 0; i < kBlock; i += 8) {
+        uint64_t wa, wb, wd;
+        std::memcpy(&wa, p + i, 8);
+        std::memcpy(&wb, p + kBlock + i, 8);
+        std::memcpy(&wd, p + 2 * kBlock + i, 8);
+        a = _mm_crc32_u64(a, wa);
+        b = _mm_crc32_u64(b, wb);
+        d = _mm_crc32_u64(d, wd);
+      }
+      c = shift(shift(uint32_t(a)) ^ uint32_t(b)) ^ uint32_t(d);
+      p += 3 * kBlock;
+      n -= 3 * kBlock;
+    }
+  }
   uint64_t c64 = c;
   while (n >= 8) {
     uint64_t w;

@@ -1,5 +1,7 @@
 #include "net/merge.hpp"
 
+#include "net/parallel.hpp"
+
 #include <algorithm>
 #include <cmath>
 #include <numeric>
@@ -61,8 +63,12 @@ template <class T>
 void merge_tensor(const std::vector<T*>& w, int64_t n, const std::vector<std::vector<int>>& donors,
                   double alpha) {
   const int E = int(w.size());
+  constexpr int64_t kTilesPerTask = 64;
+  const int64_t tiles = (n + kTile - 1) / kTile;
+  parallel_for((tiles + kTilesPerTask - 1) / kTilesPerTask, [&](int64_t task) {
   std::vector<double> in(size_t(E) * kTile);
-  for (int64_t k0 = 0; k0 < n; k0 += kTile) {
+  const int64_t k_end = std::min(n, (task + 1) * kTilesPerTask * kTile);
+  for (int64_t k0 = task * kTilesPerTask * kTile; k0 < k_end; k0 += kTile) {
     const int64_t m = std::min(kTile, n - k0);
     for (int e = 0; e < E; ++e)
       for (int64_t i = 0; i < m; ++i) in[size_t(e) * kTile + i] = double(w[e][k0 + i]);
@@ -77,6 +83,7 @@ void merge_tensor(const std::vector<T*>& w, int64_t n, const std::vector<std::ve
       }
     }
   }
+  });
 }
 
 }  // namespace
@@ -143,10 +150,10 @@ void StreamingMerge::add_delta(int c, const float* theta_old, const float* delta
 
 std::vector<bool> StreamingMerge::close(const float* theta, const ParamLayout& layout, double merge_alpha,
                                         int64_t topk) {
-  std::vector<bool> changed(grid_.chunks.size(), false);
+  std::vector<char> changed_c(grid_.chunks.size(), 0);  // char, not vector<bool>: written by many threads
   const bool merging = merge_alpha > 0 && layout.experts.size() > 0 && !layout.experts[0].empty() &&
                        layout.experts[0].size() > 1;
-  for (size_t c = 0; c < grid_.chunks.size(); ++c) {
+  parallel_for(int64_t(grid_.chunks.size()), [&](int64_t c) {
     const GridChunk& ch = grid_.chunks[c];
     double* a = acc_.data() + ch.begin;
     const int64_t n = ch.size();
@@ -155,12 +162,13 @@ std::vector<bool> StreamingMerge::close(const float* theta, const ParamLayout& l
       const double k = double(count_[c]);
       if (count_[c] > 1)
         for (int64_t i = 0; i < n; ++i) a[i] = double(float(a[i] / k));
-      changed[c] = true;
+      changed_c[c] = 1;
     } else if (merging && ch.segment > 0) {
       for (int64_t i = 0; i < n; ++i) a[i] = double(theta[ch.begin + i]);
-      changed[c] = true;
+      changed_c[c] = 1;
     }
-  }
+  });
+  std::vector<bool> changed(changed_c.begin(), changed_c.end());
   if (merging) merge_experts_flat(acc_.data(), layout, merge_alpha, topk);
   return changed;
 }

@@ -181,7 +181,9 @@ TEST_CASE("fuzz: 10,000 hostile frames are refused; the coordinator keeps servin
   CHECK(wait_until([&] { return co.c->stats().live_sessions == 0; }));
   const long grown_mib = (rss_kib() - rss0) / 1024;
   MESSAGE("RSS grew by " << grown_mib << " MiB over " << kFrames << " hostile connections");
+#if !defined(__SANITIZE_ADDRESS__)  // ASan's quarantine keeps freed memory resident
   CHECK(grown_mib < 64);
+#endif
 
   std::vector<std::unique_ptr<TestNode>> nodes;
   for (int p = 0; p < 2; ++p) nodes.push_back(std::make_unique<TestNode>(cfg, p, co.address()));

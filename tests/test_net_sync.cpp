@@ -282,6 +282,13 @@ TEST_CASE("faults: coordinator restart (in-process) -> nodes continue, no round 
   CHECK_FALSE(s0.resynced);
   CHECK_FALSE(s1.resynced);
   check_all_equal(nodes, {s0, s1}, *co);
+  // --fresh: a new run in the same state_dir starts from the seed, not from round 4.
+  co.reset();
+  opt.fresh = true;
+  co = std::make_unique<CoordThread>(cfg, opt);
+  CHECK(co->c->stats().round == 0);
+  const TestNode fresh_node(cfg, 0, co->address());  // holds the seeded init θ
+  CHECK(co->c->stats().state_hash == state_hash(fresh_node.params.data(), int64_t(fresh_node.params.size())));
   std::filesystem::remove_all(cfg.spes.state_dir);
 }
 
