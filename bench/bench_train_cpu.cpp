@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "engine/config.hpp"
+#include "engine/openmp_env.hpp"
 #include "engine/ops/ops.hpp"
 #include "engine/trainer.hpp"
 #include "model/layout.hpp"
@@ -23,6 +24,7 @@
 using namespace spes;
 
 int main(int argc, char** argv) {
+  default_to_passive_openmp_waits(argv);  // measure what spes-engine runs
   std::string path = std::string(SPES_SOURCE_DIR) + "/configs/tiny.toml";
   std::vector<std::string> sets = {"data.train=\"unused\""};
   int steps = 5;

@@ -89,6 +89,28 @@ __device__ __forceinline__ void store8(float* p, const float (&f)[8]) {
   reinterpret_cast<float4*>(p)[1] = make_float4(f[4], f[5], f[6], f[7]);
 }
 
+// VEC consecutive bf16 <-> fp32: VEC = 8 is one 16-byte access (caller guarantees
+// alignment); VEC = 1 is the fallback for odd sizes or unaligned views.
+template <int VEC>
+__device__ __forceinline__ void load_vec(float (&f)[VEC], const bf16* p) {
+  if constexpr (VEC == 8) {
+    load8(f, p);
+  } else {
+#pragma unroll
+    for (int i = 0; i < VEC; ++i) f[i] = __bfloat162float(p[i]);
+  }
+}
+
+template <int VEC>
+__device__ __forceinline__ void store_vec(bf16* p, const float (&f)[VEC]) {
+  if constexpr (VEC == 8) {
+    store8(p, f);
+  } else {
+#pragma unroll
+    for (int i = 0; i < VEC; ++i) p[i] = __float2bfloat16_rn(f[i]);
+  }
+}
+
 // ---- reductions (fixed order: deterministic) --------------------------------------
 __device__ __forceinline__ float warp_sum(float v) {
 #pragma unroll

@@ -42,28 +42,6 @@ constexpr int64_t kDispatchMaxExperts = 1024;
 
 int64_t n_chunks(int64_t NK) { return (NK + kDispatchChunk - 1) / kDispatchChunk; }
 
-// VEC consecutive bf16 <-> fp32: VEC = 8 is one 16-byte access (caller guarantees
-// alignment); VEC = 1 is the fallback for odd sizes or unaligned views.
-template <int VEC>
-__device__ __forceinline__ void load_vec(float (&f)[VEC], const bf16* p) {
-  if constexpr (VEC == 8) {
-    load8(f, p);
-  } else {
-#pragma unroll
-    for (int i = 0; i < VEC; ++i) f[i] = __bfloat162float(p[i]);
-  }
-}
-
-template <int VEC>
-__device__ __forceinline__ void store_vec(bf16* p, const float (&f)[VEC]) {
-  if constexpr (VEC == 8) {
-    store8(p, f);
-  } else {
-#pragma unroll
-    for (int i = 0; i < VEC; ++i) p[i] = __float2bfloat16_rn(f[i]);
-  }
-}
-
 bool aligned16(const void* p) { return (reinterpret_cast<uintptr_t>(p) & 15) == 0; }
 
 int blocks_for_warps(int64_t warps) {

@@ -12,28 +12,6 @@ namespace {
 
 constexpr int kThreads = 256;
 
-// VEC consecutive bf16 <-> fp32: VEC = 8 is one 16-byte access (caller guarantees
-// alignment); VEC = 1 is the fallback for odd sizes or unaligned views.
-template <int VEC>
-__device__ __forceinline__ void load_vec(float (&f)[VEC], const bf16* p) {
-  if constexpr (VEC == 8) {
-    load8(f, p);
-  } else {
-#pragma unroll
-    for (int i = 0; i < VEC; ++i) f[i] = __bfloat162float(p[i]);
-  }
-}
-
-template <int VEC>
-__device__ __forceinline__ void store_vec(bf16* p, const float (&f)[VEC]) {
-  if constexpr (VEC == 8) {
-    store8(p, f);
-  } else {
-#pragma unroll
-    for (int i = 0; i < VEC; ++i) p[i] = __float2bfloat16_rn(f[i]);
-  }
-}
-
 __device__ __forceinline__ float sigmoid(float g) { return 1.0f / (1.0f + expf(-g)); }
 
 template <int VEC>

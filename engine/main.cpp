@@ -3,8 +3,10 @@
 #include <exception>
 
 #include "engine/cli.hpp"
+#include "engine/openmp_env.hpp"
 
 int main(int argc, char** argv) {
+  spes::default_to_passive_openmp_waits(argv);
   try {
     return spes::run_cli(argc, argv);
   } catch (const std::exception& e) {

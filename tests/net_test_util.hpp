@@ -25,6 +25,7 @@
 #include "net/digest.hpp"
 #include "net/frame.hpp"
 #include "net/sync_client.hpp"
+#include "test_util.hpp"
 
 namespace spes::net::testing {
 
@@ -54,13 +55,7 @@ inline Config tiny_config(int n_nodes, const std::string& codec = "fp32", const 
   return c;
 }
 
-inline std::string temp_dir(const std::string& name) {
-  auto p = std::filesystem::temp_directory_path() /
-           ("spes-net-" + name + "-" + std::to_string(::getpid()) + "-" +
-            std::to_string(std::chrono::steady_clock::now().time_since_epoch().count()));
-  std::filesystem::create_directories(p);
-  return p.string();
-}
+inline std::string temp_dir(const std::string& name) { return spes::test::temp_dir("net-" + name).string(); }
 
 // A coordinator serving on its own thread, on a free loopback port.
 struct CoordThread {

@@ -16,26 +16,14 @@
 #include "engine/checksum.hpp"
 #include "engine/error.hpp"
 
+#include "test_util.hpp"
+
 namespace fs = std::filesystem;
 using namespace spes;
 
 namespace {
 
-struct TempDir {
-  fs::path path;
-  TempDir() {
-    static int counter = 0;
-    path = fs::temp_directory_path() /
-           ("spes_test_ckpt_" + std::to_string(::getpid()) + "_" + std::to_string(counter++));
-    fs::remove_all(path);
-    fs::create_directories(path);
-  }
-  ~TempDir() {
-    std::error_code ec;
-    fs::remove_all(path, ec);
-  }
-  std::string str() const { return path.string(); }
-};
+using test::TempDir;
 
 // Random bit patterns, NaN payloads and signed zeros included: the round trip
 // must preserve bits, not just values.

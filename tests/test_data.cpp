@@ -22,27 +22,14 @@
 #include "data/tokenizer.hpp"
 #include "engine/error.hpp"
 
+#include "test_util.hpp"
+
 namespace fs = std::filesystem;
 using namespace spes;
 
 namespace {
 
-// A fresh folder under the system temp folder, removed at scope exit.
-struct TempDir {
-  fs::path path;
-  TempDir() {
-    static std::atomic<int> counter{0};
-    path = fs::temp_directory_path() / ("spes_test_data_" + std::to_string(::getpid()) + "_" +
-                                        std::to_string(counter++));
-    fs::remove_all(path);
-    fs::create_directories(path);
-  }
-  ~TempDir() {
-    std::error_code ec;
-    fs::remove_all(path, ec);
-  }
-  std::string operator/(const std::string& name) const { return (path / name).string(); }
-};
+using test::TempDir;
 
 void write_bytes(const std::string& path, const std::string& bytes) {
   std::ofstream out(path, std::ios::binary);

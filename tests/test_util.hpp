@@ -1,5 +1,6 @@
 // Small helpers for CPU tests: temp folders and synthetic token data.
 #pragma once
+#include <atomic>
 #include <cstdint>
 #include <filesystem>
 #include <fstream>
@@ -11,6 +12,26 @@
 #include "engine/config.hpp"
 
 namespace spes::test {
+
+// A fresh folder under the system temp dir, removed at scope exit.
+struct TempDir {
+  std::filesystem::path path;
+  explicit TempDir(const std::string& tag = "tmp") {
+    static std::atomic<int> counter{0};
+    path = std::filesystem::temp_directory_path() /
+           ("spes_test_" + tag + "_" + std::to_string(::getpid()) + "_" + std::to_string(counter++));
+    std::filesystem::remove_all(path);
+    std::filesystem::create_directories(path);
+  }
+  ~TempDir() {
+    std::error_code ec;
+    std::filesystem::remove_all(path, ec);
+  }
+  TempDir(const TempDir&) = delete;
+  TempDir& operator=(const TempDir&) = delete;
+  std::string str() const { return path.string(); }
+  std::string operator/(const std::string& name) const { return (path / name).string(); }
+};
 
 // A fresh, empty folder under the system temp dir (removed at the next call with
 // the same name, so failed runs can be inspected).
