@@ -12,6 +12,7 @@
 #include "engine/error.hpp"
 
 #if defined(__x86_64__)
+#include <immintrin.h>
 #include <nmmintrin.h>
 #endif
 
@@ -107,12 +108,6 @@ constexpr uint64_t P4 = 0x85EBCA77C2B2AE63ull;
 constexpr uint64_t P5 = 0x27D4EB2F165667C5ull;
 
 inline uint64_t rotl(uint64_t x, int r) { return (x << r) | (x >> (64 - r)); }
-inline uint64_t lane_round(uint64_t acc, uint64_t w) { return rotl(acc + w * P2, 31) * P1; }
-inline uint64_t load64(const uint8_t* p) {
-  uint64_t w;
-  std::memcpy(&w, p, 8);
-  return w;
-}
 
 }  // namespace
 
@@ -128,46 +123,146 @@ uint32_t crc32c(const void* data, size_t n, uint32_t crc) {
   return ~c;
 }
 
-StateHasher::StateHasher() : lane_{P1 + P2, P2, 0, 0ull - P1} {}
+namespace {
+
+constexpr uint64_t mix64(uint64_t x) {  // splitmix64's finaliser
+  x ^= x >> 30;
+  x *= 0xBF58476D1CE4E5B9ull;
+  x ^= x >> 27;
+  x *= 0x94D049BB133111EBull;
+  return x ^ (x >> 31);
+}
+
+constexpr int kStripesPerBlock = 16;
+
+struct HashKeys {
+  uint64_t stripe[kStripesPerBlock][8];  // per stripe position, per lane
+  uint64_t scramble[8];
+  constexpr HashKeys() : stripe{}, scramble{} {
+    uint64_t s = 0x5350455353594E43ull;  // "SPESSYNC"
+    for (auto& row : stripe)
+      for (auto& k : row) k = mix64(s += 0x9E3779B97F4A7C15ull);
+    for (auto& k : scramble) k = mix64(s += 0x9E3779B97F4A7C15ull);
+  }
+};
+constexpr HashKeys kKeys;
+
+}  // namespace
+
+StateHasher::StateHasher() {
+  for (int j = 0; j < 8; ++j) acc_[j] = kKeys.scramble[j] ^ P1;
+}
+
+namespace {
+
+inline void scramble(uint64_t* acc) {
+  for (int j = 0; j < 8; ++j) {
+    const uint64_t a = (acc[j] ^ (acc[j] >> 47)) ^ kKeys.scramble[j];
+    acc[j] = (a & 0xFFFFFFFFull) * 0x9E3779B1ull + (((a >> 32) * 0x9E3779B1ull) << 32);
+  }
+}
+
+// The reference definition, one stripe at a time.
+void stripes_scalar(uint64_t* acc, uint32_t& pos, const uint8_t* p, size_t count) {
+  for (size_t s = 0; s < count; ++s, p += 64) {
+    const uint64_t* key = kKeys.stripe[pos];
+    uint64_t w[8];
+    std::memcpy(w, p, 64);
+    for (int j = 0; j < 8; ++j) {
+      const uint64_t d = w[j] ^ key[j];
+      acc[j] += (d & 0xFFFFFFFFull) * (d >> 32) + w[j ^ 1];
+    }
+    if (++pos == kStripesPerBlock) pos = 0, scramble(acc);
+  }
+}
+
+#if defined(__x86_64__)
+// The same arithmetic with AVX2: two 4-lane accumulators, vpmuludq for lo·hi, and a
+// 64-bit swap inside each 128-bit half for the neighbour-lane add.
+__attribute__((target("avx2"))) void stripes_avx2(uint64_t* acc, uint32_t& pos, const uint8_t* p, size_t count) {
+  __m256i a0 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(acc));
+  __m256i a1 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(acc + 4));
+  for (size_t s = 0; s < count; ++s, p += 64) {
+    const uint64_t* key = kKeys.stripe[pos];
+    const __m256i w0 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p));
+    const __m256i w1 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p + 32));
+    const __m256i d0 = _mm256_xor_si256(w0, _mm256_loadu_si256(reinterpret_cast<const __m256i*>(key)));
+    const __m256i d1 = _mm256_xor_si256(w1, _mm256_loadu_si256(reinterpret_cast<const __m256i*>(key + 4)));
+    const __m256i p0 = _mm256_mul_epu32(d0, _mm256_srli_epi64(d0, 32));
+    const __m256i p1 = _mm256_mul_epu32(d1, _mm256_srli_epi64(d1, 32));
+    a0 = _mm256_add_epi64(a0, _mm256_add_epi64(p0, _mm256_shuffle_epi32(w0, _MM_SHUFFLE(1, 0, 3, 2))));
+    a1 = _mm256_add_epi64(a1, _mm256_add_epi64(p1, _mm256_shuffle_epi32(w1, _MM_SHUFFLE(1, 0, 3, 2))));
+    if (++pos == kStripesPerBlock) {
+      pos = 0;
+      _mm256_storeu_si256(reinterpret_cast<__m256i*>(acc), a0);
+      _mm256_storeu_si256(reinterpret_cast<__m256i*>(acc + 4), a1);
+      scramble(acc);
+      a0 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(acc));
+      a1 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(acc + 4));
+    }
+  }
+  _mm256_storeu_si256(reinterpret_cast<__m256i*>(acc), a0);
+  _mm256_storeu_si256(reinterpret_cast<__m256i*>(acc + 4), a1);
+}
+#endif
+
+}  // namespace
+
+void StateHasher::stripes(const uint8_t* p, size_t count) {
+#if defined(__x86_64__)
+  static const bool avx2 = __builtin_cpu_supports("avx2");
+  if (avx2) return stripes_avx2(acc_, stripe_, p, count);
+#endif
+  stripes_scalar(acc_, stripe_, p, count);
+}
+
+uint64_t state_hash_scalar_for_tests(const void* data, size_t n) {
+  // Same digest as StateHasher, without the AVX2 path (tests compare the two).
+  uint64_t acc[8];
+  for (int j = 0; j < 8; ++j) acc[j] = kKeys.scramble[j] ^ P1;
+  uint32_t pos = 0;
+  const auto* p = static_cast<const uint8_t*>(data);
+  stripes_scalar(acc, pos, p, n / 64);
+  uint64_t hh = mix64(uint64_t(n) ^ P5);
+  for (int j = 0; j < 8; ++j) hh = rotl(hh ^ mix64(acc[j] + kKeys.scramble[j]), 27) * P1 + P4;
+  const size_t tail = n % 64;
+  for (size_t i = 0; i < tail; i += 8) {
+    uint64_t w = 0;
+    std::memcpy(&w, p + n / 64 * 64 + i, std::min<size_t>(8, tail - i));
+    hh = rotl(hh ^ mix64(w ^ kKeys.stripe[0][i / 8]), 31) * P2 + P3;
+  }
+  return mix64(hh);
+}
 
 void StateHasher::update(const void* data, size_t n) {
   const auto* p = static_cast<const uint8_t*>(data);
   total_ += n;
-  if (tail_n_) {
-    const size_t take = std::min(n, 32 - tail_n_);
-    std::memcpy(tail_ + tail_n_, p, take);
-    tail_n_ += take;
+  if (buf_n_) {
+    const size_t take = std::min(n, 64 - buf_n_);
+    std::memcpy(buf_ + buf_n_, p, take);
+    buf_n_ += take;
     p += take;
     n -= take;
-    if (tail_n_ < 32) return;
-    for (int i = 0; i < 4; ++i) lane_[i] = lane_round(lane_[i], load64(tail_ + 8 * i));
-    tail_n_ = 0;
+    if (buf_n_ < 64) return;
+    stripes(buf_, 1);
+    buf_n_ = 0;
   }
-  uint64_t a = lane_[0], b = lane_[1], c = lane_[2], d = lane_[3];
-  for (; n >= 32; p += 32, n -= 32) {
-    a = lane_round(a, load64(p));
-    b = lane_round(b, load64(p + 8));
-    c = lane_round(c, load64(p + 16));
-    d = lane_round(d, load64(p + 24));
-  }
-  lane_[0] = a, lane_[1] = b, lane_[2] = c, lane_[3] = d;
-  std::memcpy(tail_, p, n);
-  tail_n_ = n;
+  stripes(p, n / 64);
+  p += n / 64 * 64;
+  n %= 64;
+  std::memcpy(buf_, p, n);
+  buf_n_ = n;
 }
 
 uint64_t StateHasher::digest() const {
-  uint64_t h = rotl(lane_[0], 1) + rotl(lane_[1], 7) + rotl(lane_[2], 12) + rotl(lane_[3], 18);
-  for (uint64_t l : lane_) h = (h ^ lane_round(0, l)) * P1 + P4;
-  h += total_;
-  size_t i = 0;
-  for (; i + 8 <= tail_n_; i += 8) h = rotl(h ^ lane_round(0, load64(tail_ + i)), 27) * P1 + P4;
-  for (; i < tail_n_; ++i) h = rotl(h ^ (tail_[i] * P5), 11) * P1;
-  h ^= h >> 33;
-  h *= P2;
-  h ^= h >> 29;
-  h *= P3;
-  h ^= h >> 32;
-  return h;
+  uint64_t h = mix64(total_ ^ P5);
+  for (int j = 0; j < 8; ++j) h = rotl(h ^ mix64(acc_[j] + kKeys.scramble[j]), 27) * P1 + P4;
+  for (size_t i = 0; i < buf_n_; i += 8) {
+    uint64_t w = 0;
+    std::memcpy(&w, buf_ + i, std::min<size_t>(8, buf_n_ - i));
+    h = rotl(h ^ mix64(w ^ kKeys.stripe[0][i / 8]), 31) * P2 + P3;
+  }
+  return mix64(h);
 }
 
 uint64_t state_hash(const float* x, int64_t n) {

@@ -49,6 +49,18 @@ TEST_CASE("digest: CRC32C, HMAC-SHA256 test vectors; streaming state hash") {
     sh.update(v.data() + split, int64_t(v.size() - split));
     CHECK(sh.digest() == h);
   }
+  CHECK(state_hash_scalar_for_tests(v.data(), v.size() * 4) == h);  // SIMD path = portable path
+  for (size_t n : {size_t(0), size_t(3), size_t(64), size_t(1024), size_t(1030), size_t(40000)})
+    CHECK(state_hash_scalar_for_tests(v.data(), n) == [&] {
+      StateHasher sh;
+      sh.update(static_cast<const void*>(v.data()), n);
+      return sh.digest();
+    }());
+  {  // swapping two 64-byte stripes inside one block changes the hash
+    std::vector<float> w = v;
+    std::swap_ranges(w.begin(), w.begin() + 16, w.begin() + 16);
+    CHECK(state_hash(w.data(), int64_t(w.size())) != h);
+  }
   v[1234] = std::nextafter(v[1234], 1e9f);  // one ulp anywhere changes the hash
   CHECK(state_hash(v.data(), int64_t(v.size())) != h);
   float z = 0.0f, nz = -0.0f;
