@@ -9,8 +9,8 @@ namespace spes {
 
 uint32_t crc32c(const void* data, size_t n, uint32_t seed = 0);
 
-// The portable table-driven Boost.CRC version; crc32c() uses the SSE4.2 crc32
-// instruction when the build targets it. Exposed so a test can hold them equal.
+// The portable Boost.CRC version; crc32c() uses the CPU's crc32 instruction (three
+// interleaved streams) when it has one. Exposed so a test can hold them equal.
 uint32_t crc32c_portable(const void* data, size_t n, uint32_t seed = 0);
 
 }  // namespace spes

@@ -1,5 +1,5 @@
 // Checksums, the state hash, and the HMAC proof used by the sync protocol.
-//  - crc32c: frame and chunk checksums (hardware CRC32 instruction when present).
+//  - crc32c (engine/checksum.hpp): frame and chunk checksums.
 //  - StateHasher / state_hash: a 64-bit hash of a parameter buffer's exact bits.
 //    Every shared state carries one (STYLE "PCCL"): after a sync round every node
 //    and the coordinator compare it instead of trusting that they agree.
@@ -11,9 +11,11 @@
 #include <span>
 #include <string>
 
+#include "engine/checksum.hpp"
+
 namespace spes::net {
 
-uint32_t crc32c(const void* data, size_t n, uint32_t crc = 0);
+using spes::crc32c;
 
 // Streaming 64-bit hash built for speed on big buffers (it runs over all of θ on
 // both sides of every round): eight 64-bit lanes per 64-byte stripe, each adding
