@@ -83,7 +83,7 @@ struct Command {
 
 const Command kCommands[] = {
     {"train", train_main, "train one node: train CONFIG [--set section.key=value]... [--node-id N] [--resume]"},
-    {"local", local_main, "coordinator + every node on this machine: local CONFIG [--set k=v]..."},
+    {"local", local_main, "coordinator + every node on this machine: local CONFIG [--set k=v]... [--resume]"},
     {"eval", eval_main, "validation loss: eval CONFIG --checkpoint DIR [--data MANIFEST]"},
     {"export-hf", export_hf_command, "HF OLMoE export: export-hf --checkpoint DIR --out DIR [--dtype F32|BF16]"},
     {"coordinator", coordinator_command,

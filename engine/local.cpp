@@ -1,5 +1,5 @@
-// `spes-engine local CONFIG`: the coordinator and every node of the config on this
-// machine, as separate processes (the same binary re-executed), with one CSV on
+// `spes-engine local CONFIG [--resume]`: the coordinator and every node of the
+// config on this machine, as separate processes (the same binary re-executed), with one CSV on
 // stdout: each node's rows prefixed by a `node` column. The coordinator's round rows
 // go to <state_dir>/rounds.csv and, prefixed, to stderr. Ctrl-C or any process
 // failing stops them all; the failure is named.
@@ -84,7 +84,9 @@ std::string describe_exit(int status) {
 
 class Launcher {
  public:
-  Launcher(std::ostream& csv, std::ofstream& rounds) : csv_(csv), rounds_(rounds) {}
+  // rounds_has_header: the round log already holds rows of this run (--resume).
+  Launcher(std::ostream& csv, std::ofstream& rounds, bool rounds_has_header)
+      : csv_(csv), rounds_(rounds), rounds_header_done_(rounds_has_header) {}
 
   std::vector<Child> children;
 
@@ -171,6 +173,9 @@ class Launcher {
   void line(const Child& c, const std::string& text) {
     if (c.node < 0) {
       // Coordinator rows: to the rounds file, and visible on stderr.
+      const bool header = text.rfind("round,", 0) == 0;
+      if (header && rounds_header_done_) return;
+      rounds_header_done_ = rounds_header_done_ || header;
       rounds_ << text << "\n";
       rounds_.flush();
       std::fprintf(stderr, "[coordinator] %s\n", text.c_str());
@@ -189,6 +194,7 @@ class Launcher {
   std::ostream& csv_;
   std::ofstream& rounds_;
   bool header_done_ = false;
+  bool rounds_header_done_;
 };
 
 }  // namespace
@@ -197,9 +203,11 @@ int local_main(int argc, char** argv) {
   namespace po = boost::program_options;
   std::string config;
   std::vector<std::string> sets;
+  bool resume = false;
   po::options_description opts;
   opts.add_options()("config", po::value(&config)->required(), "TOML config")(
-      "set", po::value(&sets)->composing(), "override a config key for every process: section.key=value");
+      "set", po::value(&sets)->composing(), "override a config key for every process: section.key=value")(
+      "resume", po::bool_switch(&resume), "continue the run: nodes from their checkpoints, the coordinator from its state");
   po::positional_options_description pos;
   pos.add("config", 1);
   po::variables_map vm;
@@ -207,7 +215,7 @@ int local_main(int argc, char** argv) {
     po::store(po::command_line_parser(argc, argv).options(opts).positional(pos).run(), vm);
     po::notify(vm);
   } catch (const po::error& e) {
-    throw Error(std::string(e.what()) + "\nusage: spes-engine local CONFIG [--set section.key=value]...");
+    throw Error(std::string(e.what()) + "\nusage: spes-engine local CONFIG [--set section.key=value]... [--resume]");
   }
   const Config c = load_config(config, sets);  // validated once here, before anything starts
   if (c.spes.sync_steps == 0)
@@ -220,7 +228,8 @@ int local_main(int argc, char** argv) {
   }
   std::filesystem::create_directories(c.spes.state_dir);
   const std::string rounds_path = (std::filesystem::path(c.spes.state_dir) / "rounds.csv").string();
-  std::ofstream rounds(rounds_path, std::ios::app);
+  // A new run starts a new round log; --resume appends to it.
+  std::ofstream rounds(rounds_path, resume ? std::ios::app : std::ios::trunc);
   if (!rounds) throw Error("local: cannot write " + rounds_path);
 
   struct sigaction sa {};
@@ -237,11 +246,17 @@ int local_main(int argc, char** argv) {
     }
     return args;
   };
-  Launcher L(std::cout, rounds);
-  if (c.spes.sync_steps > 0) L.children.push_back(spawn("coordinator", -1, with_sets({exe, "coordinator", config})));
-  for (int64_t n = 0; n < c.spes.n_nodes; ++n)
-    L.children.push_back(spawn("node " + std::to_string(n), int(n),
-                               with_sets({exe, "train", config, "--node-id", std::to_string(n)})));
+  Launcher L(std::cout, rounds, resume && std::filesystem::file_size(rounds_path) > 0);
+  // A new run starts the coordinator --fresh too: otherwise it would resume the
+  // previous run's θ from state_dir and hand it to nodes starting at step 0.
+  std::vector<std::string> coordinator = {exe, "coordinator", config, resume ? "" : "--fresh"};
+  if (resume) coordinator.pop_back();
+  if (c.spes.sync_steps > 0) L.children.push_back(spawn("coordinator", -1, with_sets(coordinator)));
+  for (int64_t n = 0; n < c.spes.n_nodes; ++n) {
+    std::vector<std::string> node = {exe, "train", config, "--node-id", std::to_string(n)};
+    if (resume) node.push_back("--resume");
+    L.children.push_back(spawn("node " + std::to_string(n), int(n), with_sets(node)));
+  }
   std::fprintf(stderr, "local: coordinator + %lld nodes started; round log %s\n", (long long)c.spes.n_nodes,
                rounds_path.c_str());
 

@@ -1,0 +1,98 @@
+// `spes-engine local` end to end (separate processes): one CSV with a node column,
+// every node logging the coordinator's state hash after each round; and a failing
+// node stops the whole run with a non-zero exit that names it.
+#include <doctest/doctest.h>
+
+#include <algorithm>
+#include <cstdlib>
+#include <fstream>
+#include <map>
+#include <random>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include <sys/wait.h>
+
+#include "engine/config.hpp"
+#include "test_util.hpp"
+
+using namespace spes;
+
+namespace {
+
+std::string read_file(const std::string& path) {
+  std::ifstream is(path);
+  std::ostringstream os;
+  os << is.rdbuf();
+  return os.str();
+}
+
+std::vector<std::string> split(const std::string& line) {
+  std::vector<std::string> out;
+  std::istringstream is(line);
+  for (std::string f; std::getline(is, f, ',');) out.push_back(f);
+  if (!line.empty() && line.back() == ',') out.push_back("");
+  return out;
+}
+
+// Writes a 2-node SPES config (sync every 2 steps) and returns its path.
+std::string write_local_config(const test::TempDir& dir) {
+  std::mt19937 g(std::random_device{}());
+  const int port = 20000 + int(g() % 30000);
+  Config c = test::small_config(dir.path, {"spes.n_nodes=2", "spes.ownership=\"partitioned\"", "spes.sync_steps=2",
+                                           "spes.run_id=\"local-test\"", "spes.round_timeout_s=60",
+                                           "spes.coordinator=\"127.0.0.1:" + std::to_string(port) + "\"",
+                                           "spes.state_dir=\"" + (dir / "coordinator") + "\""});
+  const std::string path = dir / "local.toml";
+  std::ofstream(path) << config_to_toml(c);
+  return path;
+}
+
+int run(const std::string& args, const test::TempDir& dir) {
+  const std::string cmd = std::string(SPES_ENGINE_BIN) + " local " + args + " > " + (dir / "out.csv") + " 2> " +
+                          (dir / "err.log");
+  const int status = std::system(cmd.c_str());
+  return WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+}
+
+}  // namespace
+
+TEST_CASE("local: coordinator + 2 node processes, node-prefixed CSV, equal state hashes") {
+  test::TempDir dir("local");
+  const std::string config = write_local_config(dir);
+  REQUIRE(run(config, dir) == 0);
+  std::istringstream csv(read_file(dir / "out.csv"));
+  std::string line;
+  std::getline(csv, line);
+  const auto header = split(line);
+  REQUIRE(header.size() > 2);
+  CHECK(header[0] == "node");
+  CHECK(header[1] == "step");
+  const auto col = [&](const char* name) { return size_t(std::find(header.begin(), header.end(), name) - header.begin()); };
+  std::map<std::string, std::map<std::string, std::string>> hash_by_step;  // step -> node -> hash
+  int rows = 0;
+  while (std::getline(csv, line)) {
+    const auto row = split(line);
+    REQUIRE(row.size() == header.size());
+    ++rows;
+    if (!row[col("state_hash")].empty()) hash_by_step[row[col("step")]][row[0]] = row[col("state_hash")];
+  }
+  CHECK(rows == 2 * 6);
+  REQUIRE(hash_by_step.size() == 3);  // rounds after steps 2, 4, 6
+  const std::string rounds = read_file(dir / "coordinator/rounds.csv");
+  for (const auto& [step, by_node] : hash_by_step) {
+    REQUIRE(by_node.size() == 2);
+    CHECK(by_node.at("0") == by_node.at("1"));
+    CHECK(rounds.find(by_node.at("0")) != std::string::npos);  // and the coordinator's
+  }
+}
+
+TEST_CASE("local: a failing node stops the run and is named") {
+  test::TempDir dir("local-fail");
+  const std::string config = write_local_config(dir);
+  CHECK(run(config + " --set 'data.train=\"" + (dir / "missing.manifest") + "\"'", dir) == 1);
+  const std::string err = read_file(dir / "err.log");
+  CHECK(err.find("missing.manifest") != std::string::npos);
+  CHECK(err.find("failed") != std::string::npos);
+}
