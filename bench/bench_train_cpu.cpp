@@ -24,7 +24,7 @@
 using namespace spes;
 
 int main(int argc, char** argv) {
-  default_to_passive_openmp_waits(argv);  // measure what spes-engine runs
+  default_to_short_openmp_spin(argv);  // measure what spes-engine runs
   std::string path = std::string(SPES_SOURCE_DIR) + "/configs/tiny.toml";
   std::vector<std::string> sets = {"data.train=\"unused\""};
   int steps = 5;

@@ -6,7 +6,7 @@
 #include "engine/openmp_env.hpp"
 
 int main(int argc, char** argv) {
-  spes::default_to_passive_openmp_waits(argv);
+  spes::default_to_short_openmp_spin(argv);
   try {
     return spes::run_cli(argc, argv);
   } catch (const std::exception& e) {
