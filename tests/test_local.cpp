@@ -38,8 +38,10 @@ std::vector<std::string> split(const std::string& line) {
 
 // Writes a 2-node SPES config (sync every 2 steps) and returns its path.
 std::string write_local_config(const test::TempDir& dir) {
+  // Below Linux's ephemeral range (32768+), so no live client connection holds it:
+  // the coordinator runs in another process and must be given its port up front.
   std::mt19937 g(std::random_device{}());
-  const int port = 20000 + int(g() % 30000);
+  const int port = 20000 + int(g() % 12000);
   Config c = test::small_config(dir.path, {"spes.n_nodes=2", "spes.ownership=\"partitioned\"", "spes.sync_steps=2",
                                            "spes.run_id=\"local-test\"", "spes.round_timeout_s=60",
                                            "spes.coordinator=\"127.0.0.1:" + std::to_string(port) + "\"",
@@ -61,7 +63,9 @@ int run(const std::string& args, const test::TempDir& dir) {
 TEST_CASE("local: coordinator + 2 node processes, node-prefixed CSV, equal state hashes") {
   test::TempDir dir("local");
   const std::string config = write_local_config(dir);
-  REQUIRE(run(config, dir) == 0);
+  const int rc = run(config, dir);
+  INFO("stderr of local:\n" << read_file(dir / "err.log"));
+  REQUIRE(rc == 0);
   std::istringstream csv(read_file(dir / "out.csv"));
   std::string line;
   std::getline(csv, line);
