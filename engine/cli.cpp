@@ -8,6 +8,7 @@
 #include <boost/program_options.hpp>
 
 #include "data/tokenize.hpp"
+#include "engine/args.hpp"
 #include "engine/checkpoint.hpp"
 #include "engine/config.hpp"
 #include "engine/error.hpp"
@@ -31,13 +32,7 @@ int export_hf_command(int argc, char** argv) {
   po::options_description opts;
   opts.add_options()("checkpoint", po::value(&checkpoint)->required(), "checkpoint folder or root")(
       "out", po::value(&out)->required(), "output folder")("dtype", po::value(&dtype), "F32 or BF16");
-  po::variables_map vm;
-  try {
-    po::store(po::parse_command_line(argc, argv, opts), vm);
-    po::notify(vm);
-  } catch (const po::error& e) {
-    throw Error(std::string(e.what()) + "\nusage: spes-engine export-hf --checkpoint DIR --out DIR [--dtype F32|BF16]");
-  }
+  parse_args(argc, argv, opts, "spes-engine export-hf --checkpoint DIR --out DIR [--dtype F32|BF16]");
   if (dtype != "F32" && dtype != "BF16") throw Error("--dtype " + dtype + ": expected F32 or BF16");
   const CheckpointState s = load_checkpoint(checkpoint);
   const Config c = parse_config_text(s.config_toml, checkpoint + "/config.toml");

@@ -23,6 +23,7 @@
 #include <thread>
 #include <vector>
 
+#include "engine/args.hpp"
 #include "engine/config.hpp"
 #include "engine/error.hpp"
 
@@ -208,15 +209,7 @@ int local_main(int argc, char** argv) {
   opts.add_options()("config", po::value(&config)->required(), "TOML config")(
       "set", po::value(&sets)->composing(), "override a config key for every process: section.key=value")(
       "resume", po::bool_switch(&resume), "continue the run: nodes from their checkpoints, the coordinator from its state");
-  po::positional_options_description pos;
-  pos.add("config", 1);
-  po::variables_map vm;
-  try {
-    po::store(po::command_line_parser(argc, argv).options(opts).positional(pos).run(), vm);
-    po::notify(vm);
-  } catch (const po::error& e) {
-    throw Error(std::string(e.what()) + "\nusage: spes-engine local CONFIG [--set section.key=value]... [--resume]");
-  }
+  parse_args(argc, argv, opts, "spes-engine local CONFIG [--set section.key=value]... [--resume]");
   const Config c = load_config(config, sets);  // validated once here, before anything starts
   if (c.spes.sync_steps == 0)
     std::fprintf(stderr, "local: [spes] sync_steps = 0: nodes train independently (no sync rounds)\n");

@@ -10,6 +10,7 @@
 #include <cstdio>
 #include <iostream>
 
+#include "engine/args.hpp"
 #include "engine/checkpoint.hpp"
 #include "engine/error.hpp"
 #include "engine/net_sync.hpp"
@@ -282,19 +283,6 @@ Config load_with_overrides(CommonArgs& a) {
   return load_config(a.config, a.sets);
 }
 
-po::variables_map parse(int argc, char** argv, po::options_description& opts, const char* usage) {
-  po::positional_options_description pos;
-  pos.add("config", 1);
-  po::variables_map vm;
-  try {
-    po::store(po::command_line_parser(argc, argv).options(opts).positional(pos).run(), vm);
-    po::notify(vm);
-  } catch (const po::error& e) {
-    throw Error(std::string(e.what()) + "\nusage: " + usage);
-  }
-  return vm;
-}
-
 }  // namespace
 
 int train_main(int argc, char** argv) {
@@ -303,7 +291,7 @@ int train_main(int argc, char** argv) {
   po::options_description opts = common_options(a);
   opts.add_options()("config", po::value(&a.config)->required(), "TOML config")(
       "resume", po::bool_switch(&resume), "continue from the newest checkpoint");
-  parse(argc, argv, opts, "spes-engine train CONFIG [--set section.key=value]... [--node-id N] [--resume]");
+  parse_args(argc, argv, opts, "spes-engine train CONFIG [--set section.key=value]... [--node-id N] [--resume]");
   Config c = load_with_overrides(a);
   if (c.train.device == "cuda")
     throw ConfigError(c.path + ": [train] device = \"cuda\": the CUDA training step is not built yet; use \"cpu\"");
@@ -323,7 +311,7 @@ int eval_main(int argc, char** argv) {
       "checkpoint", po::value(&checkpoint)->required(), "checkpoint folder (or a root of step folders)")(
       "data", po::value(&data), "validation manifest (default: the config's validation data)")(
       "batches", po::value(&batches), "micro-batches to evaluate (0 = all)");
-  parse(argc, argv, opts, "spes-engine eval CONFIG --checkpoint DIR [--data MANIFEST] [--batches N]");
+  parse_args(argc, argv, opts, "spes-engine eval CONFIG --checkpoint DIR [--data MANIFEST] [--batches N]");
   Config c = load_with_overrides(a);
   if (!data.empty()) {
     c.data.validation = data;
