@@ -1,4 +1,5 @@
 #include "net/coordinator.hpp"
+#include "net/log.hpp"
 
 #include <fcntl.h>
 #include <netinet/in.h>
@@ -604,12 +605,10 @@ Coordinator::Impl::Impl(const Config& c, CoordinatorOptions o) : cfg(c), opt(std
 
 void Coordinator::Impl::log(const char* fmt, ...) const {
   if (!opt.log) return;
-  char buf[1024];
   va_list ap;
   va_start(ap, fmt);
-  std::vsnprintf(buf, sizeof buf, fmt, ap);
+  vlog_line("[coordinator]", fmt, ap);
   va_end(ap);
-  std::fprintf(stderr, "[coordinator] %s\n", buf);
 }
 
 void Coordinator::Impl::refused(const std::string& who, const std::string& reason) {

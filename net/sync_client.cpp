@@ -1,4 +1,5 @@
 #include "net/sync_client.hpp"
+#include "net/log.hpp"
 
 #include <netinet/in.h>
 #include <netinet/tcp.h>
@@ -106,12 +107,12 @@ struct SyncClient::Impl {
 
   void log(const char* fmt, ...) const __attribute__((format(printf, 2, 3))) {
     if (!opt.log) return;
-    char buf[1024];
+    char prefix[32];
+    std::snprintf(prefix, sizeof prefix, "[node %d]", node);
     va_list ap;
     va_start(ap, fmt);
-    std::vsnprintf(buf, sizeof buf, fmt, ap);
+    vlog_line(prefix, fmt, ap);
     va_end(ap);
-    std::fprintf(stderr, "[node %d] %s\n", node, buf);
   }
 
   void gather_owned(const float* params, float* out) const {
