@@ -13,10 +13,10 @@
 
 #include "engine/config.hpp"
 #include "engine/openmp_env.hpp"
-#include "engine/ops/ops.hpp"
+#include "model/cpu/ops.hpp"
 #include "engine/trainer.hpp"
 #include "model/layout.hpp"
-#include "model/model.hpp"
+#include "model/cpu/cpu_model.hpp"
 
 #include <cblas.h>
 #include <omp.h>

@@ -8,7 +8,7 @@
 
 #include <string>
 
-#include "engine/error.hpp"
+#include "engine/base/error.hpp"
 
 namespace spes::cuda {
 

@@ -8,7 +8,7 @@
 #include <cstdint>
 #include <string>
 
-#include "engine/error.hpp"
+#include "engine/base/error.hpp"
 
 namespace spes::cuda {
 

@@ -4,7 +4,7 @@
 
 #include "cuda/device_probe.hpp"
 #include "cuda/matmul.cuh"
-#include "engine/error.hpp"
+#include "engine/base/error.hpp"
 
 namespace spes::cuda {
 

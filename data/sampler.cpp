@@ -5,7 +5,7 @@
 #include <limits>
 #include <utility>
 
-#include "engine/error.hpp"
+#include "engine/base/error.hpp"
 
 namespace spes {
 

@@ -13,7 +13,7 @@
 #include <fstream>
 #include <utility>
 
-#include "engine/error.hpp"
+#include "engine/base/error.hpp"
 
 namespace spes {
 

@@ -16,7 +16,7 @@
 #include <sstream>
 
 #include "data/tokenizer.hpp"
-#include "engine/error.hpp"
+#include "engine/base/error.hpp"
 
 namespace spes {
 

@@ -1,6 +1,6 @@
 #include "data/tokenizer.hpp"
 
-#include "engine/error.hpp"
+#include "engine/base/error.hpp"
 
 namespace spes {
 

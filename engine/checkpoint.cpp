@@ -26,9 +26,9 @@
 #include <filesystem>
 #include <optional>
 
-#include "engine/atomic_file.hpp"
-#include "engine/checksum.hpp"
-#include "engine/error.hpp"
+#include "engine/base/atomic_file.hpp"
+#include "engine/base/checksum.hpp"
+#include "engine/base/error.hpp"
 
 namespace spes {
 

@@ -11,12 +11,13 @@
 #include "engine/args.hpp"
 #include "engine/checkpoint.hpp"
 #include "engine/config.hpp"
-#include "engine/error.hpp"
+#include "engine/base/error.hpp"
 #include "engine/local.hpp"
 #include "engine/trainer.hpp"
 #include "model/hf_export.hpp"
 #include "net/coordinator.hpp"
-#include "net/merge.hpp"
+#include "engine/commands.hpp"
+#include "model/expert_merge.hpp"
 
 namespace spes {
 
@@ -68,7 +69,7 @@ int coordinator_command(int argc, char** argv) {
   return net::coordinator_main(load_config(config, sets), rest);
 }
 
-int merge_experts_command(int argc, char** argv) { return net::merge_experts_main({argv + 1, argv + argc}); }
+int merge_experts_command(int argc, char** argv) { return merge_experts_main({argv + 1, argv + argc}); }
 
 struct Command {
   const char* name;

@@ -12,7 +12,7 @@
 #include <sstream>
 #include <toml.hpp>
 
-#include "engine/error.hpp"
+#include "engine/base/error.hpp"
 
 namespace spes {
 namespace {

@@ -25,7 +25,7 @@
 
 #include "engine/args.hpp"
 #include "engine/config.hpp"
-#include "engine/error.hpp"
+#include "engine/base/error.hpp"
 
 namespace spes {
 

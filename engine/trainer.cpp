@@ -12,9 +12,9 @@
 
 #include "engine/args.hpp"
 #include "engine/checkpoint.hpp"
-#include "engine/error.hpp"
+#include "engine/base/error.hpp"
 #include "engine/net_sync.hpp"
-#include "engine/ops/ops.hpp"
+#include "model/cpu/ops.hpp"
 #include "engine/schedule.hpp"
 
 namespace spes {

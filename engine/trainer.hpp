@@ -11,7 +11,7 @@
 #include "data/sampler.hpp"
 #include "engine/config.hpp"
 #include "model/layout.hpp"
-#include "model/model.hpp"
+#include "model/cpu/cpu_model.hpp"
 
 namespace spes {
 

@@ -6,8 +6,8 @@
 #include <nlohmann/json.hpp>
 #include <sstream>
 
-#include "engine/atomic_file.hpp"
-#include "engine/error.hpp"
+#include "engine/base/atomic_file.hpp"
+#include "engine/base/error.hpp"
 
 namespace spes {
 

@@ -13,8 +13,8 @@
 #include <nlohmann/json.hpp>
 #include <set>
 
-#include "engine/atomic_file.hpp"
-#include "engine/error.hpp"
+#include "engine/base/atomic_file.hpp"
+#include "engine/base/error.hpp"
 
 namespace spes {
 

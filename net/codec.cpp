@@ -5,7 +5,7 @@
 #include <cmath>
 #include <cstring>
 
-#include "engine/error.hpp"
+#include "engine/base/error.hpp"
 
 namespace spes::net {
 

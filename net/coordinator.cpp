@@ -1,5 +1,5 @@
 #include "net/coordinator.hpp"
-#include "net/log.hpp"
+#include "engine/base/log.hpp"
 
 #include <fcntl.h>
 #include <netinet/in.h>
@@ -27,15 +27,16 @@
 #include <set>
 #include <sstream>
 
-#include "engine/error.hpp"
+#include "engine/base/error.hpp"
 #include "model/hf_export.hpp"
 #include "model/layout.hpp"
 #include "net/codec.hpp"
 #include "net/digest.hpp"
 #include "net/frame.hpp"
 #include "net/grid.hpp"
-#include "net/merge.hpp"
-#include "net/parallel.hpp"
+#include "net/streaming_merge.hpp"
+#include "model/expert_merge.hpp"
+#include "engine/base/parallel.hpp"
 #include "net/state_file.hpp"
 
 namespace spes::net {

@@ -9,7 +9,7 @@
 #include <cstring>
 #include <random>
 
-#include "engine/error.hpp"
+#include "engine/base/error.hpp"
 
 #if defined(__x86_64__)
 #include <immintrin.h>

@@ -11,7 +11,7 @@
 #include <span>
 #include <string>
 
-#include "engine/checksum.hpp"
+#include "engine/base/checksum.hpp"
 
 namespace spes::net {
 

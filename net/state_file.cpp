@@ -7,7 +7,7 @@
 #include <cstring>
 #include <filesystem>
 
-#include "engine/error.hpp"
+#include "engine/base/error.hpp"
 #include "net/digest.hpp"
 
 namespace spes::net {

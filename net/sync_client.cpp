@@ -1,5 +1,5 @@
 #include "net/sync_client.hpp"
-#include "net/log.hpp"
+#include "engine/base/log.hpp"
 
 #include <netinet/in.h>
 #include <netinet/tcp.h>
@@ -16,7 +16,7 @@
 
 #include <boost/asio.hpp>
 
-#include "engine/error.hpp"
+#include "engine/base/error.hpp"
 #include "net/codec.hpp"
 #include "net/coordinator.hpp"
 #include "net/digest.hpp"

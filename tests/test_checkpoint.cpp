@@ -13,8 +13,8 @@
 #include <vector>
 
 #include "engine/checkpoint.hpp"
-#include "engine/checksum.hpp"
-#include "engine/error.hpp"
+#include "engine/base/checksum.hpp"
+#include "engine/base/error.hpp"
 
 #include "test_util.hpp"
 

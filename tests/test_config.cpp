@@ -6,7 +6,7 @@
 #include <vector>
 
 #include "engine/config.hpp"
-#include "engine/error.hpp"
+#include "engine/base/error.hpp"
 
 using namespace spes;
 

@@ -6,7 +6,7 @@
 
 #include "cuda/adamw.cuh"
 #include "cuda/global_norm.cuh"
-#include "engine/ops/ops.hpp"
+#include "model/cpu/ops.hpp"
 #include "tests/cuda_test.cuh"
 
 using namespace spes::cuda;

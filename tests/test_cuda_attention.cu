@@ -14,7 +14,7 @@
 
 #include "cuda/attention.cuh"
 #include "cuda/check.cuh"
-#include "engine/ops/ops.hpp"
+#include "model/cpu/ops.hpp"
 #include "tests/gpu_test.hpp"
 
 namespace {

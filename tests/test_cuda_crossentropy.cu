@@ -6,7 +6,7 @@
 #include <tuple>
 
 #include "cuda/crossentropy.cuh"
-#include "engine/ops/ops.hpp"
+#include "model/cpu/ops.hpp"
 #include "tests/cuda_test.cuh"
 
 using namespace spes::cuda;

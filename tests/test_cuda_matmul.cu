@@ -5,7 +5,7 @@
 #include <tuple>
 
 #include "cuda/matmul.cuh"
-#include "engine/ops/ops.hpp"
+#include "model/cpu/ops.hpp"
 #include "tests/cuda_test.cuh"
 
 using namespace spes::cuda;

@@ -28,7 +28,7 @@
 #include "cuda/moe.cuh"
 #include "cuda/router.cuh"
 #include "cuda/swiglu.cuh"
-#include "engine/ops/ops.hpp"
+#include "model/cpu/ops.hpp"
 #include "tests/gpu_test.hpp"
 
 namespace {

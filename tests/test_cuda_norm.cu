@@ -6,7 +6,7 @@
 
 #include "cuda/rmsnorm.cuh"
 #include "cuda/rope.cuh"
-#include "engine/ops/ops.hpp"
+#include "model/cpu/ops.hpp"
 #include "tests/cuda_test.cuh"
 
 using namespace spes::cuda;

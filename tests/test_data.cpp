@@ -20,7 +20,7 @@
 #include "data/token_file.hpp"
 #include "data/tokenize.hpp"
 #include "data/tokenizer.hpp"
-#include "engine/error.hpp"
+#include "engine/base/error.hpp"
 
 #include "test_util.hpp"
 

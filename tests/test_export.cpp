@@ -13,7 +13,7 @@
 #include <string>
 #include <vector>
 
-#include "engine/error.hpp"
+#include "engine/base/error.hpp"
 #include "model/hf_export.hpp"
 #include "model/layout.hpp"
 #include "model/safetensors.hpp"

@@ -7,7 +7,7 @@
 #include <vector>
 
 #include "model/layout.hpp"
-#include "model/model.hpp"
+#include "model/cpu/cpu_model.hpp"
 
 using namespace spes;
 

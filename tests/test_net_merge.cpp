@@ -7,11 +7,13 @@
 #include <random>
 #include <vector>
 
-#include "engine/error.hpp"
+#include "engine/base/error.hpp"
 #include "model/hf_export.hpp"
 #include "model/layout.hpp"
 #include "net/grid.hpp"
-#include "net/merge.hpp"
+#include "net/streaming_merge.hpp"
+#include "model/expert_merge.hpp"
+#include "engine/commands.hpp"
 #include "net_test_util.hpp"
 
 using namespace spes;

@@ -3,7 +3,7 @@
 // closes, and the coordinator keeps serving (real nodes complete a round after).
 #include <doctest/doctest.h>
 
-#include "engine/error.hpp"
+#include "engine/base/error.hpp"
 #include "net_test_util.hpp"
 
 using namespace spes;

@@ -6,9 +6,10 @@
 
 #include <cmath>
 
-#include "engine/error.hpp"
+#include "engine/base/error.hpp"
 #include "model/hf_export.hpp"
-#include "net/merge.hpp"
+#include "net/streaming_merge.hpp"
+#include "model/expert_merge.hpp"
 #include "net/state_file.hpp"
 #include "net_test_util.hpp"
 

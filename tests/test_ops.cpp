@@ -21,7 +21,7 @@
 #include <string>
 #include <vector>
 
-#include "engine/ops/ops.hpp"
+#include "model/cpu/ops.hpp"
 
 using namespace spes::cpu;
 

@@ -9,7 +9,7 @@
 
 #include "engine/checkpoint.hpp"
 #include "engine/config.hpp"
-#include "engine/error.hpp"
+#include "engine/base/error.hpp"
 #include "engine/trainer.hpp"
 #include "model/hf_export.hpp"
 #include "test_util.hpp"

@@ -15,7 +15,7 @@
 
 #include "model/hf_export.hpp"
 #include "model/layout.hpp"
-#include "model/model.hpp"
+#include "model/cpu/cpu_model.hpp"
 #include "model/safetensors.hpp"
 
 using namespace spes;

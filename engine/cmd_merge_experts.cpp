@@ -9,11 +9,12 @@
 #include <string>
 #include <vector>
 
-#include "engine/error.hpp"
+#include "engine/base/error.hpp"
 #include "model/safetensors.hpp"
-#include "net/merge.hpp"
+#include "engine/commands.hpp"
+#include "model/expert_merge.hpp"
 
-namespace spes::net {
+namespace spes {
 
 namespace {
 
@@ -87,4 +88,4 @@ int merge_experts_main(const std::vector<std::string>& args) {
   return 0;
 }
 
-}  // namespace spes::net
+}  // namespace spes

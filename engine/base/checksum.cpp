@@ -1,4 +1,4 @@
-#include "engine/checksum.hpp"
+#include "engine/base/checksum.hpp"
 
 #include <boost/crc.hpp>
 #include <cstring>

@@ -11,7 +11,7 @@
 
 #include <algorithm>
 
-#include "engine/ops/ops.hpp"
+#include "model/cpu/ops.hpp"
 
 namespace spes::cpu {
 namespace {

@@ -2,7 +2,7 @@
 // rstd = 1/sqrt(mean(x²) + eps), statistics in fp32.
 #include <cmath>
 
-#include "engine/ops/ops.hpp"
+#include "model/cpu/ops.hpp"
 
 namespace spes::cpu {
 

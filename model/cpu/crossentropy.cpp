@@ -2,7 +2,7 @@
 // (ZLM = mean_t lse_t², DESIGN §1). Softmax in fp32 with the max subtracted.
 #include <cmath>
 
-#include "engine/ops/ops.hpp"
+#include "model/cpu/ops.hpp"
 
 namespace spes::cpu {
 

@@ -2,7 +2,7 @@
 // gradient clipping.
 #include <cmath>
 
-#include "engine/ops/ops.hpp"
+#include "model/cpu/ops.hpp"
 
 namespace spes::cpu {
 

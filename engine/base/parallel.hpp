@@ -8,7 +8,7 @@
 #include <thread>
 #include <vector>
 
-namespace spes::net {
+namespace spes {
 
 // Calls f(i) for i in [0, n) on up to hardware_concurrency threads (dynamic
 // scheduling, one index at a time). f must not throw.
@@ -29,4 +29,4 @@ void parallel_for(int64_t n, F&& f) {
   for (auto& t : pool) t.join();
 }
 
-}  // namespace spes::net
+}  // namespace spes

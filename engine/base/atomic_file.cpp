@@ -1,4 +1,4 @@
-#include "engine/atomic_file.hpp"
+#include "engine/base/atomic_file.hpp"
 
 #include <fcntl.h>
 #include <unistd.h>
@@ -7,7 +7,7 @@
 #include <cstring>
 #include <filesystem>
 
-#include "engine/error.hpp"
+#include "engine/base/error.hpp"
 
 namespace spes {
 

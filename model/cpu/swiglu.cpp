@@ -5,8 +5,8 @@
 #include <bit>
 #include <cstdint>
 
-#include "engine/ops/fast_exp.hpp"
-#include "engine/ops/ops.hpp"
+#include "model/cpu/fast_exp.hpp"
+#include "model/cpu/ops.hpp"
 
 namespace spes::cpu {
 namespace {

@@ -18,8 +18,8 @@
 #include <cmath>
 #include <vector>
 
-#include "engine/ops/fast_exp.hpp"
-#include "engine/ops/ops.hpp"
+#include "model/cpu/fast_exp.hpp"
+#include "model/cpu/ops.hpp"
 
 namespace spes::cpu {
 namespace {

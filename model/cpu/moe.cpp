@@ -4,7 +4,7 @@
 #include <cassert>
 #include <cstring>
 
-#include "engine/ops/ops.hpp"
+#include "model/cpu/ops.hpp"
 
 namespace spes::cpu {
 

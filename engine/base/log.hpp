@@ -3,7 +3,7 @@
 #include <cstdarg>
 #include <cstdio>
 
-namespace spes::net {
+namespace spes {
 
 inline void vlog_line(const char* prefix, const char* fmt, va_list ap) {
   char buf[1024];
@@ -11,4 +11,4 @@ inline void vlog_line(const char* prefix, const char* fmt, va_list ap) {
   std::fprintf(stderr, "%s %s\n", prefix, buf);
 }
 
-}  // namespace spes::net
+}  // namespace spes

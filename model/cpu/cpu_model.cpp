@@ -1,9 +1,9 @@
-#include "model/model.hpp"
+#include "model/cpu/cpu_model.hpp"
 
 #include <algorithm>
 #include <cmath>
 
-#include "engine/ops/ops.hpp"
+#include "model/cpu/ops.hpp"
 
 namespace spes {
 

@@ -1,7 +1,7 @@
 // Token embedding lookup and its backward (scatter-add into the table).
 #include <cstring>
 
-#include "engine/ops/ops.hpp"
+#include "model/cpu/ops.hpp"
 
 namespace spes::cpu {
 
