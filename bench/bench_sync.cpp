@@ -157,7 +157,7 @@ double raw_tcp_seconds(int64_t bytes) {
 
 // Local "training" between rounds: a small change to every owned parameter.
 void perturb(std::vector<float>& p, const Ownership& own, int round) {
-  for (const Range& r : own.owned_ranges)
+  for (const Range& r : own.space.ranges())
     for (int64_t i = r.begin; i < r.end; ++i) p[size_t(i)] += 1e-4f * float(((i * 2654435761u + round) >> 7) % 200 - 100) / 100.0f;
 }
 
@@ -252,7 +252,7 @@ int main(int argc, char** argv) {
     }
     ::kill(pid, SIGTERM);
     ::waitpid(pid, nullptr, 0);
-    const double ref = (double(owns[0].owned_count) * 4 + double(layout.total) * 4) / 1e6;
+    const double ref = (double(owns[0].space.size()) * 4 + double(layout.total) * 4) / 1e6;
     const double total = double(st[0].bytes_up + st[0].bytes_down) / 1e6;
     std::printf("%-5s %9.1f %9.1f %9.1f %11.1f %7.2f %8.3f\n", codec, st[0].bytes_up / 1e6, st[0].bytes_down / 1e6,
                 total, ref, total / ref, secs);

@@ -39,7 +39,7 @@ int main(int argc, char** argv) {
   omp_set_num_threads(threads);
   ParamLayout layout = make_layout(m);
   Ownership own = make_ownership(m, layout, 0, 1, "all", 0);
-  std::vector<float> params(layout.total), grads(own.owned_count), mom1(own.owned_count), mom2(own.owned_count);
+  std::vector<float> params(layout.total), grads(own.space.size()), mom1(own.space.size()), mom2(own.space.size());
   init_parameters(params.data(), m, layout, c.train.seed);
   CpuModel model(m, layout, own, c.train.micro_batch, m.seq_len);
   std::mt19937 g(1);
@@ -54,7 +54,7 @@ int main(int argc, char** argv) {
     std::fill(grads.begin(), grads.end(), 0.0f);
     for (int64_t k = 0; k < n_micro; ++k)
       model.forward_backward(params.data(), grads.data(), x.data(), y.data(), c.train.loss, 1.0f, 1.0f / n_micro);
-    cpu::adamw_update(params.data(), grads.data(), mom1.data(), mom2.data(), own.owned_count, 1e-4f, 0.9f, 0.95f,
+    cpu::adamw_update(params.data(), grads.data(), mom1.data(), mom2.data(), own.space.size(), 1e-4f, 0.9f, 0.95f,
                       1e-8f, 0.1f, 1);
   };
   step();  // warm-up

@@ -70,9 +70,9 @@ Trainer::Trainer(const Config& config)
   // all start from the same parameters; only the data order is node-specific.
   params_.resize(layout_.total);
   init_parameters(params_.data(), cfg_.model, layout_, cfg_.train.seed);
-  grads_.assign(own_.owned_count, 0.0f);
-  m_.assign(own_.owned_count, 0.0f);
-  v_.assign(own_.owned_count, 0.0f);
+  grads_.assign(own_.space.size(), 0.0f);
+  m_.assign(own_.space.size(), 0.0f);
+  v_.assign(own_.space.size(), 0.0f);
   data_ = std::make_unique<DataPipeline>(open_data(data_spec(cfg_)));
   model_ = std::make_unique<CpuModel>(cfg_.model, layout_, own_, cfg_.train.micro_batch, cfg_.model.seq_len);
   inputs_.resize(cfg_.train.micro_batch * cfg_.model.seq_len);
@@ -158,7 +158,7 @@ void Trainer::train_step(std::ostream& csv) {
     cpu::scale_inplace(grads_.data(), int64_t(grads_.size()), float(cfg_.optim.grad_clip / (grad_norm + 1e-6)));
   const double lr = lr_at(cfg_.optim, step_);
   for (const ParamTensor& t : layout_.tensors) {
-    const int64_t g = own_.owned_index(t.offset);
+    const int64_t g = own_.space.packed_index(t.offset);
     if (g < 0) continue;  // frozen expert: no state, no update
     const bool no_decay = !cfg_.optim.decay_norms_and_embeddings &&
                           (t.kind == ParamKind::norm || t.kind == ParamKind::embedding);
@@ -222,7 +222,7 @@ void Trainer::restore_latest() {
   if (s.node_id != cfg_.spes.node_id)
     throw CheckpointError(dir + ": checkpoint belongs to node " + std::to_string(s.node_id) + ", not node " +
                           std::to_string(cfg_.spes.node_id));
-  if (int64_t(s.adam_m.size()) != own_.owned_count || int64_t(s.adam_v.size()) != own_.owned_count)
+  if (int64_t(s.adam_m.size()) != own_.space.size() || int64_t(s.adam_v.size()) != own_.space.size())
     throw CheckpointError(dir + ": optimizer-state sizes do not match the config");
   m_ = std::move(s.adam_m);
   v_ = std::move(s.adam_v);
@@ -239,7 +239,7 @@ void Trainer::run(std::ostream& csv, bool resume) {
   std::fprintf(stderr,
                "[node %lld] %lld parameters (%lld shared, %lld per expert), owned %lld; optimizer state %.1f MiB\n",
                (long long)cfg_.spes.node_id, (long long)layout_.total, (long long)layout_.shared_count,
-               (long long)layout_.expert_block, (long long)own_.owned_count, optimizer_state_bytes() / 1048576.0);
+               (long long)layout_.expert_block, (long long)own_.space.size(), optimizer_state_bytes() / 1048576.0);
   csv << csv_header() << std::endl;
   const int64_t stop = cfg_.train.max_steps_this_run > 0
                            ? std::min(cfg_.train.steps, step_ + cfg_.train.max_steps_this_run)

@@ -71,16 +71,6 @@ const ParamTensor* ParamLayout::find(const std::string& name) const {
   return nullptr;
 }
 
-int64_t Ownership::owned_index(int64_t offset) const {
-  int64_t base = 0;
-  for (const Range& r : owned_ranges) {
-    if (offset < r.begin) return -1;
-    if (offset < r.end) return base + (offset - r.begin);
-    base += r.size();
-  }
-  return -1;
-}
-
 Ownership make_ownership(const ModelConfig& m, const ParamLayout& layout, int node_id, int n_nodes,
                          const std::string& ownership, int64_t experts_per_node) {
   const int E = static_cast<int>(m.n_experts);
@@ -105,15 +95,11 @@ Ownership make_ownership(const ModelConfig& m, const ParamLayout& layout, int no
   o.owned.assign(E, false);
   for (int e = 0; e < E; ++e)
     o.owned[e] = std::find(o.owners[e].begin(), o.owners[e].end(), node_id) != o.owners[e].end();
-  // Shared params are always trained; owned expert blocks append, merged when adjacent.
-  o.owned_ranges.push_back({0, layout.shared_count});
-  for (int e = 0; e < E; ++e) {
-    if (!o.owned[e]) continue;
-    Range r{layout.expert_begin(e), layout.expert_begin(e) + layout.expert_block};
-    if (o.owned_ranges.back().end == r.begin) o.owned_ranges.back().end = r.end;
-    else o.owned_ranges.push_back(r);
-  }
-  for (const Range& r : o.owned_ranges) o.owned_count += r.size();
+  // Shared params are always trained; owned expert blocks follow (adjacent ones merge).
+  std::vector<Range> ranges{{0, layout.shared_count}};
+  for (int e = 0; e < E; ++e)
+    if (o.owned[e]) ranges.push_back({layout.expert_begin(e), layout.expert_begin(e) + layout.expert_block});
+  o.space = OwnedSpace(ranges);
   return o;
 }
 

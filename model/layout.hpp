@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "model/model_config.hpp"
+#include "model/owned_space.hpp"
 
 namespace spes {
 
@@ -50,26 +51,17 @@ struct ParamLayout {
 
 ParamLayout make_layout(const ModelConfig& m);
 
-struct Range {
-  int64_t begin = 0, end = 0;
-  int64_t size() const { return end - begin; }
-  bool operator==(const Range&) const = default;
-};
-
 // Which experts each node owns (a table, not a formula: DESIGN §1) and this node's
-// view of it. Owned parameters get grads, master weights and moments, packed in
-// "owned index space": owned ranges laid end to end.
+// view of it: the owned parameters (shared block + owned expert blocks) as an
+// OwnedSpace, where grads, master weights and moments live packed.
 struct Ownership {
   int node_id = 0;
   int n_nodes = 1;
   std::vector<std::vector<int>> owners;  // per expert: the nodes that train it
   std::vector<bool> owned;               // per expert: does this node train it
-  std::vector<Range> owned_ranges;       // merged, ascending, in the flat buffer
-  int64_t owned_count = 0;               // sum of owned range sizes
+  OwnedSpace space;                      // shared block + owned expert blocks
 
   bool owns_expert(int e) const { return owned[e]; }
-  // Index in owned space of flat element `offset`, or -1 when it is frozen.
-  int64_t owned_index(int64_t offset) const;
 };
 
 // ownership "all": every node owns every expert (centralized, DiLoCo/FedAvg).

@@ -533,7 +533,7 @@ Coordinator::Impl::Impl(const Config& c, CoordinatorOptions o) : cfg(c), opt(std
     fingerprints.push_back(model_fingerprint(m, layout, own));
     std::vector<int> chunks;
     std::vector<uint8_t> owns(grid.chunks.size(), 0);
-    for (const Range& r : own.owned_ranges)
+    for (const Range& r : own.space.ranges())
       for (int ch : grid.chunks_in(r)) chunks.push_back(ch), owns[ch] = 1;
     node_chunks.push_back(std::move(chunks));
     node_owns.push_back(std::move(owns));

@@ -91,7 +91,7 @@ struct SyncClient::Impl {
     addr = parse_host_port(opt.address.empty() ? cfg.spes.coordinator : opt.address);
     node = own.node_id;
     if (opt.io_timeout_s <= 0) opt.io_timeout_s = std::max(60.0, cfg.spes.round_timeout_s + 120.0);
-    base.resize(size_t(own.owned_count));
+    base.resize(size_t(own.space.size()));
     if (opt.initial_params) {
       gather_owned(opt.initial_params, base.data());
     } else {
@@ -115,29 +115,16 @@ struct SyncClient::Impl {
     va_end(ap);
   }
 
-  void gather_owned(const float* params, float* out) const {
-    int64_t o = 0;
-    for (const Range& r : own.owned_ranges) {
-      std::memcpy(out + o, params + r.begin, size_t(r.size()) * 4);
-      o += r.size();
-    }
-  }
-  void scatter_owned(const float* in, float* params) const {
-    int64_t o = 0;
-    for (const Range& r : own.owned_ranges) {
-      std::memcpy(params + r.begin, in + o, size_t(r.size()) * 4);
-      o += r.size();
-    }
-  }
+  void gather_owned(const float* params, float* out) const { own.space.gather(params, out); }
+  void scatter_owned(const float* in, float* params) const { own.space.scatter(in, params); }
 
   uint64_t base_hash(const float* params) const {
     StateHasher h;
-    int64_t at = 0, o = 0;
-    for (const Range& r : own.owned_ranges) {
-      h.update(params + at, r.begin - at);
-      h.update(base.data() + o, r.size());
-      o += r.size();
-      at = r.end;
+    int64_t at = 0;
+    for (const OwnedSegment& s : own.space.segments()) {
+      h.update(params + at, s.flat.begin - at);
+      h.update(base.data() + s.packed_begin, s.flat.size());
+      at = s.flat.end;
     }
     h.update(params + at, layout.total - at);
     return h.digest();
@@ -250,14 +237,11 @@ struct SyncClient::Impl {
       grid = make_grid(layout, cfg.model.n_experts, ce);
       owned_chunks.clear();
       owned_off.assign(grid.chunks.size(), -1);
-      int64_t o = 0;
-      for (const Range& r : own.owned_ranges) {
+      for (const Range& r : own.space.ranges())
         for (int c : grid.chunks_in(r)) {
-          owned_chunks.push_back({c, o + (grid.chunks[c].begin - r.begin)});
-          owned_off[c] = owned_chunks.back().owned_off;
+          owned_off[c] = own.space.packed_offset({grid.chunks[c].begin, grid.chunks[c].end});
+          owned_chunks.push_back({c, owned_off[c]});
         }
-        o += r.size();
-      }
     }
     connected = true;
     const bool in_sync = w->in_sync() && !force_snapshot;
@@ -459,9 +443,9 @@ void SyncClient::load_state(const CheckpointState& s) {
   I.force_snapshot = false;
   I.round = s.sync_round;
   if (!s.sync_base.empty()) {
-    if (int64_t(s.sync_base.size()) != I.own.owned_count)
+    if (int64_t(s.sync_base.size()) != I.own.space.size())
       throw NetError("checkpoint sync_base has " + std::to_string(s.sync_base.size()) + " values, node owns " +
-                     std::to_string(I.own.owned_count));
+                     std::to_string(I.own.space.size()));
     I.base = s.sync_base;
   }
   if (codec_is_lossy(I.codec)) {

@@ -117,7 +117,7 @@ struct TestNode {
 
   void train(int64_t steps = 5) {
     for (int64_t s = 0; s < steps; ++s, ++step)
-      for (const Range& r : own.owned_ranges)
+      for (const Range& r : own.space.ranges())
         for (int64_t i = r.begin; i < r.end; ++i) params[i] += 1e-3f * noise(own.node_id, step, i);
   }
   SyncStats sync() { return client->sync_round(params.data(), step); }

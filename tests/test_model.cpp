@@ -71,7 +71,7 @@ TEST_CASE("whole-model gradients match finite differences for every parameter ki
   Ownership own = make_ownership(f.cfg, f.layout, 0, 2, "partitioned", 0);
   const float aux = 0.8f;
   CpuModel model(f.cfg, f.layout, own, f.B, f.T);
-  std::vector<float> grads(own.owned_count, 0.0f);
+  std::vector<float> grads(own.space.size(), 0.0f);
   model.forward_backward(f.params.data(), grads.data(), f.inputs.data(), f.targets.data(), loss, aux, 1.0f);
 
   auto loss_at = [&](const std::vector<float>& p) {
@@ -85,7 +85,7 @@ TEST_CASE("whole-model gradients match finite differences for every parameter ki
   std::normal_distribution<float> nd(0.0f, 1.0f);
   int checked_kinds[6] = {0, 0, 0, 0, 0, 0};
   for (const ParamTensor& t : f.layout.tensors) {
-    const int64_t gi = own.owned_index(t.offset);
+    const int64_t gi = own.space.packed_index(t.offset);
     if (gi < 0) continue;
     std::vector<float> dir(t.numel());
     for (auto& x : dir) x = nd(g);
@@ -115,16 +115,16 @@ TEST_CASE("frozen experts: no weight gradients, activation gradients still flow"
   const LossConfig loss = strong_aux();
   Ownership all = make_ownership(f.cfg, f.layout, 0, 1, "all", 0);
   Ownership half = make_ownership(f.cfg, f.layout, 1, 2, "partitioned", 0);  // owns experts 2, 3
-  REQUIRE(half.owned_count == f.layout.shared_count + 2 * f.layout.expert_block);
-  REQUIRE(half.owned_ranges.size() == 2);
+  REQUIRE(half.space.size() == f.layout.shared_count + 2 * f.layout.expert_block);
+  REQUIRE(half.space.ranges().size() == 2);
   CpuModel m_all(f.cfg, f.layout, all, f.B, f.T), m_half(f.cfg, f.layout, half, f.B, f.T);
-  std::vector<float> g_all(all.owned_count, 0.0f), g_half(half.owned_count, 0.0f);
+  std::vector<float> g_all(all.space.size(), 0.0f), g_half(half.space.size(), 0.0f);
   m_all.forward_backward(f.params.data(), g_all.data(), f.inputs.data(), f.targets.data(), loss, 1.0f, 1.0f);
   m_half.forward_backward(f.params.data(), g_half.data(), f.inputs.data(), f.targets.data(), loss, 1.0f, 1.0f);
   // Every gradient the half-owner has equals the full owner's, bitwise: the frozen
   // experts' activation gradients reach the shared parameters unchanged.
   for (const ParamTensor& t : f.layout.tensors) {
-    const int64_t gh = half.owned_index(t.offset), ga = all.owned_index(t.offset);
+    const int64_t gh = half.space.packed_index(t.offset), ga = all.space.packed_index(t.offset);
     REQUIRE(ga >= 0);
     if (t.expert >= 0) CHECK((gh >= 0) == (t.expert >= 2));
     if (gh < 0) continue;
@@ -211,8 +211,8 @@ TEST_CASE("layout: shared first, expert-major blocks, HF names, ownership ranges
   CHECK(o.owners[2] == std::vector<int>{0});
   CHECK(o.owners[3] == std::vector<int>{1});
   CHECK(o.owned == std::vector<bool>{true, true, false, true});
-  CHECK(o.owned_index(L.expert_begin(2)) == -1);
-  CHECK(o.owned_index(L.expert_begin(3)) == L.shared_count + 2 * L.expert_block);
+  CHECK(o.space.packed_index(L.expert_begin(2)) == -1);
+  CHECK(o.space.packed_index(L.expert_begin(3)) == L.shared_count + 2 * L.expert_block);
   Ownership o0 = make_ownership(m, L, 0, 2, "partitioned", 3);
   CHECK(model_fingerprint(m, L, o) == model_fingerprint(m, L, o0));  // one run, one fingerprint
   Ownership solo = make_ownership(m, L, 0, 1, "all", 0);

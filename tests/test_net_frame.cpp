@@ -145,7 +145,7 @@ TEST_CASE("grid: chunks cover the buffer, never straddle segments, and are found
   CHECK(g.find(-5, 0) == -1);
   const Ownership own = make_ownership(cfg.model, L, 1, 2, "partitioned", 0);
   int64_t covered = 0;
-  for (const Range& r : own.owned_ranges)
+  for (const Range& r : own.space.ranges())
     for (int c : g.chunks_in(r)) covered += g.chunks[c].size();
-  CHECK(covered == own.owned_count);
+  CHECK(covered == own.space.size());
 }

@@ -118,7 +118,7 @@ TEST_CASE("fuzz: 10,000 hostile frames are refused; the coordinator keeps servin
         REQUIRE(r.welcome);
         ++welcomed;
         const Ownership own = make_ownership(cfg.model, layout, node, 2, cfg.spes.ownership, cfg.spes.experts_per_node);
-        const auto chunks = grid.chunks_in(own.owned_ranges[g() % own.owned_ranges.size()]);
+        const auto chunks = grid.chunks_in(own.space.ranges()[g() % own.space.ranges().size()]);
         const GridChunk ch = grid.chunks[chunks[g() % chunks.size()]];
         ChunkTag t{1, 5, node, ch.begin, ch.end, Codec::int8};
         size_t bytes = encoded_bytes(Codec::int8, ch.size());

@@ -28,7 +28,7 @@ std::vector<float> expected_merge(const std::vector<std::unique_ptr<TestNode>>& 
   std::vector<double> sum(out.size(), 0.0);
   std::vector<int> count(out.size(), 0);
   for (int p : participants)
-    for (const Range& r : nodes[p]->own.owned_ranges)
+    for (const Range& r : nodes[p]->own.space.ranges())
       for (int64_t i = r.begin; i < r.end; ++i) sum[i] += double(nodes[p]->params[i]), ++count[i];
   for (size_t i = 0; i < out.size(); ++i)
     if (count[i]) out[i] = float(sum[i] / count[i]);
@@ -95,7 +95,7 @@ TEST_CASE("sync: lossy codecs keep every node and the coordinator bit-identical"
         worst = std::max(worst, double(std::fabs(nodes[0]->params[i] - expect[i])));
       CHECK(worst < (std::string(codec) == "int8" ? 2e-4 : 2e-4));
       theta = nodes[0]->params;
-      fp32_bytes = int64_t(nodes[0]->own.owned_count) * 4;
+      fp32_bytes = int64_t(nodes[0]->own.space.size()) * 4;
       CHECK(st[0].bytes_up < fp32_bytes * (std::string(codec) == "int8" ? 0.3 : 0.55));
     }
   }
@@ -172,7 +172,7 @@ TEST_CASE("faults: a node killed mid-round -> the round closes on timeout with q
     REQUIRE(read_reply(c).welcome);
     const ChunkGrid grid = make_grid(nodes[2]->layout, cfg.model.n_experts, 1024);
     int sent = 0;
-    for (const Range& r : nodes[2]->own.owned_ranges)
+    for (const Range& r : nodes[2]->own.space.ranges())
       for (int ch : grid.chunks_in(r)) {
         if (sent == 2) break;
         const GridChunk& g = grid.chunks[ch];
@@ -270,7 +270,7 @@ TEST_CASE("faults: coordinator restart (in-process) -> nodes continue, no round 
   const int64_t in0 = co->c->stats().bytes_in;
   std::thread t0([&] { s0 = nodes[0]->sync(); });
   // Node 0's whole push (≈ 1 byte per owned parameter with int8) has arrived.
-  const bool pushed = wait_until([&] { return co->c->stats().bytes_in - in0 >= nodes[0]->own.owned_count; });
+  const bool pushed = wait_until([&] { return co->c->stats().bytes_in - in0 >= nodes[0]->own.space.size(); });
   std::this_thread::sleep_for(std::chrono::milliseconds(50));
   CHECK(co->c->stats().round == 3);
   co.reset();

@@ -71,9 +71,9 @@ TEST_CASE("frozen experts stay bit-unchanged and get no optimizer state") {
   t.run(csv, false);
   const ParamLayout& L = t.layout();
   const Ownership& own = t.ownership();
-  CHECK(own.owned_count == L.shared_count + 2 * L.expert_block);
+  CHECK(own.space.size() == L.shared_count + 2 * L.expert_block);
   // grads + Adam m + Adam v, fp32, over owned parameters only.
-  CHECK(t.optimizer_state_bytes() == 3 * 4 * own.owned_count);
+  CHECK(t.optimizer_state_bytes() == 3 * 4 * own.space.size());
   for (int e = 0; e < 4; ++e) {
     const bool changed = !std::equal(before.begin() + L.expert_begin(e), before.begin() + L.expert_begin(e + 1),
                                      t.params().begin() + L.expert_begin(e));
