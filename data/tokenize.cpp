@@ -4,7 +4,6 @@
 #include <unistd.h>
 
 #include <algorithm>
-#include <boost/program_options.hpp>
 #include <cerrno>
 #include <cmath>
 #include <cstdio>
@@ -365,74 +364,6 @@ TokenizeSummary run_tokenize(const TokenizeOptions& opt) {
     write_manifest(summary.validation_manifest, manifest_text(opt, summary.validation_files));
   }
   return summary;
-}
-
-int tokenize_main(const std::vector<std::string>& args) {
-  namespace po = boost::program_options;
-  std::vector<std::string> inputs;
-  std::string out_dir, format = "auto", dtype = "uint16";
-  double val_fraction = 0.0;
-  int64_t shard_tokens = 0;
-  po::options_description desc(
-      "usage: spes-engine tokenize --input FILE... --out DIR [options]\n"
-      "Turns plain text or JSONL (a \"text\" field per line) into byte-level token files\n"
-      "and a manifest (DIR/train.manifest; with --val-fraction also DIR/val.manifest).\n"
-      "Options");
-  desc.add_options()
-      ("help,h", "print this help")
-      ("input,i", po::value(&inputs)->multitoken(), "input files (also accepted as plain arguments)")
-      ("out,o", po::value(&out_dir), "output folder")
-      ("format", po::value(&format)->default_value("auto"),
-       "auto|text|jsonl (auto: *.jsonl and *.json are JSONL, anything else text)")
-      ("dtype", po::value(&dtype)->default_value("uint16"), "uint16|uint32 token width")
-      ("val-fraction", po::value(&val_fraction)->default_value(0.0),
-       "hold out this fraction in [0, 1) as validation data")
-      ("shard-tokens", po::value(&shard_tokens)->default_value(0), "tokens per output file (0 = one file)")
-      ("no-eos", "do not end documents with token 0");
-  po::positional_options_description positional;
-  positional.add("input", -1);
-
-  auto usage_error = [&desc](const std::string& msg) {
-    std::cerr << "spes-engine tokenize: " << msg << "\n" << desc << "\n";
-    return 2;
-  };
-  TokenizeOptions opt;
-  try {
-    po::variables_map vm;
-    po::store(po::command_line_parser(args).options(desc).positional(positional).run(), vm);
-    po::notify(vm);
-    if (vm.count("help")) {
-      std::cout << desc << "\n";
-      return 0;
-    }
-    if (inputs.empty()) return usage_error("no input files (--input FILE...)");
-    if (out_dir.empty()) return usage_error("no output folder (--out DIR)");
-    if (format == "auto") opt.format = InputFormat::kAuto;
-    else if (format == "text") opt.format = InputFormat::kText;
-    else if (format == "jsonl") opt.format = InputFormat::kJsonl;
-    else return usage_error("--format '" + format + "' is not one of auto, text, jsonl");
-    if (dtype != "uint16" && dtype != "uint32") return usage_error("--dtype '" + dtype + "' is not uint16 or uint32");
-    opt.dtype = parse_token_dtype(dtype);
-    if (!(val_fraction >= 0.0 && val_fraction < 1.0)) return usage_error("--val-fraction must be in [0, 1)");
-    opt.val_fraction = val_fraction;
-    if (shard_tokens < 0) return usage_error("--shard-tokens must be >= 0");
-    opt.shard_tokens = static_cast<uint64_t>(shard_tokens);
-    opt.append_eos = vm.count("no-eos") == 0;
-    opt.inputs = inputs;
-    opt.out_dir = out_dir;
-  } catch (const po::error& e) {
-    return usage_error(e.what());
-  }
-
-  const TokenizeSummary s = run_tokenize(opt);
-  std::cerr << "tokenize: " << s.documents << " documents; " << s.train_tokens << " train tokens in "
-            << s.train_files.size() << " file(s) -> " << s.train_manifest;
-  if (!s.validation_manifest.empty()) {
-    std::cerr << "; " << s.validation_tokens << " validation tokens in " << s.validation_files.size()
-              << " file(s) -> " << s.validation_manifest;
-  }
-  std::cerr << "\n";
-  return 0;
 }
 
 }  // namespace spes

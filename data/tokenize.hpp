@@ -1,4 +1,4 @@
-// The `spes-engine tokenize` tool: plain text or JSONL in, OLMo-format token files
+// Tokenizing a corpus (`spes-engine tokenize`, engine/cmd_tokenize.cpp): plain text or JSONL in, OLMo-format token files
 // (data/token_file.hpp) and a manifest out, with the built-in byte-level tokenizer.
 //
 // Documents. A plain-text input file is one document; a JSONL line is one document
@@ -54,12 +54,5 @@ struct TokenizeSummary {
 // invalid JSON, a line that is not an object or lacks a string "text", a NUL byte,
 // or an output split that would be empty.
 TokenizeSummary run_tokenize(const TokenizeOptions& options);
-
-// `spes-engine tokenize --input FILE... --out DIR [--format auto|text|jsonl]
-// [--dtype uint16|uint32] [--val-fraction F] [--shard-tokens N] [--no-eos]`.
-// `args` are the words after "tokenize". Bad arguments print the error and the usage
-// to stderr and return 2; --help prints the usage to stdout and returns 0; data
-// errors propagate as DataError (main prints them). A summary goes to stderr.
-int tokenize_main(const std::vector<std::string>& args);
 
 }  // namespace spes

@@ -1,22 +1,46 @@
 #include "engine/args.hpp"
 
-#include <string>
+#include <iostream>
 
-#include "engine/base/error.hpp"
+#include "engine/config.hpp"
 
 namespace spes {
 
-void parse_args(int argc, char** argv, const boost::program_options::options_description& opts, const char* usage) {
-  namespace po = boost::program_options;
+namespace po = boost::program_options;
+
+bool parse_args(const std::vector<std::string>& args, po::options_description& opts, const std::string& usage,
+                const std::vector<std::string>& positional) {
+  opts.add_options()("help,h", "print this help");
   po::positional_options_description pos;
-  if (opts.find_nothrow("config", false)) pos.add("config", 1);
+  for (const std::string& name : positional) {
+    const bool rest = !name.empty() && name.back() == '*';
+    const std::string n = rest ? name.substr(0, name.size() - 1) : name;
+    if (opts.find_nothrow(n, false)) pos.add(n.c_str(), rest ? -1 : 1);
+  }
   po::variables_map vm;
   try {
-    po::store(po::command_line_parser(argc, argv).options(opts).positional(pos).run(), vm);
+    po::store(po::command_line_parser(args).options(opts).positional(pos).run(), vm);
+    if (vm.count("help")) {
+      std::cout << "usage: " << usage << "\n" << opts << "\n";
+      return false;
+    }
     po::notify(vm);
   } catch (const po::error& e) {
-    throw Error(std::string(e.what()) + "\nusage: " + usage);
+    throw UsageError(std::string(e.what()) + "\nusage: " + usage);
   }
+  return true;
+}
+
+void ConfigArgs::declare(po::options_description& opts, bool with_node_id) {
+  opts.add_options()("config", po::value(&config)->required(), "TOML config")(
+      "set", po::value(&sets)->composing(), "override a config key: section.key=value");
+  if (with_node_id) opts.add_options()("node-id", po::value(&node_id), "this node's id (same as --set spes.node_id=N)");
+}
+
+Config ConfigArgs::load() const {
+  std::vector<std::string> all = sets;
+  if (node_id >= 0) all.push_back("spes.node_id=" + std::to_string(node_id));
+  return load_config(config, all);
 }
 
 }  // namespace spes

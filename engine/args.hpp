@@ -1,13 +1,42 @@
-// Command-line parsing shared by the subcommands: Boost.Program_Options with the
-// config path as the positional argument, and a bad argument turned into one
-// Error line followed by the usage.
+// The one command-line parser of the subcommands: Boost.Program_Options, bare
+// words bound to positional options (the config path, tokenize's inputs), --help
+// printing the usage, and a bad argument turned into a UsageError (exit code 2)
+// that names it and shows the usage.
 #pragma once
 #include <boost/program_options.hpp>
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "engine/base/error.hpp"
 
 namespace spes {
 
-// Stores argv into the variables bound in `opts` (the first bare word is "config"
-// when `opts` declares it). Throws Error("<what>\nusage: <usage>").
-void parse_args(int argc, char** argv, const boost::program_options::options_description& opts, const char* usage);
+struct Config;
+
+// A wrong or missing command-line argument: run_cli prints it and exits 2.
+struct UsageError : Error {
+  using Error::Error;
+};
+
+// Stores `args` into the variables bound in `opts`. Bare words go, in order, to the
+// options named in `positional` ("config" by default when `opts` declares it; a
+// name may take every remaining word when it is the last and marked with a
+// trailing '*', e.g. "input*"). Adds --help; returns false when it was given (the
+// usage went to stdout and the command should return 0).
+bool parse_args(const std::vector<std::string>& args, boost::program_options::options_description& opts,
+                const std::string& usage, const std::vector<std::string>& positional = {"config"});
+
+// The arguments every config-reading command shares: CONFIG, --set k=v..., and
+// --node-id N (same as --set spes.node_id=N).
+struct ConfigArgs {
+  std::string config;
+  std::vector<std::string> sets;
+  int64_t node_id = -1;
+
+  // Declares CONFIG (positional), --set and, with_node_id, --node-id.
+  void declare(boost::program_options::options_description& opts, bool with_node_id = true);
+  Config load() const;  // load_config with the overrides; throws ConfigError
+};
 
 }  // namespace spes

@@ -1,110 +1,55 @@
 #include "engine/cli.hpp"
 
 #include <cstdio>
-#include <cstring>
-#include <string>
-#include <vector>
 
-#include <boost/program_options.hpp>
-
-#include "data/tokenize.hpp"
 #include "engine/args.hpp"
-#include "engine/checkpoint.hpp"
-#include "engine/config.hpp"
-#include "engine/base/error.hpp"
-#include "engine/local.hpp"
-#include "engine/trainer.hpp"
-#include "model/hf_export.hpp"
-#include "net/coordinator.hpp"
 #include "engine/commands.hpp"
-#include "model/expert_merge.hpp"
 
 namespace spes {
 
 namespace {
 
-int tokenize_command(int argc, char** argv) { return tokenize_main({argv + 1, argv + argc}); }
-
-// `export-hf --checkpoint DIR --out DIR [--dtype F32|BF16]`: the checkpoint's
-// model as a folder transformers loads (OlmoeForCausalLM).
-int export_hf_command(int argc, char** argv) {
-  namespace po = boost::program_options;
-  std::string checkpoint, out, dtype = "F32";
-  po::options_description opts;
-  opts.add_options()("checkpoint", po::value(&checkpoint)->required(), "checkpoint folder or root")(
-      "out", po::value(&out)->required(), "output folder")("dtype", po::value(&dtype), "F32 or BF16");
-  parse_args(argc, argv, opts, "spes-engine export-hf --checkpoint DIR --out DIR [--dtype F32|BF16]");
-  if (dtype != "F32" && dtype != "BF16") throw Error("--dtype " + dtype + ": expected F32 or BF16");
-  const CheckpointState s = load_checkpoint(checkpoint);
-  const Config c = parse_config_text(s.config_toml, checkpoint + "/config.toml");
-  const ParamLayout layout = make_layout(c.model);
-  if (int64_t(s.params.size()) != layout.total)
-    throw CheckpointError(checkpoint + ": " + std::to_string(s.params.size()) + " parameters, its config needs " +
-                          std::to_string(layout.total));
-  HfExportOptions o;
-  o.dtype = dtype;
-  o.router_aux_loss_coef = c.train.loss.lb_coef;
-  export_hf(c.model, layout, s.params.data(), out, o);
-  std::fprintf(stderr, "exported step %lld to %s (config.json, model.safetensors)\n", (long long)s.step, out.c_str());
-  return 0;
-}
-
-// `coordinator CONFIG [--set section.key=value]... [--dump-state DIR [--dump-every N]] [--port P]`
-int coordinator_command(int argc, char** argv) {
-  std::string config;
-  std::vector<std::string> sets, rest;
-  for (int i = 1; i < argc; ++i) {
-    const std::string a = argv[i];
-    const bool takes_value = a == "--set" || a == "--dump-state" || a == "--dump-every" || a == "--port";
-    if (takes_value && i + 1 >= argc) throw Error(a + " needs a value");
-    if (a == "--set") sets.push_back(argv[++i]);
-    else if (a.rfind("--set=", 0) == 0) sets.push_back(a.substr(6));
-    else if (takes_value) rest.push_back(a), rest.push_back(argv[++i]);
-    else if (config.empty() && !a.empty() && a[0] != '-') config = a;
-    else rest.push_back(a);
-  }
-  if (config.empty())
-    throw Error(
-        "usage: spes-engine coordinator CONFIG [--set section.key=value]... [--fresh] [--dump-state DIR [--dump-every N]]");
-  return net::coordinator_main(load_config(config, sets), rest);
-}
-
-int merge_experts_command(int argc, char** argv) { return merge_experts_main({argv + 1, argv + argc}); }
-
 struct Command {
   const char* name;
-  int (*main)(int, char**);
+  int (*run)(const std::vector<std::string>&);
   const char* summary;
 };
 
 const Command kCommands[] = {
-    {"train", train_main, "train one node: train CONFIG [--set section.key=value]... [--node-id N] [--resume]"},
-    {"local", local_main, "coordinator + every node on this machine: local CONFIG [--set k=v]... [--resume]"},
-    {"eval", eval_main, "validation loss: eval CONFIG --checkpoint DIR [--data MANIFEST]"},
-    {"export-hf", export_hf_command, "HF OLMoE export: export-hf --checkpoint DIR --out DIR [--dtype F32|BF16]"},
+    {"train", train_command, "train one node: train CONFIG [--set section.key=value]... [--node-id N] [--resume]"},
+    {"local", local_command, "coordinator + every node on this machine: local CONFIG [--set k=v]... [--resume]"},
     {"coordinator", coordinator_command,
      "merge coordinator: coordinator CONFIG [--set k=v]... [--fresh] [--dump-state DIR [--dump-every N]]"},
+    {"eval", eval_command, "validation loss: eval CONFIG --checkpoint DIR [--data MANIFEST]"},
+    {"export-hf", export_hf_command, "HF OLMoE export: export-hf --checkpoint DIR --out DIR [--dtype F32|BF16]"},
     {"merge-experts", merge_experts_command,
      "expert-merging warm-up on an HF export: merge-experts --in A.safetensors --out B.safetensors --alpha X [--topk K]"},
     {"tokenize", tokenize_command, "text/JSONL to token files: tokenize --input FILE... --out DIR [--val-fraction F]"},
 };
 
-void usage() {
-  std::fprintf(stderr, "usage: spes-engine <command> [args]\ncommands:\n");
-  for (const Command& c : kCommands) std::fprintf(stderr, "  %-14s %s\n", c.name, c.summary);
+void usage(std::FILE* to) {
+  std::fprintf(to, "usage: spes-engine <command> [args]   (spes-engine <command> --help for its options)\ncommands:\n");
+  for (const Command& c : kCommands) std::fprintf(to, "  %-14s %s\n", c.name, c.summary);
 }
 
 }  // namespace
 
-int run_cli(int argc, char** argv) {
-  if (argc < 2 || !std::strcmp(argv[1], "--help") || !std::strcmp(argv[1], "-h")) {
-    usage();
-    return argc < 2 ? 2 : 0;
+int run_cli(const std::vector<std::string>& argv) {
+  if (argv.empty() || argv[0] == "--help" || argv[0] == "-h") {
+    usage(argv.empty() ? stderr : stdout);
+    return argv.empty() ? 2 : 0;
   }
-  for (const Command& c : kCommands)
-    if (!std::strcmp(argv[1], c.name)) return c.main(argc - 1, argv + 1);
-  std::fprintf(stderr, "spes-engine: unknown command '%s'\n", argv[1]);
-  usage();
+  for (const Command& c : kCommands) {
+    if (argv[0] != c.name) continue;
+    try {
+      return c.run({argv.begin() + 1, argv.end()});
+    } catch (const UsageError& e) {
+      std::fprintf(stderr, "spes-engine %s: %s\n", c.name, e.what());
+      return 2;
+    }
+  }
+  std::fprintf(stderr, "spes-engine: unknown command '%s'\n", argv[0].c_str());
+  usage(stderr);
   return 2;
 }
 

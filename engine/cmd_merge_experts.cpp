@@ -1,5 +1,5 @@
 // `spes-engine merge-experts --in A.safetensors --out B.safetensors --alpha X [--topk K]`:
-// the expert-merging warm-up (net/merge.hpp) on an HF-named safetensors file (the
+// the expert-merging warm-up (model/expert_merge.hpp) on an HF-named safetensors file (the
 // export format), on its own, so the coordinator's merge can be checked and used
 // outside a run. Non-expert tensors and metadata are copied unchanged; each tensor
 // keeps its dtype (F16 inputs are written as F32, which the writer supports).
@@ -9,43 +9,28 @@
 #include <string>
 #include <vector>
 
+#include "engine/args.hpp"
 #include "engine/base/error.hpp"
-#include "model/safetensors.hpp"
 #include "engine/commands.hpp"
 #include "model/expert_merge.hpp"
+#include "model/safetensors.hpp"
 
 namespace spes {
 
-namespace {
-
-[[noreturn]] void usage_error(const std::string& what) {
-  throw Error(what + "\nusage: spes-engine merge-experts --in A.safetensors --out B.safetensors --alpha X [--topk K]");
-}
-
-}  // namespace
-
-int merge_experts_main(const std::vector<std::string>& args) {
+int merge_experts_command(const std::vector<std::string>& args) {
+  namespace po = boost::program_options;
   std::string in, out;
   double alpha = -1;
   int64_t topk = 4;
-  for (size_t i = 0; i < args.size(); ++i) {
-    auto value = [&]() -> const std::string& {
-      if (i + 1 >= args.size()) usage_error(args[i] + " needs a value");
-      return args[++i];
-    };
-    try {
-      if (args[i] == "--in") in = value();
-      else if (args[i] == "--out") out = value();
-      else if (args[i] == "--alpha") alpha = std::stod(value());
-      else if (args[i] == "--topk") topk = std::stoll(value());
-      else usage_error("unknown argument '" + args[i] + "'");
-    } catch (const std::logic_error&) {
-      usage_error(args[i - 1] + ": not a number: '" + args[i] + "'");
-    }
-  }
-  if (in.empty() || out.empty()) usage_error("--in and --out are required");
-  if (!(alpha >= 0 && alpha <= 1)) usage_error("--alpha must be in [0, 1]");
-  if (topk < 1) usage_error("--topk must be ≥ 1");
+  po::options_description opts;
+  opts.add_options()("in", po::value(&in)->required(), "input safetensors (HF OLMoE names)")(
+      "out", po::value(&out)->required(), "output safetensors")(
+      "alpha", po::value(&alpha)->required(), "merge strength α in [0, 1]")(
+      "topk", po::value(&topk), "donors per expert (default 4, capped at E-1)");
+  const char* usage = "spes-engine merge-experts --in A.safetensors --out B.safetensors --alpha X [--topk K]";
+  if (!parse_args(args, opts, usage, {})) return 0;
+  if (!(alpha >= 0 && alpha <= 1)) throw UsageError(std::string("--alpha must be in [0, 1]\nusage: ") + usage);
+  if (topk < 1) throw UsageError(std::string("--topk must be >= 1\nusage: ") + usage);
 
   SafeTensorsFile f = read_safetensors(in);
   // layer -> expert -> {gate, up, down}

@@ -1,12 +1,18 @@
-// The `spes-engine` subcommands, one file each (engine/cmd_*.cpp); main.cpp only
-// dispatches. Each takes the words after the command name and returns the exit code.
+// The `spes-engine` subcommands, one file each (engine/cmd_*.cpp); engine/cli.cpp
+// only dispatches. Each takes the words after the command name and returns the exit
+// code; a bad argument throws UsageError (exit 2), any other failure an Error (exit 1).
 #pragma once
 #include <string>
 #include <vector>
 
 namespace spes {
 
-// `merge-experts --in A.safetensors --out B.safetensors --alpha X [--topk K]`
-int merge_experts_main(const std::vector<std::string>& args);
+int train_command(const std::vector<std::string>& args);          // cmd_train.cpp
+int local_command(const std::vector<std::string>& args);          // cmd_local.cpp
+int coordinator_command(const std::vector<std::string>& args);    // cmd_coordinator.cpp
+int eval_command(const std::vector<std::string>& args);           // cmd_eval.cpp
+int export_hf_command(const std::vector<std::string>& args);      // cmd_export_hf.cpp
+int merge_experts_command(const std::vector<std::string>& args);  // cmd_merge_experts.cpp
+int tokenize_command(const std::vector<std::string>& args);       // cmd_tokenize.cpp
 
 }  // namespace spes

@@ -1,4 +1,5 @@
-// spes-engine: the command-line entry point. Subcommands are wired in engine/cli.cpp.
+// spes-engine: the command-line entry point. Subcommands are dispatched in
+// engine/cli.cpp, one file each (engine/cmd_*.cpp).
 #include <cstdio>
 #include <exception>
 
@@ -8,7 +9,7 @@
 int main(int argc, char** argv) {
   spes::default_to_short_openmp_spin(argv);
   try {
-    return spes::run_cli(argc, argv);
+    return spes::run_cli({argv + 1, argv + argc});
   } catch (const std::exception& e) {
     std::fprintf(stderr, "spes-engine: error: %s\n", e.what());
     return 1;

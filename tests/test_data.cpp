@@ -19,6 +19,7 @@
 #include "data/sampler.hpp"
 #include "data/token_file.hpp"
 #include "data/tokenize.hpp"
+#include "engine/cli.hpp"
 #include "data/tokenizer.hpp"
 #include "engine/base/error.hpp"
 
@@ -644,25 +645,25 @@ TEST_CASE("bad tokenize inputs fail with file:line, and leave earlier outputs un
   CHECK(contains(data_error_of([&] { run_tokenize(o); }), "compressed"));
 }
 
-TEST_CASE("tokenize_main parses the command line") {
+TEST_CASE("spes-engine tokenize parses the command line") {
   TempDir dir;
   write_bytes(dir / "in.txt", std::string(300, 'x') + "\n" + std::string(50, 'y') + "\n");
-  CHECK(tokenize_main({"--input", dir / "in.txt", "--out", dir / "o", "--dtype", "uint32",
+  CHECK(run_cli({"tokenize", "--input", dir / "in.txt", "--out", dir / "o", "--dtype", "uint32",
                        "--val-fraction", "0.2"}) == 0);
   // The cut (byte 281) moves to the next line start (byte 301).
   CHECK(fs::file_size(dir / "o/train-00000.bin") == 302 * 4);
   CHECK(fs::file_size(dir / "o/val-00000.bin") == 52 * 4);
   CHECK(fs::exists(dir / "o/val.manifest"));
-  CHECK(tokenize_main({dir / "in.txt", "-o", dir / "p", "--format", "text", "--no-eos"}) == 0);
+  CHECK(run_cli({"tokenize", dir / "in.txt", "-o", dir / "p", "--format", "text", "--no-eos"}) == 0);
   CHECK(fs::file_size(dir / "p/train-00000.bin") == 352 * 2);
 
-  CHECK(tokenize_main({"--help"}) == 0);
-  CHECK(tokenize_main({"--out", dir / "q"}) == 2);                                    // no input
-  CHECK(tokenize_main({"--input", dir / "in.txt"}) == 2);                             // no --out
-  CHECK(tokenize_main({"--input", dir / "in.txt", "--out", dir / "q", "--dtype", "int8"}) == 2);
-  CHECK(tokenize_main({"--input", dir / "in.txt", "--out", dir / "q", "--format", "csv"}) == 2);
-  CHECK(tokenize_main({"--input", dir / "in.txt", "--out", dir / "q", "--val-fraction", "1.5"}) == 2);
-  CHECK(tokenize_main({"--input", dir / "in.txt", "--out", dir / "q", "--bogus"}) == 2);
+  CHECK(run_cli({"tokenize", "--help"}) == 0);
+  CHECK(run_cli({"tokenize", "--out", dir / "q"}) == 2);                                    // no input
+  CHECK(run_cli({"tokenize", "--input", dir / "in.txt"}) == 2);                             // no --out
+  CHECK(run_cli({"tokenize", "--input", dir / "in.txt", "--out", dir / "q", "--dtype", "int8"}) == 2);
+  CHECK(run_cli({"tokenize", "--input", dir / "in.txt", "--out", dir / "q", "--format", "csv"}) == 2);
+  CHECK(run_cli({"tokenize", "--input", dir / "in.txt", "--out", dir / "q", "--val-fraction", "1.5"}) == 2);
+  CHECK(run_cli({"tokenize", "--input", dir / "in.txt", "--out", dir / "q", "--bogus"}) == 2);
   CHECK_FALSE(fs::exists(dir / "q"));
 }
 

@@ -188,14 +188,14 @@ TEST_CASE("merge-experts: the command on an HF safetensors export equals the dir
   const auto theta = random_theta(L, 77);
   const std::string dir = testing::temp_dir("merge-cli");
   write_hf_safetensors(dir + "/a.safetensors", L, theta.data());
-  REQUIRE(merge_experts_main({"--in", dir + "/a.safetensors", "--out", dir + "/b.safetensors", "--alpha", "0.4",
+  REQUIRE(merge_experts_command({"--in", dir + "/a.safetensors", "--out", dir + "/b.safetensors", "--alpha", "0.4",
                               "--topk", "2"}) == 0);
   const std::vector<float> got = read_hf_safetensors(dir + "/b.safetensors", L);
   const auto expect = reference_merge(theta, L, m, 0.4, 2, nullptr);
   CHECK(got == expect);
-  CHECK_THROWS_WITH_AS(merge_experts_main({"--in", dir + "/a.safetensors", "--out", dir + "/c.safetensors"}),
+  CHECK_THROWS_WITH_AS(merge_experts_command({"--in", dir + "/a.safetensors", "--out", dir + "/c.safetensors"}),
                        doctest::Contains("--alpha"), Error);
-  CHECK_THROWS_AS(merge_experts_main({"--in", dir + "/missing.safetensors", "--out", dir + "/c.safetensors",
+  CHECK_THROWS_AS(merge_experts_command({"--in", dir + "/missing.safetensors", "--out", dir + "/c.safetensors",
                                       "--alpha", "0.1"}),
                   Error);
   std::filesystem::remove_all(dir);

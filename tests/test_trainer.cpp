@@ -95,8 +95,10 @@ TEST_CASE("a NaN loss stops the run and leaves the last checkpoint intact") {
   Config more = small_config(dir, {"checkpoint.every=2"});
   Trainer t(more);
   std::ostringstream csv2;
-  t.mutable_params()[5] = NAN;  // poisons the embedding of token 5 ...
-  t.mutable_params()[t.layout().final_norm] = NAN;  // ... and every token's final norm
+  std::vector<float> poisoned = t.params();
+  poisoned[5] = NAN;                          // poisons the embedding of token 5 ...
+  poisoned[t.layout().final_norm] = NAN;      // ... and every token's final norm
+  t.set_params(poisoned);
   try {
     t.run(csv2, false);
     FAIL("no error");
@@ -144,7 +146,7 @@ TEST_CASE("export -> import -> eval gives the same loss") {
   HfModel back = import_hf((dir / "hf").string());
   CHECK(back.params == t.params());
   Trainer fresh(c);
-  fresh.mutable_params() = back.params;
+  fresh.set_params(back.params);
   const EvalResult after = fresh.evaluate(0);
   CHECK(after.tokens == before.tokens);
   CHECK(after.ce == before.ce);

@@ -25,6 +25,8 @@ class CpuModel {
                              const int32_t* targets, const LossConfig& loss, float aux_factor,
                              float grad_scale);
 
+  int64_t batch() const { return B_; }
+
   // Last forward's per-token logits [B·T, V] (valid until backward overwrites them).
   const float* logits() const { return logits_.data(); }
 

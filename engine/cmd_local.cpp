@@ -3,7 +3,6 @@
 // stdout: each node's rows prefixed by a `node` column. The coordinator's round rows
 // go to <state_dir>/rounds.csv and, prefixed, to stderr. Ctrl-C or any process
 // failing stops them all; the failure is named.
-#include "engine/local.hpp"
 
 #include <fcntl.h>
 #include <poll.h>
@@ -24,6 +23,7 @@
 #include <vector>
 
 #include "engine/args.hpp"
+#include "engine/commands.hpp"
 #include "engine/config.hpp"
 #include "engine/base/error.hpp"
 
@@ -200,7 +200,7 @@ class Launcher {
 
 }  // namespace
 
-int local_main(int argc, char** argv) {
+int local_command(const std::vector<std::string>& args) {
   namespace po = boost::program_options;
   std::string config;
   std::vector<std::string> sets;
@@ -209,7 +209,7 @@ int local_main(int argc, char** argv) {
   opts.add_options()("config", po::value(&config)->required(), "TOML config")(
       "set", po::value(&sets)->composing(), "override a config key for every process: section.key=value")(
       "resume", po::bool_switch(&resume), "continue the run: nodes from their checkpoints, the coordinator from its state");
-  parse_args(argc, argv, opts, "spes-engine local CONFIG [--set section.key=value]... [--resume]");
+  if (!parse_args(args, opts, "spes-engine local CONFIG [--set section.key=value]... [--resume]")) return 0;
   const Config c = load_config(config, sets);  // validated once here, before anything starts
   if (c.spes.sync_steps == 0)
     std::fprintf(stderr, "local: [spes] sync_steps = 0: nodes train independently (no sync rounds)\n");

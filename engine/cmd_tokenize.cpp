@@ -1,0 +1,56 @@
+// `spes-engine tokenize --input FILE... --out DIR [--format auto|text|jsonl]
+// [--dtype uint16|uint32] [--val-fraction F] [--shard-tokens N] [--no-eos]`: text or
+// JSONL to OLMo-format token files and manifests (data/tokenize.hpp). A summary
+// goes to stderr.
+#include <iostream>
+
+#include "data/tokenize.hpp"
+#include "engine/args.hpp"
+#include "engine/commands.hpp"
+
+namespace spes {
+
+int tokenize_command(const std::vector<std::string>& args) {
+  namespace po = boost::program_options;
+  std::vector<std::string> inputs;
+  std::string out_dir, format = "auto", dtype = "uint16";
+  double val_fraction = 0.0;
+  int64_t shard_tokens = 0;
+  bool no_eos = false;
+  po::options_description opts;
+  opts.add_options()("input,i", po::value(&inputs)->multitoken(), "input files (also accepted as plain arguments)")(
+      "out,o", po::value(&out_dir), "output folder")(
+      "format", po::value(&format), "auto|text|jsonl (auto: *.jsonl and *.json are JSONL, anything else text)")(
+      "dtype", po::value(&dtype), "uint16|uint32 token width")(
+      "val-fraction", po::value(&val_fraction), "hold out this fraction in [0, 1) as validation data")(
+      "shard-tokens", po::value(&shard_tokens), "tokens per output file (0 = one file)")(
+      "no-eos", po::bool_switch(&no_eos), "do not end documents with token 0");
+  if (!parse_args(args, opts, "spes-engine tokenize --input FILE... --out DIR [options]", {"input*"})) return 0;
+  TokenizeOptions opt;
+  if (inputs.empty()) throw UsageError("tokenize: no input files (--input FILE...)");
+  if (out_dir.empty()) throw UsageError("tokenize: no output folder (--out DIR)");
+  if (format == "auto") opt.format = InputFormat::kAuto;
+  else if (format == "text") opt.format = InputFormat::kText;
+  else if (format == "jsonl") opt.format = InputFormat::kJsonl;
+  else throw UsageError("tokenize: --format '" + format + "' is not one of auto, text, jsonl");
+  if (dtype != "uint16" && dtype != "uint32") throw UsageError("tokenize: --dtype '" + dtype + "' is not uint16 or uint32");
+  opt.dtype = parse_token_dtype(dtype);
+  if (!(val_fraction >= 0.0 && val_fraction < 1.0)) throw UsageError("tokenize: --val-fraction must be in [0, 1)");
+  opt.val_fraction = val_fraction;
+  if (shard_tokens < 0) throw UsageError("tokenize: --shard-tokens must be >= 0");
+  opt.shard_tokens = uint64_t(shard_tokens);
+  opt.append_eos = !no_eos;
+  opt.inputs = inputs;
+  opt.out_dir = out_dir;
+
+  const TokenizeSummary s = run_tokenize(opt);
+  std::cerr << "tokenize: " << s.documents << " documents; " << s.train_tokens << " train tokens in "
+            << s.train_files.size() << " file(s) -> " << s.train_manifest;
+  if (!s.validation_manifest.empty())
+    std::cerr << "; " << s.validation_tokens << " validation tokens in " << s.validation_files.size()
+              << " file(s) -> " << s.validation_manifest;
+  std::cerr << "\n";
+  return 0;
+}
+
+}  // namespace spes

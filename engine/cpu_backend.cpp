@@ -1,0 +1,74 @@
+#include "engine/cpu_backend.hpp"
+
+#include <omp.h>
+
+#include <algorithm>
+
+#include "engine/base/error.hpp"
+#include "model/cpu/ops.hpp"
+
+namespace spes {
+
+CpuBackend::CpuBackend(const ModelConfig& model, const LossConfig& loss, const ParamLayout& layout,
+                       const Ownership& own, int64_t micro_batch, int64_t threads)
+    : model_cfg_(model), loss_(loss), layout_(layout), own_(own), micro_batch_(micro_batch),
+      threads_(threads > 0 ? int(threads) : omp_get_num_procs()) {
+  omp_set_num_threads(threads_);
+  params_.assign(size_t(layout_.total), 0.0f);
+  grads_.assign(size_t(own_.space.size()), 0.0f);
+  m_.assign(grads_.size(), 0.0f);
+  v_.assign(grads_.size(), 0.0f);
+  model_ = std::make_unique<CpuModel>(model_cfg_, layout_, own_, micro_batch_, model_cfg_.seq_len);
+}
+
+std::string CpuBackend::describe() const { return "cpu (" + std::to_string(threads_) + " threads)"; }
+
+void CpuBackend::zero_grads() { std::fill(grads_.begin(), grads_.end(), 0.0f); }
+
+LossParts CpuBackend::forward_backward(const int32_t* inputs, const int32_t* targets, float aux_factor,
+                                       float grad_scale) {
+  return model_->forward_backward(params_.data(), grads_.data(), inputs, targets, loss_, aux_factor, grad_scale);
+}
+
+double CpuBackend::grad_sum_squares() { return cpu::sum_squares(grads_.data(), int64_t(grads_.size())); }
+
+void CpuBackend::optimizer_step(const AdamWStep& s) {
+  if (s.grad_scale != 1.0f) cpu::scale_inplace(grads_.data(), int64_t(grads_.size()), s.grad_scale);
+  for (const ParamTensor& t : layout_.tensors) {
+    const int64_t g = own_.space.packed_index(t.offset);
+    if (g < 0) continue;  // frozen expert: no state, no update
+    const bool no_decay =
+        !s.decay_norms_and_embeddings && (t.kind == ParamKind::norm || t.kind == ParamKind::embedding);
+    cpu::adamw_update(params_.data() + t.offset, grads_.data() + g, m_.data() + g, v_.data() + g, t.numel(),
+                      float(s.lr), float(s.beta1), float(s.beta2), float(s.eps),
+                      no_decay ? 0.0f : float(s.weight_decay), s.t);
+  }
+}
+
+LossParts CpuBackend::forward(const int32_t* inputs, const int32_t* targets, int64_t rows) {
+  CpuModel* m = model_.get();
+  if (rows != micro_batch_) {
+    if (!tail_model_ || tail_model_->batch() != rows)
+      tail_model_ = std::make_unique<CpuModel>(model_cfg_, layout_, own_, rows, model_cfg_.seq_len);
+    m = tail_model_.get();
+  }
+  return m->forward(params_.data(), inputs, targets, loss_);
+}
+
+void CpuBackend::read_moments(std::span<float> m, std::span<float> v) {
+  if (m.size() != m_.size() || v.size() != v_.size()) throw Error("read_moments: owned-space size mismatch");
+  std::copy(m_.begin(), m_.end(), m.begin());
+  std::copy(v_.begin(), v_.end(), v.begin());
+}
+
+void CpuBackend::write_moments(std::span<const float> m, std::span<const float> v) {
+  if (m.size() != m_.size() || v.size() != v_.size()) throw Error("write_moments: owned-space size mismatch");
+  std::copy(m.begin(), m.end(), m_.begin());
+  std::copy(v.begin(), v.end(), v_.begin());
+}
+
+int64_t CpuBackend::optimizer_state_bytes() const {
+  return int64_t(sizeof(float)) * int64_t(grads_.size() + m_.size() + v_.size());
+}
+
+}  // namespace spes

@@ -1,0 +1,28 @@
+// What the trainer needs from a sync protocol (DESIGN §1 "Sync round"): called every
+// sync_steps optimizer steps with the node's full fp32 θ on the host, which it
+// replaces by the round's global θ. Its state travels in checkpoints.
+// engine/net_sync implements it over net/ (the TCP protocol to the coordinator).
+#pragma once
+#include <cstdint>
+
+namespace spes {
+
+struct CheckpointState;
+
+// Per-step sync columns of the CSV (zero on steps without a round).
+struct SyncStats {
+  int64_t round = 0;
+  double ms = 0;
+  int64_t bytes_up = 0, bytes_down = 0;
+  uint64_t state_hash = 0;  // hash of θ after the round: equal on every node and the coordinator
+};
+
+class SyncHook {
+ public:
+  virtual ~SyncHook() = default;
+  virtual SyncStats sync_round(float* params, int64_t step) = 0;
+  virtual void save_state(CheckpointState& s) const = 0;
+  virtual void load_state(const CheckpointState& s, float* params) = 0;
+};
+
+}  // namespace spes
