@@ -72,6 +72,10 @@ class TrainBackend {
   // Bytes of gradients + optimizer state: proportional to the owned parameters.
   virtual int64_t optimizer_state_bytes() const = 0;
   virtual std::vector<MemoryLine> memory_report() const { return {}; }
+  // The device's dense bf16 peak in FLOP/s, MFU's denominator (0 = none: the CPU),
+  // and where the number comes from (a datasheet, or a GEMM measured at start-up).
+  virtual double peak_flops() const { return 0; }
+  virtual std::string peak_flops_source() const { return ""; }
 };
 
 // The backend [train] device asks for: "cpu", "cuda", or "auto" (the GPU when one

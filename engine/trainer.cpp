@@ -10,6 +10,7 @@
 #include "engine/base/error.hpp"
 #include "engine/checkpoint.hpp"
 #include "engine/schedule.hpp"
+#include "model/flops.hpp"
 
 namespace spes {
 
@@ -99,7 +100,7 @@ void Trainer::load_params(const CheckpointState& s, const std::string& source) {
 void Trainer::set_sync_hook(std::unique_ptr<SyncHook> hook) { sync_ = std::move(hook); }
 
 const char* Trainer::csv_header() {
-  return "step,tokens,loss,ce,lb,router_z,lm_z,lr,grad_norm,step_ms,tokens_per_s,expert_load_cv,"
+  return "step,tokens,loss,ce,lb,router_z,lm_z,lr,grad_norm,step_ms,tokens_per_s,mfu,expert_load_cv,"
          "val_ce,sync_round,sync_ms,bytes_up,bytes_down,state_hash";
 }
 
@@ -182,7 +183,11 @@ void Trainer::train_step(std::ostream& csv) {
   CsvRow row;
   row.addf("%lld", (long long)step_).addf("%lld", (long long)tokens_seen_);
   row.addf("%.6f", loss).addf("%.6f", sum.ce).addf("%.6f", sum.lb).addf("%.6f", sum.router_z).addf("%.6f", sum.lm_z);
-  row.addf("%.6e", s.lr).addf("%.6f", grad_norm).addf("%.1f", step_ms).addf("%.1f", double(step_tokens) / (step_ms / 1000.0));
+  const double tokens_per_s = double(step_tokens) / (step_ms / 1000.0);
+  row.addf("%.6e", s.lr).addf("%.6f", grad_norm).addf("%.1f", step_ms).addf("%.1f", tokens_per_s);
+  // MFU: active training FLOPs over the device's dense bf16 peak; empty on the CPU.
+  const double peak = backend_->peak_flops();
+  row.add(peak > 0 ? CsvRow().addf("%.4f", train_flops_per_token(cfg_.model) * tokens_per_s / peak).str() : "");
   row.addf("%.4f", expert_load_cv(sum.expert_counts, cfg_.model.n_layers, cfg_.model.n_experts)).add(val);
   row.addf("%lld", (long long)sync.round).addf("%.1f", sync.ms);
   row.addf("%lld", (long long)sync.bytes_up).addf("%lld", (long long)sync.bytes_down);

@@ -1,0 +1,362 @@
+// GpuBackend: one node's math on one GPU (DESIGN §2 "GPU memory", §5).
+//   device: bf16 compute weights over the whole layout; fp32 master weights,
+//           gradients and AdamW moments for the owned segments only (frozen experts
+//           are bf16 weights and nothing else); activations and kernel scratch for
+//           one micro-batch — all carved at start-up from one arena, sized by
+//           plan_gpu_memory, so the step loop allocates nothing;
+//   host:   the fp32 θ of the whole layout in pinned memory, which sync rounds and
+//           checkpoints read and write (the state hash is taken over it, so a GPU
+//           node hashes exactly what the coordinator and CPU nodes hash).
+#include "engine/gpu_backend.hpp"
+
+#include <algorithm>
+#include <cstdio>
+#include <cstring>
+
+#include "cuda/adamw.cuh"
+#include "cuda/attention.cuh"
+#include "cuda/check.cuh"
+#include "cuda/convert.cuh"
+#include "cuda/device_probe.hpp"
+#include "cuda/embedding.cuh"
+#include "cuda/global_norm.cuh"
+#include "cuda/matmul.cuh"
+#include "cuda/rmsnorm.cuh"
+#include "cuda/rope.cuh"
+#include "cuda/runtime.cuh"
+#include "engine/base/error.hpp"
+#include "engine/config.hpp"
+#include "model/gpu/gpu_model.cuh"
+
+namespace spes {
+
+namespace {
+
+using cuda::bf16;
+
+struct PinnedFree {
+  void operator()(void* p) const {
+    if (p) cudaFreeHost(p);  // destructor path: nothing useful to do on error
+  }
+};
+template <class T>
+using Pinned = std::unique_ptr<T, PinnedFree>;
+
+template <class T>
+Pinned<T> pinned(size_t count) {
+  void* p = nullptr;
+  cuda_check(cudaMallocHost(&p, std::max<size_t>(count, 1) * sizeof(T)));
+  return Pinned<T>(static_cast<T*>(p));
+}
+
+// The kernels' own scratch sizes for this config on this device.
+KernelScratch kernel_scratch(const ModelConfig& m, int64_t micro_batch, int64_t owned) {
+  const int64_t N = micro_batch * m.seq_len, d = m.d_model, hd = m.head_dim();
+  const cuda::MoeShape shape{N, d, m.n_experts, m.top_k, m.expert_hidden, m.norm_topk_prob};
+  KernelScratch k;
+  k.moe_saved = cuda::MoeSaved::bytes(shape);
+  k.moe_scratch = cuda::MoeScratch::bytes(shape);
+  k.attention_backward = int64_t(cuda::attention_backward_scratch_bytes(micro_batch, m.seq_len, m.n_heads));
+  k.norm_backward = int64_t(std::max({cuda::rmsnorm_backward_scratch_bytes(N, d),
+                                      cuda::qknorm_rope_backward_scratch_bytes(micro_batch, m.seq_len, m.n_heads, hd),
+                                      cuda::qknorm_rope_backward_scratch_bytes(micro_batch, m.seq_len, m.n_kv_heads, hd)}));
+  k.embedding_backward = int64_t(cuda::embedding_backward_workspace_bytes(N, m.vocab_size));
+  const cuda::GradSpan span{nullptr, owned};
+  k.global_norm = int64_t(cuda::global_norm_scratch_bytes(&span, 1));
+  k.rope_table = int64_t(cuda::rope_table_bytes(m.seq_len, hd));
+  k.gemm_workspace = int64_t(cuda::kLtWorkspaceBytes);
+  return k;
+}
+
+// Dense bf16 tensor-core peak by device name (datasheet, dense), 0 when unknown.
+double datasheet_bf16_peak(const std::string& name) {
+  struct Row {
+    const char* match;
+    double flops;
+  };
+  static const Row rows[] = {{"H200", 989.4e12}, {"H100 PCIe", 756.0e12}, {"H100 NVL", 835.0e12},
+                             {"H100", 989.4e12}, {"A100", 312.0e12}};
+  for (const Row& r : rows)
+    if (name.find(r.match) != std::string::npos) return r.flops;
+  return 0;
+}
+
+class GpuBackend final : public TrainBackend {
+ public:
+  GpuBackend(const Config& cfg, const ParamLayout& layout, const Ownership& own);
+  ~GpuBackend() override;
+
+  std::string describe() const override;
+  void zero_grads() override;
+  LossParts forward_backward(const int32_t* inputs, const int32_t* targets, float aux_factor,
+                             float grad_scale) override;
+  double grad_sum_squares() override;
+  void optimizer_step(const AdamWStep& s) override;
+  LossParts forward(const int32_t* inputs, const int32_t* targets, int64_t rows) override;
+  std::span<float> host_theta() override { return {theta_.get(), size_t(layout_.total)}; }
+  void pull_theta() override;
+  void push_theta() override;
+  void read_moments(std::span<float> m, std::span<float> v) override;
+  void write_moments(std::span<const float> m, std::span<const float> v) override;
+  int64_t optimizer_state_bytes() const override { return 3 * int64_t(sizeof(float)) * own_.space.size(); }
+  std::vector<MemoryLine> memory_report() const override;
+  double peak_flops() const override { return peak_flops_; }
+  std::string peak_flops_source() const override { return peak_source_; }
+
+ private:
+  // A run of owned tensors that AdamW updates in one launch: contiguous in the flat
+  // layout and in owned space, one weight-decay class.
+  struct AdamRun {
+    int64_t flat, packed, n;
+    bool no_decay;
+  };
+  void copy_tokens(const int32_t* inputs, const int32_t* targets, int64_t tokens);
+  void measure_peak();
+
+  ModelConfig model_cfg_;
+  LossConfig loss_;
+  ParamLayout layout_;
+  Ownership own_;
+  int64_t micro_batch_;
+  cuda::Runtime rt_;
+  cudaStream_t stream_;
+  GpuMemoryPlan plan_;
+  cuda::DeviceArena arena_;
+  std::unique_ptr<GpuBuffers> buf_;
+  std::unique_ptr<GpuModel> model_;
+  bf16* weights_;
+  float *master_, *m_, *v_, *grads_, *staging_, *clip_scale_;
+  double* norm_sq_;
+  void* norm_scratch_;
+  int64_t staging_count_;
+  std::vector<AdamRun> runs_;
+  Pinned<float> theta_;           // host θ, fp32, whole layout
+  Pinned<int32_t> tokens_;        // staging for inputs and targets
+  Pinned<double> host_norm_sq_;
+  Pinned<float> host_clip_scale_;
+  double peak_flops_ = 0;
+  std::string peak_source_;
+};
+
+GpuBackend::GpuBackend(const Config& cfg, const ParamLayout& layout, const Ownership& own)
+    : model_cfg_(cfg.model), loss_(cfg.train.loss), layout_(layout), own_(own), micro_batch_(cfg.train.micro_batch),
+      rt_(0), stream_(rt_.stream()) {
+  const ModelConfig& m = cfg.model;
+  if (m.head_dim() != 32 && m.head_dim() != 64 && m.head_dim() != 128)
+    throw ConfigError(cfg.path + ": [model] d_model / n_heads = " + std::to_string(m.head_dim()) +
+                      ": the GPU attention kernels support head dims 32, 64 and 128");
+  if (m.d_model % 8 || m.kv_dim() % 8)
+    throw ConfigError(cfg.path + ": [model] d_model and the kv width must be multiples of 8 on the GPU");
+  const int64_t owned = own_.space.size();
+  plan_ = plan_gpu_memory(m, layout_, own_, micro_batch_, kernel_scratch(m, micro_batch_, owned));
+  const cuda::DeviceInfo& dev = rt_.info();
+  const int64_t need = plan_.total();
+  // The runtime's workspace is allocated already; compare the rest with what is free now.
+  size_t free_now = 0, total = 0;
+  cuda_check(cudaMemGetInfo(&free_now, &total));
+  const int64_t headroom = int64_t(512) << 20;  // cuBLAS/NCCL handles, CUDA context growth
+  if (plan_.arena_bytes() + headroom > int64_t(free_now)) {
+    int64_t fits = 0;
+    for (int64_t b = micro_batch_ - 1; b >= 1 && fits == 0; --b) {
+      const GpuMemoryPlan p = plan_gpu_memory(m, layout_, own_, b, kernel_scratch(m, b, owned));
+      if (p.arena_bytes() + headroom <= int64_t(free_now)) fits = b;
+    }
+    throw ConfigError(cfg.path + ": [train] micro_batch = " + std::to_string(micro_batch_) + " needs " +
+                      cuda::format_bytes(size_t(need)) + " on GPU 0 (" + dev.name + ", " +
+                      cuda::format_bytes(free_now) + " free of " + cuda::format_bytes(total) + "; activations " +
+                      cuda::format_bytes(size_t(plan_.bytes(MemCategory::activations))) + "): " +
+                      (fits > 0 ? "try micro_batch = " + std::to_string(fits)
+                                : "even micro_batch = 1 does not fit; train fewer experts per node or a smaller model"));
+  }
+  arena_ = cuda::DeviceArena(size_t(plan_.arena_bytes()), "GPU node arena");
+  buf_ = std::make_unique<GpuBuffers>(plan_, arena_);
+  weights_ = buf_->get<bf16>("weights");
+  master_ = buf_->get<float>("master");
+  m_ = buf_->get<float>("adam_m");
+  v_ = buf_->get<float>("adam_v");
+  grads_ = buf_->get<float>("grads");
+  staging_ = buf_->get<float>("theta_staging");
+  staging_count_ = buf_->bytes("theta_staging") / int64_t(sizeof(float));
+  clip_scale_ = buf_->get<float>("clip_scale");
+  norm_sq_ = buf_->get<double>("norm_sq");
+  norm_scratch_ = buf_->raw("global_norm_scratch");
+  cuda_check(cudaMemsetAsync(m_, 0, size_t(owned) * sizeof(float), stream_));
+  cuda_check(cudaMemsetAsync(v_, 0, size_t(owned) * sizeof(float), stream_));
+  cuda_check(cudaMemsetAsync(grads_, 0, size_t(owned) * sizeof(float), stream_));
+  model_ = std::make_unique<GpuModel>(model_cfg_, layout_, own_, micro_batch_, rt_, plan_, *buf_);
+
+  // AdamW runs: owned tensors merged while contiguous and of one decay class.
+  const bool decay_all = cfg.optim.decay_norms_and_embeddings;
+  for (const ParamTensor& t : layout_.tensors) {
+    const int64_t g = own_.space.packed_index(t.offset);
+    if (g < 0) continue;
+    const bool no_decay = !decay_all && (t.kind == ParamKind::norm || t.kind == ParamKind::embedding);
+    if (!runs_.empty() && runs_.back().flat + runs_.back().n == t.offset &&
+        runs_.back().packed + runs_.back().n == g && runs_.back().no_decay == no_decay)
+      runs_.back().n += t.numel();
+    else
+      runs_.push_back({t.offset, g, t.numel(), no_decay});
+  }
+
+  theta_ = pinned<float>(size_t(layout_.total));
+  tokens_ = pinned<int32_t>(size_t(2 * plan_.tokens));
+  host_norm_sq_ = pinned<double>(1);
+  host_clip_scale_ = pinned<float>(1);
+  measure_peak();
+  cuda_check(cudaStreamSynchronize(stream_));
+
+  std::fprintf(stderr, "[node %lld] GPU memory on %s (%s free of %s):\n", (long long)cfg.spes.node_id,
+               dev.name.c_str(), cuda::format_bytes(dev.free_bytes).c_str(), cuda::format_bytes(dev.total_bytes).c_str());
+  for (const MemoryLine& l : memory_report())
+    std::fprintf(stderr, "  %-40s %12s\n", l.category.c_str(), cuda::format_bytes(size_t(l.bytes)).c_str());
+}
+
+GpuBackend::~GpuBackend() {
+  cudaStreamSynchronize(stream_);  // destructor path: errors have nowhere to go
+}
+
+// MFU's denominator: the datasheet's dense bf16 peak for known devices, otherwise a
+// large bf16 GEMM timed once at start-up (and named as such in the log).
+void GpuBackend::measure_peak() {
+  peak_flops_ = datasheet_bf16_peak(rt_.info().name);
+  if (peak_flops_ > 0) {
+    peak_source_ = "datasheet dense bf16 peak of " + rt_.info().name;
+    return;
+  }
+  const int64_t n = 4096;
+  cuda::DeviceBuffer a(size_t(n * n) * 2, "peak GEMM"), b(size_t(n * n) * 2, "peak GEMM"), c(size_t(n * n) * 2, "peak GEMM");
+  cuda_check(cudaMemsetAsync(a.get(), 0x3c, a.bytes(), stream_));  // bf16 ≈ 0.0116, not zero
+  cuda_check(cudaMemsetAsync(b.get(), 0x3c, b.bytes(), stream_));
+  cudaEvent_t e0, e1;
+  cuda_check(cudaEventCreate(&e0));
+  cuda_check(cudaEventCreate(&e1));
+  auto gemm = [&] {
+    rt_.gemm().run(false, false, n, n, n, a.as<bf16>(), n, b.as<bf16>(), n, c.get(), cuda::DType::bf16, n, 1.0f, 0.0f,
+                   stream_);
+  };
+  for (int i = 0; i < 3; ++i) gemm();
+  cuda_check(cudaEventRecord(e0, stream_));
+  const int reps = 20;
+  for (int i = 0; i < reps; ++i) gemm();
+  cuda_check(cudaEventRecord(e1, stream_));
+  cuda_check(cudaEventSynchronize(e1));
+  float ms = 0;
+  cuda_check(cudaEventElapsedTime(&ms, e0, e1));
+  cudaEventDestroy(e0);
+  cudaEventDestroy(e1);
+  peak_flops_ = 2.0 * double(n) * n * n * reps / (double(ms) / 1e3);
+  peak_source_ = "a 4096³ bf16 GEMM measured at start-up on " + rt_.info().name;
+}
+
+std::string GpuBackend::describe() const {
+  const cuda::DeviceInfo& d = rt_.info();
+  return "cuda: " + d.name + " (sm_" + std::to_string(d.cc_major) + std::to_string(d.cc_minor) + ", " +
+         cuda::format_bytes(d.total_bytes) + "); MFU against " + peak_source_;
+}
+
+std::vector<MemoryLine> GpuBackend::memory_report() const {
+  std::vector<MemoryLine> lines;
+  for (MemCategory c : {MemCategory::weights, MemCategory::master, MemCategory::moments, MemCategory::grads,
+                        MemCategory::activations, MemCategory::workspace}) {
+    lines.push_back({mem_category_name(c), plan_.bytes(c)});
+    if (c == MemCategory::weights) lines.push_back({"  of which frozen experts", plan_.frozen_weight_bytes});
+  }
+  lines.push_back({"total", plan_.total()});
+  return lines;
+}
+
+void GpuBackend::zero_grads() {
+  cuda_check(cudaMemsetAsync(grads_, 0, size_t(own_.space.size()) * sizeof(float), stream_));
+}
+
+// The pinned staging is free: every call that copies from it ends with a stream sync.
+void GpuBackend::copy_tokens(const int32_t* inputs, const int32_t* targets, int64_t tokens) {
+  const int64_t N = plan_.tokens;
+  int32_t* in = tokens_.get();
+  int32_t* tg = in + N;
+  std::memcpy(in, inputs, size_t(tokens) * 4);
+  std::memcpy(tg, targets, size_t(tokens) * 4);
+  std::fill(in + tokens, in + N, 0);  // padding rows of a short eval batch: any valid token
+  std::fill(tg + tokens, tg + N, 0);
+  cuda_check(cudaMemcpyAsync(model_->inputs(), in, size_t(2 * N) * 4, cudaMemcpyHostToDevice, stream_));
+}
+
+LossParts GpuBackend::forward_backward(const int32_t* inputs, const int32_t* targets, float aux_factor,
+                                       float grad_scale) {
+  copy_tokens(inputs, targets, plan_.tokens);
+  return model_->forward_backward(loss_, aux_factor, grad_scale);
+}
+
+LossParts GpuBackend::forward(const int32_t* inputs, const int32_t* targets, int64_t rows) {
+  const int64_t tokens = rows * model_cfg_.seq_len;
+  if (rows < 1 || tokens > plan_.tokens) throw Error("GpuBackend::forward: rows outside [1, micro_batch]");
+  copy_tokens(inputs, targets, tokens);
+  return model_->forward(loss_, 1.0f, tokens);
+}
+
+double GpuBackend::grad_sum_squares() {
+  const cuda::GradSpan span{grads_, own_.space.size()};
+  cuda::global_norm_clip(norm_sq_, nullptr, &span, 1, 0.0, norm_scratch_, size_t(buf_->bytes("global_norm_scratch")),
+                         stream_);
+  cuda_check(cudaMemcpyAsync(host_norm_sq_.get(), norm_sq_, sizeof(double), cudaMemcpyDeviceToHost, stream_));
+  cuda_check(cudaStreamSynchronize(stream_));
+  return *host_norm_sq_;
+}
+
+void GpuBackend::optimizer_step(const AdamWStep& s) {
+  // The pinned scale was last read by the previous step's copy, which a sync has passed.
+  *host_clip_scale_ = s.grad_scale;
+  cuda_check(cudaMemcpyAsync(clip_scale_, host_clip_scale_.get(), sizeof(float), cudaMemcpyHostToDevice, stream_));
+  for (const AdamRun& r : runs_)
+    cuda::adamw_update(master_ + r.packed, weights_ + r.flat, grads_ + r.packed, m_ + r.packed, v_ + r.packed, r.n,
+                       float(s.lr), float(s.beta1), float(s.beta2), float(s.eps),
+                       r.no_decay ? 0.0f : float(s.weight_decay), s.t, clip_scale_, stream_);
+}
+
+void GpuBackend::pull_theta() {
+  for (const OwnedSegment& seg : own_.space.segments())
+    cuda_check(cudaMemcpyAsync(theta_.get() + seg.flat.begin, master_ + seg.packed_begin,
+                               size_t(seg.flat.size()) * sizeof(float), cudaMemcpyDeviceToHost, stream_));
+  cuda_check(cudaStreamSynchronize(stream_));
+}
+
+// Host θ → bf16 compute weights (whole layout, through the fp32 staging buffer) and
+// fp32 master weights (owned segments).
+void GpuBackend::push_theta() {
+  for (int64_t c0 = 0; c0 < layout_.total; c0 += staging_count_) {
+    const int64_t n = std::min(staging_count_, layout_.total - c0);
+    cuda_check(cudaMemcpyAsync(staging_, theta_.get() + c0, size_t(n) * sizeof(float), cudaMemcpyHostToDevice, stream_));
+    cuda::float_to_bf16(weights_ + c0, staging_, n, stream_);
+  }
+  for (const OwnedSegment& seg : own_.space.segments())
+    cuda_check(cudaMemcpyAsync(master_ + seg.packed_begin, theta_.get() + seg.flat.begin,
+                               size_t(seg.flat.size()) * sizeof(float), cudaMemcpyHostToDevice, stream_));
+  cuda_check(cudaStreamSynchronize(stream_));  // the host θ may change again once this returns
+}
+
+void GpuBackend::read_moments(std::span<float> m, std::span<float> v) {
+  const size_t n = size_t(own_.space.size());
+  if (m.size() != n || v.size() != n) throw Error("read_moments: owned-space size mismatch");
+  cuda_check(cudaMemcpyAsync(m.data(), m_, n * sizeof(float), cudaMemcpyDeviceToHost, stream_));
+  cuda_check(cudaMemcpyAsync(v.data(), v_, n * sizeof(float), cudaMemcpyDeviceToHost, stream_));
+  cuda_check(cudaStreamSynchronize(stream_));
+}
+
+void GpuBackend::write_moments(std::span<const float> m, std::span<const float> v) {
+  const size_t n = size_t(own_.space.size());
+  if (m.size() != n || v.size() != n) throw Error("write_moments: owned-space size mismatch");
+  cuda_check(cudaMemcpyAsync(m_, m.data(), n * sizeof(float), cudaMemcpyHostToDevice, stream_));
+  cuda_check(cudaMemcpyAsync(v_, v.data(), n * sizeof(float), cudaMemcpyHostToDevice, stream_));
+  cuda_check(cudaStreamSynchronize(stream_));
+}
+
+}  // namespace
+
+std::unique_ptr<TrainBackend> make_gpu_backend(const Config& cfg, const ParamLayout& layout, const Ownership& own) {
+  std::string why;
+  if (!cuda::gpu_available(&why))
+    throw ConfigError(cfg.path + ": [train] device = \"cuda\" but there is no usable GPU (" + why + ")");
+  return std::make_unique<GpuBackend>(cfg, layout, own);
+}
+
+}  // namespace spes
