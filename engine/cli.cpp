@@ -24,6 +24,8 @@ const Command kCommands[] = {
     {"export-hf", export_hf_command, "HF OLMoE export: export-hf --checkpoint DIR --out DIR [--dtype F32|BF16]"},
     {"merge-experts", merge_experts_command,
      "expert-merging warm-up on an HF export: merge-experts --in A.safetensors --out B.safetensors --alpha X [--topk K]"},
+    {"generate", generate_command,
+     "sample text from a checkpoint: generate --checkpoint DIR [--prompt TEXT] [--max-tokens N] [--temperature T]"},
     {"tokenize", tokenize_command, "text/JSONL to token files: tokenize --input FILE... --out DIR [--val-fraction F]"},
 };
 

@@ -14,5 +14,6 @@ int eval_command(const std::vector<std::string>& args);           // cmd_eval.cp
 int export_hf_command(const std::vector<std::string>& args);      // cmd_export_hf.cpp
 int merge_experts_command(const std::vector<std::string>& args);  // cmd_merge_experts.cpp
 int tokenize_command(const std::vector<std::string>& args);       // cmd_tokenize.cpp
+int generate_command(const std::vector<std::string>& args);       // cmd_generate.cpp
 
 }  // namespace spes

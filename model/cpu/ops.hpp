@@ -1,6 +1,6 @@
 // The op interface and its CPU reference implementation (DESIGN §2): plain fp32
 // C++, OpenMP over rows, OpenBLAS for GEMMs. Every CUDA kernel is tested against
-// these. One file per op family in engine/ops/, *_forward / *_backward side by side.
+// these. One file per op family in model/cpu/, *_forward / *_backward side by side.
 //
 // Conventions: row-major; N = tokens (B·T) of a micro-batch; C = channels.
 // Activation gradients are *overwritten*; weight gradients are *accumulated* (+=),
@@ -28,10 +28,11 @@ void rmsnorm_forward(float* out, float* rstd, const float* inp, const float* wei
 void rmsnorm_backward(float* dinp, float* dweight, const float* dout, const float* inp,
                       const float* weight, const float* rstd, int64_t N, int64_t C);
 
-// ---- rope.cpp: rotate_half (NeoX) RoPE on x[B,T,H,D], position = t ------------
+// ---- rope.cpp: rotate_half (NeoX) RoPE on x[B,T,H,D], position = pos0 + t -------
 // out[i] = x[i]·cos − x[i+D/2]·sin, out[i+D/2] = x[i+D/2]·cos + x[i]·sin,
-// angle = t · theta^(−2i/D). out may alias x.
-void rope_forward(float* out, const float* x, int64_t B, int64_t T, int64_t H, int64_t D, double theta);
+// angle = position · theta^(−2i/D). out may alias x. pos0 > 0: decoding with a KV cache.
+void rope_forward(float* out, const float* x, int64_t B, int64_t T, int64_t H, int64_t D, double theta,
+                  int64_t pos0 = 0);
 void rope_backward(float* dx, const float* dout, int64_t B, int64_t T, int64_t H, int64_t D, double theta);
 
 // ---- attention.cpp: causal softmax(q·kᵀ/√D)·v --------------------------------

@@ -26,7 +26,7 @@ void rope_angles(float* cs, float* sn, int64_t t, int64_t D, double theta) {
 // the rotation is orthogonal, so the gradient is the rotation by −angle.
 // Both halves are read before either is written, so out may alias x.
 void rope_apply(float* out, const float* x, int64_t B, int64_t T, int64_t H, int64_t D, double theta,
-                float sign) {
+                float sign, int64_t pos0) {
   assert(D % 2 == 0 && D / 2 <= kMaxHalf);
   const int64_t half = D / 2;
   // Parallel over positions: the angles are computed once per t and shared by all
@@ -35,7 +35,7 @@ void rope_apply(float* out, const float* x, int64_t B, int64_t T, int64_t H, int
   for (int64_t t = 0; t < T; ++t) {
     float cs[kMaxHalf];
     float sn[kMaxHalf];
-    rope_angles(cs, sn, t, D, theta);
+    rope_angles(cs, sn, pos0 + t, D, theta);
     for (int64_t i = 0; i < half; ++i) sn[i] *= sign;
     for (int64_t b = 0; b < B; ++b) {
       for (int64_t h = 0; h < H; ++h) {
@@ -55,13 +55,14 @@ void rope_apply(float* out, const float* x, int64_t B, int64_t T, int64_t H, int
 
 }  // namespace
 
-void rope_forward(float* out, const float* x, int64_t B, int64_t T, int64_t H, int64_t D, double theta) {
-  rope_apply(out, x, B, T, H, D, theta, 1.0f);
+void rope_forward(float* out, const float* x, int64_t B, int64_t T, int64_t H, int64_t D, double theta,
+                  int64_t pos0) {
+  rope_apply(out, x, B, T, H, D, theta, 1.0f, pos0);
 }
 
 // dx may alias dout.
 void rope_backward(float* dx, const float* dout, int64_t B, int64_t T, int64_t H, int64_t D, double theta) {
-  rope_apply(dx, dout, B, T, H, D, theta, -1.0f);
+  rope_apply(dx, dout, B, T, H, D, theta, -1.0f, 0);
 }
 
 }  // namespace spes::cpu
