@@ -6,8 +6,11 @@
 namespace spes::cuda {
 
 // True when a CUDA device can be used. Any failure (no driver, "driver version is
-// insufficient", no device, cuBLASLt NOT_INITIALIZED) means "no GPU"; `reason`
+// insufficient", no device, no code in this binary for the device, cuBLASLt
+// NOT_INITIALIZED) means "no GPU"; `reason`
 // then says which.
 bool gpu_available(std::string* reason = nullptr);
+// Devices visible to this process (0 when there is no driver).
+int gpu_count();
 
 }  // namespace spes::cuda

@@ -17,10 +17,15 @@ std::unique_ptr<TrainBackend> make_backend(const Config& cfg, const ParamLayout&
   const long long node = (long long)cfg.spes.node_id;
 #ifdef SPES_HAVE_CUDA
   std::string why;
-  if (device == "cuda" || (device == "auto" && cuda::gpu_available(&why))) {
-    auto gpu = make_gpu_backend(cfg, layout, own);
-    if (device == "auto") std::fprintf(stderr, "[node %lld] device = \"auto\": training on the GPU\n", node);
-    return gpu;
+  if (device == "cuda") return make_gpu_backend(cfg, layout, own);
+  if (device == "auto" && cuda::gpu_available(&why)) {
+    try {
+      auto gpu = make_gpu_backend(cfg, layout, own);
+      std::fprintf(stderr, "[node %lld] device = \"auto\": training on the GPU\n", node);
+      return gpu;
+    } catch (const GpuShapeError& e) {  // not "does not fit": that one the user must see and fix
+      why = e.what();
+    }
   }
 #else
   const std::string why = "this binary was built without CUDA";

@@ -25,7 +25,13 @@
 #include "engine/args.hpp"
 #include "engine/commands.hpp"
 #include "engine/config.hpp"
+#include "engine/base/csv.hpp"
 #include "engine/base/error.hpp"
+#include "engine/base/log.hpp"
+#include "engine/base/progress.hpp"
+#ifdef SPES_HAVE_CUDA
+#include "cuda/device_probe.hpp"
+#endif
 
 namespace spes {
 
@@ -38,8 +44,9 @@ struct Child {
   std::string name;  // "coordinator" or "node N"
   int node = -1;     // -1 for the coordinator
   pid_t pid = -1;
-  int out_fd = -1;   // its stdout
-  std::string pending;  // partial line
+  int out_fd = -1;   // its stdout (CSV rows)
+  int err_fd = -1;   // its stderr (log lines), relayed so they never run into the progress line
+  std::string pending, pending_err;  // partial lines
   bool running = true;
   int status = 0;
 };
@@ -51,15 +58,19 @@ std::string self_exe() {
   return p.string();
 }
 
-Child spawn(const std::string& name, int node, const std::vector<std::string>& args) {
-  int fds[2];
-  if (pipe(fds) != 0) throw Error("local: pipe: " + std::string(std::strerror(errno)));
+// gpu ≥ 0: the child sees only that device (CUDA_VISIBLE_DEVICES), so nodes spread
+// over a machine's GPUs round-robin; -1 leaves the environment alone.
+Child spawn(const std::string& name, int node, const std::vector<std::string>& args, int gpu = -1) {
+  int fds[2], efds[2];
+  if (pipe(fds) != 0 || pipe(efds) != 0) throw Error("local: pipe: " + std::string(std::strerror(errno)));
   const pid_t pid = fork();
   if (pid < 0) throw Error("local: fork: " + std::string(std::strerror(errno)));
   if (pid == 0) {
     dup2(fds[1], STDOUT_FILENO);
-    close(fds[0]);
-    close(fds[1]);
+    dup2(efds[1], STDERR_FILENO);
+    for (int fd : {fds[0], fds[1], efds[0], efds[1]}) close(fd);
+    setenv("SPES_PROGRESS", "off", 1);  // local draws one progress line for every process
+    if (gpu >= 0) setenv("CUDA_VISIBLE_DEVICES", std::to_string(gpu).c_str(), 1);
     std::vector<char*> argv;
     for (const auto& a : args) argv.push_back(const_cast<char*>(a.c_str()));
     argv.push_back(nullptr);
@@ -68,12 +79,15 @@ Child spawn(const std::string& name, int node, const std::vector<std::string>& a
     _exit(127);
   }
   close(fds[1]);
+  close(efds[1]);
   fcntl(fds[0], F_SETFD, FD_CLOEXEC);
+  fcntl(efds[0], F_SETFD, FD_CLOEXEC);
   Child c;
   c.name = name;
   c.node = node;
   c.pid = pid;
   c.out_fd = fds[0];
+  c.err_fd = efds[0];
   return c;
 }
 
@@ -86,37 +100,43 @@ std::string describe_exit(int status) {
 class Launcher {
  public:
   // rounds_has_header: the round log already holds rows of this run (--resume).
-  Launcher(std::ostream& csv, std::ofstream& rounds, bool rounds_has_header)
-      : csv_(csv), rounds_(rounds), rounds_header_done_(rounds_has_header) {}
+  Launcher(std::ostream& csv, std::ofstream& rounds, bool rounds_has_header, int64_t n_nodes, int64_t steps)
+      : csv_(csv), rounds_(rounds), rounds_header_done_(rounds_has_header), nodes_(size_t(n_nodes)), steps_(steps),
+        progress_("local:", 30.0) {}
 
   std::vector<Child> children;
 
   // Reads whatever the children wrote; returns false when no pipe is open.
   bool pump(int timeout_ms) {
     std::vector<pollfd> fds;
-    std::vector<Child*> who;
-    for (auto& c : children)
-      if (c.out_fd >= 0) {
-        fds.push_back({c.out_fd, POLLIN, 0});
-        who.push_back(&c);
-      }
+    std::vector<std::pair<Child*, bool>> who;  // (child, is its stderr)
+    for (auto& c : children) {
+      if (c.out_fd >= 0) fds.push_back({c.out_fd, POLLIN, 0}), who.push_back({&c, false});
+      if (c.err_fd >= 0) fds.push_back({c.err_fd, POLLIN, 0}), who.push_back({&c, true});
+    }
     if (fds.empty()) return false;
     const int n = poll(fds.data(), fds.size(), timeout_ms);
     if (n <= 0) return true;
     char buf[65536];
     for (size_t i = 0; i < fds.size(); ++i) {
       if (!(fds[i].revents & (POLLIN | POLLHUP | POLLERR))) continue;
-      const ssize_t got = read(fds[i].fd, buf, sizeof buf);
+      auto [child, is_err] = who[i];
+      int& fd = is_err ? child->err_fd : child->out_fd;
+      std::string& pending = is_err ? child->pending_err : child->pending;
+      const ssize_t got = read(fd, buf, sizeof buf);
       if (got <= 0) {
-        close(who[i]->out_fd);
-        who[i]->out_fd = -1;
+        close(fd);
+        fd = -1;
+        if (!pending.empty()) is_err ? log_raw(pending.c_str()) : line(*child, pending);
+        pending.clear();
         continue;
       }
-      who[i]->pending.append(buf, size_t(got));
+      pending.append(buf, size_t(got));
       size_t nl;
-      while ((nl = who[i]->pending.find('\n')) != std::string::npos) {
-        line(*who[i], who[i]->pending.substr(0, nl));
-        who[i]->pending.erase(0, nl + 1);
+      while ((nl = pending.find('\n')) != std::string::npos) {
+        const std::string text = pending.substr(0, nl);
+        is_err ? log_raw(text.c_str()) : line(*child, text);
+        pending.erase(0, nl + 1);
       }
     }
     return true;
@@ -179,23 +199,75 @@ class Launcher {
       rounds_header_done_ = rounds_header_done_ || header;
       rounds_ << text << "\n";
       rounds_.flush();
-      std::fprintf(stderr, "[coordinator] %s\n", text.c_str());
+      log_line("[coordinator]", "%s", text.c_str());
       return;
     }
     const bool header = text.rfind("step,", 0) == 0;
     if (header) {
+      columns_ = split(text);
       if (header_done_) return;
       header_done_ = true;
       csv_ << "node," << text << std::endl;
       return;
     }
     csv_ << c.node << "," << text << std::endl;
+    track(c.node, split(text));
   }
 
+  // One progress line for every node: the slowest node's step, each node's loss,
+  // the total throughput, the last sync round.
+  void track(int node, const std::vector<std::string>& row) {
+    auto col = [&](const char* name) -> std::string {
+      for (size_t i = 0; i < columns_.size() && i < row.size(); ++i)
+        if (columns_[i] == name) return row[i];
+      return "";
+    };
+    if (node < 0 || size_t(node) >= nodes_.size()) return;
+    NodeProgress& p = nodes_[size_t(node)];
+    try {
+      p.step = std::stoll(col("step"));
+      p.loss = std::stod(col("loss"));
+      p.tokens_per_s = std::stod(col("tokens_per_s"));
+      const int64_t r = std::stoll(col("sync_round"));
+      if (r > 0) round_ = std::max(round_, r);
+    } catch (const std::exception&) {
+      return;  // not a row of numbers: nothing to show
+    }
+    int64_t slowest = INT64_MAX;
+    double tps = 0;
+    std::string losses;
+    for (const NodeProgress& n : nodes_) {
+      slowest = std::min(slowest, n.step);
+      tps += n.tokens_per_s;
+      losses += strprintf(" %.3f", n.loss);
+    }
+    const std::string line = strprintf("step %lld/%lld  loss", (long long)slowest, (long long)steps_) + losses +
+                             strprintf("  %.0f tok/s  round %lld  ETA ", tps, (long long)round_) +
+                             progress_.eta(double(slowest), double(steps_));
+    progress_.update(line, slowest == steps_);
+  }
+
+  static std::vector<std::string> split(const std::string& line) {
+    std::vector<std::string> out;
+    size_t a = 0;
+    for (size_t b; (b = line.find(',', a)) != std::string::npos; a = b + 1) out.push_back(line.substr(a, b - a));
+    out.push_back(line.substr(a));
+    return out;
+  }
+
+  struct NodeProgress {
+    int64_t step = 0;
+    double loss = 0, tokens_per_s = 0;
+  };
   std::ostream& csv_;
   std::ofstream& rounds_;
   bool header_done_ = false;
   bool rounds_header_done_;
+  std::vector<std::string> columns_;
+  std::vector<NodeProgress> nodes_;
+  int64_t steps_;
+  int64_t round_ = 0;
+  Progress progress_;
 };
 
 }  // namespace
@@ -239,7 +311,12 @@ int local_command(const std::vector<std::string>& args) {
     }
     return args;
   };
-  Launcher L(std::cout, rounds, resume && std::filesystem::file_size(rounds_path) > 0);
+  Launcher L(std::cout, rounds, resume && std::filesystem::file_size(rounds_path) > 0, c.spes.n_nodes, c.train.steps);
+  // Several GPUs: node n trains on GPU n mod count (unless the user chose devices).
+  int gpus = 0;
+#ifdef SPES_HAVE_CUDA
+  if (c.train.device != "cpu" && !std::getenv("CUDA_VISIBLE_DEVICES")) gpus = cuda::gpu_count();
+#endif
   // A new run starts the coordinator --fresh too: otherwise it would resume the
   // previous run's θ from state_dir and hand it to nodes starting at step 0.
   std::vector<std::string> coordinator = {exe, "coordinator", config, resume ? "" : "--fresh"};
@@ -248,7 +325,7 @@ int local_command(const std::vector<std::string>& args) {
   for (int64_t n = 0; n < c.spes.n_nodes; ++n) {
     std::vector<std::string> node = {exe, "train", config, "--node-id", std::to_string(n)};
     if (resume) node.push_back("--resume");
-    L.children.push_back(spawn("node " + std::to_string(n), int(n), with_sets(node)));
+    L.children.push_back(spawn("node " + std::to_string(n), int(n), with_sets(node), gpus > 1 ? int(n % gpus) : -1));
   }
   std::fprintf(stderr, "local: coordinator + %lld nodes started; round log %s\n", (long long)c.spes.n_nodes,
                rounds_path.c_str());
@@ -257,20 +334,22 @@ int local_command(const std::vector<std::string>& args) {
   while (true) {
     L.pump(200);
     if (Child* failed = L.reap()) {
-      std::fprintf(stderr, "local: %s failed (%s; its error is above); stopping the others\n", failed->name.c_str(),
+      // Relay what it wrote before it exited, so its error comes before ours.
+      for (int i = 0; i < 100 && (failed->err_fd >= 0 || failed->out_fd >= 0); ++i) L.pump(20);
+      log_line("local:", "%s failed (%s; its error is above); stopping the others", failed->name.c_str(),
                    describe_exit(failed->status).c_str());
       rc = 1;
       break;
     }
     if (g_interrupted) {
-      std::fprintf(stderr, "local: interrupted; stopping every process\n");
+      log_line("local:", "interrupted; stopping every process");
       rc = 130;
       break;
     }
     if (!L.nodes_running()) break;  // every node finished its steps
   }
   L.stop_all();
-  if (rc == 0) std::fprintf(stderr, "local: every node finished\n");
+  if (rc == 0) log_line("local:", "every node finished");
   return rc;
 }
 

@@ -68,6 +68,17 @@ KernelScratch kernel_scratch(const ModelConfig& m, int64_t micro_batch, int64_t 
   return k;
 }
 
+// Shapes the kernels cannot run: refused before anything is allocated.
+void check_gpu_shape(const Config& cfg) {
+  const ModelConfig& m = cfg.model;
+  auto refuse = [&](const std::string& why) { throw GpuShapeError(cfg.path + ": [model] " + why); };
+  if (m.head_dim() != 64 && m.head_dim() != 128)
+    refuse("d_model / n_heads = " + std::to_string(m.head_dim()) + ": the GPU attention kernels support head dims 64 and 128");
+  if (m.d_model % 8 || m.kv_dim() % 8) refuse("d_model and the kv width must be multiples of 8 on the GPU");
+  if (!m.qk_norm) refuse("qk_norm = false: the GPU's RoPE kernel is fused with the QK-norm");
+  if (m.n_experts > 256 || m.top_k > 32) refuse("the GPU router supports at most 256 experts and top_k 32");
+}
+
 // Dense bf16 tensor-core peak by device name (datasheet, dense), 0 when unknown.
 double datasheet_bf16_peak(const std::string& name) {
   struct Row {
@@ -108,7 +119,7 @@ class GpuBackend final : public TrainBackend {
   // layout and in owned space, one weight-decay class.
   struct AdamRun {
     int64_t flat, packed, n;
-    bool no_decay;
+    bool no_decay;  // norms and embeddings: decayed only when decay_norms_and_embeddings
   };
   void copy_tokens(const int32_t* inputs, const int32_t* targets, int64_t tokens);
   void measure_peak();
@@ -142,11 +153,7 @@ GpuBackend::GpuBackend(const Config& cfg, const ParamLayout& layout, const Owner
     : model_cfg_(cfg.model), loss_(cfg.train.loss), layout_(layout), own_(own), micro_batch_(cfg.train.micro_batch),
       rt_(0), stream_(rt_.stream()) {
   const ModelConfig& m = cfg.model;
-  if (m.head_dim() != 32 && m.head_dim() != 64 && m.head_dim() != 128)
-    throw ConfigError(cfg.path + ": [model] d_model / n_heads = " + std::to_string(m.head_dim()) +
-                      ": the GPU attention kernels support head dims 32, 64 and 128");
-  if (m.d_model % 8 || m.kv_dim() % 8)
-    throw ConfigError(cfg.path + ": [model] d_model and the kv width must be multiples of 8 on the GPU");
+  check_gpu_shape(cfg);
   const int64_t owned = own_.space.size();
   plan_ = plan_gpu_memory(m, layout_, own_, micro_batch_, kernel_scratch(m, micro_batch_, owned));
   const cuda::DeviceInfo& dev = rt_.info();
@@ -156,8 +163,9 @@ GpuBackend::GpuBackend(const Config& cfg, const ParamLayout& layout, const Owner
   cuda_check(cudaMemGetInfo(&free_now, &total));
   const int64_t headroom = int64_t(512) << 20;  // cuBLAS/NCCL handles, CUDA context growth
   if (plan_.arena_bytes() + headroom > int64_t(free_now)) {
-    int64_t fits = 0;
+    int64_t fits = 0;  // the largest micro-batch that fits and divides global_batch
     for (int64_t b = micro_batch_ - 1; b >= 1 && fits == 0; --b) {
+      if (cfg.train.global_batch % b) continue;
       const GpuMemoryPlan p = plan_gpu_memory(m, layout_, own_, b, kernel_scratch(m, b, owned));
       if (p.arena_bytes() + headroom <= int64_t(free_now)) fits = b;
     }
@@ -185,12 +193,12 @@ GpuBackend::GpuBackend(const Config& cfg, const ParamLayout& layout, const Owner
   cuda_check(cudaMemsetAsync(grads_, 0, size_t(owned) * sizeof(float), stream_));
   model_ = std::make_unique<GpuModel>(model_cfg_, layout_, own_, micro_batch_, rt_, plan_, *buf_);
 
-  // AdamW runs: owned tensors merged while contiguous and of one decay class.
-  const bool decay_all = cfg.optim.decay_norms_and_embeddings;
+  // AdamW runs: owned tensors merged while contiguous and of one decay class (norms
+  // and embeddings form their own class: optimizer_step decides whether it decays).
   for (const ParamTensor& t : layout_.tensors) {
     const int64_t g = own_.space.packed_index(t.offset);
     if (g < 0) continue;
-    const bool no_decay = !decay_all && (t.kind == ParamKind::norm || t.kind == ParamKind::embedding);
+    const bool no_decay = t.kind == ParamKind::norm || t.kind == ParamKind::embedding;
     if (!runs_.empty() && runs_.back().flat + runs_.back().n == t.offset &&
         runs_.back().packed + runs_.back().n == g && runs_.back().no_decay == no_decay)
       runs_.back().n += t.numel();
@@ -310,7 +318,8 @@ void GpuBackend::optimizer_step(const AdamWStep& s) {
   for (const AdamRun& r : runs_)
     cuda::adamw_update(master_ + r.packed, weights_ + r.flat, grads_ + r.packed, m_ + r.packed, v_ + r.packed, r.n,
                        float(s.lr), float(s.beta1), float(s.beta2), float(s.eps),
-                       r.no_decay ? 0.0f : float(s.weight_decay), s.t, clip_scale_, stream_);
+                       r.no_decay && !s.decay_norms_and_embeddings ? 0.0f : float(s.weight_decay), s.t,
+                       clip_scale_, stream_);
 }
 
 void GpuBackend::pull_theta() {
@@ -354,8 +363,8 @@ void GpuBackend::write_moments(std::span<const float> m, std::span<const float> 
 
 std::unique_ptr<TrainBackend> make_gpu_backend(const Config& cfg, const ParamLayout& layout, const Ownership& own) {
   std::string why;
-  if (!cuda::gpu_available(&why))
-    throw ConfigError(cfg.path + ": [train] device = \"cuda\" but there is no usable GPU (" + why + ")");
+  if (!cuda::gpu_available(&why)) throw GpuShapeError(cfg.path + ": there is no usable GPU (" + why + ")");
+  check_gpu_shape(cfg);
   return std::make_unique<GpuBackend>(cfg, layout, own);
 }
 

@@ -6,11 +6,18 @@
 #include <string>
 
 #include "engine/backend.hpp"
+#include "engine/base/error.hpp"
 
 namespace spes {
 
-// Throws ConfigError when the config cannot run on this GPU (no device, a shape the
-// kernels do not support, or not enough memory — naming a micro-batch that fits).
+// The GPU cannot run this config at all: no usable device, or a model shape the
+// kernels do not support. (device = "auto" then trains on the CPU.)
+struct GpuShapeError : ConfigError {
+  using ConfigError::ConfigError;
+};
+
+// Throws GpuShapeError as above, or ConfigError when the config does not fit in the
+// GPU's memory (naming a micro-batch that fits).
 std::unique_ptr<TrainBackend> make_gpu_backend(const Config& cfg, const ParamLayout& layout, const Ownership& own);
 
 }  // namespace spes

@@ -8,6 +8,8 @@
 
 #include "engine/base/csv.hpp"
 #include "engine/base/error.hpp"
+#include "engine/base/log.hpp"
+#include "engine/base/progress.hpp"
 #include "engine/checkpoint.hpp"
 #include "engine/schedule.hpp"
 #include "model/flops.hpp"
@@ -104,6 +106,8 @@ const char* Trainer::csv_header() {
          "val_ce,sync_round,sync_ms,bytes_up,bytes_down,state_hash";
 }
 
+std::string Trainer::node_prefix() const { return "[node " + std::to_string(cfg_.spes.node_id) + "]"; }
+
 // Nodes of one run may share a machine and a config: each keeps its checkpoints in
 // its own node-N folder.
 std::string Trainer::checkpoint_root() const {
@@ -137,7 +141,7 @@ SyncStats Trainer::sync_if_due() {
   return s;
 }
 
-void Trainer::train_step(std::ostream& csv) {
+Trainer::StepStats Trainer::train_step(std::ostream& csv) {
   const auto t0 = Clock::now();
   const int64_t n_micro = cfg_.train.global_batch / cfg_.train.micro_batch;
   const float aux = aux_loss_factor(cfg_.train.loss, step_, cfg_.train.steps);
@@ -193,6 +197,7 @@ void Trainer::train_step(std::ostream& csv) {
   row.addf("%lld", (long long)sync.bytes_up).addf("%lld", (long long)sync.bytes_down);
   row.add(sync.round > 0 ? CsvRow().addf("%016llx", (unsigned long long)sync.state_hash).str() : "");
   csv << row.str() << std::endl;  // flushed: a reader following stdout sees every step
+  return {loss, tokens_per_s, val};
 }
 
 void Trainer::save(bool final) {
@@ -210,15 +215,13 @@ void Trainer::save(bool final) {
   s.rng_state = {uint64_t(tokens_seen_)};
   if (sync_) sync_->save_state(s);
   last_checkpoint_ = save_checkpoint(checkpoint_root(), s, cfg_.checkpoint.keep);
-  std::fprintf(stderr, "[node %lld] %scheckpoint %s\n", (long long)cfg_.spes.node_id, final ? "final " : "",
-               last_checkpoint_.c_str());
+  log_line(node_prefix().c_str(), "%scheckpoint %s", final ? "final " : "", last_checkpoint_.c_str());
 }
 
 void Trainer::restore_latest() {
   const std::string dir = latest_checkpoint(checkpoint_root());
   if (dir.empty()) {
-    std::fprintf(stderr, "[node %lld] --resume: no checkpoint in %s, starting fresh\n",
-                 (long long)cfg_.spes.node_id, checkpoint_root().c_str());
+    log_line(node_prefix().c_str(), "--resume: no checkpoint in %s, starting fresh", checkpoint_root().c_str());
     return;
   }
   CheckpointState s = load_checkpoint(dir);
@@ -233,8 +236,7 @@ void Trainer::restore_latest() {
   tokens_seen_ = s.rng_state.empty() ? step_ * cfg_.train.global_batch * cfg_.model.seq_len : int64_t(s.rng_state[0]);
   if (sync_) sync_->load_state(s, backend_->host_theta().data());
   last_checkpoint_ = dir;
-  std::fprintf(stderr, "[node %lld] resumed from %s at step %lld\n", (long long)cfg_.spes.node_id, dir.c_str(),
-               (long long)step_);
+  log_line(node_prefix().c_str(), "resumed from %s at step %lld", dir.c_str(), (long long)step_);
 }
 
 void Trainer::run(std::ostream& csv, bool resume) {
@@ -248,20 +250,17 @@ void Trainer::run(std::ostream& csv, bool resume) {
   const int64_t stop = cfg_.train.max_steps_this_run > 0
                            ? std::min(cfg_.train.steps, step_ + cfg_.train.max_steps_this_run)
                            : cfg_.train.steps;
-  const auto t0 = Clock::now();
-  auto last_progress = t0;
+  Progress progress(node_prefix(), 10.0);
   const int64_t start = step_;
   while (step_ < stop) {
-    train_step(csv);
+    const StepStats st = train_step(csv);
     if (cfg_.checkpoint.every > 0 && step_ % cfg_.checkpoint.every == 0 && step_ < stop) save(false);
-    if (std::chrono::duration<double>(Clock::now() - last_progress).count() > 10 || step_ == stop) {
-      last_progress = Clock::now();
-      const double s = std::chrono::duration<double>(last_progress - t0).count();
-      const double per_step = s / double(step_ - start);
-      std::fprintf(stderr, "[node %lld] step %lld/%lld  %.1fs elapsed  ETA %.0fs\n", (long long)cfg_.spes.node_id,
-                   (long long)step_, (long long)cfg_.train.steps, s, per_step * double(stop - step_));
-    }
+    std::string line = strprintf("step %lld/%lld  loss %.4f  %.0f tok/s", (long long)step_,
+                                 (long long)cfg_.train.steps, st.loss, st.tokens_per_s);
+    if (!st.val_ce.empty()) line += "  val " + st.val_ce;
+    progress.update(line + "  ETA " + progress.eta(double(step_ - start), double(stop - start)), step_ == stop);
   }
+  progress.finish();
   save(true);
 }
 

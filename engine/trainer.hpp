@@ -57,7 +57,12 @@ class Trainer {
   int64_t optimizer_state_bytes() const { return backend_->optimizer_state_bytes(); }
 
  private:
-  void train_step(std::ostream& csv);
+  struct StepStats {
+    double loss, tokens_per_s;
+    std::string val_ce;  // empty when the step did not evaluate
+  };
+  StepStats train_step(std::ostream& csv);
+  std::string node_prefix() const;
   SyncStats sync_if_due();
   void save(bool final);
   void restore_latest();

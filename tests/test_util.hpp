@@ -58,6 +58,7 @@ inline std::string write_token_data(const std::filesystem::path& dir, int64_t n,
 }
 
 // A config small enough for a training step in milliseconds (GQA, 4 experts top-2),
+// on the CPU (the oracle; GPU tests build their own),
 // on write_token_data() tokens in dir, checkpoints in dir/ckpt; `sets` override.
 inline Config small_config(const std::filesystem::path& dir, const std::vector<std::string>& sets = {}) {
   const std::string manifest = write_token_data(dir, 20000, 64);
@@ -72,6 +73,7 @@ top_k = 2
 expert_hidden = 24
 seq_len = 16
 [train]
+device = "cpu"
 steps = 6
 micro_batch = 2
 global_batch = 4

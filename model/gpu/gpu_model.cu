@@ -93,12 +93,14 @@ GpuModel::GpuModel(const ModelConfig& cfg, const ParamLayout& layout, const Owne
   rope_table_ = buf.get<float2>("rope_table");
   count_scale_ = buf.get<float>("count_scale");
   loss_sums_ = buf.get<double>("loss_sums");
-  count_scale_host_.assign(size_t(E), 1.0f);
 
   cuda::rope_table_init(rope_table_, T_, hd, cfg.rope_theta, stream_);
   double* hs = nullptr;
   cuda_check(cudaMallocHost(&hs, 2 * sizeof(double)));
   host_sums_.reset(hs);
+  float* hc = nullptr;
+  cuda_check(cudaMallocHost(&hc, size_t(E) * sizeof(float)));
+  host_count_scale_.reset(hc);
   float* ha = nullptr;
   cuda_check(cudaMallocHost(&ha, size_t(2 * cfg.n_layers) * sizeof(float)));
   host_aux_.reset(ha);
@@ -115,10 +117,11 @@ float* GpuModel::grad_of(int64_t offset) const {
 // factor changes with the step, so it is re-uploaded when it moves.
 void GpuModel::set_count_scale(float aux_factor) {
   if (aux_factor == last_aux_factor_) return;
-  for (int64_t e = 0; e < cfg_.n_experts; ++e) count_scale_host_[e] = own_.owns_expert(int(e)) ? aux_factor : 1.0f;
-  // Pageable source: the copy is staged before the call returns, so the vector may change later.
-  cuda_check(cudaMemcpyAsync(count_scale_, count_scale_host_.data(), count_scale_host_.size() * sizeof(float),
-                             cudaMemcpyHostToDevice, stream_));
+  // Pinned source, so the copy does not stall the stream; the previous copy from it
+  // finished at the last micro-batch's loss read-back (a stream sync).
+  float* h = host_count_scale_.get();
+  for (int64_t e = 0; e < cfg_.n_experts; ++e) h[e] = own_.owns_expert(int(e)) ? aux_factor : 1.0f;
+  cuda_check(cudaMemcpyAsync(count_scale_, h, size_t(cfg_.n_experts) * sizeof(float), cudaMemcpyHostToDevice, stream_));
   last_aux_factor_ = aux_factor;
 }
 

@@ -51,7 +51,8 @@ class GpuModel {
   int32_t* targets() const { return targets_; }
 
   // Forward and loss only (eval); the CE and lm z-loss are means over the first
-  // loss_tokens tokens (a padded last batch counts only its real rows).
+  // loss_tokens tokens (a padded last batch counts only its real rows; the router
+  // statistics, unused in eval, include the padding).
   LossParts forward(const LossConfig& loss, float aux_factor, int64_t loss_tokens);
   // Forward, then backward of grad_scale · total loss; owned gradients accumulate
   // (+=); frozen experts get no weight gradients.
@@ -92,13 +93,13 @@ class GpuModel {
   float* count_scale_;    // [E]: the decayed aux-loss factor on owned experts' LB counts
   double* loss_sums_;     // [2]: Σ CE, Σ lse² (cuda/loss)
   float last_aux_factor_ = -1.0f;
-  std::vector<float> count_scale_host_;
   // Pinned host copies of the loss parts: Σ CE, Σ lse², then LB and RZ per layer.
   struct PinnedFree {
     void operator()(void* p) const;
   };
   std::unique_ptr<double, PinnedFree> host_sums_;
   std::unique_ptr<float, PinnedFree> host_aux_;
+  std::unique_ptr<float, PinnedFree> host_count_scale_;
 };
 
 }  // namespace spes
