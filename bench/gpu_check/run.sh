@@ -274,7 +274,7 @@ for b in "$BIN"/bench_*; do
   name=$(basename "$b")
   [[ $CPU_BENCHES == *" $name "* ]] || continue
   # shellcheck disable=SC2086
-  run_step "$L/bench/$name" "$(cap 90 "$D")" "${STDBUF[@]}" "$b" ${BENCH_ARGS[$name]:-}
+  run_step "$L/bench/$name" "$(cap 120 "$D")" "${STDBUF[@]}" "$b" ${BENCH_ARGS[$name]:-}
   say "bench $name: exit $(rc_of "$L/bench/$name")"
 done
 
