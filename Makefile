@@ -5,7 +5,7 @@ JOBS ?= $(shell nproc)
 CUDA_ARCHS ?= 90
 CMAKE_FLAGS ?=
 
-.PHONY: all deps configure build test run bench clean
+.PHONY: all deps configure build test run bench gpu-check-bundle clean
 
 all: build
 
@@ -37,6 +37,16 @@ run: build $(DEMO_DATA)/train.manifest
 
 bench: build
 	@for b in $(BUILD)/bench_*; do echo "== $$b"; $$b || exit 1; done
+
+# The one-call GPU check, built here without a GPU (bench/gpu_check/): portable sm_90
+# binaries (static runtimes, SPES_PORTABLE), configs, tokenized data and run.sh in
+# $(GPU_BUILD)/gpu-check/. On a GPU machine: $(GPU_BUILD)/gpu-check/run.sh OUTDIR.
+GPU_BUILD ?= build-gpu
+
+gpu-check-bundle:
+	cmake -S . -B $(GPU_BUILD) -DCMAKE_BUILD_TYPE=Release -DCMAKE_CUDA_ARCHITECTURES=90 -DSPES_CUDA=ON -DSPES_PORTABLE=ON
+	cmake --build $(GPU_BUILD) -j $(JOBS)
+	bench/gpu_check/bundle.sh $(GPU_BUILD) $(GPU_BUILD)/gpu-check
 
 clean:
 	rm -rf $(BUILD)

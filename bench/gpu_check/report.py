@@ -1,0 +1,531 @@
+#!/usr/bin/env python3
+"""Writes the GPU check's report.md from the logs run.sh collected.
+
+usage: report.py LOGS_DIR REPORT.md
+
+Standard library only: the GPU machine guarantees nothing more. Every input may be
+missing or cut short (a crash, a timeout, a step skipped for time); the report then
+says so instead of failing. The summary table is also printed to stdout.
+"""
+import csv
+import html
+import io
+import os
+import re
+import statistics
+import sys
+from datetime import datetime, timezone
+
+LOSS_TOL = 0.02  # final training loss, GPU vs CPU, relative
+
+PASS, FAIL, SKIPPED, NA = "PASS", "FAIL", "SKIPPED", "NOT AVAILABLE"
+
+
+def read(path, default=""):
+    try:
+        with open(path, encoding="utf-8", errors="replace") as f:
+            return f.read()
+    except OSError:
+        return default
+
+
+def kv_file(path):
+    out = {}
+    for line in read(path).splitlines():
+        if ":" in line and not line.startswith(" "):
+            k, v = line.split(":", 1)
+            out[k.strip()] = v.strip()
+    return out
+
+
+def last_line(text):
+    lines = [l.strip() for l in text.splitlines() if l.strip()]
+    return lines[-1] if lines else ""
+
+
+def engine_error(err_text):
+    """The engine's one-line error (`spes-engine: error: ...`), else stderr's last line."""
+    lines = [l.strip() for l in err_text.splitlines() if l.strip()]
+    for l in reversed(lines):
+        if "error" in l.lower():
+            return l
+    return lines[-1] if lines else ""
+
+
+def short(text, n=300):
+    text = " ".join(text.split())
+    return text if len(text) <= n else text[: n - 3] + "..."
+
+
+def cell(text):
+    return short(str(text)).replace("|", "\\|")
+
+
+class Step:
+    """One process run by run.sh: LOG.{cmd,out,err,rc,timeout,skipped,stopped}."""
+
+    def __init__(self, base):
+        self.base = base
+        self.name = os.path.basename(base)
+        rc = read(base + ".rc").split()
+        self.rc = int(rc[0]) if rc else None
+        self.seconds = int(rc[1]) if len(rc) > 1 else None
+        self.timeout = read(base + ".timeout").strip()
+        self.skipped = read(base + ".skipped").strip()
+        self.stopped = read(base + ".stopped").strip()
+        self.out = read(base + ".out")
+        self.err = read(base + ".err")
+
+    @property
+    def ran(self):
+        return self.rc is not None
+
+    @property
+    def timed_out(self):
+        return self.rc in (124, 137) and not self.stopped
+
+    def exit_text(self):
+        if not self.ran:
+            return self.skipped or "not run"
+        if self.timed_out:
+            return f"timed out after {self.timeout} s"
+        if self.stopped:
+            return self.stopped
+        if self.rc == 0:
+            return f"exit 0 in {self.seconds} s"
+        if self.rc > 128:
+            return f"killed by signal {self.rc - 128} after {self.seconds} s"
+        return f"exit {self.rc} after {self.seconds} s"
+
+
+# ---- doctest XML (tolerant of output cut short by a crash or a timeout) ------------------
+
+REL_RE = re.compile(r"rel(?:ative)?(?: err(?:or)?)? ([-+]?(?:[0-9.]+(?:[eE][-+]?[0-9]+)?|inf|nan))\s*\(tol ([-+0-9.eE]+)\)",
+                    re.IGNORECASE)
+
+
+def xml_text(s):
+    return html.unescape(" ".join(s.split()))
+
+
+def parse_doctest_xml(text):
+    cases = []
+    chunks = re.split(r"(?=<TestCase )", text)
+    for chunk in chunks[1:]:
+        head = re.match(r'<TestCase name="([^"]*)"([^>]*?)(/?)>', chunk)
+        if not head:
+            continue
+        fn = re.search(r'filename="([^"]*)"', head.group(2))
+        c = {"name": html.unescape(head.group(1)), "file": html.unescape(fn.group(1)) if fn else "",
+             "messages": [], "failures": [], "warnings": [], "exceptions": [], "status": None}
+        if 'skipped="true"' in head.group(2):
+            c["status"] = SKIPPED
+            cases.append(c)
+            continue
+        for m in re.finditer(r"<Message type=\"(\w+)\"[^>]*>\s*<Text>(.*?)</Text>", chunk, re.S):
+            c["messages"].append(xml_text(m.group(2)))
+        for m in re.finditer(r"<Expression success=\"false\" type=\"(\w+)\"[^>]*>(.*?)</Expression>", chunk, re.S):
+            body = m.group(2)
+            info = re.search(r"<Info>(.*?)</Info>", body, re.S)
+            orig = re.search(r"<Original>(.*?)</Original>", body, re.S)
+            what = xml_text(info.group(1)) if info else f"{m.group(1)}( {xml_text(orig.group(1)) if orig else '?'} )"
+            (c["warnings"] if m.group(1).startswith("WARN") else c["failures"]).append(what)
+        for m in re.finditer(r"<Exception crash=\"(\w+)\">(.*?)</Exception>", chunk, re.S):
+            c["exceptions"].append(("crash: " if m.group(1) == "true" else "exception: ") + xml_text(m.group(2)))
+        res = re.search(r'<OverallResultsAsserts successes="(\d+)" failures="(\d+)" test_case_success="(\w+)"', chunk)
+        if res:
+            c["status"] = PASS if res.group(3) == "true" else FAIL
+        else:
+            c["status"] = "INCOMPLETE"  # the process died inside this test case
+        cases.append(c)
+    return cases
+
+
+def worst_rel(messages):
+    """(ratio, text) of the message whose rel err is the largest fraction of its tol."""
+    worst = None
+    for msg in messages:
+        m = REL_RE.search(msg)
+        if not m:
+            continue
+        try:
+            err, tol = float(m.group(1)), float(m.group(2))
+        except ValueError:
+            continue
+        if err != err:  # NaN
+            ratio = float("inf")
+        elif tol > 0:
+            ratio = err / tol
+        else:
+            ratio = 0.0 if err == 0 else float("inf")
+        if worst is None or ratio > worst[0]:
+            worst = (ratio, msg)
+    return worst
+
+
+# ---- CSV on stdout of train / coordinator ----------------------------------------------------
+
+
+def read_csv_rows(text):
+    """Rows of the CSV in `text` as dicts, from its header line on (other lines ignored)."""
+    lines = text.splitlines()
+    start = next((i for i, l in enumerate(lines) if l.startswith(("step,", "round,"))), None)
+    if start is None:
+        return []
+    header = lines[start].split(",")
+    rows = []
+    for row in csv.reader(io.StringIO("\n".join(lines[start + 1:]))):
+        if len(row) == len(header):
+            rows.append(dict(zip(header, row)))
+    return rows
+
+
+def num(s):
+    try:
+        return float(s)
+    except (TypeError, ValueError):
+        return None
+
+
+def fmt(x, digits=4):
+    if x is None:
+        return "—"
+    if isinstance(x, float):
+        return f"{x:.{digits}f}"
+    return str(x)
+
+
+# ---- sections -----------------------------------------------------------------------------------
+
+
+class Report:
+    def __init__(self, logs):
+        self.logs = logs
+        self.summary = []  # (step, status, detail)
+        self.body = []
+
+    def add(self, *lines):
+        self.body.extend(lines)
+
+    def result(self, step, status, detail):
+        self.summary.append((step, status, detail))
+
+    # -- 1a
+    def tests(self):
+        d = os.path.join(self.logs, "tests")
+        names = sorted({f.rsplit(".", 1)[0] for f in os.listdir(d) if f.endswith(".cmd")}) if os.path.isdir(d) else []
+        self.add("## 1. CUDA tests", "",
+                 "Each `tests/test_cuda_*.cu` file runs as `spes_tests --gpu-file --source-file=*NAME.cu -r=xml`; "
+                 "the worst error is the `rel err` message with the largest error/tolerance ratio.", "")
+        counts = {PASS: 0, FAIL: 0, SKIPPED: 0, "INCOMPLETE": 0}
+        files_failed, skip_reason = [], ""
+        for name in names:
+            s = Step(os.path.join(d, name))
+            listed = [html.unescape(m) for m in re.findall(r'<TestCase name="([^"]*)"', read(os.path.join(d, name + ".list.xml")))]
+            # doctest's XML also names every filtered-out test case (skipped="true"): keep this file's.
+            cases = [c for c in parse_doctest_xml(s.out) if os.path.basename(c["file"]) == name + ".cu"] \
+                if s.ran and s.rc != 77 else []
+            if s.rc == 77:
+                why = re.sub(r"^SKIPPED:\s*", "", last_line(s.out)) or "no GPU"
+                skip_reason = skip_reason or why
+                file_status, note = SKIPPED, why
+                cases = [{"name": n, "status": SKIPPED, "messages": [], "failures": [], "warnings": [],
+                          "exceptions": []} for n in listed]
+            elif not s.ran:
+                file_status, note = SKIPPED, s.exit_text()
+                cases = [{"name": n, "status": SKIPPED, "messages": [], "failures": [], "warnings": [],
+                          "exceptions": []} for n in listed]
+            else:
+                seen = {c["name"] for c in cases}
+                for n in listed:  # cases the process never reached (crash / timeout)
+                    if n not in seen:
+                        cases.append({"name": n, "status": "NOT RUN", "messages": [], "failures": [],
+                                      "warnings": [], "exceptions": []})
+                bad = [c for c in cases if c["status"] not in (PASS, SKIPPED)]
+                file_status = PASS if s.rc == 0 and not bad else FAIL
+                note = s.exit_text()
+                if s.rc not in (0, 1) and s.err.strip():
+                    note += ": " + short(last_line(s.err), 200)
+            if file_status == FAIL:
+                files_failed.append(name)
+            for c in cases:
+                counts[c["status"] if c["status"] in counts else "INCOMPLETE"] += 1
+            self.add(f"### {name} — {file_status} ({note})", "")
+            if cases:
+                self.add("| test case | result | worst error (tolerance) | notes |", "| --- | --- | --- | --- |")
+                for c in cases:
+                    w = worst_rel(c["messages"])
+                    worst = "—" if w is None else short(w[1], 120) + (f" = {w[0]:.2g}× tol" if w[0] not in (0.0, float("inf")) else "")
+                    notes = c["exceptions"] + c["failures"][:3] + [f"warning: {x}" for x in c["warnings"]]
+                    if c["status"] == "INCOMPLETE":
+                        notes.insert(0, "the process ended inside this test case (" + s.exit_text() + ")")
+                    elif c["status"] == "NOT RUN":
+                        notes.insert(0, "not reached: the process ended before it")
+                    notes += [m for m in c["messages"] if not REL_RE.search(m)][:3]
+                    if len(c["failures"]) > 3:
+                        notes.append(f"... {len(c['failures']) - 3} more failed checks")
+                    self.add(f"| {cell(c['name'])} | {c['status']} | {cell(worst)} | {cell('; '.join(notes))} |")
+                self.add("")
+            elif s.ran and s.rc not in (0, 77):
+                self.add("```", short(s.out + s.err, 2000), "```", "")
+        total = sum(counts.values())
+        if not names:
+            self.result("1a. CUDA tests", FAIL, "no test files ran")
+        elif files_failed:
+            self.result("1a. CUDA tests", FAIL, f"{len(files_failed)} of {len(names)} files failed: {', '.join(files_failed)}; "
+                        f"test cases: {counts[PASS]} passed, {counts[FAIL] + counts['INCOMPLETE']} failed/incomplete of {total}")
+        elif counts[PASS] == 0:
+            self.result("1a. CUDA tests", SKIPPED, f"{total} test cases in {len(names)} files skipped: {skip_reason}")
+        else:
+            self.result("1a. CUDA tests", PASS, f"{counts[PASS]} of {total} test cases passed in {len(names)} files"
+                        + (f", {counts[SKIPPED]} skipped" if counts[SKIPPED] else ""))
+
+    # -- 1b / 4
+    def benches(self, cpu_only):
+        d = os.path.join(self.logs, "bench")
+        names = sorted({f.rsplit(".", 1)[0] for f in os.listdir(d) if f.endswith(".cmd")}) if os.path.isdir(d) else []
+        cpu_names = {"bench_sync", "bench_train_cpu"}
+        names = [n for n in names if (n in cpu_names) == cpu_only]
+        title = "4. CPU benches" if cpu_only else "1b. GPU benches"
+        self.add(f"## {title}", "")
+        if not cpu_only:
+            self.add("Figures are % of ceilings each bench measures itself (D2D copy GB/s, cuBLAS bf16 GEMM TFLOP/s).", "")
+        statuses = []
+        for name in names:
+            s = Step(os.path.join(d, name))
+            if not s.ran:
+                st, note = SKIPPED, s.exit_text()
+            elif s.rc == 0 and re.search(r"^no GPU", s.out, re.M):
+                st, note = SKIPPED, last_line(re.search(r"^no GPU.*$", s.out, re.M).group(0))
+            elif s.rc == 0:
+                st, note = PASS, s.exit_text()
+            else:
+                st, note = FAIL, s.exit_text() + (": " + short(engine_error(s.err), 200) if s.err.strip() else "")
+            statuses.append((name, st, note))
+            self.add(f"### {name} — {st} ({note})", "")
+            full = ["```", s.out.rstrip(), *(["--- stderr ---", s.err.rstrip()] if s.err.strip() else []), "```", ""]
+            if len(s.out.splitlines()) <= 15:  # short: shown whole
+                if s.out.strip() or s.err.strip():
+                    self.add(*full)
+                continue
+            key = [l for l in s.out.splitlines() if re.search(r"GB/s|TFLOP/s|GFLOP/s|tokens/s|%|^device:|^ceilings:", l)]
+            if key and st == PASS:
+                self.add("Key lines (GB/s, TFLOP/s, % of ceiling):", "", "```", *key, "```", "")
+            self.add("<details><summary>full output</summary>", "", *full, "</details>", "")
+        if not names:
+            self.result(title, SKIPPED, "none in this build")
+            return
+        failed = [n for n, st, _ in statuses if st == FAIL]
+        ran = [n for n, st, _ in statuses if st == PASS]
+        if failed:
+            self.result(title, FAIL, "failed: " + ", ".join(f"{n} ({note})" for n, st, note in statuses if st == FAIL))
+        elif not ran:
+            self.result(title, SKIPPED, f"{len(names)} benches: " + statuses[0][2])
+        else:
+            skipped = [n for n, st, _ in statuses if st == SKIPPED]
+            self.result(title, PASS, f"{len(ran)} ran: {', '.join(ran)}" + (f"; skipped: {', '.join(skipped)}" if skipped else ""))
+
+    # -- per-kernel share
+    def kernel_share(self):
+        self.add("## Per-kernel share of the GPU training step", "")
+        s = Step(os.path.join(self.logs, "bench", "bench_train_gpu"))
+        if not os.path.exists(s.base + ".cmd"):
+            self.add("Not available: this build has no `bench_train_gpu`.", "")
+            return
+        lines = [l for l in s.out.splitlines() if "%" in l]
+        if s.rc == 0 and lines:
+            self.add("From `bench_train_gpu` (full output in section 1b):", "", "```", *lines, "```", "")
+        else:
+            self.add(f"`bench_train_gpu`: {s.exit_text()}; no per-kernel lines.", "")
+
+    # -- 2
+    def train_compare(self):
+        title = "2. GPU vs CPU training (tiny-central)"
+        self.add(f"## {title}", "")
+        g = Step(os.path.join(self.logs, "train", "gpu"))
+        c = Step(os.path.join(self.logs, "train", "cpu"))
+        gr, cr = read_csv_rows(g.out), read_csv_rows(c.out)
+        self.add(f"- GPU run: {g.exit_text()}, {len(gr)} steps logged", f"- CPU run: {c.exit_text()}, {len(cr)} steps logged", "")
+        if not g.ran or (g.rc != 0 and not gr):
+            err = engine_error(g.err) if g.ran else g.exit_text()
+            st = NA if "not built yet" in err or "not available" in err.lower() else FAIL
+            self.add(f"The GPU run stopped before its first step: `{err}`", "")
+            self.result(title, st, f"GPU run: {err}")
+            return
+        gpu, cpu = {r["step"]: r for r in gr}, {r["step"]: r for r in cr}
+        common = sorted((int(s) for s in gpu if s in cpu), key=int)
+        # Throughput of the GPU step (first steps excluded: warm-up, plan caches).
+        tps = [num(r.get("tokens_per_s")) for r in gr[5:] or gr]
+        tps = [x for x in tps if x]
+        mfu = [num(r.get("mfu")) for r in gr[5:] or gr if "mfu" in r]
+        mfu = [x for x in mfu if x is not None]
+        ctps = [x for x in (num(r.get("tokens_per_s")) for r in cr[5:] or cr) if x]
+        self.add("| | GPU | CPU |", "| --- | --- | --- |",
+                 f"| tokens/s (median, steps > 5) | {fmt(statistics.median(tps), 0) if tps else '—'} | "
+                 f"{fmt(statistics.median(ctps), 0) if ctps else '—'} |",
+                 f"| MFU (median) | {fmt(statistics.median(mfu), 4) if mfu else ('no mfu column' if gr and 'mfu' not in gr[0] else '—')} | |",
+                 f"| wall time | {g.seconds} s | {c.seconds} s |", "")
+        if not common:
+            self.add("No step logged by both runs.", "")
+            why = engine_error(c.err) if c.ran and c.rc else "no common steps"
+            self.result(title, FAIL, f"GPU {g.exit_text()}, CPU {c.exit_text()}: {why}")
+            return
+        last = common[-1]
+        points = sorted({p for p in (1, 10, 25, 50, 100, 150, 200, 250, 300) if p in common} | {last})
+        self.add("| step | loss GPU | loss CPU | rel diff | ce GPU | ce CPU | val_ce GPU | val_ce CPU |",
+                 "| --- | --- | --- | --- | --- | --- | --- | --- |")
+        for p in points:
+            a, b = gpu[str(p)], cpu[str(p)]
+            la, lb = num(a.get("loss")), num(b.get("loss"))
+            rel = abs(la - lb) / abs(lb) if la is not None and lb else None
+            self.add(f"| {p} | {fmt(la)} | {fmt(lb)} | {fmt(rel * 100 if rel is not None else None, 2)}% | "
+                     f"{fmt(num(a.get('ce')))} | {fmt(num(b.get('ce')))} | {a.get('val_ce') or '—'} | {b.get('val_ce') or '—'} |")
+        self.add("")
+        la, lb = num(gpu[str(last)].get("loss")), num(cpu[str(last)].get("loss"))
+        rel = abs(la - lb) / abs(lb) if la is not None and lb else float("inf")
+        vals = [s for s in common if gpu[str(s)].get("val_ce") and cpu[str(s)].get("val_ce")]
+        vnote = ""
+        if vals:
+            va, vb = num(gpu[str(vals[-1])]["val_ce"]), num(cpu[str(vals[-1])]["val_ce"])
+            vnote = f"; val CE at step {vals[-1]}: GPU {fmt(va)}, CPU {fmt(vb)} ({abs(va - vb) / vb * 100:.2f}%)"
+        complete = g.rc == 0 and c.rc == 0
+        if g.rc == 0 and c.timed_out and last >= 100:
+            # The slower CPU run was cut by the time budget: judge at the last common step.
+            complete = True
+            detail_cut = f"CPU run cut by its timeout at step {last}; "
+        else:
+            detail_cut = ""
+        detail = detail_cut + (f"final loss at step {last}: GPU {fmt(la)}, CPU {fmt(lb)}, diff {rel * 100:.2f}% "
+                  f"(tolerance {LOSS_TOL * 100:.0f}%){vnote}")
+        self.add(detail + ".", "")
+        if tps:
+            detail += f"; GPU {statistics.median(tps):.0f} tokens/s" + (f", MFU {statistics.median(mfu):.3f}" if mfu else "")
+        if not complete:
+            self.result(title, FAIL, f"GPU {g.exit_text()}, CPU {c.exit_text()}; " + detail)
+        else:
+            self.result(title, PASS if rel <= LOSS_TOL else FAIL, detail)
+
+    # -- 3
+    def spes_round(self):
+        title = "3. Mixed SPES run (node 0 GPU, nodes 1-3 CPU)"
+        self.add(f"## {title}", "")
+        d = os.path.join(self.logs, "spes")
+        co = Step(os.path.join(d, "coordinator"))
+        nodes = [Step(os.path.join(d, f"node{n}")) for n in range(4)]
+        for s in [co] + nodes:
+            self.add(f"- {s.name}: {s.exit_text()}" + (f" — `{engine_error(s.err)}`" if s.ran and s.rc not in (0, None) and not s.stopped and s.err.strip() else ""))
+        self.add("")
+        if not co.ran:
+            self.result(title, SKIPPED if co.skipped else FAIL, co.exit_text())
+            return
+        n0 = nodes[0]
+        if n0.ran and n0.rc != 0 and not n0.stopped and not read_csv_rows(n0.out):
+            err = engine_error(n0.err)
+            st = NA if "not built yet" in err or "not available" in err.lower() else FAIL
+            self.result(title, st, f"node 0 (GPU): {err}")
+            return
+        bad = [s for s in nodes if not s.ran or s.rc != 0]
+        crow = read_csv_rows(co.out)
+        rounds = {}
+        for r in crow:
+            rounds.setdefault(r["round"], {})["coordinator"] = r.get("state_hash", "")
+            rounds[r["round"]]["step"] = r.get("step", "")
+        tps = []
+        for n, s in enumerate(nodes):
+            rows = read_csv_rows(s.out)
+            t = [x for x in (num(r.get("tokens_per_s")) for r in rows[5:]) if x]
+            tps.append(statistics.median(t) if t else None)
+            for r in rows:
+                if r.get("sync_round") not in (None, "", "0"):
+                    rounds.setdefault(r["sync_round"], {})[f"node{n}"] = r.get("state_hash", "")
+        self.add("| round | step | coordinator | node 0 (GPU) | node 1 | node 2 | node 3 | agree |",
+                 "| --- | --- | --- | --- | --- | --- | --- | --- |")
+        disagree = []
+        for rnd in sorted(rounds, key=lambda x: int(x) if x.isdigit() else 0):
+            h = rounds[rnd]
+            hs = [h.get(k, "") for k in ("coordinator", "node0", "node1", "node2", "node3")]
+            ok = all(hs) and len(set(hs)) == 1
+            if not ok:
+                disagree.append(rnd)
+            self.add(f"| {rnd} | {h.get('step', '')} | " + " | ".join(x or "missing" for x in hs) + f" | {'yes' if ok else 'NO'} |")
+        self.add("", "Median tokens/s per node: " + ", ".join(f"node {n} {fmt(t, 0)}" for n, t in enumerate(tps)), "")
+        if bad:
+            self.result(title, FAIL, "; ".join(f"{s.name}: {s.exit_text()}" + (f" ({engine_error(s.err)})" if s.ran and s.err.strip() and not s.stopped else "") for s in bad))
+        elif not rounds:
+            self.result(title, FAIL, "no sync round logged")
+        elif disagree:
+            self.result(title, FAIL, f"state hashes differ or are missing in rounds {', '.join(disagree)}")
+        else:
+            self.result(title, PASS, f"{len(rounds)} rounds, every state hash equal on the coordinator and the 4 nodes")
+
+
+def main():
+    logs, out_path = sys.argv[1], sys.argv[2]
+    info = kv_file(os.path.join(logs, "BUNDLE_INFO"))
+    host = kv_file(os.path.join(logs, "env", "host.txt"))
+    gpus = list(csv.reader(io.StringIO(read(os.path.join(logs, "env", "gpus.csv")))))
+    smi = read(os.path.join(logs, "env", "nvidia-smi.txt"))
+    cuda_ver = re.search(r"CUDA Version:\s*([0-9.]+)", smi)
+    libs = read(os.path.join(logs, "env", "libs.txt"))
+    ldd = read(os.path.join(logs, "env", "ldd.txt"))
+
+    r = Report(logs)
+    missing = sorted({l.split()[0] for l in ldd.splitlines() if "not found" in l})
+    if missing:
+        r.result("0. libraries", FAIL, "not found: " + ", ".join(missing))
+    elif not ldd.strip():
+        r.result("0. libraries", FAIL, "no binaries unpacked")
+    else:
+        found = [re.sub(r" => .*\((.*)\)$", r" → \1", l) for l in libs.splitlines() if "=>" in l]
+        r.result("0. libraries", PASS, "; ".join(found) or "none needed")
+    r.tests()
+    r.benches(cpu_only=False)
+    r.train_compare()
+    r.spes_round()
+    r.benches(cpu_only=True)
+    r.kernel_share()
+
+    if len(gpus) > 1:
+        hdr = [h.strip() for h in gpus[0]]
+        devs = [dict(zip(hdr, (x.strip() for x in row))) for row in gpus[1:] if row]
+        dev = "; ".join(f"{g.get('name', '?')} ({g.get('memory.total [MiB]', '?')} MiB, sm {g.get('compute_cap', '?')})" for g in devs)
+        driver = devs[0].get("driver_version", "?")
+    else:
+        dev, driver = "no NVIDIA GPU found (" + short(smi or "nvidia-smi not run", 120) + ")", "—"
+    elapsed = read(os.path.join(logs, "elapsed_s")).strip()
+
+    head = [
+        "# spes-engine GPU check",
+        "",
+        f"- **device**: {dev}",
+        f"- **driver**: {driver}; CUDA (driver API) {cuda_ver.group(1) if cuda_ver else '—'}; "
+        f"built with CUDA {info.get('cuda_toolkit', '?')} for sm_{info.get('cuda_archs', '?')}, cudart static",
+        f"- **host**: {host.get('cpu', '?')}, {host.get('memory', '?')}, {host.get('host', '?')}",
+        f"- **commit**: {info.get('commit', '?')} — {info.get('commit_subject', '')}",
+        f"- **date**: {host.get('date') or datetime.now(timezone.utc).strftime('%Y-%m-%dT%H:%M:%SZ')}; "
+        f"check took {elapsed or '?'} s; bundle built {info.get('built', '?')}",
+        "",
+        "## Summary",
+        "",
+        "| step | result | detail |",
+        "| --- | --- | --- |",
+    ]
+    device = read(os.path.join(logs, "env", "gpu_device")).strip()
+    if device and device != "cuda":
+        head[-5:-5] = ["", f"**Rehearsal**: the \"GPU\" runs of steps 2 and 3 used `train.device = \"{device}\"` "
+                       "(SPES_CHECK_GPU_DEVICE)."]
+    head += [f"| {s} | **{st}** | {cell(d)} |" for s, st, d in r.summary]
+    head.append("")
+    tail = ["## Logs", "", "`logs.tar.gz` next to this file: `run.log` (the script's progress), `env/` (nvidia-smi, "
+            "the libraries found, ldd of every binary), `tests/NAME.out` (doctest XML), `bench/`, `train/`, `spes/` "
+            "(stdout CSV and stderr of every process).", ""]
+    with open(out_path, "w", encoding="utf-8") as f:
+        f.write("\n".join(head + r.body + tail) + "\n")
+    width = max(len(s) for s, _, _ in r.summary)
+    print("summary:")
+    for s, st, d in r.summary:
+        print(f"  {s:<{width}}  {st:<13}  {short(d, 160)}")
+
+
+if __name__ == "__main__":
+    main()
