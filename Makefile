@@ -1,27 +1,43 @@
-# Thin wrapper over CMake. `make deps` installs what the build needs (Debian);
-# `make test` builds everything and runs every test; `make run` is the demo job.
+# Thin wrapper over CMake. Two commands set up and use a fresh Debian/Ubuntu machine:
+#   make run    installs what is missing, builds spes-engine alone and runs the tiny
+#               4-node SPES job; stdout is its CSV from the first line, everything
+#               else (apt, cmake, compiler, progress) goes to stderr
+#   make test   installs what is missing, builds everything, runs every test
 BUILD ?= build
 JOBS ?= $(shell nproc)
 CUDA_ARCHS ?= 90
 CMAKE_FLAGS ?=
+# Extra arguments for the demo, e.g. RUN_ARGS='--set train.steps=20'.
+RUN_ARGS ?=
 
-.PHONY: all deps configure build test run bench gpu-check-bundle clean
+.PHONY: all deps deps-if-missing configure engine build test run demo-data bench gpu-check-bundle clean
 
 all: build
 
+DEB_PACKAGES = cmake g++ make libboost-program-options-dev libboost-system-dev libflatbuffers-dev \
+  flatbuffers-compiler libtoml11-dev doctest-dev libopenblas-dev libgfortran-12-dev \
+  nlohmann-json3-dev libssl-dev
+
+# Installs every package (apt-get update first).
 deps:
 	@if [ "$$(id -u)" = 0 ]; then SUDO=; else SUDO=sudo; fi; \
 	$$SUDO apt-get update -qq && DEBIAN_FRONTEND=noninteractive $$SUDO apt-get install -y -qq --no-install-recommends \
-	  cmake g++ make libboost-program-options-dev libboost-system-dev libflatbuffers-dev \
-	  flatbuffers-compiler libtoml11-dev doctest-dev libopenblas-dev libgfortran-12-dev \
-	  nlohmann-json3-dev libssl-dev
+	  $(DEB_PACKAGES)
+
+# Installs only when a package is missing (run and test start here).
+deps-if-missing:
+	@dpkg -s $(DEB_PACKAGES) > /dev/null 2>&1 || $(MAKE) --no-print-directory deps
 
 $(BUILD)/CMakeCache.txt:
 	cmake -S . -B $(BUILD) -DCMAKE_BUILD_TYPE=Release -DCMAKE_CUDA_ARCHITECTURES="$(CUDA_ARCHS)" $(CMAKE_FLAGS)
 
 configure: $(BUILD)/CMakeCache.txt
 
-build: configure
+# spes-engine alone: what `make run` needs (no tests, no benches).
+engine: deps-if-missing configure
+	cmake --build $(BUILD) -j $(JOBS) --target spes-engine
+
+build: deps-if-missing configure
 	cmake --build $(BUILD) -j $(JOBS)
 
 test: build
@@ -29,11 +45,16 @@ test: build
 
 DEMO_DATA = runs/data/tinyshakespeare
 
-$(DEMO_DATA)/train.manifest: data/corpus/tinyshakespeare.txt | build
+$(DEMO_DATA)/train.manifest: data/corpus/tinyshakespeare.txt
 	./$(BUILD)/spes-engine tokenize --input $< --out $(DEMO_DATA) --val-fraction 0.05
 
-run: build $(DEMO_DATA)/train.manifest
-	./$(BUILD)/spes-engine local configs/tiny.toml
+demo-data: $(DEMO_DATA)/train.manifest
+
+# Every step before the run writes to stderr, so `make run > run.csv` is pure CSV.
+run:
+	@$(MAKE) --no-print-directory engine >&2
+	@$(MAKE) --no-print-directory demo-data >&2
+	@./$(BUILD)/spes-engine local configs/tiny.toml $(RUN_ARGS)
 
 bench: build
 	@for b in $(BUILD)/bench_*; do echo "== $$b"; $$b || exit 1; done
