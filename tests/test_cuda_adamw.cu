@@ -68,11 +68,8 @@ GPU_TEST_CASE("cuda global norm + clip scale vs cpu, deterministic") {
     d_norm_sq.poison();
     d_scale.poison();
     global_norm_clip(d_norm_sq, d_scale, spans.data(), int(spans.size()), max_norm, scratch, scratch_bytes, stream());
-    cuda_check(cudaStreamSynchronize(stream()));
-    double nsq = 0;
-    float s = 0;
-    cuda_check(cudaMemcpy(&nsq, d_norm_sq.get(), sizeof nsq, cudaMemcpyDeviceToHost));
-    cuda_check(cudaMemcpy(&s, d_scale.get(), sizeof s, cudaMemcpyDeviceToHost));
+    const double nsq = copy_to_host(d_norm_sq.get(), 1)[0];
+    const float s = copy_to_host(d_scale.get(), 1)[0];
     return std::pair<double, float>{nsq, s};
   };
   const double norm = std::sqrt(ref);

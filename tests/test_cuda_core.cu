@@ -40,8 +40,8 @@ GPU_TEST_CASE("cuda runtime: arena plan matches allocations, aligned, overflow i
   arena.reset(0);
   CHECK(arena.alloc<float>(3) == a);
   // writable end to end
-  cuda_check(cudaMemset(arena.base(), 0, arena.capacity()));
-  cuda_check(cudaDeviceSynchronize());
+  cuda_check(cudaMemsetAsync(arena.base(), 0, arena.capacity(), stream()));
+  cuda_check(cudaStreamSynchronize(stream()));
 }
 
 GPU_TEST_CASE("cuda runtime: too little memory says how much is needed and free") {

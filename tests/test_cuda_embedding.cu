@@ -64,7 +64,7 @@ GPU_TEST_CASE("cuda embedding: out-of-range tokens give NaN rows forward and are
   std::vector<float> dout = rounded_bf16(random_vector(N * C));
   auto d_dout = upload_bf16(dout);
   DevTensor<float> d_dtable(V * C);
-  cuda_check(cudaMemset(d_dtable.get(), 0, V * C * sizeof(float)));
+  d_dtable.zero();
   const size_t ws_bytes = embedding_backward_workspace_bytes(N, V);
   DevTensor<char> ws{static_cast<int64_t>(ws_bytes)};
   embedding_backward(d_dtable, d_dout, d_tok, N, C, V, ws, ws_bytes, stream());

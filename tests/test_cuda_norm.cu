@@ -84,7 +84,7 @@ GPU_TEST_CASE("cuda rmsnorm + residual: forward and backward vs cpu") {
     DevTensor<float> d_dw(C);
     DevTensor<char> scratch{static_cast<int64_t>(rmsnorm_backward_scratch_bytes(N, C))};
     d_dres_out.poison();
-    cuda_check(cudaMemset(d_dw.get(), 0, C * sizeof(float)));
+    d_dw.zero();
     rmsnorm_backward(d_dres_out, d_dw, scratch, d_dout, d_dres, d_xnew, d_w, d_rstd, N, C, stream());
     CHECK_REL("bwd dresidual", download(d_dres_out.get(), NC).data(), dres_ref.data(), NC, kTolBf16);
     const std::vector<float> dw1 = download(d_dw.get(), C);
@@ -158,7 +158,7 @@ GPU_TEST_CASE("cuda qk-norm + rope: forward and backward vs cpu rmsnorm then rop
     DevTensor<float> d_dw(C);
     DevTensor<char> scratch{static_cast<int64_t>(qknorm_rope_backward_scratch_bytes(B, T, H, D))};
     d_dinp.poison();
-    cuda_check(cudaMemset(d_dw.get(), 0, C * sizeof(float)));
+    d_dw.zero();
     qknorm_rope_backward(d_dinp, d_dw, scratch, d_dout, d_inp, d_w, d_rstd, d_table, B, T, H, D, stream());
     CHECK_REL("bwd dinp", download(d_dinp.get(), NC).data(), dinp_ref.data(), NC, kTolBf16);
     CHECK_REL("bwd dweight", download(d_dw.get(), C).data(), dw_ref.data(), C, kTolF32);
