@@ -130,7 +130,7 @@ void run_shape(spes::bench::Bench& b, const Shape& s, cublasHandle_t cublas, cud
       std::printf("   expert load: max %ld rows vs mean %.0f (imbalance %.2f)\n", long(max_rows), double(S) / E,
                   max_rows * double(E) / S);
       if (gemm == ExpertGemm::grouped && layer->grouped_fallback_sites() + frozen->grouped_fallback_sites() > 0)
-        std::printf("   note: cuBLAS grouped GEMM lacks some of these types; %d GEMM site(s) ran per expert\n",
+        std::printf("   note: cublasGemmGroupedBatchedEx refused %d GEMM site(s); they ran per expert\n",
                     std::max(layer->grouped_fallback_sites(), frozen->grouped_fallback_sites()));
     } catch (const spes::Error& e) {
       std::printf("   %s path failed: %s\n", gemm_name(gemm), e.what());

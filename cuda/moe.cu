@@ -21,6 +21,8 @@
 #include <cublas_v2.h>
 
 #include <algorithm>
+#include <atomic>
+#include <cstdio>
 #include <cstring>
 #include <string>
 
@@ -590,7 +592,7 @@ void MoeLayer::run_site(cublasHandle_t handle, Site s) {
   const GemmSite& site = sites_[s];
   if (site.ops.empty()) return;
   const cudaDataType_t ctype = site.c_fp32 ? CUDA_R_32F : CUDA_R_16BF;
-  if (gemm_ == ExpertGemm::grouped && !grouped_unsupported_[s]) {
+  if (gemm_ == ExpertGemm::grouped && !grouped_fallback_[s]) {
     const int64_t per_site = ptrs_per_site(shape_.n_experts), third = per_site / 3;
     void** base = saved_.gemm_ptrs + s * per_site;
     const cublasStatus_t status = cublasGemmGroupedBatchedEx(
@@ -599,10 +601,14 @@ void MoeLayer::run_site(cublasHandle_t handle, Site s) {
         site.beta.data(), base + 2 * third, ctype, site.ldc.data(), static_cast<int>(site.ops.size()),
         site.group_size.data(), CUBLAS_COMPUTE_32F);
     if (status == CUBLAS_STATUS_SUCCESS) return;
-    // A type combination the grouped API lacks (e.g. fp32 C for the weight gradients)
-    // is reported once per site and that site runs per expert from then on.
-    if (status != CUBLAS_STATUS_NOT_SUPPORTED) cublas_check(status);
-    grouped_unsupported_[s] = true;
+    // Which status a combination the grouped API lacks gets (bf16 A/B with fp32 C, an
+    // architecture without grouped kernels) varies with the cuBLAS version:
+    // NOT_SUPPORTED, INVALID_VALUE, ARCH_MISMATCH, … so any refusal sends the site to
+    // the per-expert GEMMs below, for good. cuBLAS checks types and arguments before it
+    // launches anything, so nothing of this call ran and the fallback computes the
+    // whole site (beta = 1 sites included) exactly once.
+    grouped_fallback_[s] = true;
+    report_grouped_fallback(s, status);
   }
   const float alpha = 1.0f;
   for (const GemmOp& op : site.ops) {
@@ -614,8 +620,22 @@ void MoeLayer::run_site(cublasHandle_t handle, Site s) {
 
 int MoeLayer::grouped_fallback_sites() const {
   int n = 0;
-  for (bool b : grouped_unsupported_) n += b;
+  for (bool b : grouped_fallback_) n += b;
   return n;
+}
+
+// One stderr line per site and process (every layer meets the same refusal), so a
+// run's log says which path its expert GEMMs actually take.
+void MoeLayer::report_grouped_fallback(Site s, cublasStatus_t status) {
+  static const char* const kSiteNames[kSites] = {
+      "forward gate|up", "forward down", "backward dh", "backward down weight grad (fp32 out)",
+      "backward dxe", "backward dxe (separate up)", "backward gate|up weight grad (fp32 out)"};
+  static std::atomic<bool> reported[kSites] = {};
+  if (reported[s].exchange(true)) return;
+  std::fprintf(stderr,
+               "spes-engine: MoE grouped GEMM, site '%s': cublasGemmGroupedBatchedEx returned %s (%s); this site "
+               "runs one cublasGemmEx per expert from now on\n",
+               kSiteNames[s], cublasGetStatusName(status), cublasGetStatusString(status));
 }
 
 // cublasSetStream also resets a workspace set with cublasSetWorkspace, so the handle

@@ -607,6 +607,11 @@ void check_layer(const LayerCase& c) {
                  MoeScratch::carve(d_scratch.get(), shape));
   layer.forward(cublas, d_out.get(), d_x.get(), d_scale.get(), stream());
   layer.backward(cublas, d_dx.get(), d_dout.get(), d_x.get(), lb_loss_scale, rz_loss_scale, stream());
+  // Grouped: whichever sites cuBLAS refused now run per expert (checked against the
+  // CPU below like the rest); per_expert never touches the grouped API.
+  const int fallback_sites = layer.grouped_fallback_sites();
+  if (c.gemm == ExpertGemm::per_expert) CHECK(fallback_sites == 0);
+  else MESSAGE("grouped GEMM: " << fallback_sites << " site(s) fell back to per-expert GEMMs");
 
   // Routing identical to the CPU (exact logits), offsets on the host too.
   const IVec g_idx = spes::test::copy_to_host(layer.saved().topk_idx, N * K);
@@ -659,6 +664,8 @@ void check_layer(const LayerCase& c) {
   d_grouter.upload(init_router);
   layer.forward(cublas, d_out.get(), d_x.get(), d_scale.get(), stream());
   layer.backward(cublas, d_dx.get(), d_dout.get(), d_x.get(), lb_loss_scale, rz_loss_scale, stream());
+  // A site that fell back stays there (no retry), and the same problems meet the same answers.
+  CHECK(layer.grouped_fallback_sites() == fallback_sites);
   CHECK_SAME("layer out, second run", to_float(d_out.download()), out);
   CHECK_SAME("layer dx, second run", to_float(d_dx.download()), dx);
   CHECK_SAME("layer expert grads, second run", d_g.download(), g);
