@@ -285,9 +285,17 @@ void crossentropy_forward_backward(bf16* dlogits, float* losses, float* lse, con
                                    float z_scale, cudaStream_t stream, CeImpl impl) {
   const char* op = "crossentropy_forward_backward";
   require(V > 0 && V < (int64_t(1) << 30) && ld >= V, op, "need 0 < V < 2^30 and ld ≥ V");
+  require(N >= 0 && N < (int64_t(1) << 28), op, "need 0 ≤ N < 2^28 rows (8 blocks per row must fit the grid)");
+  // Rows may start anywhere (each slice runs scalar up to its first 16-byte boundary),
+  // but the gradient is written with the logits' vector boundaries.
+  require_ptr(logits, 2, op, "logits");
+  require_aligned(dlogits, 2, op, "dlogits");
   require(dlogits == nullptr ||
               (reinterpret_cast<uintptr_t>(dlogits) - reinterpret_cast<uintptr_t>(logits)) % 16 == 0,
           op, "dlogits must have the same 16-byte alignment offset as logits");
+  require_ptr(losses, 4, op, "losses");
+  require_ptr(lse, 4, op, "lse");
+  require_ptr(targets, 4, op, "targets");
   if (N == 0) return;
   bool cluster = false;
   if (impl == CeImpl::automatic) cluster = crossentropy_cluster_supported(V);

@@ -83,3 +83,16 @@ GPU_TEST_CASE("cuda global norm + clip scale vs cpu, deterministic") {
   CHECK(run(0.0).second == 1.0f);         // clipping off
   CHECK(run(norm * 2).second == 1.0f);    // under the threshold
 }
+
+// Argument checks throw on the host before any CUDA call: no GPU needed.
+TEST_CASE("cuda adamw: bad arguments throw before any CUDA call") {
+  float* f = reinterpret_cast<float*>(0x20000);
+  bf16* w = reinterpret_cast<bf16*>(0x10000);
+  CHECK_THROWS_ERROR(adamw_update(f, w, f, f, f, 10, 1e-3f, 0.9f, 0.95f, 1e-8f, 0.1f, 0, nullptr, nullptr),
+                     "step t must be ≥ 1");
+  CHECK_THROWS_ERROR(adamw_update(f, w, nullptr, f, f, 10, 1e-3f, 0.9f, 0.95f, 1e-8f, 0.1f, 1, nullptr, nullptr),
+                     "adamw_update: grad must not be null");
+  CHECK_THROWS_ERROR(adamw_update(reinterpret_cast<float*>(0x20002), w, f, f, f, 10, 1e-3f, 0.9f, 0.95f, 1e-8f, 0.1f,
+                                  1, nullptr, nullptr),
+                     "master must be 4-byte aligned");
+}

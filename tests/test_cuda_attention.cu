@@ -93,11 +93,47 @@ GPU_TEST_CASE("cuda attention matches the CPU reference, head dim 128") {
     check_attention(s);
 }
 
-GPU_TEST_CASE("cuda attention rejects unsupported shapes") {
-  CHECK_THROWS_AS(spes::cuda::attention_forward(nullptr, nullptr, nullptr, nullptr, nullptr, 1, 16, 4, 3, 64,
-                                                nullptr),
-                  spes::Error);
-  CHECK_THROWS_AS(spes::cuda::attention_forward(nullptr, nullptr, nullptr, nullptr, nullptr, 1, 16, 4, 4, 96,
-                                                nullptr),
-                  spes::Error);
+// Argument checks run on the host before any CUDA call, so these cases need no GPU:
+// the fake device addresses below are never dereferenced, and every call has exactly
+// one bad argument (a call with none would launch on them). ctest runs this file only
+// on a GPU machine; `spes_tests --source-file='*test_cuda_attention.cu'` runs these
+// anywhere (the GPU cases then report themselves skipped).
+namespace {
+bf16* fake_bf16(uintptr_t address) { return reinterpret_cast<bf16*>(address); }
+float* fake_f32(uintptr_t address) { return reinterpret_cast<float*>(address); }
+}  // namespace
+
+TEST_CASE("cuda attention: unsupported shapes and misaligned or null pointers throw before any CUDA call") {
+  using spes::cuda::attention_backward;
+  using spes::cuda::attention_forward;
+  bf16* a = fake_bf16(0x10000);   // 16-byte aligned
+  bf16* m = fake_bf16(0x10002);   // bf16-aligned only: what a view at an odd element offset gives
+  float* l = fake_f32(0x20000);
+  void* sc = reinterpret_cast<void*>(0x30000);
+  const auto fwd = [&](bf16* out, float* lse, bf16* q, bf16* k, bf16* v, int64_t H, int64_t Hkv, int64_t D) {
+    attention_forward(out, lse, q, k, v, 2, 16, H, Hkv, D, nullptr);
+  };
+  CHECK_THROWS_ERROR(fwd(a, l, a, a, a, 4, 3, 64), "attention_forward: H must be a positive multiple of Hkv");
+  CHECK_THROWS_ERROR(fwd(a, l, a, a, a, 4, 4, 96), "head dim D must be 64 or 128");
+  CHECK_THROWS_ERROR(fwd(a, l, m, a, a, 4, 4, 64), "attention_forward: q must be 16-byte aligned");
+  CHECK_THROWS_ERROR(fwd(a, l, a, m, a, 4, 2, 128), "attention_forward: k must be 16-byte aligned");
+  CHECK_THROWS_ERROR(fwd(a, l, a, a, m, 4, 4, 64), "attention_forward: v must be 16-byte aligned");
+  CHECK_THROWS_ERROR(fwd(m, l, a, a, a, 4, 4, 64), "attention_forward: out must be 16-byte aligned");
+  CHECK_THROWS_ERROR(fwd(a, nullptr, a, a, a, 4, 4, 64), "attention_forward: lse must not be null");
+  CHECK_THROWS_ERROR(fwd(a, fake_f32(0x20002), a, a, a, 4, 4, 64), "lse must be 4-byte aligned");
+  CHECK_THROWS_ERROR(fwd(nullptr, l, a, a, a, 4, 4, 64), "out must not be null");
+
+  const auto bwd = [&](bf16* dq, bf16* dk, bf16* dv, bf16* dout, bf16* q, void* scratch) {
+    attention_backward(dq, dk, dv, dout, q, a, a, a, l, scratch, 1, 100, 4, 2, 64, nullptr);
+  };
+  CHECK_THROWS_ERROR(bwd(m, a, a, a, a, sc), "attention_backward: dq must be 16-byte aligned");
+  CHECK_THROWS_ERROR(bwd(a, m, a, a, a, sc), "attention_backward: dk must be 16-byte aligned");
+  CHECK_THROWS_ERROR(bwd(a, a, m, a, a, sc), "attention_backward: dv must be 16-byte aligned");
+  CHECK_THROWS_ERROR(bwd(a, a, a, m, a, sc), "attention_backward: dout must be 16-byte aligned");
+  CHECK_THROWS_ERROR(bwd(a, a, a, a, m, sc), "attention_backward: q must be 16-byte aligned");
+  CHECK_THROWS_ERROR(bwd(a, a, a, a, a, reinterpret_cast<void*>(0x30004)), "scratch must be 16-byte aligned");
+  CHECK_THROWS_ERROR(bwd(a, a, a, a, a, nullptr), "scratch must not be null");
+  CHECK_THROWS_ERROR(attention_backward(a, a, a, a, a, a, a, a, l, sc, 1, 100, 6, 4, 64, nullptr),
+                     "attention_backward: H must be a positive multiple of Hkv");
 }
+

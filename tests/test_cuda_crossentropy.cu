@@ -92,3 +92,23 @@ GPU_TEST_CASE("cuda crossentropy: automatic choice uses the cluster kernel on sm
   MESSAGE("cluster kernel " << (supported ? "supported" : "not supported") << " on " << runtime().info().name);
   if (runtime().info().cc_major >= 9) WARN_MESSAGE(supported, "sm_90 device but no cluster kernel: built without sm_90?");
 }
+
+// Argument checks throw on the host before any CUDA call (including the device
+// queries of the automatic choice): no GPU needed, fake device addresses.
+TEST_CASE("cuda crossentropy: bad shapes and pointers throw before any CUDA call") {
+  bf16* logits = reinterpret_cast<bf16*>(0x10000);
+  float* f = reinterpret_cast<float*>(0x20000);
+  const int32_t* t = reinterpret_cast<const int32_t*>(0x30000);
+  CHECK_THROWS_ERROR(crossentropy_forward_backward(logits, f, f, logits, t, 4, 100, 99, 1.0f, 0.0f, nullptr),
+                     "crossentropy_forward_backward: need 0 < V < 2^30 and ld ≥ V");
+  CHECK_THROWS_ERROR(crossentropy_forward_backward(reinterpret_cast<bf16*>(0x50002), f, f, logits, t, 4, 100, 100,
+                                                   1.0f, 0.0f, nullptr),
+                     "same 16-byte alignment offset");
+  CHECK_THROWS_ERROR(crossentropy_forward_backward(nullptr, nullptr, f, logits, t, 4, 100, 100, 1.0f, 0.0f, nullptr),
+                     "losses must not be null");
+  CHECK_THROWS_ERROR(crossentropy_forward_backward(nullptr, f, f, logits, nullptr, 4, 100, 100, 1.0f, 0.0f, nullptr),
+                     "targets must not be null");
+  CHECK_THROWS_ERROR(crossentropy_forward_backward(nullptr, f, reinterpret_cast<float*>(0x20002), logits, t, 4, 100,
+                                                   100, 1.0f, 0.0f, nullptr),
+                     "lse must be 4-byte aligned");
+}

@@ -701,3 +701,24 @@ GPU_TEST_CASE("cuda MoE layer: an empty expert, and all tokens on one expert") {
     check_layer(one_frozen);
   }
 }
+
+// Argument checks throw on the host before any CUDA call: no GPU needed (fake device
+// addresses, never dereferenced; one bad argument per call). Misaligned bf16 views are
+// fine here (element-wise fallback); missing pointers and bad strides are not.
+TEST_CASE("cuda swiglu, gather/combine, dispatch: bad arguments throw before any CUDA call") {
+  bf16* a = reinterpret_cast<bf16*>(0x10000);
+  float* f = reinterpret_cast<float*>(0x20000);
+  int32_t* i = reinterpret_cast<int32_t*>(0x30000);
+  CHECK_THROWS_ERROR(spes::cuda::swiglu_forward(a, a, a, 4, 64, 32, nullptr), "swiglu_forward: ld_in must be ≥ H");
+  CHECK_THROWS_ERROR(spes::cuda::swiglu_forward(a, nullptr, a, 4, 64, 128, nullptr), "gate must not be null");
+  CHECK_THROWS_ERROR(spes::cuda::swiglu_backward(a, a, nullptr, a, a, nullptr, 4, 64, 128, nullptr),
+                     "swiglu_backward: up must not be null");
+  CHECK_THROWS_ERROR(spes::cuda::moe_gather_forward(a, a, nullptr, 8, 64, nullptr), "slot_token must not be null");
+  CHECK_THROWS_ERROR(spes::cuda::moe_gather_backward(a, a, i, 8, 0, 64, nullptr), "K must be ≥ 1");
+  CHECK_THROWS_ERROR(spes::cuda::moe_combine_forward(a, a, nullptr, i, 8, 2, 64, nullptr), "topk_w must not be null");
+  CHECK_THROWS_ERROR(spes::cuda::moe_combine_backward(a, reinterpret_cast<float*>(0x20002), a, a, f, i, 8, 2, 64,
+                                                      nullptr),
+                     "dtopk_w must be 4-byte aligned");
+  CHECK_THROWS_ERROR(spes::cuda::moe_dispatch_indices(i, i, i, nullptr, i, 8, 4, 2, nullptr),
+                     "moe_dispatch_indices: scratch must not be null");
+}
