@@ -59,6 +59,10 @@ class Gemm {
 // `ldo` (0 = OC) is the row stride, in elements, of out / dout: the lm head's
 // [N, 151665] logits should use a stride rounded up to 8 (151672) so that every
 // row is 16-byte aligned — odd strides force slow, unvectorised GEMM kernels.
+//
+// Sizes as in cpu::matmul_*: an empty output (a zero-size dimension of it) is a
+// no-op; an empty reduction (C = 0 forward, OC = 0 for dinp, N = 0 for dweight)
+// writes zeros, or leaves the output unchanged when accumulating.
 
 // out[N,OC] = inp[N,C] · weight[OC,C]ᵀ; with accumulate, out += that product.
 void matmul_forward(Gemm& g, void* out, DType out_type, const bf16* inp, const bf16* weight, int64_t N,
