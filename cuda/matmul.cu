@@ -40,8 +40,8 @@ std::string describe(const std::array<int64_t, 12>& k) {
 
 }  // namespace
 
-Gemm::Gemm(cublasLtHandle_t lt, void* workspace, size_t workspace_bytes)
-    : lt_(lt), workspace_(workspace), workspace_bytes_(workspace_bytes) {}
+Gemm::Gemm(cublasLtHandle_t lt, void* workspace, size_t workspace_bytes, cudaStream_t stream)
+    : lt_(lt), workspace_(workspace), workspace_bytes_(workspace_bytes), stream_(stream) {}
 
 Gemm::~Gemm() {
   for (auto& [key, p] : plans_) {
@@ -98,6 +98,9 @@ void Gemm::run(bool transa, bool transb, int64_t m, int64_t n, int64_t k, const 
                const bf16* B, int64_t ldb, void* D, DType d_type, int64_t ldd, float alpha, float beta,
                cudaStream_t stream) {
   require(m >= 0 && n >= 0 && k >= 0, "gemm", "sizes must be ≥ 0");
+  require(stream == stream_, "gemm",
+          "runs on the Runtime's stream only (its cuBLASLt workspace is shared, so GEMMs on two streams "
+          "would overwrite each other's)");
   if (m == 0 || n == 0) return;  // empty output: nothing to write
   require(lda >= (transa ? k : m) && ldb >= (transb ? n : k) && ldd >= m, "gemm",
           "leading dimension too small (m=" + std::to_string(m) + " n=" + std::to_string(n) + " k=" +

@@ -26,7 +26,10 @@ enum class DType { bf16, f32 };
 
 class Gemm {
  public:
-  Gemm(cublasLtHandle_t lt, void* workspace, size_t workspace_bytes);
+  // `workspace` is used by every GEMM this object runs, so they must not overlap in
+  // time: all run on `stream` (the Runtime's; its cuBLAS handle shares the same
+  // workspace on the same stream). run() refuses any other stream.
+  Gemm(cublasLtHandle_t lt, void* workspace, size_t workspace_bytes, cudaStream_t stream);
   ~Gemm();
   Gemm(const Gemm&) = delete;
   Gemm& operator=(const Gemm&) = delete;
@@ -53,6 +56,7 @@ class Gemm {
   cublasLtHandle_t lt_;
   void* workspace_;
   size_t workspace_bytes_;
+  cudaStream_t stream_;  // the only stream that may use workspace_
   std::map<Key, Plan> plans_;
 };
 

@@ -225,10 +225,13 @@ GPU_TEST_CASE("cuda matmul: empty reduction (k = 0) gives the CPU's zeros, empty
 
 // Argument checks throw on the host before any CUDA call: no GPU needed (a Gemm over
 // no handle is never asked to run; fake device addresses are never dereferenced).
-TEST_CASE("cuda matmul: bad leading dimensions and null pointers throw before any CUDA call") {
-  Gemm g(nullptr, nullptr, 0);
+TEST_CASE("cuda matmul: a foreign stream, bad leading dimensions, null pointers throw before any CUDA call") {
+  Gemm g(nullptr, nullptr, 0, nullptr);
   bf16* a = reinterpret_cast<bf16*>(0x10000);
   float* f = reinterpret_cast<float*>(0x20000);
+  // The shared workspace allows one stream only.
+  CHECK_THROWS_ERROR(matmul_forward(g, f, DType::f32, a, a, 4, 8, 16, reinterpret_cast<cudaStream_t>(0x40)),
+                     "Runtime's stream only");
   CHECK_THROWS_ERROR(matmul_forward(g, f, DType::f32, a, a, 4, 8, 16, nullptr, false, 10), "leading dimension");
   CHECK_THROWS_ERROR(matmul_forward(g, nullptr, DType::f32, a, a, 4, 8, 16, nullptr),
                      "matmul_forward: out must not be null");
