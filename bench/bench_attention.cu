@@ -18,13 +18,14 @@ using spes::cuda::bf16;
 
 void run(spes::bench::Bench& bench, int64_t S, int64_t D, int64_t H, int64_t Hkv) {
   const int64_t B = 16384 / S;
+  const cudaStream_t s = bench.stream();
   const int64_t nq = B * S * H * D, nkv = B * S * Hkv * D;
   spes::bench::DevBuf q(nq * 2), k(nkv * 2), v(nkv * 2), out(nq * 2), dout(nq * 2), dq(nq * 2), dk(nkv * 2),
       dv(nkv * 2), lse(B * H * S * 4), scratch(spes::cuda::attention_backward_scratch_bytes(B, S, H));
-  spes::bench::fill(q.as<bf16>(), nq, 1);
-  spes::bench::fill(k.as<bf16>(), nkv, 2);
-  spes::bench::fill(v.as<bf16>(), nkv, 3);
-  spes::bench::fill(dout.as<bf16>(), nq, 4);
+  spes::bench::fill(q.as<bf16>(), nq, s, 1);
+  spes::bench::fill(k.as<bf16>(), nkv, s, 2);
+  spes::bench::fill(v.as<bf16>(), nkv, s, 3);
+  spes::bench::fill(dout.as<bf16>(), nq, s, 4);
 
   const double fwd_flops = 4.0 * B * S * S * H * D / 2.0;  // causal
   const std::string size = "B=" + std::to_string(B) + " S=" + std::to_string(S) + " H=" + std::to_string(H) +
@@ -32,7 +33,7 @@ void run(spes::bench::Bench& bench, int64_t S, int64_t D, int64_t H, int64_t Hkv
   const std::string tag = " D=" + std::to_string(D);
   auto forward = [&] {
     spes::cuda::attention_forward(out.as<bf16>(), lse.as<float>(), q.as<bf16>(), k.as<bf16>(), v.as<bf16>(), B, S, H,
-                                  Hkv, D, nullptr);
+                                  Hkv, D, s);
   };
   forward();  // out and lse for the backward
   bench.flop_row("attention fwd causal" + tag, size, forward, fwd_flops);
@@ -41,7 +42,7 @@ void run(spes::bench::Bench& bench, int64_t S, int64_t D, int64_t H, int64_t Hkv
       [&] {
         spes::cuda::attention_backward(dq.as<bf16>(), dk.as<bf16>(), dv.as<bf16>(), dout.as<bf16>(), q.as<bf16>(),
                                        k.as<bf16>(), v.as<bf16>(), out.as<bf16>(), lse.as<float>(), scratch.p, B,
-                                       S, H, Hkv, D, nullptr);
+                                       S, H, Hkv, D, s);
       },
       2.5 * fwd_flops);
 }

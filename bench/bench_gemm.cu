@@ -36,7 +36,7 @@ int main() {
   try {
     Bench b;
     if (!b.ok()) return 0;
-    Runtime rt(0);
+    Runtime& rt = b.runtime();
     cudaStream_t s = rt.stream();
     Gemm& g = rt.gemm();
     const std::vector<Shape> shapes = {
@@ -50,22 +50,22 @@ int main() {
     for (const Shape& sh : shapes) {
       const int64_t N = sh.N, C = sh.C, OC = sh.OC, ldo = sh.ldo ? sh.ldo : sh.OC;
       DevBuf inp(N * C * 2), w(OC * C * 2), out(N * ldo * 2), dinp(N * C * 2), dw(OC * C * 4);
-      spes::bench::fill(inp.as<bf16>(), N * C, 1, 0.5f);
-      spes::bench::fill(w.as<bf16>(), OC * C, 2, 0.05f);
-      spes::bench::fill(out.as<bf16>(), N * ldo, 3, 0.5f);
-      cuda_check(cudaMemset(dw.p, 0, OC * C * 4));
+      spes::bench::fill(inp.as<bf16>(), N * C, s, 1, 0.5f);
+      spes::bench::fill(w.as<bf16>(), OC * C, s, 2, 0.05f);
+      spes::bench::fill(out.as<bf16>(), N * ldo, s, 3, 0.5f);
+      spes::bench::zero(dw.p, OC * C * 4, s);
       const double flops = 2.0 * N * C * OC;
       const std::string size = std::to_string(N) + "x" + std::to_string(C) + "x" + std::to_string(OC);
       const std::string nm = sh.name;
-      float a = b.flop_row(nm + " fwd", size, [&] { matmul_forward(g, out.p, DType::bf16, inp.as<bf16>(), w.as<bf16>(), N, C, OC, s, false, ldo); }, flops, s);
-      float p = b.flop_row(nm + " fwd (cuBLAS)", size, [&] { plain(rt.cublas(), true, false, OC, N, C, w.p, C, inp.p, C, out.p, CUDA_R_16BF, ldo, 0.0f); }, flops, s);
+      float a = b.flop_row(nm + " fwd", size, [&] { matmul_forward(g, out.p, DType::bf16, inp.as<bf16>(), w.as<bf16>(), N, C, OC, s, false, ldo); }, flops);
+      float p = b.flop_row(nm + " fwd (cuBLAS)", size, [&] { plain(rt.cublas(), true, false, OC, N, C, w.p, C, inp.p, C, out.p, CUDA_R_16BF, ldo, 0.0f); }, flops);
       std::printf("    ratio %.3f\n", a / p);
       // the gradient wrt the output is `out` reused as dout
-      a = b.flop_row(nm + " bwd dinp", size, [&] { matmul_backward_input(g, dinp.p, DType::bf16, out.as<bf16>(), w.as<bf16>(), N, C, OC, s, false, ldo); }, flops, s);
-      p = b.flop_row(nm + " bwd dinp (cuBLAS)", size, [&] { plain(rt.cublas(), false, false, C, N, OC, w.p, C, out.p, ldo, dinp.p, CUDA_R_16BF, C, 0.0f); }, flops, s);
+      a = b.flop_row(nm + " bwd dinp", size, [&] { matmul_backward_input(g, dinp.p, DType::bf16, out.as<bf16>(), w.as<bf16>(), N, C, OC, s, false, ldo); }, flops);
+      p = b.flop_row(nm + " bwd dinp (cuBLAS)", size, [&] { plain(rt.cublas(), false, false, C, N, OC, w.p, C, out.p, ldo, dinp.p, CUDA_R_16BF, C, 0.0f); }, flops);
       std::printf("    ratio %.3f\n", a / p);
-      a = b.flop_row(nm + " bwd dweight +=", size, [&] { matmul_backward_weight(g, dw.as<float>(), out.as<bf16>(), inp.as<bf16>(), N, C, OC, s, true, ldo); }, flops, s);
-      p = b.flop_row(nm + " bwd dweight += (cuBLAS)", size, [&] { plain(rt.cublas(), false, true, C, OC, N, inp.p, C, out.p, ldo, dw.p, CUDA_R_32F, C, 1.0f); }, flops, s);
+      a = b.flop_row(nm + " bwd dweight +=", size, [&] { matmul_backward_weight(g, dw.as<float>(), out.as<bf16>(), inp.as<bf16>(), N, C, OC, s, true, ldo); }, flops);
+      p = b.flop_row(nm + " bwd dweight += (cuBLAS)", size, [&] { plain(rt.cublas(), false, true, C, OC, N, inp.p, C, out.p, ldo, dw.p, CUDA_R_32F, C, 1.0f); }, flops);
       std::printf("    ratio %.3f\n", a / p);
     }
     std::printf("cached GEMM plans: %zu\n", g.cached_plans());

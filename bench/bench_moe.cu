@@ -67,13 +67,13 @@ void run_shape(spes::bench::Bench& b, const Shape& s, cublasHandle_t cublas, cud
   DevBuf x(sizeof(bf16) * N * d), router(sizeof(bf16) * E * d), w(sizeof(bf16) * E * blk);
   DevBuf out(sizeof(bf16) * N * d), dout(sizeof(bf16) * N * d), dx(sizeof(bf16) * N * d);
   DevBuf g(sizeof(float) * E * blk), grouter(sizeof(float) * E * d);
-  spes::bench::fill(x.as<bf16>(), N * d, 1, 1.0f);
+  spes::bench::fill(x.as<bf16>(), N * d, stream, 1, 1.0f);
   // Uniform ±a has std a/√3: router std 3/√d gives logits of std ≈ 1 (mildly uneven routing).
-  spes::bench::fill(router.as<bf16>(), E * d, 2, 3.0f / std::sqrt(float(d)));
-  spes::bench::fill(w.as<bf16>(), E * blk, 3, 1.7f / std::sqrt(float(d)));
-  spes::bench::fill(dout.as<bf16>(), N * d, 4, 1.0f);
-  spes::bench::fill(g.as<float>(), E * blk, 5, 0.0f);
-  spes::bench::fill(grouter.as<float>(), E * d, 6, 0.0f);
+  spes::bench::fill(router.as<bf16>(), E * d, stream, 2, 3.0f / std::sqrt(float(d)));
+  spes::bench::fill(w.as<bf16>(), E * blk, stream, 3, 1.7f / std::sqrt(float(d)));
+  spes::bench::fill(dout.as<bf16>(), N * d, stream, 4, 1.0f);
+  spes::bench::fill(g.as<float>(), E * blk, stream, 5, 0.0f);
+  spes::bench::fill(grouter.as<float>(), E * d, stream, 6, 0.0f);
   const spes::cuda::MoeShape shape{N, d, E, K, H, false};
   DevBuf saved_buf(spes::cuda::MoeSaved::bytes(shape)), scratch_buf(spes::cuda::MoeScratch::bytes(shape));
   const auto saved = spes::cuda::MoeSaved::carve(saved_buf.p, shape);
@@ -105,14 +105,14 @@ void run_shape(spes::bench::Bench& b, const Shape& s, cublasHandle_t cublas, cud
       auto layer = make_layer(gemm, false);
       const std::string tag = std::string(" [") + gemm_name(gemm) + "]";
       t.fwd = b.flop_row("moe fwd" + tag, s.name,
-                         [&] { layer->forward(cublas, out.as<bf16>(), x.as<bf16>(), nullptr, stream); }, fwd_flops,
-                         stream);
+                         [&] { layer->forward(cublas, out.as<bf16>(), x.as<bf16>(), nullptr, stream); },
+                         fwd_flops);
       t.bwd = b.flop_row("moe bwd, all owned" + tag, s.name,
                          [&] {
                            layer->backward(cublas, dx.as<bf16>(), dout.as<bf16>(), x.as<bf16>(), 0.01f, 0.001f,
                                            stream);
                          },
-                         bwd_flops, stream);
+                         bwd_flops);
       auto frozen = make_layer(gemm, true);
       frozen->forward(cublas, out.as<bf16>(), x.as<bf16>(), nullptr, stream);
       const auto off = frozen->expert_offsets();
@@ -123,14 +123,14 @@ void run_shape(spes::bench::Bench& b, const Shape& s, cublasHandle_t cublas, cud
                                   frozen->backward(cublas, dx.as<bf16>(), dout.as<bf16>(), x.as<bf16>(), 0.01f,
                                                    0.001f, stream);
                                 },
-                                bwd_flops - t.removed_wgrad_flops, stream);
+                                bwd_flops - t.removed_wgrad_flops);
       // Expert load of this batch, for reading the numbers: max / mean rows per expert.
       int64_t max_rows = 0;
       for (int64_t e = 0; e < E; ++e) max_rows = std::max<int64_t>(max_rows, off[e + 1] - off[e]);
       std::printf("   expert load: max %ld rows vs mean %.0f (imbalance %.2f)\n", long(max_rows), double(S) / E,
                   max_rows * double(E) / S);
       if (gemm == ExpertGemm::grouped && layer->grouped_fallback_sites() + frozen->grouped_fallback_sites() > 0)
-        std::printf("   note: cuBLAS grouped GEMM lacks some of these types; %d GEMM site(s) ran per expert\n",
+        std::printf("   note: cublasGemmGroupedBatchedEx refused %d GEMM site(s); they ran per expert\n",
                     std::max(layer->grouped_fallback_sites(), frozen->grouped_fallback_sites()));
     } catch (const spes::Error& e) {
       std::printf("   %s path failed: %s\n", gemm_name(gemm), e.what());
@@ -150,7 +150,7 @@ void run_shape(spes::bench::Bench& b, const Shape& s, cublasHandle_t cublas, cud
                                        dense(cublas, false, true, S, 2 * H, d, xe, d, wgu, d, gu, CUDA_R_16BF, 2 * H, 0.0f);
                                        dense(cublas, false, true, S, d, H, hbuf, H, wd, H, ye, CUDA_R_16BF, d, 0.0f);
                                      },
-                                     fwd_flops, stream);
+                                     fwd_flops);
   const float dense_bwd = b.flop_row("dense chain bwd (4 GEMMs)", s.name,
                                      [&] {
                                        dense(cublas, false, false, S, H, d, dye, d, wd, H, hbuf, CUDA_R_16BF, H, 0.0f);
@@ -158,7 +158,7 @@ void run_shape(spes::bench::Bench& b, const Shape& s, cublasHandle_t cublas, cud
                                        dense(cublas, false, false, S, d, 2 * H, dgu, 2 * H, wgu, d, dye, CUDA_R_16BF, d, 0.0f);
                                        dense(cublas, true, false, 2 * H, d, S, dgu, 2 * H, xe, d, gwgu, CUDA_R_32F, d, 1.0f);
                                      },
-                                     bwd_flops, stream);
+                                     bwd_flops);
 
   for (size_t i = 0; i < times.size(); ++i) {
     const LayerTimes& t = times[i];
@@ -182,41 +182,41 @@ void run_shape(spes::bench::Bench& b, const Shape& s, cublasHandle_t cublas, cud
               spes::cuda::router_forward(saved.probs, saved.lse, saved.topk_idx, saved.topk_w, scratch.router_partials,
                                          saved.probs, N, E, K, false, stream);
             },
-            2.0 * N * E * 4 + N * 4 + N * K * 8.0, stream);
+            2.0 * N * E * 4 + N * 4 + N * K * 8.0);
   b.mem_row("router bwd (bf16 dlogits)", s.name,
             [&] {
               spes::cuda::router_backward(scratch.dlogits, scratch.dtopk_w, saved.probs, saved.lse, saved.topk_idx,
                                           saved.topk_w, saved.lb_weight, 0.01f, 0.001f / N, N, E, K, false, stream);
             },
-            N * E * 4.0 + N * E * bs + N * 4 + N * K * 12.0, stream);
+            N * E * 4.0 + N * E * bs + N * 4 + N * K * 12.0);
   b.mem_row("dispatch indices", s.name,
             [&] {
               spes::cuda::moe_dispatch_indices(saved.offsets, saved.slot_token, saved.token_slot, scratch.dispatch,
                                                saved.topk_idx, N, E, K, stream);
             },
-            2.0 * S * 4 + 2.0 * S * 4, stream);
+            2.0 * S * 4 + 2.0 * S * 4);
   b.mem_row("gather fwd", s.name,
             [&] { spes::cuda::moe_gather_forward(saved.xe, x.as<bf16>(), saved.slot_token, S, d, stream); },
-            2.0 * S * d * bs + S * 4.0, stream);
+            2.0 * S * d * bs + S * 4.0);
   b.mem_row("swiglu fwd", s.name, [&] { spes::cuda::swiglu_forward(hbuf, gu, gu + H, S, H, 2 * H, stream); },
-            3.0 * S * H * bs, stream);
+            3.0 * S * H * bs);
   b.mem_row("combine fwd", s.name,
             [&] {
               spes::cuda::moe_combine_forward(out.as<bf16>(), ye, saved.topk_w, saved.token_slot, N, K, d, stream);
             },
-            (S + N) * d * bs + S * 8.0, stream);
+            (S + N) * d * bs + S * 8.0);
   b.mem_row("combine bwd", s.name,
             [&] {
               spes::cuda::moe_combine_backward(dye, scratch.dtopk_w, dout.as<bf16>(), ye, saved.topk_w,
                                                saved.token_slot, N, K, d, stream);
             },
-            (2.0 * S + N) * d * bs + S * 12.0, stream);
+            (2.0 * S + N) * d * bs + S * 12.0);
   b.mem_row("swiglu bwd (+ h recompute)", s.name,
             [&] { spes::cuda::swiglu_backward(dgu, dgu + H, hbuf, hbuf, gu, gu + H, S, H, 2 * H, stream); },
-            6.0 * S * H * bs, stream);
+            6.0 * S * H * bs);
   b.mem_row("gather bwd", s.name,
             [&] { spes::cuda::moe_gather_backward(dx.as<bf16>(), dye, saved.token_slot, N, K, d, stream); },
-            (S + N) * d * bs + S * 4.0, stream);
+            (S + N) * d * bs + S * 4.0);
 }
 
 }  // namespace
@@ -225,15 +225,12 @@ int main() {
   try {
     spes::bench::Bench b;
     if (!b.ok()) return 0;
-    cudaStream_t stream = nullptr;
-    cuda_check(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
-    cublasHandle_t cublas = nullptr;
-    cublas_check(cublasCreate(&cublas));
-    cublas_check(cublasSetStream(cublas, stream));
+    // The Runtime's stream and cuBLAS handle (bound to that stream, sharing the
+    // GEMM workspace with cuBLASLt): the configuration the trainer runs.
+    cudaStream_t stream = b.stream();
+    cublasHandle_t cublas = b.runtime().cublas();
     const Shape shapes[] = {{"spes-1b", 16384, 768, 16, 2, 2048}, {"fine-grained", 16384, 2048, 64, 8, 1024}};
     for (const Shape& s : shapes) run_shape(b, s, cublas, stream);
-    cublas_check(cublasDestroy(cublas));
-    cuda_check(cudaStreamDestroy(stream));
   } catch (const std::exception& e) {
     std::fprintf(stderr, "bench_moe: %s\n", e.what());
     return 1;

@@ -12,11 +12,17 @@
 // minimum (every input read once + every output written once), the same
 // convention the copy ceiling uses (a copy of n bytes moves 2n).
 //
+// One stream: Bench owns the process's Runtime, and the fills, the ceilings and
+// every timed row run on its stream (b.stream(), cudaStreamNonBlocking). Work on
+// the legacy default stream would not be ordered with it, so benches launch
+// everything on b.stream() and copy with the helpers below.
+//
 // Usage:
 //   int main() {
 //     spes::bench::Bench b;                  // prints "no GPU: <why>" and sets !ok()
 //     if (!b.ok()) return 0;
-//     b.mem_row("rmsnorm fwd", "16384x768", [&] { launch(...); }, bytes);
+//     cudaStream_t s = b.stream();
+//     b.mem_row("rmsnorm fwd", "16384x768", [&] { launch(..., s); }, bytes);
 //     b.flop_row("gemm", "16384x768x2048", [&] { ... }, flops);
 //   }
 #pragma once
@@ -27,11 +33,13 @@
 #include <algorithm>
 #include <cstdint>
 #include <cstdio>
+#include <memory>
 #include <string>
 #include <vector>
 
 #include "cuda/check.cuh"
 #include "cuda/device_probe.hpp"
+#include "cuda/runtime.cuh"
 
 namespace spes::bench {
 
@@ -42,7 +50,7 @@ constexpr int kRuns = 25;  // >= 20 timed runs, median reported
 // Each run is bracketed by its own pair of events so the median discards outliers
 // (clock ramp, first-touch, other tenants).
 template <class F>
-float median_ms(F&& f, cudaStream_t stream = nullptr, int warmup = kWarmup, int runs = kRuns) {
+float median_ms(F&& f, cudaStream_t stream, int warmup = kWarmup, int runs = kRuns) {
   for (int i = 0; i < warmup; ++i) f();
   cuda_check(cudaStreamSynchronize(stream));
   std::vector<cudaEvent_t> ev(2 * runs);
@@ -89,17 +97,23 @@ __global__ void bench_fill_f32(float* x, int64_t n, uint32_t seed, float scale) 
     x[i] = scale * ((h & 0xffffff) / 8388608.0f - 1.0f);
   }
 }
-inline void fill(__nv_bfloat16* x, int64_t n, uint32_t seed = 1, float scale = 1.0f) {
-  bench_fill_bf16<<<1024, 256>>>(x, n, seed, scale);
+inline void fill(__nv_bfloat16* x, int64_t n, cudaStream_t stream, uint32_t seed = 1, float scale = 1.0f) {
+  bench_fill_bf16<<<1024, 256, 0, stream>>>(x, n, seed, scale);
   cuda_check_launch();
 }
-inline void fill(float* x, int64_t n, uint32_t seed = 1, float scale = 1.0f) {
-  bench_fill_f32<<<1024, 256>>>(x, n, seed, scale);
+inline void fill(float* x, int64_t n, cudaStream_t stream, uint32_t seed = 1, float scale = 1.0f) {
+  bench_fill_f32<<<1024, 256, 0, stream>>>(x, n, seed, scale);
   cuda_check_launch();
+}
+inline void zero(void* x, size_t bytes, cudaStream_t stream) { cuda_check(cudaMemsetAsync(x, 0, bytes, stream)); }
+// Host → device on `stream`, synchronised: the pageable source may go away after.
+inline void copy_to_device(void* d, const void* h, size_t bytes, cudaStream_t stream) {
+  cuda_check(cudaMemcpyAsync(d, h, bytes, cudaMemcpyHostToDevice, stream));
+  cuda_check(cudaStreamSynchronize(stream));
 }
 
 // Ceiling 1: large device-to-device copy, GB/s counting read + write bytes.
-inline double measure_copy_gbps(cudaStream_t stream = nullptr) {
+inline double measure_copy_gbps(cudaStream_t stream) {
   const size_t n = size_t(1) << 30;  // 1 GiB each way: far beyond L2
   DevBuf a(n), b(n);
   cuda_check(cudaMemsetAsync(a.p, 1, n, stream));
@@ -107,15 +121,13 @@ inline double measure_copy_gbps(cudaStream_t stream = nullptr) {
   return 2.0 * n / (ms * 1e-3) / 1e9;
 }
 
-// Ceiling 2: large cuBLAS bf16 GEMM (fp32 accumulate, bf16 out), TFLOP/s.
-inline double measure_gemm_tflops(cudaStream_t stream = nullptr) {
+// Ceiling 2: large cuBLAS bf16 GEMM (fp32 accumulate, bf16 out), TFLOP/s, on a
+// handle already bound to `stream`.
+inline double measure_gemm_tflops(cublasHandle_t h, cudaStream_t stream) {
   const int M = 8192, N = 8192, K = 8192;
   DevBuf A(size_t(M) * K * 2), B(size_t(K) * N * 2), C(size_t(M) * N * 2);
-  fill(A.as<__nv_bfloat16>(), int64_t(M) * K, 11, 0.5f);
-  fill(B.as<__nv_bfloat16>(), int64_t(K) * N, 12, 0.5f);
-  cublasHandle_t h;
-  cublas_check(cublasCreate(&h));
-  cublas_check(cublasSetStream(h, stream));
+  fill(A.as<__nv_bfloat16>(), int64_t(M) * K, stream, 11, 0.5f);
+  fill(B.as<__nv_bfloat16>(), int64_t(K) * N, stream, 12, 0.5f);
   const float alpha = 1.0f, beta = 0.0f;
   float ms = median_ms(
       [&] {
@@ -124,11 +136,11 @@ inline double measure_gemm_tflops(cudaStream_t stream = nullptr) {
                                   CUBLAS_GEMM_DEFAULT));
       },
       stream);
-  cublas_check(cublasDestroy(h));
   return 2.0 * M * N * K / (ms * 1e-3) / 1e12;
 }
 
-// One bench process: probes the GPU, measures both ceilings once, prints rows.
+// One bench process: probes the GPU, creates the Runtime (stream, cuBLAS handles,
+// GEMM plans), measures both ceilings once on its stream, prints rows.
 class Bench {
  public:
   explicit Bench(bool need_gemm_ceiling = true) {
@@ -138,12 +150,11 @@ class Bench {
       return;
     }
     ok_ = true;
+    rt_ = std::make_unique<spes::cuda::Runtime>(0);
     cudaDeviceProp prop{};
-    int dev = 0;
-    cuda_check(cudaGetDevice(&dev));
-    cuda_check(cudaGetDeviceProperties(&prop, dev));
-    copy_gbps_ = measure_copy_gbps();
-    if (need_gemm_ceiling) gemm_tflops_ = measure_gemm_tflops();
+    cuda_check(cudaGetDeviceProperties(&prop, rt_->info().ordinal));
+    copy_gbps_ = measure_copy_gbps(stream());
+    if (need_gemm_ceiling) gemm_tflops_ = measure_gemm_tflops(rt_->cublas(), stream());
     std::printf("device: %s (sm_%d%d, %d SMs, %.1f GiB)\n", prop.name, prop.major, prop.minor,
                 prop.multiProcessorCount, prop.totalGlobalMem / 1073741824.0);
     std::printf("ceilings: D2D copy %.0f GB/s (read+write, 1 GiB)", copy_gbps_);
@@ -152,23 +163,26 @@ class Bench {
     std::printf("%-34s %-22s %10s %12s %8s\n", "kernel", "size", "ms", "achieved", "%ceil");
   }
   bool ok() const { return ok_; }
+  spes::cuda::Runtime& runtime() const { return *rt_; }
+  cudaStream_t stream() const { return rt_->stream(); }
   double copy_gbps() const { return copy_gbps_; }
   double gemm_tflops() const { return gemm_tflops_; }
 
-  // Memory-bound kernel: `bytes` = minimum bytes moved (reads + writes).
+  // Memory-bound kernel: `bytes` = minimum bytes moved (reads + writes). f must
+  // launch its work on stream(), where it is timed.
   template <class F>
-  float mem_row(const std::string& name, const std::string& size, F&& f, double bytes, cudaStream_t s = nullptr) {
-    float ms = median_ms(f, s);
+  float mem_row(const std::string& name, const std::string& size, F&& f, double bytes) {
+    float ms = median_ms(f, stream());
     double gbps = bytes / (ms * 1e-3) / 1e9;
     std::printf("%-34s %-22s %10.4f %8.0f GB/s %7.1f%%\n", name.c_str(), size.c_str(), ms, gbps,
                 100.0 * gbps / copy_gbps_);
     std::fflush(stdout);
     return ms;
   }
-  // Compute-bound kernel: `flops` = useful floating-point operations.
+  // Compute-bound kernel: `flops` = useful floating-point operations; on stream().
   template <class F>
-  float flop_row(const std::string& name, const std::string& size, F&& f, double flops, cudaStream_t s = nullptr) {
-    float ms = median_ms(f, s);
+  float flop_row(const std::string& name, const std::string& size, F&& f, double flops) {
+    float ms = median_ms(f, stream());
     double tf = flops / (ms * 1e-3) / 1e12;
     std::printf("%-34s %-22s %10.4f %6.1f TFLOP/s %7.1f%%\n", name.c_str(), size.c_str(), ms, tf,
                 gemm_tflops_ > 0 ? 100.0 * tf / gemm_tflops_ : 0.0);
@@ -178,6 +192,7 @@ class Bench {
 
  private:
   bool ok_ = false;
+  std::unique_ptr<spes::cuda::Runtime> rt_;
   double copy_gbps_ = 0, gemm_tflops_ = 0;
 };
 

@@ -62,8 +62,17 @@ __global__ void adamw_kernel(float* __restrict__ master, bf16* __restrict__ weig
 void adamw_update(float* master, bf16* weights, const float* grad, float* m, float* v, int64_t n, float lr,
                   float beta1, float beta2, float eps, float weight_decay, int64_t t, const float* grad_scale,
                   cudaStream_t stream) {
-  require(t >= 1, "adamw_update", "step t must be ≥ 1");
+  const char* op = "adamw_update";
+  require(t >= 1, op, "step t must be ≥ 1");
+  require(n >= 0, op, "n must be ≥ 0");
   if (n == 0) return;
+  // float4 path when all four fp32 arrays are 16-byte aligned, scalar otherwise.
+  require_ptr(master, 4, op, "master");
+  require_aligned(weights, 2, op, "weights");
+  require_ptr(grad, 4, op, "grad");
+  require_ptr(m, 4, op, "m");
+  require_ptr(v, 4, op, "v");
+  require_aligned(grad_scale, 4, op, "grad_scale");
   // Exactly the host arithmetic of cpu::adamw_update.
   const double bc1 = 1.0 - std::pow(static_cast<double>(beta1), static_cast<double>(t));
   const double bc2 = 1.0 - std::pow(static_cast<double>(beta2), static_cast<double>(t));

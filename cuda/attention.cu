@@ -44,6 +44,7 @@
 #include <utility>
 
 #include "cuda/check.cuh"
+#include "cuda/common.cuh"
 
 namespace spes::cuda {
 namespace {
@@ -636,21 +637,33 @@ struct Tiles<128> {
   static constexpr int kQM = 64, kQN = 64;
 };
 
+// Shapes the kernels are written for. All checks here and in check_pointers run on
+// the host before any CUDA call.
 void check_shape(const char* what, int64_t B, int64_t T, int64_t H, int64_t Hkv, int64_t D) {
   auto fail = [&](const std::string& why) {
     throw Error(std::string(what) + ": " + why + " (B=" + std::to_string(B) + " T=" + std::to_string(T) +
                 " H=" + std::to_string(H) + " Hkv=" + std::to_string(Hkv) + " D=" + std::to_string(D) + ")");
   };
-  if (D != 64 && D != 128) fail("head dim must be 64 or 128");
-  if (B < 0 || T < 0 || H < 1 || Hkv < 1 || H % Hkv != 0) fail("need H a positive multiple of Hkv");
+  if (D != 64 && D != 128) fail("head dim D must be 64 or 128 (the kernels' tiles)");
+  if (B < 0 || T < 0) fail("B and T must be ≥ 0");
+  if (H < 1 || Hkv < 1 || H % Hkv != 0) fail("H must be a positive multiple of Hkv (whole GQA groups)");
   if (H > 65535 || B > 65535 || Hkv > 65535) fail("B and H must fit a grid dimension (≤ 65535)");
-  if (T > (int64_t(1) << 30)) fail("T too large");
+  if (T > (int64_t(1) << 30)) fail("T must be ≤ 2^30");
 }
+
+// cp.async moves q/k/v/dout rows into shared tiles 16 bytes at a time (ldmatrix then
+// reads those tiles), store_rows writes out/dq/dk/dv as int4, and lse/dsum travel by
+// 4-byte cp.async: each base pointer must have that alignment. Rows of the contiguous
+// [B,T,H,D] / [B,T,Hkv,D] tensors are H·D or Hkv·D elements apart, a multiple of 128
+// bytes for D ∈ {64, 128}, so every row and head start inherits the base's alignment.
+void check_bf16(const char* op, const bf16* p, const char* name) { require_ptr(p, 16, op, name); }
 
 // Above 48 KB of dynamic shared memory a kernel must opt in, per device. Done once per
 // (kernel, device) so that steady-state launches (and graph capture) make no extra calls.
+// A GPU whose opt-in limit is below the tiles' need (sm_86/sm_89: 99 KB against the
+// D = 128 tiles' ~102 KB) gets a plain error instead of a failed launch.
 template <typename Kernel>
-void allow_smem(Kernel kernel, size_t bytes) {
+void allow_smem(const char* op, Kernel kernel, size_t bytes) {
   static std::mutex mu;
   static std::set<std::pair<const void*, int>> done;
   int dev = 0;
@@ -658,6 +671,11 @@ void allow_smem(Kernel kernel, size_t bytes) {
   const std::pair<const void*, int> key{reinterpret_cast<const void*>(kernel), dev};
   std::lock_guard<std::mutex> lock(mu);
   if (done.count(key)) return;
+  int optin = 0;
+  cuda_check(cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev));
+  require(bytes <= static_cast<size_t>(optin), op,
+          "needs " + std::to_string(bytes) + " bytes of shared memory per block but GPU " + std::to_string(dev) +
+              " allows " + std::to_string(optin) + " (tiles sized for sm_80 / sm_90)");
   cuda_check(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(bytes)));
   done.insert(key);
 }
@@ -668,7 +686,7 @@ void forward_impl(bf16* out, float* lse, const bf16* q, const bf16* k, const bf1
   constexpr int BM = Tiles<D>::kFwdM, BN = Tiles<D>::kFwdN;
   using Cfg = FwdConfig<D, BM, BN>;
   auto kernel = attention_forward_kernel<D, BM, BN>;
-  allow_smem(kernel, Cfg::kSmem);
+  allow_smem("attention_forward", kernel, Cfg::kSmem);
   const float scale_log2 = kLog2e / sqrtf(static_cast<float>(D));
   const dim3 grid((T + BM - 1) / BM, H, B);
   kernel<<<grid, Cfg::kThreads, Cfg::kSmem, stream>>>(out, lse, q, k, v, T, H, H / Hkv, scale_log2);
@@ -694,7 +712,7 @@ void backward_impl(bf16* dq, bf16* dk, bf16* dv, const bf16* dout, const bf16* q
     constexpr int BM = Tiles<D>::kKvM, BN = Tiles<D>::kKvN;
     using Cfg = BwdKvConfig<D, BM, BN>;
     auto kernel = attention_backward_dkv_kernel<D, BM, BN>;
-    allow_smem(kernel, Cfg::kSmem);
+    allow_smem("attention_backward", kernel, Cfg::kSmem);
     const dim3 grid((T + BN - 1) / BN, Hkv, B);
     kernel<<<grid, Cfg::kThreads, Cfg::kSmem, stream>>>(dk, dv, q, k, v, dout, lse, dsum, T, H, group, scale,
                                                         scale_log2);
@@ -704,7 +722,7 @@ void backward_impl(bf16* dq, bf16* dk, bf16* dv, const bf16* dout, const bf16* q
     constexpr int BM = Tiles<D>::kQM, BN = Tiles<D>::kQN;
     using Cfg = BwdQConfig<D, BM, BN>;
     auto kernel = attention_backward_dq_kernel<D, BM, BN>;
-    allow_smem(kernel, Cfg::kSmem);
+    allow_smem("attention_backward", kernel, Cfg::kSmem);
     const dim3 grid((T + BM - 1) / BM, H, B);
     kernel<<<grid, Cfg::kThreads, Cfg::kSmem, stream>>>(dq, q, k, v, dout, lse, dsum, T, H, group, scale,
                                                         scale_log2);
@@ -716,7 +734,13 @@ void backward_impl(bf16* dq, bf16* dk, bf16* dv, const bf16* dout, const bf16* q
 
 void attention_forward(bf16* out, float* lse, const bf16* q, const bf16* k, const bf16* v, int64_t B, int64_t T,
                        int64_t H, int64_t Hkv, int64_t D, cudaStream_t stream) {
-  check_shape("attention_forward", B, T, H, Hkv, D);
+  const char* op = "attention_forward";
+  check_shape(op, B, T, H, Hkv, D);
+  check_bf16(op, out, "out");
+  check_bf16(op, q, "q");
+  check_bf16(op, k, "k");
+  check_bf16(op, v, "v");
+  require_ptr(lse, 4, op, "lse");
   if (B == 0 || T == 0) return;
   if (D == 64) forward_impl<64>(out, lse, q, k, v, int(B), int(T), int(H), int(Hkv), stream);
   else forward_impl<128>(out, lse, q, k, v, int(B), int(T), int(H), int(Hkv), stream);
@@ -730,7 +754,18 @@ size_t attention_backward_scratch_bytes(int64_t B, int64_t T, int64_t H) {
 void attention_backward(bf16* dq, bf16* dk, bf16* dv, const bf16* dout, const bf16* q, const bf16* k,
                         const bf16* v, const bf16* out, const float* lse, void* scratch, int64_t B, int64_t T,
                         int64_t H, int64_t Hkv, int64_t D, cudaStream_t stream) {
-  check_shape("attention_backward", B, T, H, Hkv, D);
+  const char* op = "attention_backward";
+  check_shape(op, B, T, H, Hkv, D);
+  check_bf16(op, dq, "dq");
+  check_bf16(op, dk, "dk");
+  check_bf16(op, dv, "dv");
+  check_bf16(op, dout, "dout");
+  check_bf16(op, q, "q");
+  check_bf16(op, k, "k");
+  check_bf16(op, v, "v");
+  check_bf16(op, out, "out");
+  require_ptr(lse, 4, op, "lse");
+  require_ptr(scratch, 16, op, "scratch");
   if (B == 0 || T == 0) return;
   float* dsum = static_cast<float*>(scratch);
   if (D == 64)

@@ -6,6 +6,7 @@
 #include <cuda_runtime.h>
 
 #include <cstdint>
+#include <cstdio>
 #include <string>
 
 #include "engine/base/error.hpp"
@@ -24,6 +25,22 @@ inline bool aligned(const void* p, size_t bytes) { return reinterpret_cast<uintp
 // Host-side argument check for launchers: throws spes::Error naming the op.
 inline void require(bool ok, const char* op, const std::string& what) {
   if (!ok) throw Error(std::string(op) + ": " + what);
+}
+
+// Pointer checks for launchers, run before any CUDA call so that a bad pointer is one
+// clear error line ("op: name must be 16-byte aligned (got 0x…)") rather than a
+// misaligned-address fault reported at some later, unrelated call.
+// require_aligned: p may be null (optional argument); require_ptr: p must not be.
+inline void require_aligned(const void* p, size_t bytes, const char* op, const char* name) {
+  if (p == nullptr || aligned(p, bytes)) return;
+  char addr[32];
+  std::snprintf(addr, sizeof addr, "%p", p);
+  throw Error(std::string(op) + ": " + name + " must be " + std::to_string(bytes) + "-byte aligned (got " + addr +
+              ")");
+}
+inline void require_ptr(const void* p, size_t bytes, const char* op, const char* name) {
+  require(p != nullptr, op, std::string(name) + " must not be null");
+  require_aligned(p, bytes, op, name);
 }
 
 // ---- 16-byte vectors ------------------------------------------------------------

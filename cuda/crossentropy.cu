@@ -22,6 +22,8 @@
 #include <cooperative_groups.h>
 
 #include <cmath>
+#include <map>
+#include <mutex>
 
 #include "cuda/check.cuh"
 #include "cuda/crossentropy.cuh"
@@ -258,26 +260,65 @@ cudaLaunchConfig_t cluster_config(int64_t N, size_t smem, cudaStream_t stream, c
   return cfg;
 }
 
-}  // namespace
+// What the cluster kernel needs to know about one device. The launcher runs for every
+// chunk of logits of every step, so the device is asked once: the attributes when the
+// device is first seen, the shared-memory opt-in when a larger V first needs it (in
+// practice once per run), the cluster occupancy once per row-slice size.
+struct ClusterDevice {
+  bool eligible = false;    // sm_90+ GPU and sm_90 code in this build
+  size_t smem_max = 0;      // dynamic smem a block may opt in to: opt-in limit − static smem
+  size_t smem_allowed = 0;  // current cudaFuncAttributeMaxDynamicSharedMemorySize
+  std::map<size_t, bool> fits;  // dynamic smem bytes → a cluster of 8 such blocks fits
+};
 
-bool crossentropy_cluster_supported(int64_t V) {
-  int dev = 0, major = 0, optin = 0;
-  cuda_check(cudaGetDevice(&dev));
+ClusterDevice query_device(int dev) {
+  ClusterDevice d;
+  int major = 0, optin = 0;
   cuda_check(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev));
-  if (major < 9) return false;
+  cuda_check(cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev));
   cudaFuncAttributes fa{};
   cuda_check(cudaFuncGetAttributes(&fa, ce_cluster_kernel));
-  if (fa.ptxVersion < 90) return false;  // built without sm_90 code: the kernel body is empty
-  const size_t smem = cluster_smem_bytes(V);
-  cuda_check(cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev));
-  if (smem + 1024 > static_cast<size_t>(optin)) return false;
-  cuda_check(cudaFuncSetAttribute(ce_cluster_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                  static_cast<int>(smem)));
+  // ptxVersion < 90: built without sm_90 code, the kernel body is empty.
+  d.eligible = major >= 9 && fa.ptxVersion >= 90;
+  d.smem_max = static_cast<size_t>(optin) > fa.sharedSizeBytes ? optin - fa.sharedSizeBytes : 0;
+  d.smem_allowed = static_cast<size_t>(fa.maxDynamicSharedSizeBytes);
+  return d;
+}
+
+// Whether the cluster kernel can run on device `dev` with `smem` bytes of dynamic
+// shared memory per block; raises the kernel's opt-in first if needed. Thread-safe: one
+// mutex over all devices (one host thread per GPU, a few calls per step).
+bool cluster_supported(int dev, size_t smem) {
+  static std::mutex mu;
+  static std::map<int, ClusterDevice> devices;
+  std::lock_guard<std::mutex> lock(mu);
+  auto it = devices.find(dev);
+  if (it == devices.end()) it = devices.emplace(dev, query_device(dev)).first;  // nothing stored on a throw
+  ClusterDevice& d = it->second;
+  if (!d.eligible || smem > d.smem_max) return false;
+  auto f = d.fits.find(smem);
+  if (f != d.fits.end()) return f->second;
+  if (smem > d.smem_allowed) {
+    // The opt-in is per (kernel, device) and only ever raised: a smaller V later runs
+    // under the larger limit.
+    cuda_check(cudaFuncSetAttribute(ce_cluster_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                    static_cast<int>(smem)));
+    d.smem_allowed = smem;
+  }
   cudaLaunchAttribute attr{};
   cudaLaunchConfig_t cfg = cluster_config(1, smem, nullptr, &attr);
   int clusters = 0;
   cuda_check(cudaOccupancyMaxActiveClusters(&clusters, ce_cluster_kernel, &cfg));
-  return clusters > 0;
+  return d.fits.emplace(smem, clusters > 0).first->second;
+}
+
+}  // namespace
+
+bool crossentropy_cluster_supported(int64_t V) {
+  require(V > 0 && V < (int64_t(1) << 30), "crossentropy_cluster_supported", "need 0 < V < 2^30");
+  int dev = 0;
+  cuda_check(cudaGetDevice(&dev));  // the calling thread's current device: no device query
+  return cluster_supported(dev, cluster_smem_bytes(V));
 }
 
 void crossentropy_forward_backward(bf16* dlogits, float* losses, float* lse, const bf16* logits,
@@ -285,9 +326,17 @@ void crossentropy_forward_backward(bf16* dlogits, float* losses, float* lse, con
                                    float z_scale, cudaStream_t stream, CeImpl impl) {
   const char* op = "crossentropy_forward_backward";
   require(V > 0 && V < (int64_t(1) << 30) && ld >= V, op, "need 0 < V < 2^30 and ld ≥ V");
+  require(N >= 0 && N < (int64_t(1) << 28), op, "need 0 ≤ N < 2^28 rows (8 blocks per row must fit the grid)");
+  // Rows may start anywhere (each slice runs scalar up to its first 16-byte boundary),
+  // but the gradient is written with the logits' vector boundaries.
+  require_ptr(logits, 2, op, "logits");
+  require_aligned(dlogits, 2, op, "dlogits");
   require(dlogits == nullptr ||
               (reinterpret_cast<uintptr_t>(dlogits) - reinterpret_cast<uintptr_t>(logits)) % 16 == 0,
           op, "dlogits must have the same 16-byte alignment offset as logits");
+  require_ptr(losses, 4, op, "losses");
+  require_ptr(lse, 4, op, "lse");
+  require_ptr(targets, 4, op, "targets");
   if (N == 0) return;
   bool cluster = false;
   if (impl == CeImpl::automatic) cluster = crossentropy_cluster_supported(V);

@@ -32,6 +32,8 @@ void crossentropy_forward_backward(bf16* dlogits, float* losses, float* lse, con
                                    float z_scale, cudaStream_t stream, CeImpl impl = CeImpl::automatic);
 
 // Whether the cluster implementation can run on the current device for this V.
+// Answered from a per-device cache after the first call (the device attributes, the
+// shared-memory opt-in and the cluster occupancy are queried once, not per call).
 bool crossentropy_cluster_supported(int64_t V);
 
 }  // namespace spes::cuda

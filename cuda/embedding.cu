@@ -118,8 +118,13 @@ Workspace carve(void* base, int64_t N, size_t temp_bytes) {
 void embedding_forward(bf16* out, const int32_t* tokens, const bf16* table, int64_t N, int64_t C, int64_t V,
                        cudaStream_t stream) {
   const char* op = "embedding_forward";
-  require(C > 0 && C % 8 == 0, op, "channels C must be a positive multiple of 8");
-  require(aligned(out, 16) && aligned(table, 16), op, "bf16 buffers must be 16-byte aligned");
+  require(C > 0 && C % 8 == 0 && C < (int64_t(1) << 31), op, "channels C must be a positive multiple of 8");
+  require(N >= 0 && V > 0, op, "need N ≥ 0 and V > 0");
+  // One 16-byte vector (8 channels) per thread: rows of C % 8 == 0 bf16 values stay
+  // 16-byte aligned when the base pointers are.
+  require_ptr(out, 16, op, "out");
+  require_ptr(tokens, 4, op, "tokens");
+  require_ptr(table, 16, op, "table");
   if (N == 0) return;
   const int64_t total = N * (C / 8);
   const int threads = 256;
@@ -138,8 +143,11 @@ size_t embedding_backward_workspace_bytes(int64_t N, int64_t V) {
 void embedding_backward(float* dtable, const bf16* dout, const int32_t* tokens, int64_t N, int64_t C, int64_t V,
                         void* workspace, size_t workspace_bytes, cudaStream_t stream) {
   const char* op = "embedding_backward";
-  require(C > 0 && C % 8 == 0, op, "channels C must be a positive multiple of 8");
-  require(aligned(dtable, 16) && aligned(dout, 16), op, "buffers must be 16-byte aligned");
+  require(C > 0 && C % 8 == 0 && C < (int64_t(1) << 31), op, "channels C must be a positive multiple of 8");
+  require(N >= 0, op, "N must be ≥ 0");
+  require_ptr(dtable, 16, op, "dtable");  // fp32 rows read and written as float4 pairs
+  require_ptr(dout, 16, op, "dout");
+  require_ptr(tokens, 4, op, "tokens");
   if (N == 0) return;
   const size_t need = embedding_backward_workspace_bytes(N, V);
   require(workspace != nullptr && workspace_bytes >= need && aligned(workspace, 256), op,

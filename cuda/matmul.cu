@@ -17,6 +17,18 @@ int64_t pointer_alignment(const void* p) {
 }
 
 cudaDataType_t cuda_type(DType t) { return t == DType::bf16 ? CUDA_R_16BF : CUDA_R_32F; }
+size_t elem_bytes(DType t) { return t == DType::bf16 ? 2 : 4; }
+
+// Pointer checks of one product, before any CUDA call: the output whenever it is not
+// empty; the inputs only when the reduction is not (k = 0 reads nothing).
+void check_pointers(const char* op, int64_t out_elems, int64_t k, const void* out, DType out_type,
+                    const char* out_name, const bf16* a, const char* a_name, const bf16* b, const char* b_name) {
+  if (out_elems == 0) return;
+  require_ptr(out, elem_bytes(out_type), op, out_name);
+  if (k == 0) return;
+  require_ptr(a, sizeof(bf16), op, a_name);
+  require_ptr(b, sizeof(bf16), op, b_name);
+}
 
 std::string describe(const std::array<int64_t, 12>& k) {
   return std::string("transa=") + std::to_string(k[0]) + " transb=" + std::to_string(k[1]) +
@@ -28,8 +40,8 @@ std::string describe(const std::array<int64_t, 12>& k) {
 
 }  // namespace
 
-Gemm::Gemm(cublasLtHandle_t lt, void* workspace, size_t workspace_bytes)
-    : lt_(lt), workspace_(workspace), workspace_bytes_(workspace_bytes) {}
+Gemm::Gemm(cublasLtHandle_t lt, void* workspace, size_t workspace_bytes, cudaStream_t stream)
+    : lt_(lt), workspace_(workspace), workspace_bytes_(workspace_bytes), stream_(stream) {}
 
 Gemm::~Gemm() {
   for (auto& [key, p] : plans_) {
@@ -85,12 +97,27 @@ const Gemm::Plan& Gemm::plan(const Key& key) {
 void Gemm::run(bool transa, bool transb, int64_t m, int64_t n, int64_t k, const bf16* A, int64_t lda,
                const bf16* B, int64_t ldb, void* D, DType d_type, int64_t ldd, float alpha, float beta,
                cudaStream_t stream) {
-  if (m == 0 || n == 0) return;
+  require(m >= 0 && n >= 0 && k >= 0, "gemm", "sizes must be ≥ 0");
+  require(stream == stream_, "gemm",
+          "runs on the Runtime's stream only (its cuBLASLt workspace is shared, so GEMMs on two streams "
+          "would overwrite each other's)");
+  if (m == 0 || n == 0) return;  // empty output: nothing to write
+  require(lda >= (transa ? k : m) && ldb >= (transb ? n : k) && ldd >= m, "gemm",
+          "leading dimension too small (m=" + std::to_string(m) + " n=" + std::to_string(n) + " k=" +
+              std::to_string(k) + " lda=" + std::to_string(lda) + " ldb=" + std::to_string(ldb) +
+              " ldd=" + std::to_string(ldd) + ")");
   if (k == 0) {
-    require(beta == 1.0f, "gemm", "k = 0 with beta != 1 is not supported");
+    // An empty reduction: op(A)·op(B) is the m×n zero matrix, so D = beta·D — zeros for
+    // beta = 0, unchanged for beta = 1 (what cpu::matmul_* give: sgemm with K = 0, dinp
+    // zero-filled when OC = 0). Only the m valid entries of each of the n columns are
+    // written: the padding of a strided D (ldd > m, e.g. padded logits rows) is left
+    // alone, as a GEMM would. No cuBLASLt call (and no cached plan) is needed.
+    if (beta == 1.0f) return;
+    require(beta == 0.0f, "gemm", "k = 0 supports beta = 0 (zeros) or 1 (unchanged) only");
+    const size_t elem = elem_bytes(d_type);
+    cuda_check(cudaMemset2DAsync(D, size_t(ldd) * elem, 0, size_t(m) * elem, size_t(n), stream));
     return;
   }
-  require(lda >= (transa ? k : m) && ldb >= (transb ? n : k) && ldd >= m, "gemm", "leading dimension too small");
   const Key key = {transa, transb, m, n, k, lda, ldb, ldd, static_cast<int64_t>(d_type),
                    pointer_alignment(A), pointer_alignment(B), pointer_alignment(D)};
   const Plan& p = plan(key);
@@ -103,6 +130,7 @@ void Gemm::run(bool transa, bool transb, int64_t m, int64_t n, int64_t k, const 
 
 void matmul_forward(Gemm& g, void* out, DType out_type, const bf16* inp, const bf16* weight, int64_t N,
                     int64_t C, int64_t OC, cudaStream_t stream, bool accumulate, int64_t ldo) {
+  check_pointers("matmul_forward", N * OC, C, out, out_type, "out", inp, "inp", weight, "weight");
   // outᵀ[OC,N] = weight_cm[C,OC]ᵀ · inp_cm[C,N]
   g.run(true, false, OC, N, C, weight, C, inp, C, out, out_type, ldo ? ldo : OC, 1.0f, accumulate ? 1.0f : 0.0f,
         stream);
@@ -110,6 +138,7 @@ void matmul_forward(Gemm& g, void* out, DType out_type, const bf16* inp, const b
 
 void matmul_backward_input(Gemm& g, void* dinp, DType dinp_type, const bf16* dout, const bf16* weight,
                            int64_t N, int64_t C, int64_t OC, cudaStream_t stream, bool accumulate, int64_t ldo) {
+  check_pointers("matmul_backward_input", N * C, OC, dinp, dinp_type, "dinp", dout, "dout", weight, "weight");
   // dinpᵀ[C,N] = weight_cm[C,OC] · dout_cm[OC,N]
   g.run(false, false, C, N, OC, weight, C, dout, ldo ? ldo : OC, dinp, dinp_type, C, 1.0f, accumulate ? 1.0f : 0.0f,
         stream);
@@ -117,6 +146,7 @@ void matmul_backward_input(Gemm& g, void* dinp, DType dinp_type, const bf16* dou
 
 void matmul_backward_weight(Gemm& g, float* dweight, const bf16* dout, const bf16* inp, int64_t N, int64_t C,
                             int64_t OC, cudaStream_t stream, bool accumulate, int64_t ldo) {
+  check_pointers("matmul_backward_weight", OC * C, N, dweight, DType::f32, "dweight", dout, "dout", inp, "inp");
   // dweightᵀ[C,OC] = inp_cm[C,N] · dout_cm[OC,N]ᵀ
   g.run(false, true, C, OC, N, inp, C, dout, ldo ? ldo : OC, dweight, DType::f32, C, 1.0f, accumulate ? 1.0f : 0.0f,
         stream);

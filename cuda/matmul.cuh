@@ -26,7 +26,10 @@ enum class DType { bf16, f32 };
 
 class Gemm {
  public:
-  Gemm(cublasLtHandle_t lt, void* workspace, size_t workspace_bytes);
+  // `workspace` is used by every GEMM this object runs, so they must not overlap in
+  // time: all run on `stream` (the Runtime's; its cuBLAS handle shares the same
+  // workspace on the same stream). run() refuses any other stream.
+  Gemm(cublasLtHandle_t lt, void* workspace, size_t workspace_bytes, cudaStream_t stream);
   ~Gemm();
   Gemm(const Gemm&) = delete;
   Gemm& operator=(const Gemm&) = delete;
@@ -53,12 +56,17 @@ class Gemm {
   cublasLtHandle_t lt_;
   void* workspace_;
   size_t workspace_bytes_;
+  cudaStream_t stream_;  // the only stream that may use workspace_
   std::map<Key, Plan> plans_;
 };
 
 // `ldo` (0 = OC) is the row stride, in elements, of out / dout: the lm head's
 // [N, 151665] logits should use a stride rounded up to 8 (151672) so that every
 // row is 16-byte aligned — odd strides force slow, unvectorised GEMM kernels.
+//
+// Sizes as in cpu::matmul_*: an empty output (a zero-size dimension of it) is a
+// no-op; an empty reduction (C = 0 forward, OC = 0 for dinp, N = 0 for dweight)
+// writes zeros, or leaves the output unchanged when accumulating.
 
 // out[N,OC] = inp[N,C] · weight[OC,C]ᵀ; with accumulate, out += that product.
 void matmul_forward(Gemm& g, void* out, DType out_type, const bf16* inp, const bf16* weight, int64_t N,

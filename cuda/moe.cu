@@ -21,6 +21,8 @@
 #include <cublas_v2.h>
 
 #include <algorithm>
+#include <atomic>
+#include <cstdio>
 #include <cstring>
 #include <string>
 
@@ -268,7 +270,15 @@ int64_t moe_dispatch_scratch_count(int64_t N, int64_t E, int64_t K) { return E *
 void moe_dispatch_indices(int32_t* offsets, int32_t* slot_token, int32_t* token_slot, int32_t* scratch,
                           const int32_t* topk_idx, int64_t N, int64_t E, int64_t K,
                           cudaStream_t stream) {
+  const char* op = "moe_dispatch_indices";
   check_dispatch_shape(N, E, K);
+  require_ptr(offsets, 4, op, "offsets");
+  if (N > 0) {
+    require_ptr(slot_token, 4, op, "slot_token");
+    require_ptr(token_slot, 4, op, "token_slot");
+    require_ptr(scratch, 4, op, "scratch");
+    require_ptr(topk_idx, 4, op, "topk_idx");
+  }
   const int64_t NK = N * K, nc = n_chunks(NK);
   const int e = static_cast<int>(E);
   if (nc == 0) {  // no tokens: every offset is 0
@@ -288,7 +298,12 @@ void moe_dispatch_indices(int32_t* offsets, int32_t* slot_token, int32_t* token_
 
 void moe_gather_forward(bf16* xe, const bf16* x, const int32_t* slot_token, int64_t S, int64_t C,
                         cudaStream_t stream) {
+  const char* op = "moe_gather_forward";
   if (S <= 0 || C <= 0) return;
+  // Rows move as 16-byte vectors when C and both pointers allow, else element-wise.
+  require_ptr(xe, 2, op, "xe");
+  require_ptr(x, 2, op, "x");
+  require_ptr(slot_token, 4, op, "slot_token");
   if (C % 8 == 0 && aligned16(xe) && aligned16(x))
     gather_forward_kernel<8><<<blocks_for_warps(S), kThreads, 0, stream>>>(xe, x, slot_token, S, C);
   else
@@ -298,7 +313,12 @@ void moe_gather_forward(bf16* xe, const bf16* x, const int32_t* slot_token, int6
 
 void moe_gather_backward(bf16* dx, const bf16* dxe, const int32_t* token_slot, int64_t N, int64_t K,
                          int64_t C, cudaStream_t stream) {
+  const char* op = "moe_gather_backward";
   if (N <= 0 || C <= 0) return;
+  require(K >= 1 && K <= INT32_MAX, op, "K must be ≥ 1");
+  require_ptr(dx, 2, op, "dx");
+  require_ptr(dxe, 2, op, "dxe");
+  require_ptr(token_slot, 4, op, "token_slot");
   const int k = static_cast<int>(K);
   if (C % 8 == 0 && aligned16(dx) && aligned16(dxe))
     gather_backward_kernel<8><<<blocks_for_warps(N), kThreads, 0, stream>>>(dx, dxe, token_slot, N, k, C);
@@ -309,7 +329,13 @@ void moe_gather_backward(bf16* dx, const bf16* dxe, const int32_t* token_slot, i
 
 void moe_combine_forward(bf16* out, const bf16* ye, const float* topk_w, const int32_t* token_slot,
                          int64_t N, int64_t K, int64_t C, cudaStream_t stream) {
+  const char* op = "moe_combine_forward";
   if (N <= 0 || C <= 0) return;
+  require(K >= 1 && K <= INT32_MAX, op, "K must be ≥ 1");
+  require_ptr(out, 2, op, "out");
+  require_ptr(ye, 2, op, "ye");
+  require_ptr(topk_w, 4, op, "topk_w");
+  require_ptr(token_slot, 4, op, "token_slot");
   const int k = static_cast<int>(K);
   if (C % 8 == 0 && aligned16(out) && aligned16(ye))
     combine_forward_kernel<8><<<blocks_for_warps(N), kThreads, 0, stream>>>(out, ye, topk_w, token_slot, N, k, C);
@@ -321,7 +347,15 @@ void moe_combine_forward(bf16* out, const bf16* ye, const float* topk_w, const i
 void moe_combine_backward(bf16* dye, float* dtopk_w, const bf16* dout, const bf16* ye,
                           const float* topk_w, const int32_t* token_slot, int64_t N, int64_t K,
                           int64_t C, cudaStream_t stream) {
+  const char* op = "moe_combine_backward";
   if (N <= 0 || C <= 0) return;
+  require(K >= 1 && K <= INT32_MAX, op, "K must be ≥ 1");
+  require_ptr(dye, 2, op, "dye");
+  require_ptr(dtopk_w, 4, op, "dtopk_w");
+  require_ptr(dout, 2, op, "dout");
+  require_ptr(ye, 2, op, "ye");
+  require_ptr(topk_w, 4, op, "topk_w");
+  require_ptr(token_slot, 4, op, "token_slot");
   const int k = static_cast<int>(K);
   if (C % 8 == 0 && aligned16(dye) && aligned16(dout) && aligned16(ye))
     combine_backward_kernel<8><<<blocks_for_warps(N), kThreads, 0, stream>>>(dye, dtopk_w, dout, ye, topk_w,
@@ -590,7 +624,7 @@ void MoeLayer::run_site(cublasHandle_t handle, Site s) {
   const GemmSite& site = sites_[s];
   if (site.ops.empty()) return;
   const cudaDataType_t ctype = site.c_fp32 ? CUDA_R_32F : CUDA_R_16BF;
-  if (gemm_ == ExpertGemm::grouped && !grouped_unsupported_[s]) {
+  if (gemm_ == ExpertGemm::grouped && !grouped_fallback_[s]) {
     const int64_t per_site = ptrs_per_site(shape_.n_experts), third = per_site / 3;
     void** base = saved_.gemm_ptrs + s * per_site;
     const cublasStatus_t status = cublasGemmGroupedBatchedEx(
@@ -599,10 +633,14 @@ void MoeLayer::run_site(cublasHandle_t handle, Site s) {
         site.beta.data(), base + 2 * third, ctype, site.ldc.data(), static_cast<int>(site.ops.size()),
         site.group_size.data(), CUBLAS_COMPUTE_32F);
     if (status == CUBLAS_STATUS_SUCCESS) return;
-    // A type combination the grouped API lacks (e.g. fp32 C for the weight gradients)
-    // is reported once per site and that site runs per expert from then on.
-    if (status != CUBLAS_STATUS_NOT_SUPPORTED) cublas_check(status);
-    grouped_unsupported_[s] = true;
+    // Which status a combination the grouped API lacks gets (bf16 A/B with fp32 C, an
+    // architecture without grouped kernels) varies with the cuBLAS version:
+    // NOT_SUPPORTED, INVALID_VALUE, ARCH_MISMATCH, … so any refusal sends the site to
+    // the per-expert GEMMs below, for good. cuBLAS checks types and arguments before it
+    // launches anything, so nothing of this call ran and the fallback computes the
+    // whole site (beta = 1 sites included) exactly once.
+    grouped_fallback_[s] = true;
+    report_grouped_fallback(s, status);
   }
   const float alpha = 1.0f;
   for (const GemmOp& op : site.ops) {
@@ -614,8 +652,22 @@ void MoeLayer::run_site(cublasHandle_t handle, Site s) {
 
 int MoeLayer::grouped_fallback_sites() const {
   int n = 0;
-  for (bool b : grouped_unsupported_) n += b;
+  for (bool b : grouped_fallback_) n += b;
   return n;
+}
+
+// One stderr line per site and process (every layer meets the same refusal), so a
+// run's log says which path its expert GEMMs actually take.
+void MoeLayer::report_grouped_fallback(Site s, cublasStatus_t status) {
+  static const char* const kSiteNames[kSites] = {
+      "forward gate|up", "forward down", "backward dh", "backward down weight grad (fp32 out)",
+      "backward dxe", "backward dxe (separate up)", "backward gate|up weight grad (fp32 out)"};
+  static std::atomic<bool> reported[kSites] = {};
+  if (reported[s].exchange(true)) return;
+  std::fprintf(stderr,
+               "spes-engine: MoE grouped GEMM, site '%s': cublasGemmGroupedBatchedEx returned %s (%s); this site "
+               "runs one cublasGemmEx per expert from now on\n",
+               kSiteNames[s], cublasGetStatusName(status), cublasGetStatusString(status));
 }
 
 // cublasSetStream also resets a workspace set with cublasSetWorkspace, so the handle

@@ -152,8 +152,10 @@ class MoeLayer {
   // Expert offsets[E+1] of the last forward (host copy), e.g. for load metrics.
   std::span<const int32_t> expert_offsets() const { return offsets_; }
   const MoeSaved& saved() const { return saved_; }
-  // ExpertGemm::grouped only: how many GEMM sites fell back to per-expert calls
-  // because cuBLAS has no grouped kernel for their types.
+  // ExpertGemm::grouped only: how many of this layer's GEMM sites run per expert
+  // because cublasGemmGroupedBatchedEx refused them (any non-success status, e.g.
+  // for the bf16-in / fp32-out weight gradients). A site falls back at its first
+  // refusal, says so once per process on stderr, and never retries the grouped call.
   int grouped_fallback_sites() const;
 
  private:
@@ -184,6 +186,7 @@ class MoeLayer {
   void plan_gemms();
   void upload_pointer_arrays(cudaStream_t stream);
   void run_site(cublasHandle_t handle, Site site);
+  static void report_grouped_fallback(Site site, cublasStatus_t status);
   static void bind(cublasHandle_t handle, cudaStream_t stream);
 
   MoeShape shape_;
@@ -194,7 +197,7 @@ class MoeLayer {
   MoeScratch scratch_;
   std::vector<bool> owned_, gate_up_fused_, grad_fused_;
   std::array<GemmSite, kSites> sites_;
-  std::array<bool, kSites> grouped_unsupported_{};
+  std::array<bool, kSites> grouped_fallback_{};  // site s runs per expert from now on
   std::vector<int32_t> offsets_;  // host copy of the last forward's offsets
   bool have_forward_ = false;
 

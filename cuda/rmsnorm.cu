@@ -143,20 +143,22 @@ int backward_blocks(const RowLayout& l, int64_t N, int64_t C) {
   }
 }
 
-void check_aligned(const void* p, const char* op, const char* name) {
-  require(p == nullptr || aligned(p, 16), op, std::string(name) + " must be 16-byte aligned");
-}
-
 }  // namespace
 
 void rmsnorm_forward(bf16* out, float* rstd, bf16* res_out, const bf16* res_in, const bf16* branch,
                      const bf16* weight, int64_t N, int64_t C, float eps, cudaStream_t stream) {
   const char* op = "rmsnorm_forward";
   const RowLayout l = norm::row_layout(C, op);
+  require(N >= 0, op, "N must be ≥ 0");
+  // Rows of C % 8 == 0 bf16 values are moved as 16-byte vectors (load8/store8), so
+  // every bf16 base pointer must be 16-byte aligned; rows then stay aligned.
+  require_ptr(out, 16, op, "out");
+  require_ptr(rstd, 4, op, "rstd");
+  require_aligned(res_out, 16, op, "res_out");
+  require_ptr(res_in, 16, op, "res_in");
+  require_aligned(branch, 16, op, "branch");
+  require_ptr(weight, 16, op, "weight");
   require(branch == nullptr || res_out != nullptr, op, "a branch needs res_out for the new residual");
-  for (const void* p : {(const void*)out, (const void*)res_out, (const void*)res_in, (const void*)branch,
-                        (const void*)weight})
-    check_aligned(p, op, "every bf16 buffer");
   if (N == 0) return;
   const dim3 block(l.tx, l.ty);
   const unsigned grid = static_cast<unsigned>(ceil_div(N, l.ty));
@@ -180,9 +182,15 @@ void rmsnorm_backward(bf16* dres_out, float* dweight, void* scratch, const bf16*
                       cudaStream_t stream) {
   const char* op = "rmsnorm_backward";
   const RowLayout l = norm::row_layout(C, op);
-  for (const void* p : {(const void*)dres_out, (const void*)dout, (const void*)dres_in, (const void*)x,
-                        (const void*)weight, (const void*)scratch})
-    check_aligned(p, op, "every buffer");
+  require(N >= 0, op, "N must be ≥ 0");
+  require_ptr(dres_out, 16, op, "dres_out");
+  require_aligned(dweight, 4, op, "dweight");
+  require_aligned(scratch, 16, op, "scratch");  // the [G][C] fp32 partials, stored as float4 pairs
+  require_ptr(dout, 16, op, "dout");
+  require_aligned(dres_in, 16, op, "dres_in");
+  require_ptr(x, 16, op, "x");
+  require_ptr(weight, 16, op, "weight");
+  require_ptr(rstd, 4, op, "rstd");
   require(dweight == nullptr || scratch != nullptr, op, "dweight needs scratch (rmsnorm_backward_scratch_bytes)");
   if (N == 0) return;
   const int G = backward_blocks(l, N, C);

@@ -17,7 +17,12 @@ namespace {
 
 using norm::RowLayout;
 
-constexpr size_t kSmemBudget = 48 * 1024;  // default dynamic smem limit, no opt-in needed
+// Without an opt-in a block may use 48 KB of shared memory in all, the kernels'
+// static `scratch` included: only the rest is there for the dynamic row buffers.
+// (C = 6144 gave ty = 2 rows of 24 KB = 48 KB dynamic + 512 B static: over the limit,
+// so the launch failed.)
+constexpr size_t kStaticSmem = norm::kMaxRowsPerBlock * kWarp * sizeof(float);
+constexpr size_t kSmemBudget = 48 * 1024 - kStaticSmem;
 
 // Row stride in the shared buffer (C % 8 == 0 keeps rows 16-byte aligned).
 int smem_row_floats(int64_t C) { return static_cast<int>(C); }
@@ -204,11 +209,11 @@ int backward_blocks(const RowLayout& l, size_t smem, int64_t N) {
   }
 }
 
-void check_args(const char* op, int64_t B, int64_t T, int64_t H, int64_t D, const float2* table,
-                std::initializer_list<const void*> ptrs) {
+// Shapes, then pointers: bf16 rows (C = H·D, a multiple of 8) move as 16-byte
+// vectors, so bf16 base pointers must be 16-byte aligned; the table is read as float2.
+void check_shape(const char* op, int64_t B, int64_t T, int64_t H, int64_t D, const float2* table) {
   require(B >= 0 && T > 0 && H > 0 && D > 0 && D % 2 == 0, op, "need B ≥ 0, T, H > 0 and an even head dim D");
-  require(table != nullptr, op, "needs the RoPE table (rope_table_init)");
-  for (const void* p : ptrs) require(p == nullptr || aligned(p, 16), op, "bf16 buffers must be 16-byte aligned");
+  require_ptr(table, 8, op, "table (rope_table_init)");
 }
 
 }  // namespace
@@ -217,6 +222,7 @@ size_t rope_table_bytes(int64_t T, int64_t D) { return static_cast<size_t>(T * (
 
 void rope_table_init(float2* table, int64_t T, int64_t D, double theta, cudaStream_t stream) {
   require(T > 0 && D > 0 && D % 2 == 0 && theta > 0, "rope_table_init", "need T > 0, an even D > 0, theta > 0");
+  require_ptr(table, 8, "rope_table_init", "table");
   const int64_t n = T * (D / 2);
   rope_table_kernel<<<static_cast<unsigned>(ceil_div(n, 256)), 256, 0, stream>>>(table, T, static_cast<int>(D), theta);
   cuda_check_launch();
@@ -225,7 +231,11 @@ void rope_table_init(float2* table, int64_t T, int64_t D, double theta, cudaStre
 void qknorm_rope_forward(bf16* out, float* rstd, const bf16* inp, const bf16* weight, const float2* table,
                          int64_t B, int64_t T, int64_t H, int64_t D, float eps, cudaStream_t stream) {
   const char* op = "qknorm_rope_forward";
-  check_args(op, B, T, H, D, table, {out, inp, weight});
+  check_shape(op, B, T, H, D, table);
+  require_ptr(out, 16, op, "out");
+  require_ptr(rstd, 4, op, "rstd");
+  require_ptr(inp, 16, op, "inp");
+  require_ptr(weight, 16, op, "weight");
   require(static_cast<const void*>(out) != static_cast<const void*>(inp), op, "out must not alias inp");
   const int64_t N = B * T, C = H * D;
   const RowLayout l = rope_layout(C, op);
@@ -255,7 +265,14 @@ void qknorm_rope_backward(bf16* dinp, float* dweight, void* scratch, const bf16*
                           const bf16* weight, const float* rstd, const float2* table, int64_t B, int64_t T, int64_t H,
                           int64_t D, cudaStream_t stream) {
   const char* op = "qknorm_rope_backward";
-  check_args(op, B, T, H, D, table, {dinp, dout, inp, weight, scratch});
+  check_shape(op, B, T, H, D, table);
+  require_ptr(dinp, 16, op, "dinp");
+  require_aligned(dweight, 4, op, "dweight");
+  require_aligned(scratch, 16, op, "scratch");
+  require_ptr(dout, 16, op, "dout");
+  require_ptr(inp, 16, op, "inp");
+  require_ptr(weight, 16, op, "weight");
+  require_ptr(rstd, 4, op, "rstd");
   require(dweight == nullptr || scratch != nullptr, op, "dweight needs scratch (qknorm_rope_backward_scratch_bytes)");
   const int64_t N = B * T, C = H * D;
   const RowLayout l = rope_layout(C, op);

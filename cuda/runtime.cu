@@ -2,6 +2,7 @@
 
 #include <cstdio>
 
+#include "cuda/common.cuh"
 #include "cuda/device_probe.hpp"
 #include "cuda/matmul.cuh"
 #include "engine/base/error.hpp"
@@ -95,9 +96,11 @@ Runtime::Runtime(int ordinal) {
   cublas_check(cublasSetStream(cublas_, stream_));
   cublas_check(cublasLtCreate(&cublaslt_));
   lt_workspace_ = DeviceBuffer(kLtWorkspaceBytes, "cuBLASLt workspace");
-  // cuBLAS (non-Lt) gets the same workspace so it never allocates on its own.
+  if (!aligned(lt_workspace_.get(), 256)) throw Error("cuBLAS workspace is not 256-byte aligned");
+  // cuBLAS (non-Lt) gets the same workspace so it never allocates on its own. After
+  // cublasSetStream, which would reset it. Safe to share: one stream (runtime.cuh).
   cublas_check(cublasSetWorkspace(cublas_, lt_workspace_.get(), lt_workspace_.bytes()));
-  gemm_ = std::make_unique<Gemm>(cublaslt_, lt_workspace_.get(), lt_workspace_.bytes());
+  gemm_ = std::make_unique<Gemm>(cublaslt_, lt_workspace_.get(), lt_workspace_.bytes(), stream_);
 }
 
 Runtime::~Runtime() {

@@ -19,7 +19,11 @@ namespace spes::cuda {
 class Gemm;  // cuda/matmul.cuh
 
 constexpr size_t kArenaAlign = 256;  // cudaMalloc's own alignment; enough for any vector access
-constexpr size_t kLtWorkspaceBytes = size_t(32) << 20;  // cuBLASLt workspace (Hopper recommends 32 MiB)
+// The GEMM workspace, shared by the cuBLASLt plans and the cuBLAS handle (Hopper
+// recommends 32 MiB). cublasSetWorkspace wants a 256-byte aligned pointer (cudaMalloc
+// gives that) and at least 16 KiB; a multiple of 256 bytes keeps any split aligned.
+constexpr size_t kLtWorkspaceBytes = size_t(32) << 20;
+static_assert(kLtWorkspaceBytes % 256 == 0 && kLtWorkspaceBytes >= (size_t(16) << 10));
 
 std::string format_bytes(size_t bytes);  // "1.50 GiB"
 
@@ -101,6 +105,13 @@ struct DeviceInfo {
 // One per GPU the process drives. Selects the device, creates a non-blocking
 // stream, cuBLAS and cuBLASLt handles (bound to that stream), the cuBLASLt
 // workspace and the GEMM plan cache. Not copyable; create it once at start-up.
+//
+// One workspace, one stream: the cuBLAS handle (cublasSetWorkspace) and every
+// cuBLASLt GEMM of gemm() use the same 32 MiB, which is safe because they all run
+// on stream(), one after another. Two GEMMs on different streams would overwrite
+// each other's workspace, so gemm() refuses any other stream, and a caller that
+// rebinds cublas() to another stream (cublasSetStream) puts the handle back on
+// cuBLAS's own workspace pool (cublasSetStream resets it), which is safe too.
 class Runtime {
  public:
   // Throws spes::Error with the reason when there is no usable GPU or `ordinal`

@@ -75,7 +75,13 @@ int grid_for(int64_t n_items) {
 
 void swiglu_forward(bf16* h, const bf16* gate, const bf16* up, int64_t rows, int64_t H, int64_t ld_in,
                     cudaStream_t stream) {
+  const char* op = "swiglu_forward";
   if (rows <= 0 || H <= 0) return;
+  // 16-byte vectors only where every pointer and row stride allows; scalar otherwise.
+  require(ld_in >= H, op, "ld_in must be ≥ H");
+  require_ptr(h, 2, op, "h");
+  require_ptr(gate, 2, op, "gate");
+  require_ptr(up, 2, op, "up");
   const bool vec8 = H % 8 == 0 && ld_in % 8 == 0 && aligned16(h) && aligned16(gate) && aligned16(up);
   if (vec8) {
     swiglu_forward_kernel<8><<<grid_for(rows * H / 8), kThreads, 0, stream>>>(h, gate, up, rows, H, ld_in);
@@ -87,7 +93,15 @@ void swiglu_forward(bf16* h, const bf16* gate, const bf16* up, int64_t rows, int
 
 void swiglu_backward(bf16* dgate, bf16* dup, bf16* h_out, const bf16* dh, const bf16* gate,
                      const bf16* up, int64_t rows, int64_t H, int64_t ld_in, cudaStream_t stream) {
+  const char* op = "swiglu_backward";
   if (rows <= 0 || H <= 0) return;
+  require(ld_in >= H, op, "ld_in must be ≥ H");
+  require_ptr(dgate, 2, op, "dgate");
+  require_ptr(dup, 2, op, "dup");
+  require_aligned(h_out, 2, op, "h_out");
+  require_ptr(dh, 2, op, "dh");
+  require_ptr(gate, 2, op, "gate");
+  require_ptr(up, 2, op, "up");
   const bool vec8 = H % 8 == 0 && ld_in % 8 == 0 && aligned16(dgate) && aligned16(dup) &&
                     aligned16(h_out) && aligned16(dh) && aligned16(gate) && aligned16(up);
   if (vec8) {

@@ -1,6 +1,7 @@
 // Helpers for the CUDA-vs-CPU tests (tests/test_cuda_*.cu): one Runtime for the
 // process, device buffers filled from host vectors (fp32, or rounded to bf16),
-// NaN poisoning of outputs, and reading results back as fp32.
+// NaN poisoning of outputs, and reading results back as fp32 — all on the
+// runtime's stream, the one every kernel under test is launched on.
 #pragma once
 #include <cuda_bf16.h>
 
@@ -31,6 +32,30 @@ inline std::vector<float> rounded_bf16(std::vector<float> v) {
   return v;
 }
 
+// Every helper below works on the runtime's stream. That stream is
+// cudaStreamNonBlocking, so work on the legacy default stream (cudaMemset,
+// cudaMemcpy, a <<<…>>> launch without a stream) is NOT ordered with the kernels
+// under test: a poison could land after the kernel wrote its output.
+
+// Host → device on the test stream, then synchronised: `h` is pageable and often a
+// temporary that is gone as soon as the caller's statement ends.
+template <class T>
+inline void copy_to_device(T* d, const T* h, int64_t n) {
+  if (n <= 0) return;
+  cuda_check(cudaMemcpyAsync(d, h, size_t(n) * sizeof(T), cudaMemcpyHostToDevice, stream()));
+  cuda_check(cudaStreamSynchronize(stream()));
+}
+
+// Device → host after everything queued on the test stream (so a kernel's errors
+// surface here).
+template <class T>
+inline std::vector<T> copy_to_host(const T* d, int64_t n) {
+  std::vector<T> h(size_t(n > 0 ? n : 0));
+  if (n > 0) cuda_check(cudaMemcpyAsync(h.data(), d, size_t(n) * sizeof(T), cudaMemcpyDeviceToHost, stream()));
+  cuda_check(cudaStreamSynchronize(stream()));
+  return h;
+}
+
 // A device tensor of n elements of T (float, bf16, int32_t, …).
 template <class T>
 struct DevTensor {
@@ -41,40 +66,33 @@ struct DevTensor {
   T* get() const { return buf.as<T>(); }
   operator T*() const { return get(); }
   // All bits set: NaN as fp32 and as bf16, so an element a kernel forgot stays NaN.
-  void poison() const { cuda_check(cudaMemset(buf.get(), 0xFF, buf.bytes())); }
+  void poison() const { cuda_check(cudaMemsetAsync(buf.get(), 0xFF, buf.bytes(), stream())); }
+  void zero() const { cuda_check(cudaMemsetAsync(buf.get(), 0, buf.bytes(), stream())); }
 };
 
 inline DevTensor<float> upload(const std::vector<float>& h) {
   DevTensor<float> d(int64_t(h.size()));
-  cuda_check(cudaMemcpy(d.get(), h.data(), h.size() * sizeof(float), cudaMemcpyHostToDevice));
+  copy_to_device(d.get(), h.data(), int64_t(h.size()));
   return d;
 }
 inline DevTensor<int32_t> upload(const std::vector<int32_t>& h) {
   DevTensor<int32_t> d(int64_t(h.size()));
-  cuda_check(cudaMemcpy(d.get(), h.data(), h.size() * sizeof(int32_t), cudaMemcpyHostToDevice));
+  copy_to_device(d.get(), h.data(), int64_t(h.size()));
   return d;
 }
 inline DevTensor<bf16> upload_bf16(const std::vector<float>& h) {
   std::vector<bf16> t(h.size());
   for (size_t i = 0; i < h.size(); ++i) t[i] = __float2bfloat16_rn(h[i]);
   DevTensor<bf16> d(int64_t(h.size()));
-  cuda_check(cudaMemcpy(d.get(), t.data(), t.size() * sizeof(bf16), cudaMemcpyHostToDevice));
+  copy_to_device(d.get(), t.data(), int64_t(t.size()));
   return d;
 }
 
-// Synchronises the test stream first, so a kernel's errors surface here.
-inline std::vector<float> download(const float* d, int64_t n) {
-  cuda_check(cudaStreamSynchronize(stream()));
-  std::vector<float> h(n);
-  cuda_check(cudaMemcpy(h.data(), d, n * sizeof(float), cudaMemcpyDeviceToHost));
-  return h;
-}
+inline std::vector<float> download(const float* d, int64_t n) { return copy_to_host(d, n); }
 inline std::vector<float> download(const bf16* d, int64_t n) {
-  cuda_check(cudaStreamSynchronize(stream()));
-  std::vector<bf16> t(n);
-  cuda_check(cudaMemcpy(t.data(), d, n * sizeof(bf16), cudaMemcpyDeviceToHost));
-  std::vector<float> h(n);
-  for (int64_t i = 0; i < n; ++i) h[i] = __bfloat162float(t[i]);
+  const std::vector<bf16> t = copy_to_host(d, n);
+  std::vector<float> h(t.size());
+  for (size_t i = 0; i < t.size(); ++i) h[i] = __bfloat162float(t[i]);
   return h;
 }
 

@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "cuda/device_probe.hpp"
+#include "engine/base/error.hpp"
 
 // A test case that doctest reports as skipped when there is no GPU.
 #define GPU_TEST_CASE(name) TEST_CASE(name * doctest::skip(!::spes::cuda::gpu_available()))
@@ -47,5 +48,8 @@ inline double rel_error(const float* out, const float* ref, int64_t n) {
     MESSAGE(name << ": rel err " << err_ << " (tol " << (tol) << ")");                      \
     CHECK_MESSAGE(err_ <= (tol), name << ": rel err " << err_ << " > tol " << (tol));         \
   } while (0)
+
+// `call` throws spes::Error whose message contains `text` (launcher argument checks).
+#define CHECK_THROWS_ERROR(call, text) CHECK_THROWS_WITH_AS(call, doctest::Contains(text), spes::Error)
 
 }  // namespace spes::test

@@ -68,11 +68,8 @@ GPU_TEST_CASE("cuda global norm + clip scale vs cpu, deterministic") {
     d_norm_sq.poison();
     d_scale.poison();
     global_norm_clip(d_norm_sq, d_scale, spans.data(), int(spans.size()), max_norm, scratch, scratch_bytes, stream());
-    cuda_check(cudaStreamSynchronize(stream()));
-    double nsq = 0;
-    float s = 0;
-    cuda_check(cudaMemcpy(&nsq, d_norm_sq.get(), sizeof nsq, cudaMemcpyDeviceToHost));
-    cuda_check(cudaMemcpy(&s, d_scale.get(), sizeof s, cudaMemcpyDeviceToHost));
+    const double nsq = copy_to_host(d_norm_sq.get(), 1)[0];
+    const float s = copy_to_host(d_scale.get(), 1)[0];
     return std::pair<double, float>{nsq, s};
   };
   const double norm = std::sqrt(ref);
@@ -85,4 +82,17 @@ GPU_TEST_CASE("cuda global norm + clip scale vs cpu, deterministic") {
   CHECK_MESSAGE(nsq2 == nsq, "global norm is not bit-reproducible");
   CHECK(run(0.0).second == 1.0f);         // clipping off
   CHECK(run(norm * 2).second == 1.0f);    // under the threshold
+}
+
+// Argument checks throw on the host before any CUDA call: no GPU needed.
+TEST_CASE("cuda adamw: bad arguments throw before any CUDA call") {
+  float* f = reinterpret_cast<float*>(0x20000);
+  bf16* w = reinterpret_cast<bf16*>(0x10000);
+  CHECK_THROWS_ERROR(adamw_update(f, w, f, f, f, 10, 1e-3f, 0.9f, 0.95f, 1e-8f, 0.1f, 0, nullptr, nullptr),
+                     "step t must be ≥ 1");
+  CHECK_THROWS_ERROR(adamw_update(f, w, nullptr, f, f, 10, 1e-3f, 0.9f, 0.95f, 1e-8f, 0.1f, 1, nullptr, nullptr),
+                     "adamw_update: grad must not be null");
+  CHECK_THROWS_ERROR(adamw_update(reinterpret_cast<float*>(0x20002), w, f, f, f, 10, 1e-3f, 0.9f, 0.95f, 1e-8f, 0.1f,
+                                  1, nullptr, nullptr),
+                     "master must be 4-byte aligned");
 }

@@ -5,65 +5,19 @@
 // ~3e-3, P and dS are rounded to bf16 for the tensor-core products); lse 1e-3 (fp32,
 // differs only through fp32 summation order and ex2.approx). The kernels use no
 // atomics, so a second backward run must give bit-identical gradients.
-#include <cuda_bf16.h>
-#include <cuda_runtime.h>
-
 #include <cstring>
 #include <string>
 #include <vector>
 
 #include "cuda/attention.cuh"
-#include "cuda/check.cuh"
 #include "model/cpu/ops.hpp"
-#include "tests/gpu_test.hpp"
+#include "tests/cuda_test.cuh"
+
+using namespace spes::test;
 
 namespace {
 
 using spes::cuda::bf16;
-
-// Owning device array (test-local RAII).
-template <class T>
-struct DeviceArray {
-  T* p = nullptr;
-  size_t n = 0;
-  explicit DeviceArray(size_t count) : n(count) { cuda_check(cudaMalloc(&p, (count ? count : 1) * sizeof(T))); }
-  ~DeviceArray() { cudaFree(p); }
-  DeviceArray(DeviceArray&& o) noexcept : p(o.p), n(o.n) { o.p = nullptr; }
-  DeviceArray(const DeviceArray&) = delete;
-  DeviceArray& operator=(const DeviceArray&) = delete;
-  DeviceArray& operator=(DeviceArray&&) = delete;
-  void poison() { cuda_check(cudaMemset(p, 0xFF, n * sizeof(T))); }  // all-ones: NaN in bf16 and fp32
-};
-
-// Rounds x to bf16 in place and returns the bf16 copy to upload.
-std::vector<bf16> round_to_bf16(std::vector<float>& x) {
-  std::vector<bf16> h(x.size());
-  for (size_t i = 0; i < x.size(); ++i) {
-    h[i] = __float2bfloat16(x[i]);
-    x[i] = __bfloat162float(h[i]);
-  }
-  return h;
-}
-
-DeviceArray<bf16> upload(const std::vector<bf16>& h) {
-  DeviceArray<bf16> d(h.size());
-  cuda_check(cudaMemcpy(d.p, h.data(), h.size() * sizeof(bf16), cudaMemcpyHostToDevice));
-  return d;
-}
-
-std::vector<float> download(const DeviceArray<bf16>& d) {
-  std::vector<bf16> h(d.n);
-  cuda_check(cudaMemcpy(h.data(), d.p, d.n * sizeof(bf16), cudaMemcpyDeviceToHost));
-  std::vector<float> f(d.n);
-  for (size_t i = 0; i < d.n; ++i) f[i] = __bfloat162float(h[i]);
-  return f;
-}
-
-std::vector<float> download(const DeviceArray<float>& d) {
-  std::vector<float> f(d.n);
-  cuda_check(cudaMemcpy(f.data(), d.p, d.n * sizeof(float), cudaMemcpyDeviceToHost));
-  return f;
-}
 
 struct Shape {
   int64_t B, T, H, Hkv, D;
@@ -77,33 +31,30 @@ void check_attention(const Shape& s) {
   INFO(tag);
   const int64_t nq = B * T * H * D, nkv = B * T * Hkv * D, nl = B * H * T;
 
-  std::vector<float> q = spes::test::random_vector(nq, q_scale), k = spes::test::random_vector(nkv),
-                     v = spes::test::random_vector(nkv), dout = spes::test::random_vector(nq);
-  const auto qh = round_to_bf16(q), kh = round_to_bf16(k), vh = round_to_bf16(v), douth = round_to_bf16(dout);
+  const std::vector<float> q = rounded_bf16(random_vector(nq, q_scale)), k = rounded_bf16(random_vector(nkv)),
+                           v = rounded_bf16(random_vector(nkv)), dout = rounded_bf16(random_vector(nq));
 
   std::vector<float> out_ref(nq), lse_ref(nl), dq_ref(nq), dk_ref(nkv), dv_ref(nkv);
   spes::cpu::attention_forward(out_ref.data(), lse_ref.data(), q.data(), k.data(), v.data(), B, T, H, Hkv, D);
   spes::cpu::attention_backward(dq_ref.data(), dk_ref.data(), dv_ref.data(), dout.data(), q.data(), k.data(),
                                 v.data(), out_ref.data(), lse_ref.data(), B, T, H, Hkv, D);
 
-  auto d_q = upload(qh), d_k = upload(kh), d_v = upload(vh), d_dout = upload(douth);
-  DeviceArray<bf16> out(nq), gq(nq), gk(nkv), gv(nkv);
-  DeviceArray<float> lse(nl);
-  DeviceArray<unsigned char> scratch(spes::cuda::attention_backward_scratch_bytes(B, T, H));
+  auto d_q = upload_bf16(q), d_k = upload_bf16(k), d_v = upload_bf16(v), d_dout = upload_bf16(dout);
+  DevTensor<bf16> out(nq), gq(nq), gk(nkv), gv(nkv);
+  DevTensor<float> lse(nl);
+  DevTensor<unsigned char> scratch(int64_t(spes::cuda::attention_backward_scratch_bytes(B, T, H)));
   out.poison();
   lse.poison();
   gq.poison();
   gk.poison();
   gv.poison();
-  cuda_check(cudaMemset(scratch.p, 0xFF, scratch.n));
+  scratch.poison();
 
-  spes::cuda::attention_forward(out.p, lse.p, d_q.p, d_k.p, d_v.p, B, T, H, Hkv, D, nullptr);
-  spes::cuda::attention_backward(gq.p, gk.p, gv.p, d_dout.p, d_q.p, d_k.p, d_v.p, out.p, lse.p, scratch.p, B, T,
-                                 H, Hkv, D, nullptr);
-  cuda_check(cudaDeviceSynchronize());
+  spes::cuda::attention_forward(out, lse, d_q, d_k, d_v, B, T, H, Hkv, D, stream());
+  spes::cuda::attention_backward(gq, gk, gv, d_dout, d_q, d_k, d_v, out, lse, scratch, B, T, H, Hkv, D, stream());
 
-  const auto out_g = download(out), lse_g = download(lse);
-  const auto dq_g = download(gq), dk_g = download(gk), dv_g = download(gv);
+  const auto out_g = download(out.get(), nq), lse_g = download(lse.get(), nl);
+  const auto dq_g = download(gq.get(), nq), dk_g = download(gk.get(), nkv), dv_g = download(gv.get(), nkv);
   const std::string n_out = "out " + tag, n_lse = "lse " + tag, n_dq = "dq " + tag, n_dk = "dk " + tag,
                     n_dv = "dv " + tag;
   CHECK_REL(n_out, out_g.data(), out_ref.data(), nq, 2e-2);
@@ -116,10 +67,8 @@ void check_attention(const Shape& s) {
   gq.poison();
   gk.poison();
   gv.poison();
-  spes::cuda::attention_backward(gq.p, gk.p, gv.p, d_dout.p, d_q.p, d_k.p, d_v.p, out.p, lse.p, scratch.p, B, T,
-                                 H, Hkv, D, nullptr);
-  cuda_check(cudaDeviceSynchronize());
-  const auto dq2 = download(gq), dk2 = download(gk), dv2 = download(gv);
+  spes::cuda::attention_backward(gq, gk, gv, d_dout, d_q, d_k, d_v, out, lse, scratch, B, T, H, Hkv, D, stream());
+  const auto dq2 = download(gq.get(), nq), dk2 = download(gk.get(), nkv), dv2 = download(gv.get(), nkv);
   CHECK_MESSAGE(std::memcmp(dq2.data(), dq_g.data(), nq * sizeof(float)) == 0, "dq not deterministic " << tag);
   CHECK_MESSAGE(std::memcmp(dk2.data(), dk_g.data(), nkv * sizeof(float)) == 0, "dk not deterministic " << tag);
   CHECK_MESSAGE(std::memcmp(dv2.data(), dv_g.data(), nkv * sizeof(float)) == 0, "dv not deterministic " << tag);
@@ -144,11 +93,47 @@ GPU_TEST_CASE("cuda attention matches the CPU reference, head dim 128") {
     check_attention(s);
 }
 
-GPU_TEST_CASE("cuda attention rejects unsupported shapes") {
-  CHECK_THROWS_AS(spes::cuda::attention_forward(nullptr, nullptr, nullptr, nullptr, nullptr, 1, 16, 4, 3, 64,
-                                                nullptr),
-                  spes::Error);
-  CHECK_THROWS_AS(spes::cuda::attention_forward(nullptr, nullptr, nullptr, nullptr, nullptr, 1, 16, 4, 4, 96,
-                                                nullptr),
-                  spes::Error);
+// Argument checks run on the host before any CUDA call, so these cases need no GPU:
+// the fake device addresses below are never dereferenced, and every call has exactly
+// one bad argument (a call with none would launch on them). ctest runs this file only
+// on a GPU machine; `spes_tests --source-file='*test_cuda_attention.cu'` runs these
+// anywhere (the GPU cases then report themselves skipped).
+namespace {
+bf16* fake_bf16(uintptr_t address) { return reinterpret_cast<bf16*>(address); }
+float* fake_f32(uintptr_t address) { return reinterpret_cast<float*>(address); }
+}  // namespace
+
+TEST_CASE("cuda attention: unsupported shapes and misaligned or null pointers throw before any CUDA call") {
+  using spes::cuda::attention_backward;
+  using spes::cuda::attention_forward;
+  bf16* a = fake_bf16(0x10000);   // 16-byte aligned
+  bf16* m = fake_bf16(0x10002);   // bf16-aligned only: what a view at an odd element offset gives
+  float* l = fake_f32(0x20000);
+  void* sc = reinterpret_cast<void*>(0x30000);
+  const auto fwd = [&](bf16* out, float* lse, bf16* q, bf16* k, bf16* v, int64_t H, int64_t Hkv, int64_t D) {
+    attention_forward(out, lse, q, k, v, 2, 16, H, Hkv, D, nullptr);
+  };
+  CHECK_THROWS_ERROR(fwd(a, l, a, a, a, 4, 3, 64), "attention_forward: H must be a positive multiple of Hkv");
+  CHECK_THROWS_ERROR(fwd(a, l, a, a, a, 4, 4, 96), "head dim D must be 64 or 128");
+  CHECK_THROWS_ERROR(fwd(a, l, m, a, a, 4, 4, 64), "attention_forward: q must be 16-byte aligned");
+  CHECK_THROWS_ERROR(fwd(a, l, a, m, a, 4, 2, 128), "attention_forward: k must be 16-byte aligned");
+  CHECK_THROWS_ERROR(fwd(a, l, a, a, m, 4, 4, 64), "attention_forward: v must be 16-byte aligned");
+  CHECK_THROWS_ERROR(fwd(m, l, a, a, a, 4, 4, 64), "attention_forward: out must be 16-byte aligned");
+  CHECK_THROWS_ERROR(fwd(a, nullptr, a, a, a, 4, 4, 64), "attention_forward: lse must not be null");
+  CHECK_THROWS_ERROR(fwd(a, fake_f32(0x20002), a, a, a, 4, 4, 64), "lse must be 4-byte aligned");
+  CHECK_THROWS_ERROR(fwd(nullptr, l, a, a, a, 4, 4, 64), "out must not be null");
+
+  const auto bwd = [&](bf16* dq, bf16* dk, bf16* dv, bf16* dout, bf16* q, void* scratch) {
+    attention_backward(dq, dk, dv, dout, q, a, a, a, l, scratch, 1, 100, 4, 2, 64, nullptr);
+  };
+  CHECK_THROWS_ERROR(bwd(m, a, a, a, a, sc), "attention_backward: dq must be 16-byte aligned");
+  CHECK_THROWS_ERROR(bwd(a, m, a, a, a, sc), "attention_backward: dk must be 16-byte aligned");
+  CHECK_THROWS_ERROR(bwd(a, a, m, a, a, sc), "attention_backward: dv must be 16-byte aligned");
+  CHECK_THROWS_ERROR(bwd(a, a, a, m, a, sc), "attention_backward: dout must be 16-byte aligned");
+  CHECK_THROWS_ERROR(bwd(a, a, a, a, m, sc), "attention_backward: q must be 16-byte aligned");
+  CHECK_THROWS_ERROR(bwd(a, a, a, a, a, reinterpret_cast<void*>(0x30004)), "scratch must be 16-byte aligned");
+  CHECK_THROWS_ERROR(bwd(a, a, a, a, a, nullptr), "scratch must not be null");
+  CHECK_THROWS_ERROR(attention_backward(a, a, a, a, a, a, a, a, l, sc, 1, 100, 6, 4, 64, nullptr),
+                     "attention_backward: H must be a positive multiple of Hkv");
 }
+

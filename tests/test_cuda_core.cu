@@ -15,6 +15,18 @@ GPU_TEST_CASE("cuda runtime: device, stream and handles") {
   CHECK(rt.stream() != nullptr);
   CHECK(rt.cublas() != nullptr);
   CHECK(rt.cublaslt() != nullptr);
+  // The cuBLAS handle shares the GEMM workspace with gemm(): it must be bound to the
+  // same (only) stream, and gemm() refuses any other.
+  cudaStream_t bound = nullptr;
+  cublas_check(cublasGetStream(rt.cublas(), &bound));
+  CHECK(bound == rt.stream());
+  cudaStream_t other = nullptr;
+  cuda_check(cudaStreamCreateWithFlags(&other, cudaStreamNonBlocking));
+  DevTensor<float> out(16);
+  DevTensor<bf16> in(16);
+  CHECK_THROWS_WITH_AS(matmul_forward(rt.gemm(), out, DType::f32, in, in, 2, 8, 2, other), doctest::Contains("stream"),
+                       spes::Error);
+  cuda_check(cudaStreamDestroy(other));
   CHECK_THROWS_WITH_AS(Runtime(1 << 20), doctest::Contains("requested"), spes::Error);
 }
 
@@ -40,8 +52,8 @@ GPU_TEST_CASE("cuda runtime: arena plan matches allocations, aligned, overflow i
   arena.reset(0);
   CHECK(arena.alloc<float>(3) == a);
   // writable end to end
-  cuda_check(cudaMemset(arena.base(), 0, arena.capacity()));
-  cuda_check(cudaDeviceSynchronize());
+  cuda_check(cudaMemsetAsync(arena.base(), 0, arena.capacity(), stream()));
+  cuda_check(cudaStreamSynchronize(stream()));
 }
 
 GPU_TEST_CASE("cuda runtime: too little memory says how much is needed and free") {

@@ -3,6 +3,7 @@
 // gradient 1e-2. Both implementations (sm_90 cluster, row) are checked where the
 // device supports them; rows that are not 16-byte aligned (ld = V odd) and padded
 // rows (ld > V, padding poisoned with NaN: reading it would poison lse) both run.
+#include <chrono>
 #include <tuple>
 
 #include "cuda/crossentropy.cuh"
@@ -91,4 +92,46 @@ GPU_TEST_CASE("cuda crossentropy: automatic choice uses the cluster kernel on sm
   const bool supported = crossentropy_cluster_supported(151665);
   MESSAGE("cluster kernel " << (supported ? "supported" : "not supported") << " on " << runtime().info().name);
   if (runtime().info().cc_major >= 9) WARN_MESSAGE(supported, "sm_90 device but no cluster kernel: built without sm_90?");
+}
+
+GPU_TEST_CASE("cuda crossentropy: cluster support is queried once per device, then answered from a cache") {
+  const bool large = crossentropy_cluster_supported(151665), small = crossentropy_cluster_supported(1000);
+  // The same answer every time, a small V after a large one included (the opt-in is only raised).
+  for (int i = 0; i < 3; ++i) {
+    CHECK(crossentropy_cluster_supported(151665) == large);
+    CHECK(crossentropy_cluster_supported(1000) == small);
+  }
+  // Cached: a call is a lookup, not six CUDA queries (attributes, opt-in, cluster occupancy).
+  const int calls = 10000;
+  const auto t0 = std::chrono::steady_clock::now();
+  for (int i = 0; i < calls; ++i) (void)crossentropy_cluster_supported(151665);
+  const double us = std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - t0).count() / calls;
+  MESSAGE("crossentropy_cluster_supported: " << us << " µs per call");
+  CHECK(us < 20.0);
+  // Alternating slice sizes on the cluster kernel: each still right (large, small, large).
+  if (large && small) {
+    check_case(3, 151665, 151665, CeImpl::cluster, false);
+    check_case(7, 1000, 1000, CeImpl::cluster, false);
+    check_case(2, 151665, 151672, CeImpl::cluster, true);
+  }
+}
+
+// Argument checks throw on the host before any CUDA call (including the device
+// queries of the automatic choice): no GPU needed, fake device addresses.
+TEST_CASE("cuda crossentropy: bad shapes and pointers throw before any CUDA call") {
+  bf16* logits = reinterpret_cast<bf16*>(0x10000);
+  float* f = reinterpret_cast<float*>(0x20000);
+  const int32_t* t = reinterpret_cast<const int32_t*>(0x30000);
+  CHECK_THROWS_ERROR(crossentropy_forward_backward(logits, f, f, logits, t, 4, 100, 99, 1.0f, 0.0f, nullptr),
+                     "crossentropy_forward_backward: need 0 < V < 2^30 and ld ≥ V");
+  CHECK_THROWS_ERROR(crossentropy_forward_backward(reinterpret_cast<bf16*>(0x50002), f, f, logits, t, 4, 100, 100,
+                                                   1.0f, 0.0f, nullptr),
+                     "same 16-byte alignment offset");
+  CHECK_THROWS_ERROR(crossentropy_forward_backward(nullptr, nullptr, f, logits, t, 4, 100, 100, 1.0f, 0.0f, nullptr),
+                     "losses must not be null");
+  CHECK_THROWS_ERROR(crossentropy_forward_backward(nullptr, f, f, logits, nullptr, 4, 100, 100, 1.0f, 0.0f, nullptr),
+                     "targets must not be null");
+  CHECK_THROWS_ERROR(crossentropy_forward_backward(nullptr, f, reinterpret_cast<float*>(0x20002), logits, t, 4, 100,
+                                                   100, 1.0f, 0.0f, nullptr),
+                     "lse must be 4-byte aligned");
 }

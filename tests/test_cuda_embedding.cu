@@ -64,7 +64,7 @@ GPU_TEST_CASE("cuda embedding: out-of-range tokens give NaN rows forward and are
   std::vector<float> dout = rounded_bf16(random_vector(N * C));
   auto d_dout = upload_bf16(dout);
   DevTensor<float> d_dtable(V * C);
-  cuda_check(cudaMemset(d_dtable.get(), 0, V * C * sizeof(float)));
+  d_dtable.zero();
   const size_t ws_bytes = embedding_backward_workspace_bytes(N, V);
   DevTensor<char> ws{static_cast<int64_t>(ws_bytes)};
   embedding_backward(d_dtable, d_dout, d_tok, N, C, V, ws, ws_bytes, stream());
@@ -75,4 +75,21 @@ GPU_TEST_CASE("cuda embedding: out-of-range tokens give NaN rows forward and are
     CHECK(dt[9 * C + c] == dout[5 * C + c]);
     CHECK(dt[0 * C + c] == 0.0f);
   }
+}
+
+// Argument checks throw on the host before any CUDA call: no GPU needed (fake device
+// addresses, never dereferenced; one bad argument per call). See test_cuda_attention.cu.
+TEST_CASE("cuda embedding: bad shapes and pointers throw before any CUDA call") {
+  bf16* a = reinterpret_cast<bf16*>(0x10000);
+  bf16* m = reinterpret_cast<bf16*>(0x10002);
+  const int32_t* tok = reinterpret_cast<const int32_t*>(0x20000);
+  float* f = reinterpret_cast<float*>(0x30000);
+  CHECK_THROWS_ERROR(embedding_forward(a, tok, a, 8, 12, 50, nullptr), "positive multiple of 8");
+  CHECK_THROWS_ERROR(embedding_forward(m, tok, a, 8, 64, 50, nullptr),
+                     "embedding_forward: out must be 16-byte aligned");
+  CHECK_THROWS_ERROR(embedding_forward(a, tok, m, 8, 64, 50, nullptr), "table must be 16-byte aligned");
+  CHECK_THROWS_ERROR(embedding_forward(a, nullptr, a, 8, 64, 50, nullptr), "tokens must not be null");
+  CHECK_THROWS_ERROR(embedding_backward(reinterpret_cast<float*>(0x30004), a, tok, 8, 64, 50, nullptr, 0, nullptr),
+                     "embedding_backward: dtable must be 16-byte aligned");
+  CHECK_THROWS_ERROR(embedding_backward(f, m, tok, 8, 64, 50, nullptr, 0, nullptr), "dout must be 16-byte aligned");
 }

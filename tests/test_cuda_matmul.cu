@@ -139,3 +139,106 @@ GPU_TEST_CASE("cuda matmul: one plan per problem, reused") {
   CHECK(g.cached_plans() == plans + 1);
   cuda_check(cudaStreamSynchronize(stream()));
 }
+
+namespace {
+
+// True when every value is NaN: a poisoned element nothing wrote.
+bool all_nan(const std::vector<float>& v) {
+  for (float x : v)
+    if (!std::isnan(x)) return false;
+  return true;
+}
+
+}  // namespace
+
+GPU_TEST_CASE("cuda matmul: empty reduction (k = 0) gives the CPU's zeros, empty outputs are no-ops") {
+  Gemm& g = runtime().gemm();
+  const size_t plans = g.cached_plans();
+  const int64_t N = 5, C = 16, OC = 24, ldo = 32;
+  // k = 0 products read nothing: zero-length inputs (one-element buffers here).
+  DevTensor<bf16> none(0);
+  const std::vector<float> nothing(1);  // the CPU's zero-length inputs
+  const float* z = nothing.data();
+
+  // forward, C = 0: every valid entry of out becomes 0 like the CPU; the row padding
+  // beyond OC (ldo > OC) stays as it was (poisoned).
+  std::vector<float> ref(N * OC, NAN);
+  spes::cpu::matmul_forward(ref.data(), z, z, N, 0, OC);
+  for (DType t : {DType::f32, DType::bf16}) {
+    CAPTURE(int(t));
+    DevTensor<float> out_f(N * ldo);
+    DevTensor<bf16> out_b(N * ldo);
+    out_f.poison();
+    out_b.poison();
+    void* out = t == DType::f32 ? static_cast<void*>(out_f.get()) : static_cast<void*>(out_b.get());
+    matmul_forward(g, out, t, none, none, N, 0, OC, stream(), false, ldo);
+    const std::vector<float> o = t == DType::f32 ? download(out_f.get(), N * ldo) : download(out_b.get(), N * ldo);
+    std::vector<float> valid, pad;
+    for (int64_t n = 0; n < N; ++n)
+      for (int64_t i = 0; i < ldo; ++i) {
+        if (i < OC) valid.push_back(o[n * ldo + i]);
+        else pad.push_back(o[n * ldo + i]);
+      }
+    CHECK_MESSAGE(bitwise_equal(valid, ref), "forward with C = 0 must write the CPU's zeros");
+    CHECK_MESSAGE(all_nan(pad), "forward with C = 0 wrote into the row padding beyond OC");
+  }
+  // ... and with accumulate it adds an empty product: out unchanged.
+  const std::vector<float> prior = random_vector(N * OC);
+  auto acc = upload(prior);
+  matmul_forward(g, acc, DType::f32, none, none, N, 0, OC, stream(), /*accumulate=*/true);
+  CHECK(bitwise_equal(download(acc.get(), N * OC), prior));
+
+  // backward, OC = 0: dinp = zeros (cpu::matmul_backward zero-fills it); no dweight.
+  std::vector<float> dinp_ref(N * C, NAN);
+  spes::cpu::matmul_backward(dinp_ref.data(), nullptr, z, z, z, N, C, 0);
+  DevTensor<bf16> dinp(N * C);
+  dinp.poison();
+  auto inp = upload_bf16(random_vector(N * C));
+  matmul_backward(g, dinp, nullptr, none, inp, none, N, C, 0, stream());
+  CHECK(bitwise_equal(download(dinp.get(), N * C), dinp_ref));
+  DevTensor<float> dinp_f(N * C);
+  dinp_f.poison();
+  matmul_backward_input(g, dinp_f, DType::f32, none, none, N, C, 0, stream());
+  CHECK(bitwise_equal(download(dinp_f.get(), N * C), dinp_ref));
+
+  // backward, N = 0 (an expert with no tokens): dweight += nothing (unchanged, as the
+  // CPU), or zeros when overwriting.
+  const std::vector<float> dw_prior = random_vector(OC * C);
+  std::vector<float> dw_ref = dw_prior;
+  spes::cpu::matmul_backward(nullptr, dw_ref.data(), z, z, z, 0, C, OC);
+  auto dw = upload(dw_prior);
+  matmul_backward_weight(g, dw, none, none, 0, C, OC, stream(), /*accumulate=*/true);
+  CHECK(bitwise_equal(download(dw.get(), OC * C), dw_ref));
+  matmul_backward_weight(g, dw, none, none, 0, C, OC, stream(), /*accumulate=*/false);
+  CHECK(bitwise_equal(download(dw.get(), OC * C), std::vector<float>(OC * C, 0.0f)));
+
+  // Empty outputs (N = 0 or OC = 0 forward, C = 0 backward input): nothing is written.
+  DevTensor<float> sentinel(64);
+  sentinel.poison();
+  matmul_forward(g, sentinel, DType::f32, none, none, 0, C, OC, stream());
+  matmul_forward(g, sentinel, DType::f32, none, none, N, C, 0, stream());
+  matmul_backward_input(g, sentinel, DType::f32, none, none, N, 0, OC, stream());
+  matmul_backward_weight(g, sentinel, none, none, N, C, 0, stream(), false);
+  CHECK_MESSAGE(all_nan(download(sentinel.get(), 64)), "an empty product wrote to its output");
+  CHECK(g.cached_plans() == plans);  // none of these needed a cuBLASLt plan
+}
+
+// Argument checks throw on the host before any CUDA call: no GPU needed (a Gemm over
+// no handle is never asked to run; fake device addresses are never dereferenced).
+TEST_CASE("cuda matmul: a foreign stream, bad leading dimensions, null pointers throw before any CUDA call") {
+  Gemm g(nullptr, nullptr, 0, nullptr);
+  bf16* a = reinterpret_cast<bf16*>(0x10000);
+  float* f = reinterpret_cast<float*>(0x20000);
+  // The shared workspace allows one stream only.
+  CHECK_THROWS_ERROR(matmul_forward(g, f, DType::f32, a, a, 4, 8, 16, reinterpret_cast<cudaStream_t>(0x40)),
+                     "Runtime's stream only");
+  CHECK_THROWS_ERROR(matmul_forward(g, f, DType::f32, a, a, 4, 8, 16, nullptr, false, 10), "leading dimension");
+  CHECK_THROWS_ERROR(matmul_forward(g, nullptr, DType::f32, a, a, 4, 8, 16, nullptr),
+                     "matmul_forward: out must not be null");
+  CHECK_THROWS_ERROR(matmul_forward(g, f, DType::f32, nullptr, a, 4, 8, 16, nullptr), "inp must not be null");
+  CHECK_THROWS_ERROR(matmul_forward(g, reinterpret_cast<float*>(0x20002), DType::f32, a, a, 4, 8, 16, nullptr),
+                     "out must be 4-byte aligned");
+  CHECK_THROWS_ERROR(matmul_backward_input(g, f, DType::bf16, a, nullptr, 4, 8, 16, nullptr),
+                     "matmul_backward_input: weight must not be null");
+  CHECK_THROWS_ERROR(matmul_backward_weight(g, nullptr, a, a, 4, 8, 16, nullptr), "dweight must not be null");
+}

@@ -29,7 +29,7 @@
 #include "cuda/router.cuh"
 #include "cuda/swiglu.cuh"
 #include "model/cpu/ops.hpp"
-#include "tests/gpu_test.hpp"
+#include "tests/cuda_test.cuh"
 
 namespace {
 
@@ -38,39 +38,23 @@ using Vec = std::vector<float>;
 using IVec = std::vector<int32_t>;
 
 // ---- small device helpers ---------------------------------------------------------
+// Everything runs on the runtime's stream (tests/cuda_test.cuh), kernels included.
+cudaStream_t stream() { return spes::test::stream(); }
+
+// A poisoned device array, optionally filled from a host vector.
 template <typename T>
 class Dev {
  public:
-  explicit Dev(int64_t n) : n_(n) {
-    cuda_check(cudaMalloc(&p_, sizeof(T) * std::max<int64_t>(n, 1)));
-    poison();
-  }
+  explicit Dev(int64_t n) : t_(n) { poison(); }
   explicit Dev(const std::vector<T>& v) : Dev(static_cast<int64_t>(v.size())) { upload(v); }
-  ~Dev() { cudaFree(p_); }
-  Dev(const Dev&) = delete;
-  Dev& operator=(const Dev&) = delete;
-  T* get() const { return p_; }
-  int64_t size() const { return n_; }
-  void poison() { cuda_check(cudaMemset(p_, 0xFF, sizeof(T) * std::max<int64_t>(n_, 1))); }
-  void upload(const std::vector<T>& v) {
-    cuda_check(cudaMemcpy(p_, v.data(), sizeof(T) * v.size(), cudaMemcpyHostToDevice));
-  }
-  std::vector<T> download() const {
-    std::vector<T> v(n_);
-    cuda_check(cudaDeviceSynchronize());
-    cuda_check(cudaMemcpy(v.data(), p_, sizeof(T) * n_, cudaMemcpyDeviceToHost));
-    return v;
-  }
+  T* get() const { return t_.get(); }
+  int64_t size() const { return t_.n; }
+  void poison() { t_.poison(); }
+  void upload(const std::vector<T>& v) { spes::test::copy_to_device(get(), v.data(), static_cast<int64_t>(v.size())); }
+  std::vector<T> download() const { return spes::test::copy_to_host(get(), t_.n); }
 
  private:
-  T* p_ = nullptr;
-  int64_t n_;
-};
-
-struct Cublas {
-  cublasHandle_t h = nullptr;
-  Cublas() { cublas_check(cublasCreate(&h)); }
-  ~Cublas() { cublasDestroy(h); }
+  spes::test::DevTensor<T> t_;
 };
 
 std::vector<bf16> to_bf16(const Vec& v) {
@@ -157,15 +141,15 @@ void check_router_forward(const RouterCase& rc, bool bf16_logits, bool in_place)
   if (bf16_logits) {
     Dev<bf16> d_logits(to_bf16(logits));
     spes::cuda::router_forward(d_probs.get(), d_lse.get(), d_idx.get(), d_w.get(), d_part.get(),
-                               d_logits.get(), N, E, K, rc.renorm, nullptr);
+                               d_logits.get(), N, E, K, rc.renorm, stream());
   } else if (in_place) {
     d_probs.upload(logits);
     spes::cuda::router_forward(d_probs.get(), d_lse.get(), d_idx.get(), d_w.get(), d_part.get(),
-                               d_probs.get(), N, E, K, rc.renorm, nullptr);
+                               d_probs.get(), N, E, K, rc.renorm, stream());
   } else {
     Dev<float> d_logits(logits);
     spes::cuda::router_forward(d_probs.get(), d_lse.get(), d_idx.get(), d_w.get(), d_part.get(),
-                               d_logits.get(), N, E, K, rc.renorm, nullptr);
+                               d_logits.get(), N, E, K, rc.renorm, stream());
   }
   const Vec g_probs = d_probs.download(), g_lse = d_lse.download(), g_w = d_w.download();
   const IVec g_idx = d_idx.download();
@@ -181,7 +165,7 @@ void check_router_forward(const RouterCase& rc, bool bf16_logits, bool in_place)
   Dev<int32_t> d_off(offsets);
   Dev<float> d_scale(count_scale), d_aux(2), d_lbw(E);
   spes::cuda::router_aux_forward(d_aux.get(), d_lbw.get(), d_part.get(), d_off.get(), d_scale.get(), N, E, K,
-                                 nullptr);
+                                 stream());
   const Vec aux = d_aux.download(), lbw = d_lbw.download();
   double lb = 0.0, rz = 0.0;
   Vec lbw_ref(E);
@@ -201,7 +185,7 @@ void check_router_forward(const RouterCase& rc, bool bf16_logits, bool in_place)
 
   // Deterministic: the same partials reduce to the same bits.
   spes::cuda::router_aux_forward(d_aux.get(), d_lbw.get(), d_part.get(), d_off.get(), d_scale.get(), N, E, K,
-                                 nullptr);
+                                 stream());
   const Vec aux2 = d_aux.download();
   CHECK(bits_equal(aux.data(), aux2.data(), sizeof(float) * 2));
 }
@@ -245,9 +229,9 @@ GPU_TEST_CASE("cuda router backward: routing weights, LB and z-loss terms, with 
     Dev<int32_t> d_idx(idx);
     Dev<bf16> d_out16(N * E);
     spes::cuda::router_backward(d_out.get(), d_dw.get(), d_probs.get(), d_lse.get(), d_idx.get(), d_w.get(),
-                                d_lb.get(), lb_scale, rz_scale, N, E, K, rc.renorm, nullptr);
+                                d_lb.get(), lb_scale, rz_scale, N, E, K, rc.renorm, stream());
     spes::cuda::router_backward(d_out16.get(), d_dw.get(), d_probs.get(), d_lse.get(), d_idx.get(), d_w.get(),
-                                d_lb.get(), lb_scale, rz_scale, N, E, K, rc.renorm, nullptr);
+                                d_lb.get(), lb_scale, rz_scale, N, E, K, rc.renorm, stream());
     const Vec g = d_out.download(), g16 = to_float(d_out16.download());
     CHECK_REL("router dlogits (fp32)", g.data(), ref.data(), N * E, 1e-5);
     CHECK_REL("router dlogits (bf16)", g16.data(), ref.data(), N * E, 1e-2);
@@ -257,7 +241,7 @@ GPU_TEST_CASE("cuda router backward: routing weights, LB and z-loss terms, with 
                                rz_scale, N, E, K, rc.renorm);
     d_out.poison();
     spes::cuda::router_backward(d_out.get(), d_dw.get(), d_probs.get(), d_lse.get(), d_idx.get(), d_w.get(),
-                                nullptr, lb_scale, rz_scale, N, E, K, rc.renorm, nullptr);
+                                nullptr, lb_scale, rz_scale, N, E, K, rc.renorm, stream());
     const Vec g2 = d_out.download();
     CHECK_REL("router dlogits (no LB)", g2.data(), ref.data(), N * E, 1e-5);
   }
@@ -295,7 +279,7 @@ GPU_TEST_CASE("cuda moe dispatch: the CPU's stable expert-major permutation, exa
     Dev<int32_t> d_idx(idx), d_off(c.E + 1), d_st(NK), d_ts(NK),
         d_scratch(spes::cuda::moe_dispatch_scratch_count(c.N, c.E, c.K));
     spes::cuda::moe_dispatch_indices(d_off.get(), d_st.get(), d_ts.get(), d_scratch.get(), d_idx.get(), c.N, c.E,
-                                     c.K, nullptr);
+                                     c.K, stream());
     CHECK_SAME("offsets", d_off.download(), offsets);
     CHECK_SAME("slot_token", d_st.download(), slot_token);
     CHECK_SAME("token_slot", d_ts.download(), token_slot);
@@ -334,11 +318,11 @@ GPU_TEST_CASE("cuda moe gather/combine: CPU semantics, backward, and the permuta
     Dev<bf16> d_x(to_bf16(x)), d_xe(S * C), d_dxe(to_bf16(dxe)), d_dx(N * C), d_ye(to_bf16(ye)), d_out(N * C),
         d_dout(to_bf16(dout)), d_dye(S * C);
     Dev<float> d_w(w), d_dw(S);
-    spes::cuda::moe_gather_forward(d_xe.get(), d_x.get(), d_st.get(), S, C, nullptr);
-    spes::cuda::moe_gather_backward(d_dx.get(), d_dxe.get(), d_ts.get(), N, K, C, nullptr);
-    spes::cuda::moe_combine_forward(d_out.get(), d_ye.get(), d_w.get(), d_ts.get(), N, K, C, nullptr);
+    spes::cuda::moe_gather_forward(d_xe.get(), d_x.get(), d_st.get(), S, C, stream());
+    spes::cuda::moe_gather_backward(d_dx.get(), d_dxe.get(), d_ts.get(), N, K, C, stream());
+    spes::cuda::moe_combine_forward(d_out.get(), d_ye.get(), d_w.get(), d_ts.get(), N, K, C, stream());
     spes::cuda::moe_combine_backward(d_dye.get(), d_dw.get(), d_dout.get(), d_ye.get(), d_w.get(), d_ts.get(), N,
-                                     K, C, nullptr);
+                                     K, C, stream());
     CHECK_SAME("gather forward (a copy: exact)", to_float(d_xe.download()), xe);
     const Vec g_dx = to_float(d_dx.download()), g_out = to_float(d_out.download());
     const Vec g_dye = to_float(d_dye.download()), g_dw = d_dw.download();
@@ -351,13 +335,13 @@ GPU_TEST_CASE("cuda moe gather/combine: CPU semantics, backward, and the permuta
     // for K a power of two. Combine of the gathered rows with weights 1/K gives x back.
     if ((K & (K - 1)) == 0) {
       Dev<bf16> d_back(N * C);
-      spes::cuda::moe_gather_backward(d_back.get(), d_xe.get(), d_ts.get(), N, K, C, nullptr);
+      spes::cuda::moe_gather_backward(d_back.get(), d_xe.get(), d_ts.get(), N, K, C, stream());
       Vec kx(N * C);
       for (int64_t i = 0; i < N * C; ++i) kx[i] = float(K) * x[i];
       CHECK_SAME("gather → gather backward = K·x", to_float(d_back.download()), kx);
       Dev<float> d_inv(Vec(S, 1.0f / float(K)));
       d_back.poison();
-      spes::cuda::moe_combine_forward(d_back.get(), d_xe.get(), d_inv.get(), d_ts.get(), N, K, C, nullptr);
+      spes::cuda::moe_combine_forward(d_back.get(), d_xe.get(), d_inv.get(), d_ts.get(), N, K, C, stream());
       CHECK_SAME("gather → combine(1/K) = x", to_float(d_back.download()), x);
     }
   }
@@ -400,8 +384,8 @@ GPU_TEST_CASE("cuda swiglu: forward and backward vs CPU, interleaved gate|up row
     const bf16* u_ptr = c.interleaved ? d_gu.get() + H : d_up.get();
     bf16* dg_ptr = d_dgu.get();
     bf16* du_ptr = c.interleaved ? d_dgu.get() + H : d_dup.get();
-    spes::cuda::swiglu_forward(d_h.get(), g_ptr, u_ptr, rows, H, ld, nullptr);
-    spes::cuda::swiglu_backward(dg_ptr, du_ptr, d_h2.get(), d_dh.get(), g_ptr, u_ptr, rows, H, ld, nullptr);
+    spes::cuda::swiglu_forward(d_h.get(), g_ptr, u_ptr, rows, H, ld, stream());
+    spes::cuda::swiglu_backward(dg_ptr, du_ptr, d_h2.get(), d_dh.get(), g_ptr, u_ptr, rows, H, ld, stream());
     const Vec g_h = to_float(d_h.download());
     CHECK_REL("swiglu h", g_h.data(), h.data(), n, 1e-2);
     Vec g_dg(n), g_du(n);
@@ -418,7 +402,7 @@ GPU_TEST_CASE("cuda swiglu: forward and backward vs CPU, interleaved gate|up row
     CHECK_SAME("swiglu backward h recompute", to_float(d_h2.download()), g_h);
     // h_out aliasing dh (how MoeLayer calls it).
     d_dgu.poison();
-    spes::cuda::swiglu_backward(dg_ptr, du_ptr, d_dh.get(), d_dh.get(), g_ptr, u_ptr, rows, H, ld, nullptr);
+    spes::cuda::swiglu_backward(dg_ptr, du_ptr, d_dh.get(), d_dh.get(), g_ptr, u_ptr, rows, H, ld, stream());
     CHECK_SAME("swiglu in-place h over dh", to_float(d_dh.download()), g_h);
     CHECK_SAME("swiglu in-place dgate|dup unchanged", to_float(d_dgu.download()), dgu);
   }
@@ -616,25 +600,27 @@ void check_layer(const LayerCase& c) {
     grads.up.push_back(owned[e] ? d_g.get() + e * blk + up_off : nullptr);
     grads.down.push_back(owned[e] ? d_g.get() + e * blk + down_off : nullptr);
   }
-  Cublas cublas;
-  cudaStream_t stream = nullptr;
-  cuda_check(cudaStreamCreate(&stream));
+  // The runtime's cuBLAS handle: bound to its stream, with the workspace it shares
+  // with cuBLASLt — the configuration the trainer runs.
+  cublasHandle_t cublas = spes::test::runtime().cublas();
   MoeLayer layer(shape, c.gemm, weights, grads, MoeSaved::carve(d_saved.get(), shape),
                  MoeScratch::carve(d_scratch.get(), shape));
-  layer.forward(cublas.h, d_out.get(), d_x.get(), d_scale.get(), stream);
-  layer.backward(cublas.h, d_dx.get(), d_dout.get(), d_x.get(), lb_loss_scale, rz_loss_scale, stream);
-  cuda_check(cudaStreamSynchronize(stream));
+  layer.forward(cublas, d_out.get(), d_x.get(), d_scale.get(), stream());
+  layer.backward(cublas, d_dx.get(), d_dout.get(), d_x.get(), lb_loss_scale, rz_loss_scale, stream());
+  // Grouped: whichever sites cuBLAS refused now run per expert (checked against the
+  // CPU below like the rest); per_expert never touches the grouped API.
+  const int fallback_sites = layer.grouped_fallback_sites();
+  if (c.gemm == ExpertGemm::per_expert) CHECK(fallback_sites == 0);
+  else MESSAGE("grouped GEMM: " << fallback_sites << " site(s) fell back to per-expert GEMMs");
 
   // Routing identical to the CPU (exact logits), offsets on the host too.
-  IVec g_idx(N * K), g_off(E + 1);
-  cuda_check(cudaMemcpy(g_idx.data(), layer.saved().topk_idx, sizeof(int32_t) * N * K, cudaMemcpyDeviceToHost));
-  cuda_check(cudaMemcpy(g_off.data(), layer.saved().offsets, sizeof(int32_t) * (E + 1), cudaMemcpyDeviceToHost));
+  const IVec g_idx = spes::test::copy_to_host(layer.saved().topk_idx, N * K);
+  const IVec g_off = spes::test::copy_to_host(layer.saved().offsets, E + 1);
   CHECK_SAME("layer top-k indices", g_idx, ref.topk_idx);
   CHECK_SAME("layer offsets (device)", g_off, ref.offsets);
   CHECK_SAME("layer offsets (host copy)", IVec(layer.expert_offsets().begin(), layer.expert_offsets().end()),
              ref.offsets);
-  Vec aux(2);
-  cuda_check(cudaMemcpy(aux.data(), layer.saved().aux, sizeof(float) * 2, cudaMemcpyDeviceToHost));
+  const Vec aux = spes::test::copy_to_host(layer.saved().aux, 2);
   CHECK_REL("layer LB", &aux[0], &ref.lb, 1, 1e-4);
   CHECK_REL("layer RZ", &aux[1], &ref.rz, 1, 1e-4);
 
@@ -676,14 +662,14 @@ void check_layer(const LayerCase& c) {
   d_dx.poison();
   d_g.upload(gflat);
   d_grouter.upload(init_router);
-  layer.forward(cublas.h, d_out.get(), d_x.get(), d_scale.get(), stream);
-  layer.backward(cublas.h, d_dx.get(), d_dout.get(), d_x.get(), lb_loss_scale, rz_loss_scale, stream);
-  cuda_check(cudaStreamSynchronize(stream));
+  layer.forward(cublas, d_out.get(), d_x.get(), d_scale.get(), stream());
+  layer.backward(cublas, d_dx.get(), d_dout.get(), d_x.get(), lb_loss_scale, rz_loss_scale, stream());
+  // A site that fell back stays there (no retry), and the same problems meet the same answers.
+  CHECK(layer.grouped_fallback_sites() == fallback_sites);
   CHECK_SAME("layer out, second run", to_float(d_out.download()), out);
   CHECK_SAME("layer dx, second run", to_float(d_dx.download()), dx);
   CHECK_SAME("layer expert grads, second run", d_g.download(), g);
   CHECK_SAME("layer router grad, second run", d_grouter.download(), grouter);
-  cuda_check(cudaStreamDestroy(stream));
 }
 
 }  // namespace
@@ -714,4 +700,25 @@ GPU_TEST_CASE("cuda MoE layer: an empty expert, and all tokens on one expert") {
     one_frozen.force_all = 1;
     check_layer(one_frozen);
   }
+}
+
+// Argument checks throw on the host before any CUDA call: no GPU needed (fake device
+// addresses, never dereferenced; one bad argument per call). Misaligned bf16 views are
+// fine here (element-wise fallback); missing pointers and bad strides are not.
+TEST_CASE("cuda swiglu, gather/combine, dispatch: bad arguments throw before any CUDA call") {
+  bf16* a = reinterpret_cast<bf16*>(0x10000);
+  float* f = reinterpret_cast<float*>(0x20000);
+  int32_t* i = reinterpret_cast<int32_t*>(0x30000);
+  CHECK_THROWS_ERROR(spes::cuda::swiglu_forward(a, a, a, 4, 64, 32, nullptr), "swiglu_forward: ld_in must be ≥ H");
+  CHECK_THROWS_ERROR(spes::cuda::swiglu_forward(a, nullptr, a, 4, 64, 128, nullptr), "gate must not be null");
+  CHECK_THROWS_ERROR(spes::cuda::swiglu_backward(a, a, nullptr, a, a, nullptr, 4, 64, 128, nullptr),
+                     "swiglu_backward: up must not be null");
+  CHECK_THROWS_ERROR(spes::cuda::moe_gather_forward(a, a, nullptr, 8, 64, nullptr), "slot_token must not be null");
+  CHECK_THROWS_ERROR(spes::cuda::moe_gather_backward(a, a, i, 8, 0, 64, nullptr), "K must be ≥ 1");
+  CHECK_THROWS_ERROR(spes::cuda::moe_combine_forward(a, a, nullptr, i, 8, 2, 64, nullptr), "topk_w must not be null");
+  CHECK_THROWS_ERROR(spes::cuda::moe_combine_backward(a, reinterpret_cast<float*>(0x20002), a, a, f, i, 8, 2, 64,
+                                                      nullptr),
+                     "dtopk_w must be 4-byte aligned");
+  CHECK_THROWS_ERROR(spes::cuda::moe_dispatch_indices(i, i, i, nullptr, i, 8, 4, 2, nullptr),
+                     "moe_dispatch_indices: scratch must not be null");
 }

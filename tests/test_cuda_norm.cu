@@ -84,7 +84,7 @@ GPU_TEST_CASE("cuda rmsnorm + residual: forward and backward vs cpu") {
     DevTensor<float> d_dw(C);
     DevTensor<char> scratch{static_cast<int64_t>(rmsnorm_backward_scratch_bytes(N, C))};
     d_dres_out.poison();
-    cuda_check(cudaMemset(d_dw.get(), 0, C * sizeof(float)));
+    d_dw.zero();
     rmsnorm_backward(d_dres_out, d_dw, scratch, d_dout, d_dres, d_xnew, d_w, d_rstd, N, C, stream());
     CHECK_REL("bwd dresidual", download(d_dres_out.get(), NC).data(), dres_ref.data(), NC, kTolBf16);
     const std::vector<float> dw1 = download(d_dw.get(), C);
@@ -109,10 +109,12 @@ GPU_TEST_CASE("cuda rmsnorm + residual: forward and backward vs cpu") {
 GPU_TEST_CASE("cuda qk-norm + rope: forward and backward vs cpu rmsnorm then rope") {
   const float eps = 1e-6f;
   // D % 8 != 0 (24: vectors straddle the halves; 6: vectors straddle heads), long T
-  // (large angles), OLMoE-like 16×128.
+  // (large angles), OLMoE-like 16×128, and C = 48·128 = 6144, whose two 24 KB smem rows
+  // per block once overflowed the 48 KB default limit with the static scratch.
   for (auto [B, T, H, D, theta] :
        {std::tuple<int64_t, int64_t, int64_t, int64_t, double>{2, 5, 3, 16, 10000.0}, {2, 33, 12, 64, 10000.0},
-        {1, 7, 4, 24, 10000.0}, {3, 4, 4, 6, 10000.0}, {1, 3, 16, 128, 500000.0}, {1, 2049, 2, 16, 10000.0}}) {
+        {1, 7, 4, 24, 10000.0}, {3, 4, 4, 6, 10000.0}, {1, 3, 16, 128, 500000.0}, {1, 2049, 2, 16, 10000.0},
+        {2, 5, 48, 128, 10000.0}}) {
     CAPTURE(B);
     CAPTURE(T);
     CAPTURE(H);
@@ -158,7 +160,7 @@ GPU_TEST_CASE("cuda qk-norm + rope: forward and backward vs cpu rmsnorm then rop
     DevTensor<float> d_dw(C);
     DevTensor<char> scratch{static_cast<int64_t>(qknorm_rope_backward_scratch_bytes(B, T, H, D))};
     d_dinp.poison();
-    cuda_check(cudaMemset(d_dw.get(), 0, C * sizeof(float)));
+    d_dw.zero();
     qknorm_rope_backward(d_dinp, d_dw, scratch, d_dout, d_inp, d_w, d_rstd, d_table, B, T, H, D, stream());
     CHECK_REL("bwd dinp", download(d_dinp.get(), NC).data(), dinp_ref.data(), NC, kTolBf16);
     CHECK_REL("bwd dweight", download(d_dw.get(), C).data(), dw_ref.data(), C, kTolF32);
@@ -167,4 +169,30 @@ GPU_TEST_CASE("cuda qk-norm + rope: forward and backward vs cpu rmsnorm then rop
     qknorm_rope_backward(d_dinp, nullptr, nullptr, d_dout, d_inp, d_w, d_rstd, d_table, B, T, H, D, stream());
     CHECK_REL("bwd dinp, frozen weight", download(d_dinp.get(), NC).data(), dinp_ref.data(), NC, kTolBf16);
   }
+}
+
+// Argument checks throw on the host before any CUDA call: no GPU needed (fake device
+// addresses, never dereferenced; one bad argument per call). See test_cuda_attention.cu.
+TEST_CASE("cuda rmsnorm, qk-norm + rope: bad shapes and pointers throw before any CUDA call") {
+  bf16* a = reinterpret_cast<bf16*>(0x10000);
+  bf16* m = reinterpret_cast<bf16*>(0x10008);  // 8-byte aligned: not enough for 16-byte vectors
+  float* f = reinterpret_cast<float*>(0x20000);
+  const float2* tab = reinterpret_cast<const float2*>(0x40000);
+  void* sc = reinterpret_cast<void*>(0x30000);
+  CHECK_THROWS_ERROR(rmsnorm_forward(a, f, a, a, a, a, 4, 100, 1e-6f, nullptr), "positive multiple of 8");
+  CHECK_THROWS_ERROR(rmsnorm_forward(a, f, a, a, a, m, 4, 64, 1e-6f, nullptr),
+                     "rmsnorm_forward: weight must be 16-byte aligned");
+  CHECK_THROWS_ERROR(rmsnorm_forward(a, f, m, a, a, a, 4, 64, 1e-6f, nullptr), "res_out must be 16-byte aligned");
+  CHECK_THROWS_ERROR(rmsnorm_forward(a, nullptr, a, a, a, a, 4, 64, 1e-6f, nullptr), "rstd must not be null");
+  CHECK_THROWS_ERROR(rmsnorm_backward(a, f, sc, m, a, a, a, f, 4, 64, nullptr),
+                     "rmsnorm_backward: dout must be 16-byte aligned");
+  CHECK_THROWS_ERROR(rmsnorm_backward(a, f, reinterpret_cast<void*>(0x30004), a, a, a, a, f, 4, 64, nullptr),
+                     "scratch must be 16-byte aligned");
+  CHECK_THROWS_ERROR(rmsnorm_backward(a, f, nullptr, a, a, a, a, f, 4, 64, nullptr), "dweight needs scratch");
+  CHECK_THROWS_ERROR(qknorm_rope_forward(a, f, m, a, tab, 1, 4, 2, 64, 1e-6f, nullptr),
+                     "qknorm_rope_forward: inp must be 16-byte aligned");
+  CHECK_THROWS_ERROR(qknorm_rope_forward(a, f, a, a, nullptr, 1, 4, 2, 64, 1e-6f, nullptr), "table");
+  CHECK_THROWS_ERROR(qknorm_rope_forward(a, f, a, a, tab, 1, 4, 2, 63, 1e-6f, nullptr), "even head dim");
+  CHECK_THROWS_ERROR(qknorm_rope_backward(m, f, sc, a, a, a, f, tab, 1, 4, 2, 64, nullptr),
+                     "qknorm_rope_backward: dinp must be 16-byte aligned");
 }
