@@ -30,6 +30,24 @@
 
 namespace spes {
 
+KernelScratch gpu_kernel_scratch(const ModelConfig& m, int64_t micro_batch, int64_t owned) {
+  const int64_t N = micro_batch * m.seq_len, d = m.d_model, hd = m.head_dim();
+  const cuda::MoeShape shape{N, d, m.n_experts, m.top_k, m.expert_hidden, m.norm_topk_prob};
+  KernelScratch k;
+  k.moe_saved = cuda::MoeSaved::bytes(shape);
+  k.moe_scratch = cuda::MoeScratch::bytes(shape);
+  k.attention_backward = int64_t(cuda::attention_backward_scratch_bytes(micro_batch, m.seq_len, m.n_heads));
+  k.norm_backward = int64_t(std::max({cuda::rmsnorm_backward_scratch_bytes(N, d),
+                                      cuda::qknorm_rope_backward_scratch_bytes(micro_batch, m.seq_len, m.n_heads, hd),
+                                      cuda::qknorm_rope_backward_scratch_bytes(micro_batch, m.seq_len, m.n_kv_heads, hd)}));
+  k.embedding_backward = int64_t(cuda::embedding_backward_workspace_bytes(N, m.vocab_size));
+  const cuda::GradSpan span{nullptr, owned};
+  k.global_norm = int64_t(cuda::global_norm_scratch_bytes(&span, 1));
+  k.rope_table = int64_t(cuda::rope_table_bytes(m.seq_len, hd));
+  k.gemm_workspace = int64_t(cuda::kLtWorkspaceBytes);
+  return k;
+}
+
 namespace {
 
 using cuda::bf16;
@@ -47,25 +65,6 @@ Pinned<T> pinned(size_t count) {
   void* p = nullptr;
   cuda_check(cudaMallocHost(&p, std::max<size_t>(count, 1) * sizeof(T)));
   return Pinned<T>(static_cast<T*>(p));
-}
-
-// The kernels' own scratch sizes for this config on this device.
-KernelScratch kernel_scratch(const ModelConfig& m, int64_t micro_batch, int64_t owned) {
-  const int64_t N = micro_batch * m.seq_len, d = m.d_model, hd = m.head_dim();
-  const cuda::MoeShape shape{N, d, m.n_experts, m.top_k, m.expert_hidden, m.norm_topk_prob};
-  KernelScratch k;
-  k.moe_saved = cuda::MoeSaved::bytes(shape);
-  k.moe_scratch = cuda::MoeScratch::bytes(shape);
-  k.attention_backward = int64_t(cuda::attention_backward_scratch_bytes(micro_batch, m.seq_len, m.n_heads));
-  k.norm_backward = int64_t(std::max({cuda::rmsnorm_backward_scratch_bytes(N, d),
-                                      cuda::qknorm_rope_backward_scratch_bytes(micro_batch, m.seq_len, m.n_heads, hd),
-                                      cuda::qknorm_rope_backward_scratch_bytes(micro_batch, m.seq_len, m.n_kv_heads, hd)}));
-  k.embedding_backward = int64_t(cuda::embedding_backward_workspace_bytes(N, m.vocab_size));
-  const cuda::GradSpan span{nullptr, owned};
-  k.global_norm = int64_t(cuda::global_norm_scratch_bytes(&span, 1));
-  k.rope_table = int64_t(cuda::rope_table_bytes(m.seq_len, hd));
-  k.gemm_workspace = int64_t(cuda::kLtWorkspaceBytes);
-  return k;
 }
 
 // Dense bf16 tensor-core peak by device name (datasheet, dense), 0 when unknown.
@@ -102,6 +101,7 @@ class GpuBackend final : public TrainBackend {
   std::vector<MemoryLine> memory_report() const override;
   double peak_flops() const override { return peak_flops_; }
   std::string peak_flops_source() const override { return peak_source_; }
+  GpuArenaUse arena_use() const { return {int64_t(arena_.capacity()), int64_t(arena_.used())}; }
 
  private:
   // A run of owned tensors that AdamW updates in one launch: contiguous in the flat
@@ -148,7 +148,7 @@ GpuBackend::GpuBackend(const Config& cfg, const ParamLayout& layout, const Owner
   if (m.d_model % 8 || m.kv_dim() % 8)
     throw ConfigError(cfg.path + ": [model] d_model and the kv width must be multiples of 8 on the GPU");
   const int64_t owned = own_.space.size();
-  plan_ = plan_gpu_memory(m, layout_, own_, micro_batch_, kernel_scratch(m, micro_batch_, owned));
+  plan_ = plan_gpu_memory(m, layout_, own_, micro_batch_, gpu_kernel_scratch(m, micro_batch_, owned));
   const cuda::DeviceInfo& dev = rt_.info();
   const int64_t need = plan_.total();
   // The runtime's workspace is allocated already; compare the rest with what is free now.
@@ -158,7 +158,7 @@ GpuBackend::GpuBackend(const Config& cfg, const ParamLayout& layout, const Owner
   if (plan_.arena_bytes() + headroom > int64_t(free_now)) {
     int64_t fits = 0;
     for (int64_t b = micro_batch_ - 1; b >= 1 && fits == 0; --b) {
-      const GpuMemoryPlan p = plan_gpu_memory(m, layout_, own_, b, kernel_scratch(m, b, owned));
+      const GpuMemoryPlan p = plan_gpu_memory(m, layout_, own_, b, gpu_kernel_scratch(m, b, owned));
       if (p.arena_bytes() + headroom <= int64_t(free_now)) fits = b;
     }
     throw ConfigError(cfg.path + ": [train] micro_batch = " + std::to_string(micro_batch_) + " needs " +
@@ -351,6 +351,12 @@ void GpuBackend::write_moments(std::span<const float> m, std::span<const float> 
 }
 
 }  // namespace
+
+GpuArenaUse gpu_arena_use(const TrainBackend& backend) {
+  const auto* gpu = dynamic_cast<const GpuBackend*>(&backend);
+  if (!gpu) throw Error("gpu_arena_use: not a GPU backend (" + backend.describe() + ")");
+  return gpu->arena_use();
+}
 
 std::unique_ptr<TrainBackend> make_gpu_backend(const Config& cfg, const ParamLayout& layout, const Ownership& own) {
   std::string why;

@@ -6,11 +6,23 @@
 #include <string>
 
 #include "engine/backend.hpp"
+#include "model/gpu_memory.hpp"
 
 namespace spes {
 
 // Throws ConfigError when the config cannot run on this GPU (no device, a shape the
 // kernels do not support, or not enough memory — naming a micro-batch that fits).
 std::unique_ptr<TrainBackend> make_gpu_backend(const Config& cfg, const ParamLayout& layout, const Ownership& own);
+
+// The kernels' own scratch sizes on this device, as the backend plans them: its
+// buffers are plan_gpu_memory(m, layout, own, micro_batch, gpu_kernel_scratch(...)).
+KernelScratch gpu_kernel_scratch(const ModelConfig& m, int64_t micro_batch, int64_t owned);
+
+// A GpuBackend's device arena (tests, benches): the bytes of its one cudaMalloc and
+// the bytes its buffers took. Throws Error when `backend` is not a GpuBackend.
+struct GpuArenaUse {
+  int64_t capacity = 0, used = 0;
+};
+GpuArenaUse gpu_arena_use(const TrainBackend& backend);
 
 }  // namespace spes
