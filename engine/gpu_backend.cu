@@ -142,9 +142,10 @@ GpuBackend::GpuBackend(const Config& cfg, const ParamLayout& layout, const Owner
     : model_cfg_(cfg.model), loss_(cfg.train.loss), layout_(layout), own_(own), micro_batch_(cfg.train.micro_batch),
       rt_(0), stream_(rt_.stream()) {
   const ModelConfig& m = cfg.model;
-  if (m.head_dim() != 32 && m.head_dim() != 64 && m.head_dim() != 128)
+  // cuda/attention.cuh: D ∈ {64, 128}; anything else would fail at the first launch.
+  if (m.head_dim() != 64 && m.head_dim() != 128)
     throw ConfigError(cfg.path + ": [model] d_model / n_heads = " + std::to_string(m.head_dim()) +
-                      ": the GPU attention kernels support head dims 32, 64 and 128");
+                      ": the GPU attention kernels support head dims 64 and 128");
   if (m.d_model % 8 || m.kv_dim() % 8)
     throw ConfigError(cfg.path + ": [model] d_model and the kv width must be multiples of 8 on the GPU");
   const int64_t owned = own_.space.size();
