@@ -105,10 +105,10 @@ class GpuBackend final : public TrainBackend {
 
  private:
   // A run of owned tensors that AdamW updates in one launch: contiguous in the flat
-  // layout and in owned space, one weight-decay class.
+  // layout and in owned space, and (in runs_by_class_) of one decay class.
   struct AdamRun {
     int64_t flat, packed, n;
-    bool no_decay;
+    bool norm_or_embedding;
   };
   void copy_tokens(const int32_t* inputs, const int32_t* targets, int64_t tokens);
   void measure_peak();
@@ -129,7 +129,7 @@ class GpuBackend final : public TrainBackend {
   double* norm_sq_;
   void* norm_scratch_;
   int64_t staging_count_;
-  std::vector<AdamRun> runs_;
+  std::vector<AdamRun> runs_, runs_by_class_;  // every tensor decays / norms and embeddings apart
   Pinned<float> theta_;           // host θ, fp32, whole layout
   Pinned<int32_t> tokens_;        // staging for inputs and targets
   Pinned<double> host_norm_sq_;
@@ -186,17 +186,22 @@ GpuBackend::GpuBackend(const Config& cfg, const ParamLayout& layout, const Owner
   cuda_check(cudaMemsetAsync(grads_, 0, size_t(owned) * sizeof(float), stream_));
   model_ = std::make_unique<GpuModel>(model_cfg_, layout_, own_, micro_batch_, rt_, plan_, *buf_);
 
-  // AdamW runs: owned tensors merged while contiguous and of one decay class.
-  const bool decay_all = cfg.optim.decay_norms_and_embeddings;
+  // AdamW runs: owned tensors merged while contiguous — across decay classes for
+  // steps that decay every tensor, within one class for steps that exempt norms and
+  // embeddings (AdamWStep::decay_norms_and_embeddings decides per step, as on the CPU).
   for (const ParamTensor& t : layout_.tensors) {
     const int64_t g = own_.space.packed_index(t.offset);
     if (g < 0) continue;
-    const bool no_decay = !decay_all && (t.kind == ParamKind::norm || t.kind == ParamKind::embedding);
-    if (!runs_.empty() && runs_.back().flat + runs_.back().n == t.offset &&
-        runs_.back().packed + runs_.back().n == g && runs_.back().no_decay == no_decay)
-      runs_.back().n += t.numel();
-    else
-      runs_.push_back({t.offset, g, t.numel(), no_decay});
+    const bool norm_or_embedding = t.kind == ParamKind::norm || t.kind == ParamKind::embedding;
+    for (const bool by_class : {false, true}) {
+      std::vector<AdamRun>& runs = by_class ? runs_by_class_ : runs_;
+      const bool cls = by_class && norm_or_embedding;
+      if (!runs.empty() && runs.back().flat + runs.back().n == t.offset && runs.back().packed + runs.back().n == g &&
+          runs.back().norm_or_embedding == cls)
+        runs.back().n += t.numel();
+      else
+        runs.push_back({t.offset, g, t.numel(), cls});
+    }
   }
 
   theta_ = pinned<float>(size_t(layout_.total));
@@ -308,10 +313,10 @@ void GpuBackend::optimizer_step(const AdamWStep& s) {
   // The pinned scale was last read by the previous step's copy, which a sync has passed.
   *host_clip_scale_ = s.grad_scale;
   cuda_check(cudaMemcpyAsync(clip_scale_, host_clip_scale_.get(), sizeof(float), cudaMemcpyHostToDevice, stream_));
-  for (const AdamRun& r : runs_)
+  for (const AdamRun& r : s.decay_norms_and_embeddings ? runs_ : runs_by_class_)
     cuda::adamw_update(master_ + r.packed, weights_ + r.flat, grads_ + r.packed, m_ + r.packed, v_ + r.packed, r.n,
                        float(s.lr), float(s.beta1), float(s.beta2), float(s.eps),
-                       r.no_decay ? 0.0f : float(s.weight_decay), s.t, clip_scale_, stream_);
+                       r.norm_or_embedding ? 0.0f : float(s.weight_decay), s.t, clip_scale_, stream_);
 }
 
 void GpuBackend::pull_theta() {
