@@ -30,6 +30,24 @@
 
 namespace spes {
 
+KernelScratch gpu_kernel_scratch(const ModelConfig& m, int64_t micro_batch, int64_t owned) {
+  const int64_t N = micro_batch * m.seq_len, d = m.d_model, hd = m.head_dim();
+  const cuda::MoeShape shape{N, d, m.n_experts, m.top_k, m.expert_hidden, m.norm_topk_prob};
+  KernelScratch k;
+  k.moe_saved = cuda::MoeSaved::bytes(shape);
+  k.moe_scratch = cuda::MoeScratch::bytes(shape);
+  k.attention_backward = int64_t(cuda::attention_backward_scratch_bytes(micro_batch, m.seq_len, m.n_heads));
+  k.norm_backward = int64_t(std::max({cuda::rmsnorm_backward_scratch_bytes(N, d),
+                                      cuda::qknorm_rope_backward_scratch_bytes(micro_batch, m.seq_len, m.n_heads, hd),
+                                      cuda::qknorm_rope_backward_scratch_bytes(micro_batch, m.seq_len, m.n_kv_heads, hd)}));
+  k.embedding_backward = int64_t(cuda::embedding_backward_workspace_bytes(N, m.vocab_size));
+  const cuda::GradSpan span{nullptr, owned};
+  k.global_norm = int64_t(cuda::global_norm_scratch_bytes(&span, 1));
+  k.rope_table = int64_t(cuda::rope_table_bytes(m.seq_len, hd));
+  k.gemm_workspace = int64_t(cuda::kLtWorkspaceBytes);
+  return k;
+}
+
 namespace {
 
 using cuda::bf16;
@@ -47,25 +65,6 @@ Pinned<T> pinned(size_t count) {
   void* p = nullptr;
   cuda_check(cudaMallocHost(&p, std::max<size_t>(count, 1) * sizeof(T)));
   return Pinned<T>(static_cast<T*>(p));
-}
-
-// The kernels' own scratch sizes for this config on this device.
-KernelScratch kernel_scratch(const ModelConfig& m, int64_t micro_batch, int64_t owned) {
-  const int64_t N = micro_batch * m.seq_len, d = m.d_model, hd = m.head_dim();
-  const cuda::MoeShape shape{N, d, m.n_experts, m.top_k, m.expert_hidden, m.norm_topk_prob};
-  KernelScratch k;
-  k.moe_saved = cuda::MoeSaved::bytes(shape);
-  k.moe_scratch = cuda::MoeScratch::bytes(shape);
-  k.attention_backward = int64_t(cuda::attention_backward_scratch_bytes(micro_batch, m.seq_len, m.n_heads));
-  k.norm_backward = int64_t(std::max({cuda::rmsnorm_backward_scratch_bytes(N, d),
-                                      cuda::qknorm_rope_backward_scratch_bytes(micro_batch, m.seq_len, m.n_heads, hd),
-                                      cuda::qknorm_rope_backward_scratch_bytes(micro_batch, m.seq_len, m.n_kv_heads, hd)}));
-  k.embedding_backward = int64_t(cuda::embedding_backward_workspace_bytes(N, m.vocab_size));
-  const cuda::GradSpan span{nullptr, owned};
-  k.global_norm = int64_t(cuda::global_norm_scratch_bytes(&span, 1));
-  k.rope_table = int64_t(cuda::rope_table_bytes(m.seq_len, hd));
-  k.gemm_workspace = int64_t(cuda::kLtWorkspaceBytes);
-  return k;
 }
 
 // Shapes the kernels cannot run: refused before anything is allocated.
@@ -113,13 +112,14 @@ class GpuBackend final : public TrainBackend {
   std::vector<MemoryLine> memory_report() const override;
   double peak_flops() const override { return peak_flops_; }
   std::string peak_flops_source() const override { return peak_source_; }
+  GpuArenaUse arena_use() const { return {int64_t(arena_.capacity()), int64_t(arena_.used())}; }
 
  private:
   // A run of owned tensors that AdamW updates in one launch: contiguous in the flat
-  // layout and in owned space, one weight-decay class.
+  // layout and in owned space, and (in runs_by_class_) of one decay class.
   struct AdamRun {
     int64_t flat, packed, n;
-    bool no_decay;  // norms and embeddings: decayed only when decay_norms_and_embeddings
+    bool norm_or_embedding;
   };
   void copy_tokens(const int32_t* inputs, const int32_t* targets, int64_t tokens);
   void measure_peak();
@@ -140,7 +140,7 @@ class GpuBackend final : public TrainBackend {
   double* norm_sq_;
   void* norm_scratch_;
   int64_t staging_count_;
-  std::vector<AdamRun> runs_;
+  std::vector<AdamRun> runs_, runs_by_class_;  // every tensor decays / norms and embeddings apart
   Pinned<float> theta_;           // host θ, fp32, whole layout
   Pinned<int32_t> tokens_;        // staging for inputs and targets
   Pinned<double> host_norm_sq_;
@@ -155,7 +155,7 @@ GpuBackend::GpuBackend(const Config& cfg, const ParamLayout& layout, const Owner
   const ModelConfig& m = cfg.model;
   check_gpu_shape(cfg);
   const int64_t owned = own_.space.size();
-  plan_ = plan_gpu_memory(m, layout_, own_, micro_batch_, kernel_scratch(m, micro_batch_, owned));
+  plan_ = plan_gpu_memory(m, layout_, own_, micro_batch_, gpu_kernel_scratch(m, micro_batch_, owned));
   const cuda::DeviceInfo& dev = rt_.info();
   const int64_t need = plan_.total();
   // The runtime's workspace is allocated already; compare the rest with what is free now.
@@ -166,7 +166,7 @@ GpuBackend::GpuBackend(const Config& cfg, const ParamLayout& layout, const Owner
     int64_t fits = 0;  // the largest micro-batch that fits and divides global_batch
     for (int64_t b = micro_batch_ - 1; b >= 1 && fits == 0; --b) {
       if (cfg.train.global_batch % b) continue;
-      const GpuMemoryPlan p = plan_gpu_memory(m, layout_, own_, b, kernel_scratch(m, b, owned));
+      const GpuMemoryPlan p = plan_gpu_memory(m, layout_, own_, b, gpu_kernel_scratch(m, b, owned));
       if (p.arena_bytes() + headroom <= int64_t(free_now)) fits = b;
     }
     throw ConfigError(cfg.path + ": [train] micro_batch = " + std::to_string(micro_batch_) + " needs " +
@@ -193,17 +193,22 @@ GpuBackend::GpuBackend(const Config& cfg, const ParamLayout& layout, const Owner
   cuda_check(cudaMemsetAsync(grads_, 0, size_t(owned) * sizeof(float), stream_));
   model_ = std::make_unique<GpuModel>(model_cfg_, layout_, own_, micro_batch_, rt_, plan_, *buf_);
 
-  // AdamW runs: owned tensors merged while contiguous and of one decay class (norms
-  // and embeddings form their own class: optimizer_step decides whether it decays).
+  // AdamW runs: owned tensors merged while contiguous — across decay classes for
+  // steps that decay every tensor, within one class for steps that exempt norms and
+  // embeddings (AdamWStep::decay_norms_and_embeddings decides per step, as on the CPU).
   for (const ParamTensor& t : layout_.tensors) {
     const int64_t g = own_.space.packed_index(t.offset);
     if (g < 0) continue;
-    const bool no_decay = t.kind == ParamKind::norm || t.kind == ParamKind::embedding;
-    if (!runs_.empty() && runs_.back().flat + runs_.back().n == t.offset &&
-        runs_.back().packed + runs_.back().n == g && runs_.back().no_decay == no_decay)
-      runs_.back().n += t.numel();
-    else
-      runs_.push_back({t.offset, g, t.numel(), no_decay});
+    const bool norm_or_embedding = t.kind == ParamKind::norm || t.kind == ParamKind::embedding;
+    for (const bool by_class : {false, true}) {
+      std::vector<AdamRun>& runs = by_class ? runs_by_class_ : runs_;
+      const bool cls = by_class && norm_or_embedding;
+      if (!runs.empty() && runs.back().flat + runs.back().n == t.offset && runs.back().packed + runs.back().n == g &&
+          runs.back().norm_or_embedding == cls)
+        runs.back().n += t.numel();
+      else
+        runs.push_back({t.offset, g, t.numel(), cls});
+    }
   }
 
   theta_ = pinned<float>(size_t(layout_.total));
@@ -315,11 +320,10 @@ void GpuBackend::optimizer_step(const AdamWStep& s) {
   // The pinned scale was last read by the previous step's copy, which a sync has passed.
   *host_clip_scale_ = s.grad_scale;
   cuda_check(cudaMemcpyAsync(clip_scale_, host_clip_scale_.get(), sizeof(float), cudaMemcpyHostToDevice, stream_));
-  for (const AdamRun& r : runs_)
+  for (const AdamRun& r : s.decay_norms_and_embeddings ? runs_ : runs_by_class_)
     cuda::adamw_update(master_ + r.packed, weights_ + r.flat, grads_ + r.packed, m_ + r.packed, v_ + r.packed, r.n,
                        float(s.lr), float(s.beta1), float(s.beta2), float(s.eps),
-                       r.no_decay && !s.decay_norms_and_embeddings ? 0.0f : float(s.weight_decay), s.t,
-                       clip_scale_, stream_);
+                       r.norm_or_embedding ? 0.0f : float(s.weight_decay), s.t, clip_scale_, stream_);
 }
 
 void GpuBackend::pull_theta() {
@@ -360,6 +364,12 @@ void GpuBackend::write_moments(std::span<const float> m, std::span<const float> 
 }
 
 }  // namespace
+
+GpuArenaUse gpu_arena_use(const TrainBackend& backend) {
+  const auto* gpu = dynamic_cast<const GpuBackend*>(&backend);
+  if (!gpu) throw Error("gpu_arena_use: not a GPU backend (" + backend.describe() + ")");
+  return gpu->arena_use();
+}
 
 std::unique_ptr<TrainBackend> make_gpu_backend(const Config& cfg, const ParamLayout& layout, const Ownership& own) {
   std::string why;

@@ -7,6 +7,7 @@
 
 #include "engine/backend.hpp"
 #include "engine/base/error.hpp"
+#include "model/gpu_memory.hpp"
 
 namespace spes {
 
@@ -19,5 +20,16 @@ struct GpuShapeError : ConfigError {
 // Throws GpuShapeError as above, or ConfigError when the config does not fit in the
 // GPU's memory (naming a micro-batch that fits).
 std::unique_ptr<TrainBackend> make_gpu_backend(const Config& cfg, const ParamLayout& layout, const Ownership& own);
+
+// The kernels' own scratch sizes on this device, as the backend plans them: its
+// buffers are plan_gpu_memory(m, layout, own, micro_batch, gpu_kernel_scratch(...)).
+KernelScratch gpu_kernel_scratch(const ModelConfig& m, int64_t micro_batch, int64_t owned);
+
+// A GpuBackend's device arena (tests, benches): the bytes of its one cudaMalloc and
+// the bytes its buffers took. Throws Error when `backend` is not a GpuBackend.
+struct GpuArenaUse {
+  int64_t capacity = 0, used = 0;
+};
+GpuArenaUse gpu_arena_use(const TrainBackend& backend);
 
 }  // namespace spes

@@ -1,0 +1,535 @@
+// The whole GPU training step (issue "Train on the GPU" §5) at the configs/spes-1b.toml
+// shape — vocab 151665, d_model 768, 12 layers, 12 heads, 16 experts top-2, expert
+// hidden 2048, seq_len 2048, micro_batch 8 — for a node owning all 16 experts and a
+// SPES node owning 4 of 16. A GpuBackend is driven directly (no trainer, no data
+// files) with random tokens: zero_grads, forward_backward × micro-batches,
+// grad_sum_squares, optimizer_step with clipping, as the trainer's step does.
+//
+// Reported per node:
+//   - step time (median of --steps timed steps after one warm-up; host clock around
+//     the step, device synchronised), tokens/s, and MFU = model/flops' training
+//     FLOPs per token × tokens/s over the backend's peak_flops();
+//   - the step's phases from the same host clock: forward+backward of all
+//     micro-batches, the gradient norm, AdamW;
+//   - device memory: cudaMemGetInfo before the backend and after the timed steps
+//     (what the node really took), next to the memory plan's total and categories;
+//   - the per-kernel share of the step: every kernel the step launches, timed in
+//     isolation at the step's shapes (median of 25 runs after warm-up, CUDA events),
+//     times its calls per step, as ms and % of the measured step, with its achieved
+//     TFLOP/s (GEMMs, attention, MoE: useful FLOPs) or GB/s (memory-bound kernels:
+//     minimum bytes moved, bench/common.cuh's convention). The rows' sum against the
+//     measured step is what launch gaps, the MoE layer's host sync per layer forward,
+//     token copies and loss read-backs cost.
+//
+// Usage: bench_train_gpu [--steps N] [--micro-batches N] [--micro-batch N] [--layers N]
+//   --micro-batches: gradient-accumulation micro-batches per step (default: the
+//   config's global_batch / micro_batch = 32). Without a GPU it prints "no GPU:
+//   <reason>" and exits 0, like the other GPU benches.
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <cstdint>
+#include <cstdlib>
+#include <cstring>
+#include <chrono>
+#include <memory>
+#include <random>
+#include <set>
+#include <string>
+#include <vector>
+
+#include "bench/common.cuh"
+#include "cuda/adamw.cuh"
+#include "cuda/attention.cuh"
+#include "cuda/crossentropy.cuh"
+#include "cuda/device_probe.hpp"
+#include "cuda/embedding.cuh"
+#include "cuda/global_norm.cuh"
+#include "cuda/loss.cuh"
+#include "cuda/matmul.cuh"
+#include "cuda/moe.cuh"
+#include "cuda/rmsnorm.cuh"
+#include "cuda/rope.cuh"
+#include "cuda/runtime.cuh"
+#include "engine/backend.hpp"
+#include "engine/base/error.hpp"
+#include "engine/config.hpp"
+#include "engine/gpu_backend.hpp"
+#include "model/flops.hpp"
+#include "model/gpu_memory.hpp"
+#include "model/layout.hpp"
+
+namespace {
+
+using namespace spes;
+using spes::bench::DevBuf;
+using spes::cuda::bf16;
+using spes::cuda::DType;
+using Clock = std::chrono::steady_clock;
+
+struct Options {
+  int steps = 3;
+  int64_t micro_batches = 0;  // 0 = global_batch / micro_batch
+  int64_t micro_batch = 0;    // 0 = the config's
+  int64_t layers = 0;         // 0 = the config's (shrunk only when memory requires)
+};
+
+double ms_between(Clock::time_point a, Clock::time_point b) {
+  return std::chrono::duration<double, std::milli>(b - a).count();
+}
+
+double gib(double bytes) { return bytes / double(int64_t(1) << 30); }
+
+size_t free_bytes() {
+  size_t f = 0, t = 0;
+  cuda_check(cudaMemGetInfo(&f, &t));
+  return f;
+}
+
+// One line of the per-kernel table.
+struct Row {
+  std::string kernel;
+  double calls = 0;       // per step
+  double ms_call = 0;     // isolated, median
+  double work = 0;        // per call: FLOPs (flops = true) or bytes
+  bool flops = true;
+};
+
+struct StepResult {
+  double step_ms = 0, fb_ms = 0, norm_ms = 0, adam_ms = 0;
+  double tokens_per_s = 0, mfu = 0;
+  double taken_bytes = 0;
+};
+
+// ---- the whole step, through the backend ---------------------------------------------
+
+StepResult time_step(const Config& cfg, const Options& opt, int64_t n_micro) {
+  const ParamLayout layout = make_layout(cfg.model);
+  const Ownership own = make_ownership(cfg.model, layout, int(cfg.spes.node_id), int(cfg.spes.n_nodes),
+                                       cfg.spes.ownership, cfg.spes.experts_per_node);
+  const int64_t B = cfg.train.micro_batch, T = cfg.model.seq_len, N = B * T;
+  cuda_check(cudaDeviceSynchronize());
+  const size_t free0 = free_bytes();
+  std::unique_ptr<TrainBackend> gpu = make_gpu_backend(cfg, layout, own);
+  init_parameters(gpu->host_theta().data(), cfg.model, layout, cfg.train.seed);
+  gpu->push_theta();
+
+  // A few distinct random micro-batches, cycled.
+  const int kPool = 4;
+  std::mt19937 g(123);
+  std::uniform_int_distribution<int32_t> tok(0, int32_t(cfg.model.vocab_size - 1));
+  std::vector<std::vector<int32_t>> xs(kPool), ys(kPool);
+  for (int p = 0; p < kPool; ++p) {
+    xs[p].resize(size_t(N)), ys[p].resize(size_t(N));
+    for (int64_t i = 0; i < N; ++i) xs[p][i] = tok(g), ys[p][i] = tok(g);
+  }
+
+  std::vector<double> step_ms, fb_ms, norm_ms, adam_ms;
+  size_t min_free = free_bytes();
+  for (int s = 0; s < 1 + opt.steps; ++s) {
+    cuda_check(cudaDeviceSynchronize());
+    const auto t0 = Clock::now();
+    gpu->zero_grads();
+    for (int64_t i = 0; i < n_micro; ++i)
+      gpu->forward_backward(xs[i % kPool].data(), ys[i % kPool].data(), 1.0f, 1.0f / float(n_micro));
+    const auto t1 = Clock::now();
+    const double norm = std::sqrt(gpu->grad_sum_squares());
+    const auto t2 = Clock::now();
+    AdamWStep st;
+    st.lr = cfg.optim.lr, st.beta1 = cfg.optim.beta1, st.beta2 = cfg.optim.beta2, st.eps = cfg.optim.eps;
+    st.weight_decay = cfg.optim.weight_decay, st.t = s + 1;
+    if (cfg.optim.grad_clip > 0 && norm > cfg.optim.grad_clip) st.grad_scale = float(cfg.optim.grad_clip / (norm + 1e-6));
+    gpu->optimizer_step(st);
+    cuda_check(cudaDeviceSynchronize());
+    const auto t3 = Clock::now();
+    min_free = std::min(min_free, free_bytes());
+    if (s == 0) continue;  // warm-up: GEMM plans, lazy module loading, first touches
+    step_ms.push_back(ms_between(t0, t3));
+    fb_ms.push_back(ms_between(t0, t1));
+    norm_ms.push_back(ms_between(t1, t2));
+    adam_ms.push_back(ms_between(t2, t3));
+  }
+  auto median = [](std::vector<double> v) {
+    std::sort(v.begin(), v.end());
+    return v[v.size() / 2];
+  };
+  StepResult r;
+  r.step_ms = median(step_ms);
+  r.fb_ms = median(fb_ms);
+  r.norm_ms = median(norm_ms);
+  r.adam_ms = median(adam_ms);
+  const double tokens = double(n_micro) * double(N);
+  r.tokens_per_s = tokens / (r.step_ms / 1e3);
+  r.mfu = gpu->peak_flops() > 0 ? train_flops_per_token(cfg.model) * r.tokens_per_s / gpu->peak_flops() : 0;
+  r.taken_bytes = double(free0) - double(min_free);
+
+  const GpuArenaUse arena = gpu_arena_use(*gpu);
+  std::printf("step: median %.1f ms of %d (min %.1f, max %.1f); %.0f tokens/step, %.0f tokens/s\n", r.step_ms,
+              opt.steps, *std::min_element(step_ms.begin(), step_ms.end()),
+              *std::max_element(step_ms.begin(), step_ms.end()), tokens, r.tokens_per_s);
+  std::printf("MFU: %.1f%% (%.3f GFLOP/token training, peak %.1f TFLOP/s: %s)\n", 100.0 * r.mfu,
+              train_flops_per_token(cfg.model) / 1e9, gpu->peak_flops() / 1e12, gpu->peak_flops_source().c_str());
+  std::printf("phases: forward+backward %.1f ms (%lld micro-batches, %.2f ms each), grad norm %.2f ms, AdamW %.2f ms\n",
+              r.fb_ms, (long long)n_micro, r.fb_ms / double(n_micro), r.norm_ms, r.adam_ms);
+  std::printf("device memory: %.2f GiB taken (cudaMemGetInfo before the backend and lowest after; %.2f GiB free before)\n",
+              gib(r.taken_bytes), gib(double(free0)));
+  std::printf("memory plan: total %.2f GiB (arena %.2f GiB, %.2f GiB of it carved)\n",
+              gib(double(gpu->memory_report().back().bytes)), gib(double(arena.capacity)), gib(double(arena.used)));
+  for (const MemoryLine& l : gpu->memory_report())
+    if (l.category != "total") std::printf("  %-40s %10.3f GiB\n", l.category.c_str(), gib(double(l.bytes)));
+  return r;
+}
+
+// ---- every kernel of the step, in isolation at the step's shapes ----------------------
+
+std::vector<Row> time_kernels(const Config& cfg, int64_t n_micro) {
+  const ModelConfig& m = cfg.model;
+  const ParamLayout layout = make_layout(m);
+  const Ownership own = make_ownership(m, layout, int(cfg.spes.node_id), int(cfg.spes.n_nodes), cfg.spes.ownership,
+                                       cfg.spes.experts_per_node);
+  const int64_t B = cfg.train.micro_batch, T = m.seq_len, N = B * T, d = m.d_model, kv = m.kv_dim();
+  const int64_t H = m.n_heads, Hkv = m.n_kv_heads, D = m.head_dim(), V = m.vocab_size, L = m.n_layers;
+  const int64_t E = m.n_experts, K = m.top_k, Hx = m.expert_hidden, S = N * K;
+  const int64_t Vpad = (V + 7) / 8 * 8, chunk = lm_chunk_tokens(N, V);
+  const double nm = double(n_micro), bs = 2.0;
+  cuda::Runtime rt(0);
+  cudaStream_t s = rt.stream();
+  cuda::Gemm& g = rt.gemm();
+  std::vector<Row> rows;
+  auto add = [&](const std::string& name, double calls_per_micro, double per_step, double work, bool flops,
+                 auto&& f) {
+    Row r;
+    r.kernel = name;
+    r.calls = calls_per_micro * nm + per_step;
+    r.ms_call = spes::bench::median_ms(f, s);
+    r.work = work;
+    r.flops = flops;
+    rows.push_back(r);
+  };
+
+  // Activations and weights (values as at init: unit-RMS activations, weights of std 0.02).
+  const float w_scale = 0.02f * std::sqrt(3.0f), a_scale = std::sqrt(3.0f);
+  DevBuf x(N * d * 2), y(N * d * 2), z(N * d * 2), o(N * d * 2), kx(N * kv * 2), ky(N * kv * 2), kz(N * kv * 2);
+  DevBuf rstd(N * 4), lse(B * H * T * 4), wnorm(std::max(d, kv) * 2), dwnorm(std::max(d, kv) * 4);
+  DevBuf wq(d * d * 2), wk(kv * d * 2), dwq(d * d * 4), dwk(kv * d * 4);
+  for (auto* b : {&x, &y, &z, &o}) spes::bench::fill(b->as<bf16>(), N * d, s, uint32_t(uintptr_t(b->p) >> 8), a_scale);
+  for (auto* b : {&kx, &ky, &kz}) spes::bench::fill(b->as<bf16>(), N * kv, s, uint32_t(uintptr_t(b->p) >> 8), a_scale);
+  spes::bench::fill(wnorm.as<bf16>(), std::max(d, kv), s, 3, 1.0f);
+  spes::bench::fill(wq.as<bf16>(), d * d, s, 4, w_scale);
+  spes::bench::fill(wk.as<bf16>(), kv * d, s, 5, w_scale);
+  cuda_check(cudaMemsetAsync(dwq.p, 0, dwq.bytes, s));
+  cuda_check(cudaMemsetAsync(dwk.p, 0, dwk.bytes, s));
+  cuda_check(cudaMemsetAsync(dwnorm.p, 0, dwnorm.bytes, s));
+  std::vector<int32_t> tokens(static_cast<size_t>(N));
+  std::mt19937 rng(7);
+  std::uniform_int_distribution<int32_t> tok(0, int32_t(V - 1));
+  std::set<int32_t> uniq;
+  for (auto& t : tokens) uniq.insert(t = tok(rng));
+  DevBuf d_tok(N * 4);
+  cuda_check(cudaMemcpy(d_tok.p, tokens.data(), size_t(N) * 4, cudaMemcpyHostToDevice));
+  cuda_check(cudaStreamSynchronize(s));
+
+  const double act = double(N) * d * bs, kv_act = double(N) * kv * bs;
+  // Embedding (the table is the lm head's size).
+  {
+    DevBuf table(V * d * 2), dtable(V * d * 4);
+    spes::bench::fill(table.as<bf16>(), V * d, s, 6, w_scale);
+    cuda_check(cudaMemsetAsync(dtable.p, 0, dtable.bytes, s));
+    cuda_check(cudaDeviceSynchronize());
+    add("embedding fwd", 1, 0, 2 * act, false,
+        [&] { cuda::embedding_forward(x.as<bf16>(), d_tok.as<int32_t>(), table.as<bf16>(), N, d, V, s); });
+    const size_t ws = cuda::embedding_backward_workspace_bytes(N, V);
+    DevBuf wsb(ws);
+    add("embedding bwd", 1, 0, act + 2.0 * double(uniq.size()) * d * 4, false, [&] {
+      cuda::embedding_backward(dtable.as<float>(), y.as<bf16>(), d_tok.as<int32_t>(), N, d, V, wsb.p, ws, s);
+    });
+  }
+  // RMSNorm + residual, 2 per layer + the final norm.
+  const size_t rs = cuda::rmsnorm_backward_scratch_bytes(N, d);
+  DevBuf rscratch(rs);
+  add("rmsnorm fwd (+residual)", 2 * L + 1, 0, 4 * act, false, [&] {
+    cuda::rmsnorm_forward(o.as<bf16>(), rstd.as<float>(), z.as<bf16>(), x.as<bf16>(), y.as<bf16>(),
+                          wnorm.as<bf16>(), N, d, float(m.norm_eps), s);
+  });
+  add("rmsnorm bwd (+residual)", 2 * L + 1, 0, 4 * act, false, [&] {
+    cuda::rmsnorm_backward(o.as<bf16>(), dwnorm.as<float>(), rscratch.p, y.as<bf16>(), x.as<bf16>(), z.as<bf16>(),
+                           wnorm.as<bf16>(), rstd.as<float>(), N, d, s);
+  });
+  // Attention projections (q, o: d → d; k, v: d → kv), forward and backward.
+  add("q,o proj GEMM fwd", 2 * L, 0, 2.0 * N * d * d, true,
+      [&] { cuda::matmul_forward(g, o.as<bf16>(), DType::bf16, x.as<bf16>(), wq.as<bf16>(), N, d, d, s); });
+  add("k,v proj GEMM fwd", 2 * L, 0, 2.0 * N * d * kv, true,
+      [&] { cuda::matmul_forward(g, kz.as<bf16>(), DType::bf16, x.as<bf16>(), wk.as<bf16>(), N, d, kv, s); });
+  add("q,o proj GEMM bwd input", 2 * L, 0, 2.0 * N * d * d, true, [&] {
+    cuda::matmul_backward_input(g, o.as<bf16>(), DType::bf16, y.as<bf16>(), wq.as<bf16>(), N, d, d, s);
+  });
+  add("k,v proj GEMM bwd input (+=)", 2 * L, 0, 2.0 * N * d * kv, true, [&] {
+    cuda::matmul_backward_input(g, o.as<bf16>(), DType::bf16, ky.as<bf16>(), wk.as<bf16>(), N, d, kv, s, true);
+  });
+  add("q,o proj GEMM bwd weight", 2 * L, 0, 2.0 * N * d * d, true,
+      [&] { cuda::matmul_backward_weight(g, dwq.as<float>(), y.as<bf16>(), x.as<bf16>(), N, d, d, s); });
+  add("k,v proj GEMM bwd weight", 2 * L, 0, 2.0 * N * d * kv, true,
+      [&] { cuda::matmul_backward_weight(g, dwk.as<float>(), ky.as<bf16>(), x.as<bf16>(), N, d, kv, s); });
+  // QK-norm + RoPE on q (H heads) and k (Hkv heads).
+  {
+    DevBuf table(cuda::rope_table_bytes(T, D));
+    cuda::rope_table_init(table.as<float2>(), T, D, m.rope_theta, s);
+    const size_t qs = std::max(cuda::qknorm_rope_backward_scratch_bytes(B, T, H, D),
+                               cuda::qknorm_rope_backward_scratch_bytes(B, T, Hkv, D));
+    DevBuf qscratch(qs);
+    add("qknorm+rope fwd (q)", L, 0, 2 * act, false, [&] {
+      cuda::qknorm_rope_forward(o.as<bf16>(), rstd.as<float>(), x.as<bf16>(), wnorm.as<bf16>(), table.as<float2>(),
+                                B, T, H, D, float(m.norm_eps), s);
+    });
+    add("qknorm+rope fwd (k)", L, 0, 2 * kv_act, false, [&] {
+      cuda::qknorm_rope_forward(kz.as<bf16>(), rstd.as<float>(), kx.as<bf16>(), wnorm.as<bf16>(),
+                                table.as<float2>(), B, T, Hkv, D, float(m.norm_eps), s);
+    });
+    add("qknorm+rope bwd (q)", L, 0, 3 * act, false, [&] {
+      cuda::qknorm_rope_backward(o.as<bf16>(), dwnorm.as<float>(), qscratch.p, y.as<bf16>(), x.as<bf16>(),
+                                 wnorm.as<bf16>(), rstd.as<float>(), table.as<float2>(), B, T, H, D, s);
+    });
+    add("qknorm+rope bwd (k)", L, 0, 3 * kv_act, false, [&] {
+      cuda::qknorm_rope_backward(kz.as<bf16>(), dwnorm.as<float>(), qscratch.p, ky.as<bf16>(), kx.as<bf16>(),
+                                 wnorm.as<bf16>(), rstd.as<float>(), table.as<float2>(), B, T, Hkv, D, s);
+    });
+  }
+  // Causal attention: QKᵀ and PV over half the T×T scores (2 GEMMs fwd, 5 bwd).
+  {
+    const double causal = double(B) * H * T * T * D;  // 2·(T²/2)·D multiply-adds ×2 products
+    DevBuf dq(N * d * 2), dk(N * kv * 2), dv(N * kv * 2), ascratch(cuda::attention_backward_scratch_bytes(B, T, H));
+    add("attention fwd", L, 0, 2 * causal, true, [&] {
+      cuda::attention_forward(o.as<bf16>(), lse.as<float>(), x.as<bf16>(), kx.as<bf16>(), ky.as<bf16>(), B, T, H,
+                              Hkv, D, s);
+    });
+    add("attention bwd", L, 0, 5 * causal, true, [&] {
+      cuda::attention_backward(dq.as<bf16>(), dk.as<bf16>(), dv.as<bf16>(), y.as<bf16>(), x.as<bf16>(),
+                               kx.as<bf16>(), ky.as<bf16>(), o.as<bf16>(), lse.as<float>(), ascratch.p, B, T, H, Hkv,
+                               D, s);
+    });
+  }
+  // The lm head and the fused cross-entropy, chunk by chunk (full chunks, plus the rest).
+  {
+    DevBuf wlm(V * d * 2), dwlm(V * d * 4), logits(chunk * Vpad * 2), losses(N * 4), lsev(N * 4), sums(16);
+    spes::bench::fill(wlm.as<bf16>(), V * d, s, 8, w_scale);
+    cuda_check(cudaMemsetAsync(dwlm.p, 0, dwlm.bytes, s));
+    cuda_check(cudaDeviceSynchronize());
+    const int64_t full = N / chunk, rest = N % chunk;
+    for (const int64_t n : {chunk, rest}) {
+      if (n == 0) continue;
+      const double calls = n == chunk && full > 0 ? double(full) : 1.0;
+      const std::string tag = " [" + std::to_string(n) + " tokens]";
+      add("lm head GEMM fwd" + tag, calls, 0, 2.0 * n * d * V, true, [&] {
+        cuda::matmul_forward(g, logits.as<bf16>(), DType::bf16, x.as<bf16>(), wlm.as<bf16>(), n, d, V, s, false, Vpad);
+      });
+      add("cross-entropy fwd+bwd (fused)" + tag, calls, 0, 2.0 * n * V * bs, false, [&] {
+        cuda::crossentropy_forward_backward(logits.as<bf16>(), losses.as<float>(), lsev.as<float>(), logits.as<bf16>(),
+                                            d_tok.as<int32_t>(), n, V, Vpad, 1.0f / float(N), 1e-5f / float(N), s);
+      });
+      add("lm head GEMM bwd input" + tag, calls, 0, 2.0 * n * d * V, true, [&] {
+        cuda::matmul_backward_input(g, o.as<bf16>(), DType::bf16, logits.as<bf16>(), wlm.as<bf16>(), n, d, V, s,
+                                    false, Vpad);
+      });
+      add("lm head GEMM bwd weight" + tag, calls, 0, 2.0 * n * d * V, true, [&] {
+        cuda::matmul_backward_weight(g, dwlm.as<float>(), logits.as<bf16>(), x.as<bf16>(), n, d, V, s, true, Vpad);
+      });
+    }
+    add("loss sums", 1, 0, 8.0 * N, false,
+        [&] { cuda::loss_sums(sums.as<double>(), losses.as<float>(), lsev.as<float>(), N, s); });
+  }
+  // The MoE layer (router GEMM, router, dispatch, gather, expert GEMMs, SwiGLU,
+  // combine), forward and backward; the frozen experts of this node skip their
+  // weight-gradient GEMMs in backward.
+  int64_t owned_slots = 0;
+  {
+    const cuda::MoeShape shape{N, d, E, K, Hx, m.norm_topk_prob};
+    const int64_t blk = 3 * Hx * d;
+    DevBuf router(E * d * 2), w(E * blk * 2), gw(E * blk * 4), grouter(E * d * 4), mout(N * d * 2);
+    DevBuf saved_buf(cuda::MoeSaved::bytes(shape)), scratch_buf(cuda::MoeScratch::bytes(shape)), cs(E * 4);
+    spes::bench::fill(router.as<bf16>(), E * d, s, 9, w_scale);
+    spes::bench::fill(w.as<bf16>(), E * blk, s, 10, w_scale);
+    cuda_check(cudaMemsetAsync(gw.p, 0, gw.bytes, s));
+    cuda_check(cudaMemsetAsync(grouter.p, 0, grouter.bytes, s));
+    std::vector<float> ones(size_t(E), 1.0f);
+    cuda_check(cudaMemcpy(cs.p, ones.data(), size_t(E) * 4, cudaMemcpyHostToDevice));
+    cuda_check(cudaDeviceSynchronize());
+    cuda::MoeWeights wt;
+    wt.router = router.as<bf16>();
+    cuda::MoeGrads gr;
+    gr.router = grouter.as<float>();
+    for (int64_t e = 0; e < E; ++e) {
+      bf16* base = w.as<bf16>() + e * blk;
+      float* gbase = gw.as<float>() + e * blk;
+      const bool owned = own.owns_expert(int(e));
+      wt.gate.push_back(base), wt.up.push_back(base + Hx * d), wt.down.push_back(base + 2 * Hx * d);
+      gr.gate.push_back(owned ? gbase : nullptr);
+      gr.up.push_back(owned ? gbase + Hx * d : nullptr);
+      gr.down.push_back(owned ? gbase + 2 * Hx * d : nullptr);
+    }
+    cuda::MoeLayer layer(shape, cuda::ExpertGemm::grouped, wt, gr, cuda::MoeSaved::carve(saved_buf.p, shape),
+                         cuda::MoeScratch::carve(scratch_buf.p, shape));
+    layer.forward(rt.cublas(), mout.as<bf16>(), x.as<bf16>(), cs.as<float>(), s);
+    const auto off = layer.expert_offsets();
+    for (int64_t e = 0; e < E; ++e)
+      if (own.owns_expert(int(e))) owned_slots += off[e + 1] - off[e];
+    const double expert_fwd = 6.0 * S * d * Hx, router_fwd = 2.0 * N * d * E;
+    add("MoE layer fwd", L, 0, expert_fwd + router_fwd, true,
+        [&] { layer.forward(rt.cublas(), mout.as<bf16>(), x.as<bf16>(), cs.as<float>(), s); });
+    // Backward: activation gradients through every routed expert (6·S·d·Hx), weight
+    // gradients of the owned experts' slots only, the router both ways.
+    const double bwd = 6.0 * S * d * Hx + 6.0 * double(owned_slots) * d * Hx + 2 * router_fwd;
+    add("MoE layer bwd", L, 0, bwd, true,
+        [&] { layer.backward(rt.cublas(), y.as<bf16>(), z.as<bf16>(), x.as<bf16>(), 0.01f, 0.001f, s); });
+  }
+  // Once per step over the owned parameters: zero the gradients, the global norm,
+  // AdamW. Memory-bound and linear in the count, so timed on up to 2^27 parameters
+  // and scaled.
+  {
+    const int64_t owned = own.space.size(), P = std::min<int64_t>(owned, int64_t(1) << 27);
+    const double scale = double(owned) / double(P);
+    DevBuf master(P * 4), grad(P * 4), mm(P * 4), vv(P * 4), wts(P * 2), nsq(8), clip(4);
+    spes::bench::fill(master.as<float>(), P, s, 11, 0.02f);
+    spes::bench::fill(grad.as<float>(), P, s, 12, 1e-3f);
+    cuda_check(cudaMemsetAsync(mm.p, 0, mm.bytes, s));
+    cuda_check(cudaMemsetAsync(vv.p, 0, vv.bytes, s));
+    const float one = 1.0f;
+    cuda_check(cudaMemcpy(clip.p, &one, 4, cudaMemcpyHostToDevice));
+    cuda_check(cudaDeviceSynchronize());
+    auto add_scaled = [&](const std::string& name, double bytes_per_param, auto&& f) {
+      Row r;
+      r.kernel = name;
+      r.calls = 1;
+      r.ms_call = spes::bench::median_ms(f, s) * scale;
+      r.work = bytes_per_param * double(owned);
+      r.flops = false;
+      rows.push_back(r);
+    };
+    add_scaled("zero grads (memset)", 4, [&] { cuda_check(cudaMemsetAsync(grad.p, 0, size_t(P) * 4, s)); });
+    spes::bench::fill(grad.as<float>(), P, s, 12, 1e-3f);
+    cuda_check(cudaDeviceSynchronize());
+    const cuda::GradSpan span{grad.as<float>(), P};
+    const size_t gs = cuda::global_norm_scratch_bytes(&span, 1);
+    DevBuf gscratch(gs);
+    add_scaled("global grad norm", 4, [&] {
+      cuda::global_norm_clip(nsq.as<double>(), nullptr, &span, 1, 0.0, gscratch.p, gs, s);
+    });
+    int64_t t = 1;
+    add_scaled("AdamW (+ bf16 weights)", 30, [&] {
+      cuda::adamw_update(master.as<float>(), wts.as<bf16>(), grad.as<float>(), mm.as<float>(), vv.as<float>(), P,
+                         1e-4f, 0.9f, 0.95f, 1e-8f, 0.1f, t++, clip.as<float>(), s);
+    });
+  }
+  std::printf("(MoE backward: %lld of %lld routed slots on owned experts)\n", (long long)owned_slots, (long long)S);
+  return rows;
+}
+
+void print_table(const std::vector<Row>& rows, double step_ms) {
+  std::printf("%-44s %9s %10s %10s %8s %16s\n", "kernel (isolated, step shapes)", "calls", "ms/call", "ms/step",
+              "% step", "achieved");
+  double sum = 0;
+  for (const Row& r : rows) {
+    const double ms = r.calls * r.ms_call;
+    sum += ms;
+    const double rate = r.work / (r.ms_call * 1e-3);
+    char achieved[32];
+    if (r.flops) std::snprintf(achieved, sizeof achieved, "%8.1f TFLOP/s", rate / 1e12);
+    else std::snprintf(achieved, sizeof achieved, "%8.0f GB/s", rate / 1e9);
+    std::printf("%-44s %9.1f %10.4f %10.2f %7.1f%% %16s\n", r.kernel.c_str(), r.calls, r.ms_call, ms,
+                100.0 * ms / step_ms, achieved);
+  }
+  std::printf("%-44s %9s %10s %10.2f %7.1f%%\n", "sum of the kernels above", "", "", sum, 100.0 * sum / step_ms);
+  std::printf("%-44s %9s %10s %10.2f %7.1f%%\n", "measured step", "", "", step_ms, 100.0);
+  std::printf("%-44s %9s %10s %10.2f %7.1f%%\n", "rest: launch gaps, MoE host syncs, copies", "", "", step_ms - sum,
+              100.0 * (step_ms - sum) / step_ms);
+}
+
+int64_t parse_int(const char* flag, const char* value) {
+  char* end = nullptr;
+  const long long v = value ? std::strtoll(value, &end, 10) : 0;
+  if (!value || *end != '\0' || v < 1) {
+    std::fprintf(stderr, "bench_train_gpu: %s needs a positive integer\n", flag);
+    std::exit(2);
+  }
+  return v;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  Options opt;
+  for (int i = 1; i < argc; ++i) {
+    const std::string a = argv[i];
+    const char* next = i + 1 < argc ? argv[i + 1] : nullptr;
+    if (a == "--steps") opt.steps = int(parse_int("--steps", next)), ++i;
+    else if (a == "--micro-batches") opt.micro_batches = parse_int("--micro-batches", next), ++i;
+    else if (a == "--micro-batch") opt.micro_batch = parse_int("--micro-batch", next), ++i;
+    else if (a == "--layers") opt.layers = parse_int("--layers", next), ++i;
+    else {
+      std::fprintf(stderr, "usage: bench_train_gpu [--steps N] [--micro-batches N] [--micro-batch N] [--layers N]\n");
+      return 2;
+    }
+  }
+  std::string why;
+  if (!spes::cuda::gpu_available(&why)) {
+    std::printf("no GPU: %s (bench_train_gpu needs one; nothing was measured)\n", why.c_str());
+    return 0;
+  }
+  try {
+    struct Node {
+      const char* label;
+      std::vector<std::string> sets;
+    };
+    const Node nodes[] = {
+        {"node owning all 16 experts", {"spes.ownership=all", "spes.n_nodes=1", "spes.node_id=0"}},
+        {"SPES node owning 4 of 16 experts",
+         {"spes.ownership=partitioned", "spes.n_nodes=4", "spes.node_id=0", "spes.experts_per_node=4"}},
+    };
+    cudaDeviceProp prop{};
+    cuda_check(cudaGetDeviceProperties(&prop, 0));
+    std::printf("device: %s (sm_%d%d, %d SMs, %.1f GiB)\n", prop.name, prop.major, prop.minor,
+                prop.multiProcessorCount, gib(double(prop.totalGlobalMem)));
+    for (const Node& node : nodes) {
+      std::vector<std::string> sets = node.sets;
+      sets.push_back("train.device=cuda");
+      if (opt.layers) sets.push_back("model.n_layers=" + std::to_string(opt.layers));
+      Config cfg = load_config(std::string(SPES_SOURCE_DIR) + "/configs/spes-1b.toml", sets);
+      const int64_t n_micro = opt.micro_batches ? opt.micro_batches : cfg.train.global_batch / cfg.train.micro_batch;
+      if (opt.micro_batch) cfg.train.micro_batch = opt.micro_batch;
+      cfg.train.global_batch = n_micro * cfg.train.micro_batch;
+      // Shrink the depth only when the node's plan does not fit (vocabulary, widths
+      // and the expert shape stay those of spes-1b).
+      const size_t headroom = size_t(1) << 30;
+      for (;;) {
+        const ParamLayout layout = make_layout(cfg.model);
+        const Ownership own = make_ownership(cfg.model, layout, int(cfg.spes.node_id), int(cfg.spes.n_nodes),
+                                             cfg.spes.ownership, cfg.spes.experts_per_node);
+        const GpuMemoryPlan plan =
+            plan_gpu_memory(cfg.model, layout, own, cfg.train.micro_batch,
+                            gpu_kernel_scratch(cfg.model, cfg.train.micro_batch, own.space.size()));
+        if (size_t(plan.total()) + headroom <= free_bytes() || cfg.model.n_layers == 1) break;
+        std::printf("note: %lld layers need %.1f GiB; trying %lld\n", (long long)cfg.model.n_layers,
+                    gib(double(plan.total())), (long long)cfg.model.n_layers - 1);
+        --cfg.model.n_layers;
+      }
+      const ParamLayout layout = make_layout(cfg.model);
+      const Ownership own = make_ownership(cfg.model, layout, int(cfg.spes.node_id), int(cfg.spes.n_nodes),
+                                           cfg.spes.ownership, cfg.spes.experts_per_node);
+      std::printf("\n== spes-1b shape, %s: %lld layers, %.3fB parameters, %.3fB owned; micro_batch %lld x seq %lld, "
+                  "%lld micro-batches per step\n",
+                  node.label, (long long)cfg.model.n_layers, double(layout.total) / 1e9,
+                  double(own.space.size()) / 1e9, (long long)cfg.train.micro_batch, (long long)cfg.model.seq_len,
+                  (long long)n_micro);
+      std::fflush(stdout);
+      const StepResult r = time_step(cfg, opt, n_micro);  // the backend is gone when this returns
+      std::fflush(stdout);
+      print_table(time_kernels(cfg, n_micro), r.step_ms);
+      std::fflush(stdout);
+    }
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "bench_train_gpu: %s\n", e.what());
+    return 1;
+  }
+  return 0;
+}

@@ -1,0 +1,479 @@
+// The whole GPU training step against the CPU oracle (llm.c's test_gpt2.cu): the
+// same θ and micro-batches through GpuBackend and CpuBackend, then the loss parts,
+// the gradient norm and every owned tensor's gradient and AdamW update compared,
+// printing OK or the mismatch per tensor with its tolerance. Then 300 training steps
+// against the CPU run, bitwise resume on the GPU, a GPU checkpoint evaluated on the
+// CPU, and the device arena against the memory plan.
+//
+// The model is small but of GPU shape: d_model 128, 2 heads of 64 (the attention
+// kernels take head dims 64 and 128), GQA with one kv head, 4 experts, seq 64, and a
+// SPES node owning experts 2 and 3 of 4, so frozen experts are in every step.
+//
+// Tolerances (first calibration, from the precision of the step, not yet from a
+// run): the GPU computes with bf16 activations (8-bit mantissa, relative rounding
+// ≤ 2^-9 ≈ 2e-3 per value) and fp32 accumulation; the CPU is fp32 throughout. Both
+// start from θ rounded to bf16, so they compute with the same weights and what
+// differs is activation rounding alone. Token means (CE, z-losses) average the
+// per-token rounding away: 5e-3. The loads-weighted LB moves with any token routed
+// differently: 1e-2. Per-tensor gradients and updates (relative L2 error over the
+// tensor): 5e-2 when every token goes to every expert (no routing decision can
+// differ); with top-2 routing a token whose 2nd and 3rd router logits differ by less
+// than the bf16 rounding is routed differently on the two devices (about 2e-3 of
+// token-layers), which moves one rank-1 term of an expert's gradient (≈ 1/√count of
+// it, ~6 % at 256 slots per expert) and a little of every upstream gradient, so the
+// routed configuration allows 1e-1 for shared tensors and 3e-1 for the router and
+// experts. A wrong index, transpose or scale gives errors of order 1.
+#include <cuda_runtime.h>
+#include <doctest/doctest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <cstring>
+#include <filesystem>
+#include <random>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include "cuda/check.cuh"
+#include "engine/backend.hpp"
+#include "engine/base/error.hpp"
+#include "engine/checkpoint.hpp"
+#include "engine/config.hpp"
+#include "engine/cpu_backend.hpp"
+#include "engine/gpu_backend.hpp"
+#include "engine/trainer.hpp"
+#include "model/cpu/cpu_model.hpp"
+#include "model/gpu_memory.hpp"
+#include "model/layout.hpp"
+#include "tests/gpu_test.hpp"
+#include "tests/test_util.hpp"
+
+using namespace spes;
+
+namespace {
+
+// The GPU test model on write_token_data tokens in dir (80k tokens, 10% held out).
+Config gpu_config(const std::filesystem::path& dir, const std::vector<std::string>& sets = {}) {
+  const std::string manifest = test::write_token_data(dir, 80000, 256);
+  std::string text = R"([model]
+vocab_size = 256
+d_model = 128
+n_layers = 2
+n_heads = 2
+n_kv_heads = 1
+n_experts = 4
+top_k = 2
+expert_hidden = 128
+seq_len = 64
+qk_norm = true
+init_std = 0.05
+[train]
+device = "cuda"
+seed = 5
+steps = 300
+micro_batch = 4
+global_batch = 8
+threads = 0
+decayed_aux_loss = true
+[optim]
+lr = 3e-3
+warmup_steps = 20
+decay_steps = 300
+grad_clip = 1.0
+[spes]
+n_nodes = 2
+node_id = 1
+ownership = "partitioned"
+[data]
+val_fraction = 0.1
+)";
+  text += "train = \"" + manifest + "\"\n[checkpoint]\ndir = \"" + (dir / "ckpt").string() + "\"\n";
+  return parse_config_text(text, "gpu-step.toml", sets);
+}
+
+Ownership ownership_of(const Config& c, const ParamLayout& layout) {
+  return make_ownership(c.model, layout, int(c.spes.node_id), int(c.spes.n_nodes), c.spes.ownership,
+                        c.spes.experts_per_node);
+}
+
+// Round to nearest even at bf16 precision (what float_to_bf16 does on the device).
+float bf16_round(float x) {
+  uint32_t u;
+  std::memcpy(&u, &x, 4);
+  u += 0x7FFFu + ((u >> 16) & 1u);
+  u &= 0xFFFF0000u;
+  std::memcpy(&x, &u, 4);
+  return x;
+}
+
+// The seeded init with norm weights spread around 1, rounded to bf16 so both
+// devices compute with exactly the same weights.
+std::vector<float> seeded_theta(const Config& c, const ParamLayout& layout) {
+  std::vector<float> theta(size_t(layout.total));
+  init_parameters(theta.data(), c.model, layout, c.train.seed);
+  std::mt19937 g(17);
+  std::uniform_real_distribution<float> u(0.8f, 1.2f);
+  for (const ParamTensor& t : layout.tensors)
+    if (t.is_norm())
+      for (int64_t i = 0; i < t.numel(); ++i) theta[t.offset + i] = u(g);
+  for (float& x : theta) x = bf16_round(x);
+  return theta;
+}
+
+struct Batch {
+  std::vector<int32_t> x, y;
+};
+Batch random_batch(const Config& c, int64_t rows, unsigned seed) {
+  std::mt19937 g(seed);
+  std::uniform_int_distribution<int> tok(0, int(c.model.vocab_size) - 1);
+  Batch b;
+  for (int64_t i = 0; i < rows * c.model.seq_len; ++i) b.x.push_back(tok(g)), b.y.push_back(tok(g));
+  return b;
+}
+
+double rel(double a, double b) { return std::fabs(a - b) / std::max(std::fabs(b), 1e-30); }
+
+void check_close(const std::string& name, double gpu, double cpu, double tol) {
+  const double err = rel(gpu, cpu);
+  MESSAGE(name << ": gpu " << gpu << " cpu " << cpu << " rel err " << err << " (tol " << tol << ") "
+                << (err <= tol ? "OK" : "MISMATCH"));
+  CHECK_MESSAGE(err <= tol, name << ": rel err " << err << " > tol " << tol);
+}
+
+void check_parts(const std::string& what, const LossParts& g, const LossParts& c, double ce_tol, double lb_tol) {
+  check_close(what + " ce", g.ce, c.ce, ce_tol);
+  check_close(what + " lm_z", g.lm_z, c.lm_z, ce_tol);
+  check_close(what + " router_z", g.router_z, c.router_z, ce_tol);
+  check_close(what + " lb", g.lb, c.lb, lb_tol);
+}
+
+struct StepTolerances {
+  double loss = 5e-3;       // CE, lm z-loss, router z-loss (token means)
+  double lb = 1e-2;         // load balancing (moves with routing)
+  double grad_norm = 2e-2;  // √Σg² over the owned gradients
+  double shared = 5e-2;     // per-tensor gradient / update: embeddings, norms, attention, lm head
+  double routed = 5e-2;     // per-tensor gradient / update: routers and experts
+  double moved_slots = 0;   // fraction of routed slots that may land on another expert
+};
+
+// One optimizer step (2 micro-batches of gradient accumulation, clipping active) on
+// both devices from the same θ and moments; see the file comment for tolerances.
+void compare_one_step(const Config& cfg, const StepTolerances& tol) {
+  const ParamLayout layout = make_layout(cfg.model);
+  const Ownership own = ownership_of(cfg, layout);
+  REQUIRE_FALSE(own.owns_expert(0));  // frozen experts take part in the step
+  REQUIRE(own.owns_expert(2));
+  const int64_t B = cfg.train.micro_batch, T = cfg.model.seq_len, owned = own.space.size();
+  const std::vector<float> theta0 = seeded_theta(cfg, layout);
+  const Batch mb1 = random_batch(cfg, B, 1), mb2 = random_batch(cfg, B, 2);
+  const float aux = 0.85f;  // the SPES decayed aux factor on owned experts' LB counts
+
+  std::unique_ptr<TrainBackend> gpu = make_gpu_backend(cfg, layout, own);
+  CpuBackend cpu(cfg.model, cfg.train.loss, layout, own, B, cfg.train.threads);
+  MESSAGE("gpu: " << gpu->describe());
+  for (TrainBackend* b : {gpu.get(), static_cast<TrainBackend*>(&cpu)}) {
+    std::copy(theta0.begin(), theta0.end(), b->host_theta().begin());
+    b->push_theta();
+  }
+
+  // The CPU gradients up front, per tensor RMS, for mid-run second moments below.
+  std::vector<float> g_ref(size_t(owned), 0.0f);
+  {
+    CpuModel ref(cfg.model, layout, own, B, T);
+    ref.forward_backward(theta0.data(), g_ref.data(), mb1.x.data(), mb1.y.data(), cfg.train.loss, aux, 0.5f);
+    ref.forward_backward(theta0.data(), g_ref.data(), mb2.x.data(), mb2.y.data(), cfg.train.loss, aux, 0.5f);
+  }
+
+  // ---- forward + backward, two micro-batches ----------------------------------------
+  LossParts gp[2], cp[2];
+  double norm_sq[2];
+  TrainBackend* backends[2] = {gpu.get(), &cpu};
+  for (int i = 0; i < 2; ++i) {
+    TrainBackend& b = *backends[i];
+    b.zero_grads();
+    LossParts* p = i == 0 ? gp : cp;
+    p[0] = b.forward_backward(mb1.x.data(), mb1.y.data(), aux, 0.5f);
+    p[1] = b.forward_backward(mb2.x.data(), mb2.y.data(), aux, 0.5f);
+    norm_sq[i] = b.grad_sum_squares();
+  }
+  check_parts("micro-batch 1", gp[0], cp[0], tol.loss, tol.lb);
+  check_parts("micro-batch 2", gp[1], cp[1], tol.loss, tol.lb);
+  int64_t moved = 0, slots = 0;
+  for (int k = 0; k < 2; ++k) {
+    REQUIRE(gp[k].expert_counts.size() == cp[k].expert_counts.size());
+    for (size_t j = 0; j < cp[k].expert_counts.size(); ++j) {
+      moved += std::abs(gp[k].expert_counts[j] - cp[k].expert_counts[j]);
+      slots += cp[k].expert_counts[j];
+    }
+  }
+  moved /= 2;  // a slot routed elsewhere leaves one expert and joins another
+  MESSAGE("routing: " << moved << " of " << slots << " routed slots on another expert (tol "
+                      << tol.moved_slots * double(slots) << ")");
+  CHECK(double(moved) <= tol.moved_slots * double(slots));
+  const double gpu_norm = std::sqrt(norm_sq[0]), cpu_norm = std::sqrt(norm_sq[1]);
+  check_close("grad norm", gpu_norm, cpu_norm, tol.grad_norm);
+
+  // ---- AdamW with clipping active -----------------------------------------------------
+  // Second moments of a run in progress (per-tensor RMS² of the clipped CPU gradient)
+  // make the update a smooth function of g: from zero moments the first AdamW step
+  // is lr·g/|g| elementwise, a sign, which would compare signs of near-zero entries.
+  const double clip = 0.5 * cpu_norm;
+  const float scale[2] = {float(clip / (gpu_norm + 1e-6)), float(clip / (cpu_norm + 1e-6))};
+  std::vector<float> m0(size_t(owned), 0.0f), v0(size_t(owned), 0.0f);
+  for (const ParamTensor& t : layout.tensors) {
+    const int64_t g = own.space.packed_index(t.offset);
+    if (g < 0) continue;
+    double ss = 0;
+    for (int64_t i = 0; i < t.numel(); ++i) ss += double(g_ref[g + i]) * g_ref[g + i];
+    const float v = float(ss / double(t.numel()) * double(scale[1]) * double(scale[1]));
+    std::fill(v0.begin() + g, v0.begin() + g + t.numel(), v);
+  }
+  std::vector<float> m[2], v[2];
+  for (int i = 0; i < 2; ++i) {
+    TrainBackend& b = *backends[i];
+    b.write_moments(m0, v0);
+    AdamWStep s;
+    s.lr = 1e-2, s.beta1 = 0.9, s.beta2 = 0.95, s.eps = 1e-8, s.weight_decay = 0.1, s.t = 1;
+    s.decay_norms_and_embeddings = false;  // the step's own setting, not the config's
+    s.grad_scale = scale[i];
+    REQUIRE(s.grad_scale < 1.0f);  // clipping is active
+    b.optimizer_step(s);
+    b.pull_theta();
+    m[i].resize(size_t(owned)), v[i].resize(size_t(owned));
+    b.read_moments(m[i], v[i]);
+  }
+
+  // ---- every owned tensor: gradient (from m = (1 − β1)·scale·g) and update --------------
+  const std::span<float> th_gpu = gpu->host_theta(), th_cpu = cpu.host_theta();
+  std::ostringstream table;
+  char line[256];
+  std::snprintf(line, sizeof line, "%-50s %11s %11s %8s\n", "owned tensor", "grad err", "update err", "tol");
+  table << line;
+  int bad = 0;
+  double worst = 0;
+  std::string worst_name;
+  for (const ParamTensor& t : layout.tensors) {
+    const int64_t g = own.space.packed_index(t.offset);
+    if (g < 0) continue;
+    const int64_t n = t.numel();
+    const double grad_err = test::rel_error(m[0].data() + g, m[1].data() + g, n);
+    std::vector<float> u_gpu(static_cast<size_t>(n)), u_cpu(static_cast<size_t>(n));
+    for (int64_t i = 0; i < n; ++i) {
+      u_gpu[i] = th_gpu[t.offset + i] - theta0[t.offset + i];
+      u_cpu[i] = th_cpu[t.offset + i] - theta0[t.offset + i];
+    }
+    const double upd_err = test::rel_error(u_gpu.data(), u_cpu.data(), n);
+    const double tl = (t.kind == ParamKind::expert || t.kind == ParamKind::router) ? tol.routed : tol.shared;
+    const bool ok = grad_err <= tl && upd_err <= tl;
+    std::snprintf(line, sizeof line, "%-50s %11.3e %11.3e %8.1e %s\n", t.name.c_str(), grad_err, upd_err, tl,
+                  ok ? "OK" : "MISMATCH");
+    table << line;
+    bad += !ok;
+    if (std::max(grad_err, upd_err) / tl > worst) worst = std::max(grad_err, upd_err) / tl, worst_name = t.name;
+    CHECK_MESSAGE(ok, t.name << ": grad rel err " << grad_err << ", update rel err " << upd_err << " > tol " << tl);
+  }
+  MESSAGE("GPU vs CPU after one step:\n"
+          << table.str() << (bad == 0 ? "all owned tensors OK" : std::to_string(bad) + " tensor(s) MISMATCH")
+          << "; worst " << worst_name << " at " << worst << " of its tolerance");
+
+  // Frozen experts: bit-unchanged on the host θ (no state, no update).
+  for (int e = 0; e < int(cfg.model.n_experts); ++e) {
+    if (own.owns_expert(e)) continue;
+    const int64_t b0 = layout.expert_begin(e), b1 = layout.expert_begin(e + 1);
+    CHECK_MESSAGE(std::memcmp(th_gpu.data() + b0, theta0.data() + b0, size_t(b1 - b0) * 4) == 0,
+                  "frozen expert " << e << " changed on the GPU");
+  }
+
+  // ---- the compute weights AdamW wrote ------------------------------------------------
+  // The CPU at the GPU's θ rounded to bf16 — the compute copy AdamW should have
+  // written — gives the GPU's losses (full batch and a 1-row, padded batch).
+  std::vector<float> theta1(th_gpu.begin(), th_gpu.end());
+  for (float& x : theta1) x = bf16_round(x);
+  std::copy(theta1.begin(), theta1.end(), cpu.host_theta().begin());
+  cpu.push_theta();
+  const LossParts after_gpu = gpu->forward(mb1.x.data(), mb1.y.data(), B);
+  check_parts("after the step", after_gpu, cpu.forward(mb1.x.data(), mb1.y.data(), B), tol.loss, tol.lb);
+  // A short batch: the GPU pads it to micro_batch rows and takes CE and ZLM over the
+  // real rows only. (LB and RZ come from the MoE layers over all rows, padding
+  // included, so only the token-mean parts are comparable; evaluation uses CE.)
+  const LossParts short_gpu = gpu->forward(mb2.x.data(), mb2.y.data(), 1),
+                  short_cpu = cpu.forward(mb2.x.data(), mb2.y.data(), 1);
+  check_close("after the step, 1 row ce", short_gpu.ce, short_cpu.ce, tol.loss);
+  check_close("after the step, 1 row lm_z", short_gpu.lm_z, short_cpu.lm_z, tol.loss);
+  // Pushing the pulled θ back rebuilds the compute copy with float_to_bf16; AdamW's
+  // copy must have been the same bits, so the (deterministic) forward is unchanged.
+  gpu->pull_theta();
+  gpu->push_theta();
+  const LossParts again = gpu->forward(mb1.x.data(), mb1.y.data(), B);
+  CHECK(again.ce == after_gpu.ce);
+  CHECK(again.lb == after_gpu.lb);
+  CHECK(again.router_z == after_gpu.router_z);
+  CHECK(again.lm_z == after_gpu.lm_z);
+}
+
+// CSV rows after the header, split on commas.
+std::vector<std::vector<std::string>> csv_rows(const std::string& csv) {
+  std::vector<std::vector<std::string>> rows;
+  std::istringstream is(csv);
+  std::string line;
+  std::getline(is, line);
+  while (std::getline(is, line)) {
+    std::vector<std::string> cells;
+    std::istringstream ls(line);
+    std::string cell;
+    while (std::getline(ls, cell, ',')) cells.push_back(cell);
+    rows.push_back(cells);
+  }
+  return rows;
+}
+
+// step:loss,ce,lb,router_z,lm_z,lr,grad_norm of every row (the columns that must
+// agree between runs; step time and throughput do not).
+std::vector<std::string> loss_columns(const std::string& csv) {
+  std::vector<std::string> out;
+  for (const auto& r : csv_rows(csv)) {
+    REQUIRE(r.size() > 8);
+    std::string s = r[0] + ":";
+    for (int c = 2; c <= 8; ++c) s += r[c] + (c < 8 ? "," : "");
+    out.push_back(s);
+  }
+  return out;
+}
+
+double mean_loss_of_last(const std::string& csv, int n) {
+  const auto rows = csv_rows(csv);
+  REQUIRE(int(rows.size()) >= n);
+  double s = 0;
+  for (int i = int(rows.size()) - n; i < int(rows.size()); ++i) s += std::stod(rows[i][2]);
+  return s / n;
+}
+
+}  // namespace
+
+GPU_TEST_CASE("gpu step: one step equals the CPU's, every token routed to every expert") {
+  auto dir = test::temp_dir("gpu-step-dense");
+  // top_k = n_experts: no routing decision exists that bf16 rounding could flip.
+  StepTolerances tol;
+  compare_one_step(gpu_config(dir, {"model.top_k=4", "train.lb_coef=0.05", "train.router_z_coef=0.01",
+                                    "train.lm_z_coef=0.001"}),
+                   tol);
+}
+
+GPU_TEST_CASE("gpu step: one step equals the CPU's, top-2 routing") {
+  auto dir = test::temp_dir("gpu-step-top2");
+  StepTolerances tol;
+  tol.shared = 1e-1;
+  tol.routed = 3e-1;
+  tol.moved_slots = 2e-2;
+  compare_one_step(gpu_config(dir, {"train.lb_coef=0.05", "train.router_z_coef=0.01", "train.lm_z_coef=0.001"}),
+                   tol);
+}
+
+GPU_TEST_CASE("gpu step: 300 steps end within 2% of the CPU run's training loss") {
+  auto dir = test::temp_dir("gpu-300");
+  Config g = gpu_config(dir / "gpu");
+  Config c = gpu_config(dir / "cpu");  // the same tokens in its own folder
+  c.train.device = "cpu";
+  std::ostringstream gpu_csv, cpu_csv;
+  Trainer(g).run(gpu_csv, false);
+  Trainer(c).run(cpu_csv, false);
+  REQUIRE(csv_rows(gpu_csv.str()).size() == 300);
+  REQUIRE(csv_rows(cpu_csv.str()).size() == 300);
+  // Same batches on both: compare the mean of the last 10 steps' losses (one step's
+  // loss alone carries that batch's noise, ±0.15 here). bf16 activations drift the
+  // trajectory a little (on the CPU, rounding θ0 alone to bf16 moves this mean by
+  // 0.6%); 2% is the bar. 300 CPU steps take about 3 s on 2 cores.
+  const double gl = mean_loss_of_last(gpu_csv.str(), 10), cl = mean_loss_of_last(cpu_csv.str(), 10);
+  const double first = std::stod(csv_rows(cpu_csv.str()).front()[2]);
+  MESSAGE("300 steps: gpu " << gl << ", cpu " << cl << " (mean of the last 10 steps; first step " << first
+                            << "), rel diff " << rel(gl, cl) << " (tol 2e-2)");
+  CHECK(rel(gl, cl) <= 2e-2);
+  CHECK(cl < first - 1.0);  // it learned (the data is a noisy repeating pattern)
+}
+
+GPU_TEST_CASE("gpu resume: N steps equal N/2 + resume + N/2, bitwise; a GPU checkpoint evaluates the same on the CPU") {
+  auto dir = test::temp_dir("gpu-resume");
+  Config full_cfg = gpu_config(dir / "a", {"train.steps=20", "optim.decay_steps=20", "optim.warmup_steps=4"});
+  std::ostringstream full_csv, first_csv, second_csv;
+  Trainer full(full_cfg);
+  full.run(full_csv, false);
+
+  Config half_cfg = gpu_config(dir / "b", {"train.steps=20", "optim.decay_steps=20", "optim.warmup_steps=4"});
+  half_cfg.train.max_steps_this_run = 10;
+  {
+    Trainer t(half_cfg);
+    t.run(first_csv, false);
+    CHECK(t.step() == 10);
+  }
+  half_cfg.train.max_steps_this_run = 0;
+  Trainer resumed(half_cfg);
+  resumed.run(second_csv, true);
+  CHECK(resumed.step() == 20);
+  // Bitwise: the checkpoint holds the fp32 master θ and moments exactly, the bf16
+  // compute copy rebuilt from it has the bits AdamW wrote, and every kernel of the
+  // step is deterministic (DESIGN §5), so the resumed run repeats the same arithmetic.
+  std::vector<std::string> a = loss_columns(full_csv.str()), b = loss_columns(first_csv.str()),
+                           b2 = loss_columns(second_csv.str());
+  b.insert(b.end(), b2.begin(), b2.end());
+  CHECK(a == b);
+  CHECK(resumed.params() == full.params());
+
+  // The GPU's validation CE, and the CPU's on the GPU's checkpoint: the CPU runs the
+  // fp32 θ, the GPU its bf16 copy with bf16 activations; mean CE over the held-out
+  // tokens agrees to 1e-3 (relative).
+  const EvalResult gpu_eval = full.evaluate(0);
+  REQUIRE(gpu_eval.tokens > 0);
+  Config cpu_cfg = full_cfg;
+  cpu_cfg.train.device = "cpu";
+  Trainer cpu(cpu_cfg);
+  const std::string ckpt = latest_checkpoint((std::filesystem::path(full_cfg.checkpoint.dir) / "node-1").string());
+  REQUIRE_FALSE(ckpt.empty());
+  cpu.load_params(load_checkpoint(ckpt), ckpt);
+  CHECK(cpu.step() == 20);
+  const EvalResult cpu_eval = cpu.evaluate(0);
+  CHECK(cpu_eval.tokens == gpu_eval.tokens);
+  MESSAGE("validation CE: gpu " << gpu_eval.ce << ", cpu on the GPU checkpoint " << cpu_eval.ce << " over "
+                                << gpu_eval.tokens << " tokens, rel diff " << rel(gpu_eval.ce, cpu_eval.ce)
+                                << " (tol 1e-3)");
+  CHECK(rel(gpu_eval.ce, cpu_eval.ce) <= 1e-3);
+}
+
+GPU_TEST_CASE("gpu memory: the backend's arena is exactly the memory plan's") {
+  auto dir = test::temp_dir("gpu-arena");
+  const Config cfg = gpu_config(dir);
+  const ParamLayout layout = make_layout(cfg.model);
+  const Ownership own = ownership_of(cfg, layout);
+  const GpuMemoryPlan plan = plan_gpu_memory(cfg.model, layout, own, cfg.train.micro_batch,
+                                             gpu_kernel_scratch(cfg.model, cfg.train.micro_batch, own.space.size()));
+  cuda_check(cudaFree(nullptr));  // the context exists before the first reading
+  size_t free_before = 0, free_after = 0, total = 0;
+  cuda_check(cudaMemGetInfo(&free_before, &total));
+  std::unique_ptr<TrainBackend> gpu = make_gpu_backend(cfg, layout, own);
+  cuda_check(cudaMemGetInfo(&free_after, &total));
+  const GpuArenaUse arena = gpu_arena_use(*gpu);
+  const int64_t taken = int64_t(free_before) - int64_t(free_after);
+  MESSAGE("arena " << arena.capacity << " B (used " << arena.used << "), plan arena " << plan.arena_bytes()
+                   << " B, plan total " << plan.total() << " B; device memory taken by the backend " << taken
+                   << " B");
+  CHECK(arena.capacity == plan.arena_bytes());
+  CHECK(arena.used <= arena.capacity);
+  CHECK(arena.capacity - arena.used < kGpuArenaAlign);  // every planned buffer was carved
+  // The backend's own allocations are the arena plus the runtime's GEMM workspace;
+  // cuBLAS handles and lazily loaded kernels take a little more.
+  CHECK(taken >= arena.capacity);
+  CHECK(taken <= plan.total() + (int64_t(256) << 20));
+  // The start-up report reads the same plan.
+  const std::vector<MemoryLine> report = gpu->memory_report();
+  REQUIRE_FALSE(report.empty());
+  CHECK(report.back().category == "total");
+  CHECK(report.back().bytes == plan.total());
+  for (const MemoryLine& l : report)
+    for (MemCategory c : {MemCategory::weights, MemCategory::master, MemCategory::moments, MemCategory::grads,
+                          MemCategory::activations, MemCategory::workspace})
+      if (l.category == mem_category_name(c)) CHECK(l.bytes == plan.bytes(c));
+  CHECK(gpu->optimizer_state_bytes() == 12 * own.space.size());
+  CpuBackend cpu(cfg.model, cfg.train.loss, layout, own, cfg.train.micro_batch, 1);
+  CHECK_THROWS_AS(gpu_arena_use(cpu), Error);
+}
