@@ -30,6 +30,7 @@
 #include "engine/base/error.hpp"
 #include "model/hf_export.hpp"
 #include "model/layout.hpp"
+#include "net/asio_util.hpp"
 #include "net/codec.hpp"
 #include "net/digest.hpp"
 #include "net/frame.hpp"
@@ -45,55 +46,7 @@ namespace asio = boost::asio;
 using tcp = asio::ip::tcp;
 using Clock = std::chrono::steady_clock;
 
-std::string load_secret(const std::string& secret_file) {
-  std::string s;
-  if (!secret_file.empty()) {
-    std::ifstream f(secret_file, std::ios::binary);
-    if (!f) throw NetError("cannot read secret_file " + secret_file);
-    std::stringstream ss;
-    ss << f.rdbuf();
-    s = ss.str();
-    while (!s.empty() && std::isspace(static_cast<unsigned char>(s.back()))) s.pop_back();
-    if (s.empty()) throw NetError("secret_file " + secret_file + " is empty");
-    return s;
-  }
-  if (const char* e = std::getenv("SPES_SECRET")) s = e;
-  return s;
-}
-
-HostPort parse_host_port(const std::string& s) {
-  HostPort hp;
-  std::string port;
-  if (!s.empty() && s[0] == '[') {
-    const auto close = s.find(']');
-    if (close == std::string::npos || close + 1 >= s.size() || s[close + 1] != ':')
-      throw NetError("bad coordinator address '" + s + "': expected [v6addr]:port");
-    hp.host = s.substr(1, close - 1);
-    port = s.substr(close + 2);
-  } else {
-    const auto colon = s.rfind(':');
-    if (colon == std::string::npos) throw NetError("bad coordinator address '" + s + "': expected host:port");
-    hp.host = s.substr(0, colon);
-    port = s.substr(colon + 1);
-  }
-  char* end = nullptr;
-  const long p = std::strtol(port.c_str(), &end, 10);
-  if (port.empty() || *end || p < 0 || p > 65535)
-    throw NetError("bad coordinator address '" + s + "': port must be 0..65535");
-  hp.port = uint16_t(p);
-  if (hp.host.empty()) throw NetError("bad coordinator address '" + s + "': empty host");
-  return hp;
-}
-
 namespace {
-
-std::chrono::nanoseconds to_duration(double s) {
-  return std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::duration<double>(std::min(s, 1e9)));
-}
-
-bool is_loopback_host(const std::string& h) {
-  return h == "localhost" || h == "::1" || h.rfind("127.", 0) == 0;
-}
 
 enum class Phase { waiting, collecting, merging, publishing };
 const char* phase_name(Phase p) {
@@ -228,14 +181,7 @@ struct Coordinator::Impl::Session : std::enable_shared_from_this<Session> {
   std::string who() const { return node_id >= 0 ? "node " + std::to_string(node_id) + " (" + peer + ")" : peer; }
 
   void start() {
-    boost::system::error_code ec;
-    sock.set_option(tcp::no_delay(true), ec);
-    sock.set_option(asio::socket_base::keep_alive(true), ec);
-    const int fd = sock.native_handle();
-    int idle = 10, intvl = 5, cnt = 3;
-    ::setsockopt(fd, IPPROTO_TCP, TCP_KEEPIDLE, &idle, sizeof idle);
-    ::setsockopt(fd, IPPROTO_TCP, TCP_KEEPINTVL, &intvl, sizeof intvl);
-    ::setsockopt(fd, IPPROTO_TCP, TCP_KEEPCNT, &cnt, sizeof cnt);
+    tune_socket(sock);
     random_bytes(nonce.data(), nonce.size());
     send(own(writer.challenge(nonce)));
     hello_timer.expires_after(to_duration(co.opt.hello_timeout_s));

@@ -20,6 +20,7 @@
 #include <vector>
 
 #include "engine/config.hpp"
+#include "net/address.hpp"
 
 namespace spes::net {
 
@@ -80,16 +81,5 @@ class Coordinator {
 // --fresh starts from the seed even when state_dir holds a persisted state.
 // Serves until SIGINT/SIGTERM.
 int coordinator_main(const Config& cfg, const std::vector<std::string>& args);
-
-// The shared secret: contents of secret_file (trailing whitespace trimmed) when
-// set, else $SPES_SECRET, else "" (insecure mode). Throws NetError.
-std::string load_secret(const std::string& secret_file);
-
-// "host:port" or "[v6]:port".
-struct HostPort {
-  std::string host;
-  uint16_t port = 0;
-};
-HostPort parse_host_port(const std::string& s);
 
 }  // namespace spes::net

@@ -1,13 +1,12 @@
+// The node side of a sync round (see sync_client.hpp): connect and authenticate,
+// push Δ in grid chunks, receive and apply the round result, resync from a
+// snapshot when behind; deadlines on every socket operation, retries with backoff.
 #include "net/sync_client.hpp"
-#include "engine/base/log.hpp"
-
-#include <netinet/in.h>
-#include <netinet/tcp.h>
 
 #include <algorithm>
 #include <chrono>
 #include <cinttypes>
-#include <cstdarg>
+#include <cmath>
 #include <cstdio>
 #include <cstring>
 #include <random>
@@ -17,11 +16,13 @@
 #include <boost/asio.hpp>
 
 #include "engine/base/error.hpp"
+#include "net/address.hpp"
+#include "net/asio_util.hpp"
 #include "net/codec.hpp"
-#include "net/coordinator.hpp"
 #include "net/digest.hpp"
 #include "net/frame.hpp"
 #include "net/grid.hpp"
+#include "net/line_log.hpp"
 
 namespace spes::net {
 
@@ -42,10 +43,6 @@ struct Refused : NetError {
   Refused(wire::ErrorCode c, const std::string& why) : NetError(why), code(c) {}
 };
 
-std::chrono::nanoseconds to_duration(double s) {
-  return std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::duration<double>(std::min(s, 1e9)));
-}
-
 struct OwnedChunk {
   int chunk;            // grid index
   int64_t owned_off;    // offset in owned space
@@ -63,6 +60,7 @@ struct SyncClient::Impl {
   std::string secret;
   HostPort addr;
   int node;
+  LineLog log;
 
   // Sync state (checkpointed).
   int64_t round = 0;
@@ -85,7 +83,8 @@ struct SyncClient::Impl {
   int64_t bytes_up = 0, bytes_down = 0;
 
   Impl(const Config& c, const ParamLayout& l, const Ownership& o, uint64_t fp, SyncClientOptions op)
-      : cfg(c), layout(l), own(o), fingerprint(fp), opt(std::move(op)) {
+      : cfg(c), layout(l), own(o), fingerprint(fp), opt(std::move(op)),
+        log("[node " + std::to_string(o.node_id) + "]", opt.log) {
     codec = parse_codec(cfg.spes.codec);
     secret = opt.secret ? *opt.secret : load_secret(cfg.spes.secret_file);
     addr = parse_host_port(opt.address.empty() ? cfg.spes.coordinator : opt.address);
@@ -103,16 +102,6 @@ struct SyncClient::Impl {
     if (codec_is_lossy(codec)) residual.assign(base.size(), 0.0f), pending.assign(base.size(), 0.0f);
     std::random_device rd;
     rng.seed((uint64_t(rd()) << 32) ^ rd() ^ uint64_t(node));
-  }
-
-  void log(const char* fmt, ...) const __attribute__((format(printf, 2, 3))) {
-    if (!opt.log) return;
-    char prefix[32];
-    std::snprintf(prefix, sizeof prefix, "[node %d]", node);
-    va_list ap;
-    va_start(ap, fmt);
-    vlog_line(prefix, fmt, ap);
-    va_end(ap);
   }
 
   void gather_owned(const float* params, float* out) const { own.space.gather(params, out); }
@@ -191,12 +180,7 @@ struct SyncClient::Impl {
     if (ec) throw Transient("cannot resolve " + addr.host + ": " + ec.message());
     run_op([&](auto&& h) { asio::async_connect(sock, endpoints, h); }, opt.connect_timeout_s,
            ("connecting to " + addr.host + ":" + std::to_string(addr.port)).c_str());
-    sock.set_option(tcp::no_delay(true), ec);
-    sock.set_option(asio::socket_base::keep_alive(true), ec);
-    int idle = 10, intvl = 5, cnt = 3;
-    ::setsockopt(sock.native_handle(), IPPROTO_TCP, TCP_KEEPIDLE, &idle, sizeof idle);
-    ::setsockopt(sock.native_handle(), IPPROTO_TCP, TCP_KEEPINTVL, &intvl, sizeof intvl);
-    ::setsockopt(sock.native_handle(), IPPROTO_TCP, TCP_KEEPCNT, &cnt, sizeof cnt);
+    tune_socket(sock);
 
     const wire::Envelope* env = read_frame(kMaxHandshakeFrameBytes, opt.connect_timeout_s);
     if (env->msg_type() != wire::Message_Challenge) throw Transient("coordinator did not send a Challenge");
