@@ -15,7 +15,6 @@
 #include "engine/local.hpp"
 #include "engine/trainer.hpp"
 #include "model/hf_export.hpp"
-#include "net/coordinator.hpp"
 #include "engine/commands.hpp"
 #include "model/expert_merge.hpp"
 
@@ -47,26 +46,6 @@ int export_hf_command(int argc, char** argv) {
   export_hf(c.model, layout, s.params.data(), out, o);
   std::fprintf(stderr, "exported step %lld to %s (config.json, model.safetensors)\n", (long long)s.step, out.c_str());
   return 0;
-}
-
-// `coordinator CONFIG [--set section.key=value]... [--dump-state DIR [--dump-every N]] [--port P]`
-int coordinator_command(int argc, char** argv) {
-  std::string config;
-  std::vector<std::string> sets, rest;
-  for (int i = 1; i < argc; ++i) {
-    const std::string a = argv[i];
-    const bool takes_value = a == "--set" || a == "--dump-state" || a == "--dump-every" || a == "--port";
-    if (takes_value && i + 1 >= argc) throw Error(a + " needs a value");
-    if (a == "--set") sets.push_back(argv[++i]);
-    else if (a.rfind("--set=", 0) == 0) sets.push_back(a.substr(6));
-    else if (takes_value) rest.push_back(a), rest.push_back(argv[++i]);
-    else if (config.empty() && !a.empty() && a[0] != '-') config = a;
-    else rest.push_back(a);
-  }
-  if (config.empty())
-    throw Error(
-        "usage: spes-engine coordinator CONFIG [--set section.key=value]... [--fresh] [--dump-state DIR [--dump-every N]]");
-  return net::coordinator_main(load_config(config, sets), rest);
 }
 
 int merge_experts_command(int argc, char** argv) { return merge_experts_main({argv + 1, argv + argc}); }

@@ -28,7 +28,6 @@
 #include <sstream>
 
 #include "engine/base/error.hpp"
-#include "model/hf_export.hpp"
 #include "model/layout.hpp"
 #include "net/asio_util.hpp"
 #include "net/codec.hpp"
@@ -86,9 +85,9 @@ struct OutJob {
 struct Coordinator::Impl {
   struct Session;
 
-  Config cfg;
+  CoordinatorParams p;
   CoordinatorOptions opt;
-  ParamLayout layout;
+  const ParamLayout& layout = p.layout;
   Codec codec;
   int n_nodes;
   int min_nodes;
@@ -132,7 +131,7 @@ struct Coordinator::Impl {
   CoordinatorStats stats_;
   int64_t refusal_logs = 0;
 
-  Impl(const Config& c, CoordinatorOptions o);
+  Impl(CoordinatorParams params, CoordinatorOptions o);
   void log(const char* fmt, ...) const __attribute__((format(printf, 2, 3)));
   void set_phase(Phase p, int64_t r, const std::string& why);
   void accept();
@@ -142,7 +141,6 @@ struct Coordinator::Impl {
   void maybe_close();
   void close_round(const std::string& why);
   void persist();
-  void dump_hf();
   void shutdown();
   void refused(const std::string& who, const std::string& reason);
   template <class F>
@@ -276,8 +274,8 @@ struct Coordinator::Impl::Session : std::enable_shared_from_this<Session> {
     const auto expect = hmac_sha256(co.secret, hello_proof_message(nonce, run_id, h->node_id(), h->fingerprint()));
     if (!digest_equal(expect, std::span<const uint8_t>(h->proof()->data(), kProofBytes)))
       return fail(wire::ErrorCode_auth, "authentication failed: the HMAC proof does not match the coordinator's secret");
-    if (run_id != co.cfg.spes.run_id)
-      return fail(wire::ErrorCode_run_id, "run id mismatch: coordinator runs '" + co.cfg.spes.run_id +
+    if (run_id != co.p.run_id)
+      return fail(wire::ErrorCode_run_id, "run id mismatch: coordinator runs '" + co.p.run_id +
                                               "', node sent '" + std::string(run_id) + "'");
     const int id = h->node_id();
     if (id < 0 || id >= co.n_nodes)
@@ -463,40 +461,40 @@ struct Coordinator::Impl::Session : std::enable_shared_from_this<Session> {
 
 // ---- the coordinator ------------------------------------------------------------
 
-Coordinator::Impl::Impl(const Config& c, CoordinatorOptions o) : cfg(c), opt(std::move(o)) {
-  const ModelConfig& m = cfg.model;
-  layout = make_layout(m);
-  codec = parse_codec(cfg.spes.codec);
-  n_nodes = int(cfg.spes.n_nodes);
-  if (n_nodes < 1) throw NetError("[spes] n_nodes must be ≥ 1");
-  min_nodes = int(std::clamp<int64_t>(cfg.spes.min_nodes, 1, n_nodes));
+Coordinator::Impl::Impl(CoordinatorParams params, CoordinatorOptions o) : p(std::move(params)), opt(std::move(o)) {
+  codec = p.codec;
+  n_nodes = p.n_nodes;
+  if (n_nodes < 1) throw NetError("coordinator: n_nodes must be ≥ 1");
+  if (int(p.nodes.size()) != n_nodes)
+    throw NetError("coordinator: " + std::to_string(p.nodes.size()) + " node descriptions for " +
+                   std::to_string(n_nodes) + " nodes");
+  min_nodes = int(std::clamp<int64_t>(p.min_nodes, 1, n_nodes));
   if (opt.chunk_elems < kInt8Block || opt.chunk_elems > kMaxChunkElems || opt.chunk_elems % kInt8Block)
     throw NetError("chunk_elems must be a multiple of " + std::to_string(kInt8Block) + " in [" +
                    std::to_string(kInt8Block) + ", " + std::to_string(kMaxChunkElems) + "]");
-  grid = make_grid(layout, m.n_experts, opt.chunk_elems);
-  for (int p = 0; p < n_nodes; ++p) {
-    const Ownership own = make_ownership(m, layout, p, n_nodes, cfg.spes.ownership, cfg.spes.experts_per_node);
-    fingerprints.push_back(model_fingerprint(m, layout, own));
+  grid = make_grid(layout, p.n_experts, opt.chunk_elems);
+  for (const CoordinatorNode& node : p.nodes) {
+    fingerprints.push_back(node.fingerprint);
     std::vector<int> chunks;
     std::vector<uint8_t> owns(grid.chunks.size(), 0);
-    for (const Range& r : own.space.ranges())
+    for (const Range& r : node.space.ranges())
       for (int ch : grid.chunks_in(r)) chunks.push_back(ch), owns[ch] = 1;
     node_chunks.push_back(std::move(chunks));
     node_owns.push_back(std::move(owns));
   }
-  secret = opt.secret ? *opt.secret : load_secret(cfg.spes.secret_file);
+  secret = p.secret;
   if (opt.max_connections <= 0) opt.max_connections = 4 * n_nodes + 16;
 
   // θ: the persisted state of this run when there is one, else the seeded init.
   theta.resize(size_t(layout.total));
-  const std::string state_path = (std::filesystem::path(cfg.spes.state_dir) / "state.bin").string();
+  const std::string state_path = (std::filesystem::path(p.state_dir) / "state.bin").string();
   PersistedState ps;
   if (opt.fresh && std::filesystem::exists(state_path))
     log("--fresh: ignoring the persisted state in %s (it is overwritten at the first persist)", state_path.c_str());
   if (!opt.fresh && std::filesystem::exists(state_path)) {
     ps = load_state_file(state_path, theta, codec_is_lossy(codec) ? &down_residual : nullptr);
-    if (ps.run_id != cfg.spes.run_id)
-      throw NetError(state_path + " belongs to run '" + ps.run_id + "', not '" + cfg.spes.run_id +
+    if (ps.run_id != p.run_id)
+      throw NetError(state_path + " belongs to run '" + ps.run_id + "', not '" + p.run_id +
                      "' (use another state_dir or run_id)");
     if (ps.fingerprint != fingerprints[0])
       throw NetError(state_path + " holds a different model (fingerprint " + hash_hex(ps.fingerprint) + " vs " +
@@ -509,10 +507,11 @@ Coordinator::Impl::Impl(const Config& c, CoordinatorOptions o) : cfg(c), opt(std
     log("resumed round %" PRId64 " (step %" PRId64 ") from %s, state %s", round, step, state_path.c_str(),
         hash_hex(hash).c_str());
   } else {
-    init_parameters(theta.data(), m, layout, cfg.train.seed);
+    if (!p.init_theta) throw NetError("coordinator: no init_theta to start a fresh run from");
+    p.init_theta(theta.data());
     hash = state_hash(theta.data(), layout.total);
     log("fresh run '%s': θ initialised from seed %" PRIu64 " (%" PRId64 " params), state %s",
-        cfg.spes.run_id.c_str(), cfg.train.seed, layout.total, hash_hex(hash).c_str());
+        p.run_id.c_str(), p.seed, layout.total, hash_hex(hash).c_str());
   }
   if (codec_is_lossy(codec) && down_residual.empty()) down_residual.assign(size_t(layout.total), 0.0f);
   merge = std::make_unique<StreamingMerge>(grid);
@@ -523,10 +522,10 @@ Coordinator::Impl::Impl(const Config& c, CoordinatorOptions o) : cfg(c), opt(std
   enc_scratch.resize(encoded_bytes(Codec::fp32, opt.chunk_elems));
 
   // Bind: without a secret only loopback, unless the config says allow_insecure.
-  const HostPort hp = parse_host_port(cfg.spes.coordinator);
-  std::string host = opt.bind_host.empty() ? hp.host : opt.bind_host;
+  const HostPort hp = parse_host_port(p.address);
+  std::string host = hp.host;
   const int port = opt.port >= 0 ? opt.port : hp.port;
-  if (secret.empty() && !cfg.spes.allow_insecure && !is_loopback_host(host)) {
+  if (secret.empty() && !p.allow_insecure && !is_loopback_host(host)) {
     log("no shared secret (secret_file / SPES_SECRET): binding loopback only instead of %s "
         "(set allow_insecure = true to override)", host.c_str());
     host = "127.0.0.1";
@@ -544,7 +543,7 @@ Coordinator::Impl::Impl(const Config& c, CoordinatorOptions o) : cfg(c), opt(std
   bound = acceptor.local_endpoint();
   log("listening on %s:%u (%s, %d nodes, min_nodes %d, round timeout %.0f s, codec %s%s)", host.c_str(),
       unsigned(acceptor.local_endpoint().port()), secret.empty() ? "no secret" : "HMAC auth", n_nodes, min_nodes,
-      cfg.spes.round_timeout_s, codec_name(codec), secret.empty() ? ", insecure" : "");
+      p.round_timeout_s, codec_name(codec), secret.empty() ? ", insecure" : "");
   stats_.round = round;
   stats_.step = step;
   stats_.state_hash = hash;
@@ -627,19 +626,19 @@ void Coordinator::Impl::on_push_chunk(Session& s, const wire::PushChunk* m) {
   if (n_bytes != encoded_bytes(codec, ch.size()))
     return s.fail(wire::ErrorCode_bad_push, "push payload of " + std::to_string(n_bytes) + " bytes, expected " +
                                                 std::to_string(encoded_bytes(codec, ch.size())));
-  const uint8_t* p = m->payload()->data();
-  if (crc32c(p, n_bytes) != m->checksum()) return s.fail(wire::ErrorCode_bad_push, "push chunk checksum mismatch");
+  const uint8_t* payload = m->payload()->data();
+  if (crc32c(payload, n_bytes) != m->checksum()) return s.fail(wire::ErrorCode_bad_push, "push chunk checksum mismatch");
   NodeRound& nr = nodes[s.node_id];
   if (nr.got[c]) {  // a resend after a reconnect: idempotent
     if (nr.crc[c] != m->checksum()) return s.fail(wire::ErrorCode_bad_push, "resent chunk differs from the first push");
     return;
   }
   float* v = scratch.data();
-  if (!decode(codec, p, ch.size(), v)) return s.fail(wire::ErrorCode_bad_push, "push payload holds non-finite values");
+  if (!decode(codec, payload, ch.size(), v)) return s.fail(wire::ErrorCode_bad_push, "push payload holds non-finite values");
   if (phase == Phase::waiting) {
     set_phase(Phase::collecting, round + 1, "first push, from node " + std::to_string(s.node_id));
     timed_out = false;
-    round_timer.expires_after(to_duration(cfg.spes.round_timeout_s));
+    round_timer.expires_after(to_duration(p.round_timeout_s));
     const int64_t r = round + 1;
     round_timer.async_wait([this, r](boost::system::error_code ec) {
       if (ec || phase != Phase::collecting || round + 1 != r) return;
@@ -647,7 +646,7 @@ void Coordinator::Impl::on_push_chunk(Session& s, const wire::PushChunk* m) {
       int done = 0;
       for (const auto& n : nodes) done += n.done;
       log("round %" PRId64 ": timeout after %.1f s with %d of %d nodes done (min_nodes %d)", r,
-          cfg.spes.round_timeout_s, done, n_nodes, min_nodes);
+          p.round_timeout_s, done, n_nodes, min_nodes);
       maybe_close();
     });
   }
@@ -690,13 +689,13 @@ void Coordinator::Impl::close_round(const std::string& why) {
   int participants = 0;
   int64_t rstep = 0;
   std::string missing;
-  for (int p = 0; p < n_nodes; ++p) {
-    if (nodes[p].done) ++participants;
-    else missing += (missing.empty() ? "" : ";") + std::to_string(p);
-    if (nodes[p].got_n > 0) rstep = std::max(rstep, nodes[p].step);
+  for (int node = 0; node < n_nodes; ++node) {
+    if (nodes[node].done) ++participants;
+    else missing += (missing.empty() ? "" : ";") + std::to_string(node);
+    if (nodes[node].got_n > 0) rstep = std::max(rstep, nodes[node].step);
   }
-  const double alpha = merge_alpha_at(cfg.spes.merge_alpha, cfg.spes.merge_interval, cfg.spes.merge_decay_steps, rstep);
-  const std::vector<bool> changed = merge->close(theta.data(), layout, alpha, cfg.spes.merge_topk);
+  const double alpha = merge_alpha_at(p.merge.alpha, p.merge.interval, p.merge.decay_steps, rstep);
+  const std::vector<bool> changed = merge->close(theta.data(), layout, alpha, p.merge.topk);
   const double* target = merge->target();
 
   // θ_new − θ_old for the changed chunks. Lossy codecs: add the download residual,
@@ -752,8 +751,14 @@ void Coordinator::Impl::close_round(const std::string& why) {
       grid.chunks.size(), merge_ms, hash_hex(hash).c_str());
 
   // Persist before anyone can see the round: a restart never loses a published round.
-  if (cfg.spes.persist_every > 0 && round % cfg.spes.persist_every == 0) persist();
-  if (!opt.dump_dir.empty() && opt.dump_every > 0 && round % opt.dump_every == 0) dump_hf();
+  if (p.persist_every > 0 && round % p.persist_every == 0) persist();
+  if (p.on_round) {
+    try {
+      p.on_round(theta, round);
+    } catch (const std::exception& e) {
+      log("round %" PRId64 ": on_round hook failed: %s", round, e.what());
+    }
+  }
 
   set_phase(Phase::publishing, round, std::to_string(participants) + " recipient(s)");
   // RoundDone frame bytes (small) are counted with the chunks.
@@ -796,39 +801,24 @@ void Coordinator::Impl::close_round(const std::string& why) {
 void Coordinator::Impl::persist() {
   const auto t0 = Clock::now();
   PersistedState ps;
-  ps.run_id = cfg.spes.run_id;
+  ps.run_id = p.run_id;
   ps.fingerprint = fingerprints[0];
   ps.round = round;
   ps.step = step;
   ps.state_hash = hash;
   ps.codec = uint32_t(codec);
-  const std::string path = (std::filesystem::path(cfg.spes.state_dir) / "state.bin").string();
+  const std::string path = (std::filesystem::path(p.state_dir) / "state.bin").string();
   save_state_file(path, ps, theta, codec_is_lossy(codec) ? &down_residual : nullptr);
   persisted_round = round;
   log("round %" PRId64 " persisted to %s (%.0f ms)", round, path.c_str(),
       std::chrono::duration<double, std::milli>(Clock::now() - t0).count());
 }
 
-void Coordinator::Impl::dump_hf() {
-  char name[32];
-  std::snprintf(name, sizeof name, "round-%08lld", static_cast<long long>(round));
-  const std::string dir = (std::filesystem::path(opt.dump_dir) / name).string();
-  try {
-    HfExportOptions o;
-    o.router_aux_loss_coef = cfg.train.loss.lb_coef;
-    export_hf(cfg.model, layout, theta.data(), dir, o);
-    log("round %" PRId64 " exported to %s", round, dir.c_str());
-  } catch (const std::exception& e) {
-    // The run goes on; the export is a by-product.
-    log("round %" PRId64 ": HF export to %s failed: %s", round, dir.c_str(), e.what());
-  }
-}
-
 void Coordinator::Impl::shutdown() {
   if (stopped) return;
   stopped = true;
   log("stopping at round %" PRId64 " (state %s)", round, hash_hex(hash).c_str());
-  if (persisted_round != round && cfg.spes.persist_every > 0) {
+  if (persisted_round != round && p.persist_every > 0) {
     try {
       persist();
     } catch (const std::exception& e) {
@@ -843,8 +833,8 @@ void Coordinator::Impl::shutdown() {
   io.stop();
 }
 
-Coordinator::Coordinator(const Config& cfg, CoordinatorOptions opt)
-    : impl_(std::make_unique<Impl>(cfg, std::move(opt))) {}
+Coordinator::Coordinator(CoordinatorParams params, CoordinatorOptions opt)
+    : impl_(std::make_unique<Impl>(std::move(params), std::move(opt))) {}
 
 Coordinator::~Coordinator() = default;
 
@@ -877,28 +867,6 @@ CoordinatorStats Coordinator::stats() const {
 
 const char* Coordinator::csv_header() {
   return "round,step,participants,missing_nodes,late_pushes,bytes_in,bytes_out,merge_alpha,merge_ms,state_hash";
-}
-
-int coordinator_main(const Config& cfg, const std::vector<std::string>& args) {
-  CoordinatorOptions opt;
-  for (size_t i = 0; i < args.size(); ++i) {
-    auto value = [&](const char* flag) {
-      if (i + 1 >= args.size()) throw NetError(std::string(flag) + " needs a value");
-      return args[++i];
-    };
-    if (args[i] == "--dump-state") opt.dump_dir = value("--dump-state");
-    else if (args[i] == "--dump-every") opt.dump_every = std::stoll(value("--dump-every"));
-    else if (args[i] == "--port") opt.port = std::stoi(value("--port"));
-    else if (args[i] == "--fresh") opt.fresh = true;
-    else throw NetError("coordinator: unknown argument '" + args[i] + "'");
-  }
-  if (!opt.dump_dir.empty() && opt.dump_every <= 0) opt.dump_every = 1;
-  opt.csv = &std::cout;
-  opt.handle_signals = true;
-  Coordinator c(cfg, opt);
-  std::cout << Coordinator::csv_header() << "\n" << std::flush;
-  c.run();
-  return 0;
 }
 
 }  // namespace spes::net
