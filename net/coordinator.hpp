@@ -3,15 +3,14 @@
 // (CoordinatorParams); the program builds them from its config
 // (engine/net_sync.hpp) and runs `spes-engine coordinator` (engine/cmd_coordinator.cpp).
 //
-// A round is an explicit state machine, each transition logged on stderr:
-//   waiting    no push yet for round r = completed + 1
-//   collecting first push arrived; the round timer (round_timeout_s) runs; pushes
-//              are decoded and accumulated chunk by chunk (StreamingMerge)
-//   merging    every node pushed, or the timer fired with ≥ min_nodes done:
-//              mean merge, expert-merging warm-up, encode θ_new − θ_old, apply the
-//              *decoded* update to θ (so θ equals what nodes will compute), hash,
-//              persist
-//   publishing the result is queued to every node that pushed; then waiting again
+// The pieces, each readable alone:
+//   net/session      sockets: handshake, framing, out queues, the write pump
+//   net/round        the round state machine (pure; every transition logged):
+//                    waiting → collecting → merging → publishing → waiting
+//   net/streaming_merge, net/publication
+//                    the merge as pushes stream in; θ_new − θ_old for the nodes
+//   net/global_state θ, round, step, hash and their persistence (before publishing)
+//   net/coordinator  the glue wiring them on one Asio thread
 // One CSV row per round goes to the csv stream.
 #pragma once
 #include <cstdint>
