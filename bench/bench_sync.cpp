@@ -23,6 +23,7 @@
 #include <vector>
 
 #include "engine/config.hpp"
+#include "engine/net_sync.hpp"
 #include "model/layout.hpp"
 #include "net/codec.hpp"
 #include "net/coordinator.hpp"
@@ -109,11 +110,12 @@ pid_t spawn_coordinator(const char* self, const std::string& codec, int n_nodes,
 
 int coordinator_child(char** argv) {
   const Config c = bench_config(argv[2], std::atoi(argv[3]), std::atoi(argv[4]) != 0, uint16_t(std::atoi(argv[5])));
+  net::CoordinatorParams p = coordinator_params(c);
+  p.secret = "bench";
   net::CoordinatorOptions o;
-  o.secret = "bench";
   o.log = false;
   o.handle_signals = true;
-  net::Coordinator co(c, o);
+  net::Coordinator co(std::move(p), o);
   co.run();
   return 0;
 }
@@ -194,11 +196,11 @@ int main(int argc, char** argv) {
     const Config c = bench_config(codec, 1, small, port);
     const pid_t pid = spawn_coordinator(self, codec, 1, small, port);
     const Ownership own = make_ownership(c.model, layout, 0, 1, "all", 0);
+    net::SyncClientParams sp = sync_client_params(c, layout, own, init);
+    sp.secret = "bench";
     net::SyncClientOptions o;
-    o.secret = "bench";
     o.log = false;
-    o.initial_params = init.data();
-    net::SyncClient client(c, layout, own, model_fingerprint(c.model, layout, own), o);
+    net::SyncClient client(sp, o);
     std::vector<float> params = init;
     double best = 1e30;
     net::SyncStats st, best_st;
@@ -233,11 +235,11 @@ int main(int argc, char** argv) {
     std::vector<std::vector<float>> params;
     for (int p = 0; p < 4; ++p) {
       owns.push_back(make_ownership(c.model, layout, p, 4, "partitioned", 2));
+      net::SyncClientParams sp = sync_client_params(c, layout, owns[p], init);
+      sp.secret = "bench";
       net::SyncClientOptions o;
-      o.secret = "bench";
       o.log = false;
-      o.initial_params = init.data();
-      clients.push_back(std::make_unique<net::SyncClient>(c, layout, owns[p], model_fingerprint(c.model, layout, owns[p]), o));
+      clients.push_back(std::make_unique<net::SyncClient>(sp, o));
       params.push_back(init);
     }
     std::vector<net::SyncStats> st(4);

@@ -1,29 +1,87 @@
 // `spes-engine coordinator CONFIG [--set section.key=value]... [--fresh]
-// [--dump-state DIR [--dump-every N]] [--port P]`: the merge coordinator of a run.
+//  [--dump-state DIR [--dump-every N]] [--port P]`: the merge coordinator of the
+// config's run (net::Coordinator), serving until SIGINT/SIGTERM, with one CSV row
+// per round on stdout. --fresh starts from the seed even when state_dir holds a
+// persisted state; --dump-state writes θ as an HF export (config.json +
+// model.safetensors) to DIR/round-NNNNNNNN every N rounds (default 1).
+#include <cinttypes>
+#include <cstdarg>
+#include <cstdio>
+#include <filesystem>
+#include <iostream>
+#include <string>
+#include <vector>
+
 #include "engine/args.hpp"
+#include "engine/base/error.hpp"
+#include "engine/base/log.hpp"
 #include "engine/commands.hpp"
 #include "engine/config.hpp"
+#include "engine/net_sync.hpp"
+#include "model/hf_export.hpp"
 #include "net/coordinator.hpp"
 
 namespace spes {
 
+namespace {
+
+void coordinator_log(const char* fmt, ...) __attribute__((format(printf, 1, 2)));
+void coordinator_log(const char* fmt, ...) {
+  va_list ap;
+  va_start(ap, fmt);
+  vlog_line("[coordinator]", fmt, ap);
+  va_end(ap);
+}
+
+}  // namespace
+
+std::function<void(std::span<const float>, int64_t)> coordinator_hf_dump(const Config& cfg, const std::string& dir,
+                                                                        int64_t every) {
+  if (dir.empty() || every <= 0) return {};
+  return [model = cfg.model, lb_coef = cfg.train.loss.lb_coef, layout = make_layout(cfg.model), dir, every](
+             std::span<const float> theta, int64_t round) {
+    if (round % every != 0) return;
+    char name[32];
+    std::snprintf(name, sizeof name, "round-%08lld", static_cast<long long>(round));
+    const std::string out = (std::filesystem::path(dir) / name).string();
+    try {
+      HfExportOptions o;
+      o.router_aux_loss_coef = lb_coef;
+      export_hf(model, layout, theta.data(), out, o);
+      coordinator_log("round %" PRId64 " exported to %s", round, out.c_str());
+    } catch (const std::exception& e) {
+      // The run goes on; the export is a by-product.
+      coordinator_log("round %" PRId64 ": HF export to %s failed: %s", round, out.c_str(), e.what());
+    }
+  };
+}
+
 int coordinator_command(const std::vector<std::string>& args) {
-  std::string config;
-  std::vector<std::string> sets, rest;
-  for (size_t i = 0; i < args.size(); ++i) {
-    const std::string& a = args[i];
-    const bool takes_value = a == "--set" || a == "--dump-state" || a == "--dump-every" || a == "--port";
-    if (takes_value && i + 1 >= args.size()) throw UsageError(a + " needs a value");
-    if (a == "--set") sets.push_back(args[++i]);
-    else if (a.rfind("--set=", 0) == 0) sets.push_back(a.substr(6));
-    else if (takes_value) rest.push_back(a), rest.push_back(args[++i]);
-    else if (config.empty() && !a.empty() && a[0] != '-') config = a;
-    else rest.push_back(a);
-  }
-  if (config.empty())
-    throw UsageError(
-        "usage: spes-engine coordinator CONFIG [--set section.key=value]... [--fresh] [--dump-state DIR [--dump-every N]]");
-  return net::coordinator_main(load_config(config, sets), rest);
+  namespace po = boost::program_options;
+  ConfigArgs a;
+  std::string dump_dir;
+  int64_t dump_every = 0;
+  net::CoordinatorOptions opt;
+  po::options_description opts;
+  a.declare(opts, false);
+  opts.add_options()("fresh", po::bool_switch(&opt.fresh), "start from the seed even when state_dir holds a persisted state")(
+      "dump-state", po::value(&dump_dir), "write θ as an HF export to DIR/round-NNNNNNNN")(
+      "dump-every", po::value(&dump_every), "... every N rounds (default 1)")(
+      "port", po::value(&opt.port), "listen on this port instead of [spes] coordinator's");
+  if (!parse_args(args, opts,
+                  "spes-engine coordinator CONFIG [--set section.key=value]... [--fresh] [--dump-state DIR "
+                  "[--dump-every N]] [--port P]"))
+    return 0;
+  const Config cfg = a.load();
+  if (!dump_dir.empty() && dump_every <= 0) dump_every = 1;
+  net::CoordinatorParams params = coordinator_params(cfg);
+  params.on_round = coordinator_hf_dump(cfg, dump_dir, dump_every);
+  opt.csv = &std::cout;
+  opt.handle_signals = true;
+  net::Coordinator c(std::move(params), opt);
+  std::cout << net::Coordinator::csv_header() << "\n" << std::flush;
+  c.run();
+  return 0;
 }
 
 }  // namespace spes

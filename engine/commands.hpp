@@ -2,10 +2,15 @@
 // only dispatches. Each takes the words after the command name and returns the exit
 // code; a bad argument throws UsageError (exit 2), any other failure an Error (exit 1).
 #pragma once
+#include <cstdint>
+#include <functional>
+#include <span>
 #include <string>
 #include <vector>
 
 namespace spes {
+
+struct Config;
 
 int train_command(const std::vector<std::string>& args);          // cmd_train.cpp
 int local_command(const std::vector<std::string>& args);          // cmd_local.cpp
@@ -15,5 +20,10 @@ int export_hf_command(const std::vector<std::string>& args);      // cmd_export_
 int merge_experts_command(const std::vector<std::string>& args);  // cmd_merge_experts.cpp
 int tokenize_command(const std::vector<std::string>& args);       // cmd_tokenize.cpp
 int generate_command(const std::vector<std::string>& args);       // cmd_generate.cpp
+
+// The coordinator's --dump-state hook (net::CoordinatorParams::on_round): θ as an HF
+// export in DIR/round-NNNNNNNN at every `every`-th round; empty when dir is "".
+std::function<void(std::span<const float>, int64_t)> coordinator_hf_dump(const Config& cfg, const std::string& dir,
+                                                                        int64_t every);
 
 }  // namespace spes

@@ -1,15 +1,28 @@
+// Config → net parameters, and the trainer's sync hook (see net_sync.hpp).
 #include "engine/net_sync.hpp"
 
-#include "net/sync_client.hpp"
+#include <vector>
+
+#include "engine/checkpoint.hpp"
+#include "engine/trainer.hpp"
+#include "net/address.hpp"
 
 namespace spes {
 
 namespace {
 
+net::MergeWarmup merge_warmup(const SpesConfig& s) {
+  net::MergeWarmup m;
+  m.alpha = s.merge_alpha;
+  m.topk = s.merge_topk;
+  m.interval = s.merge_interval;
+  m.decay_steps = s.merge_decay_steps;
+  return m;
+}
+
 class NetSyncHook : public SyncHook {
  public:
-  NetSyncHook(const Config& cfg, const ParamLayout& layout, const Ownership& own, const float* init_params)
-      : client_(cfg, layout, own, model_fingerprint(cfg.model, layout, own), options(init_params)) {}
+  explicit NetSyncHook(const net::SyncClientParams& p) : client_(p) {}
 
   SyncStats sync_round(float* params, int64_t step) override {
     const net::SyncStats s = client_.sync_round(params, step);
@@ -21,23 +34,78 @@ class NetSyncHook : public SyncHook {
     out.state_hash = s.state_hash;
     return out;
   }
-  void save_state(CheckpointState& s) const override { client_.save_state(s); }
-  void load_state(const CheckpointState& s, float*) override { client_.load_state(s); }
+  void save_state(CheckpointState& s) const override {
+    net::SyncState st = client_.state();
+    s.sync_round = st.round;
+    s.sync_base = std::move(st.base);
+    s.sync_residual = std::move(st.residual);
+  }
+  void load_state(const CheckpointState& s, float*) override {
+    client_.restore(net::SyncState{s.sync_round, s.sync_base, s.sync_residual});
+  }
 
  private:
-  static net::SyncClientOptions options(const float* init_params) {
-    net::SyncClientOptions o;
-    o.initial_params = init_params;
-    return o;
-  }
   net::SyncClient client_;
 };
 
 }  // namespace
 
+net::CoordinatorParams coordinator_params(const Config& cfg) {
+  const SpesConfig& s = cfg.spes;
+  net::CoordinatorParams p;
+  p.run_id = s.run_id;
+  p.n_nodes = int(s.n_nodes);
+  p.min_nodes = s.min_nodes;
+  p.codec = net::parse_codec(s.codec);
+  p.secret = net::load_secret(s.secret_file);
+  p.allow_insecure = s.allow_insecure;
+  p.address = s.coordinator;
+  p.round_timeout_s = s.round_timeout_s;
+  p.state_dir = s.state_dir;
+  p.persist_every = s.persist_every;
+  p.merge = merge_warmup(s);
+  p.layout = make_layout(cfg.model);
+  p.n_experts = cfg.model.n_experts;
+  for (int node = 0; node < p.n_nodes; ++node) {
+    const Ownership own = make_ownership(cfg.model, p.layout, node, p.n_nodes, s.ownership, s.experts_per_node);
+    p.nodes.push_back({model_fingerprint(cfg.model, p.layout, own), own.space});
+  }
+  p.init_theta = [model = cfg.model, layout = p.layout, seed = cfg.train.seed](float* theta) {
+    init_parameters(theta, model, layout, seed);
+  };
+  p.seed = cfg.train.seed;
+  return p;
+}
+
+net::SyncClientParams sync_client_params(const Config& cfg, const ParamLayout& layout, const Ownership& own,
+                                         std::span<const float> init_params) {
+  const SpesConfig& s = cfg.spes;
+  net::SyncClientParams p;
+  p.run_id = s.run_id;
+  p.node_id = own.node_id;
+  p.n_nodes = int(s.n_nodes);
+  p.codec = net::parse_codec(s.codec);
+  p.secret = net::load_secret(s.secret_file);
+  p.coordinator = s.coordinator;
+  p.round_timeout_s = s.round_timeout_s;
+  p.layout = layout;
+  p.n_experts = cfg.model.n_experts;
+  p.space = own.space;
+  p.fingerprint = model_fingerprint(cfg.model, layout, own);
+  p.initial_params = init_params;
+  return p;
+}
+
 std::unique_ptr<SyncHook> make_net_sync_hook(const Config& cfg, const ParamLayout& layout, const Ownership& own,
                                              const float* init_params) {
-  return std::make_unique<NetSyncHook>(cfg, layout, own, init_params);
+  std::vector<float> init;
+  if (!init_params) {
+    init.resize(size_t(layout.total));
+    init_parameters(init.data(), cfg.model, layout, cfg.train.seed);
+    init_params = init.data();
+  }
+  return std::make_unique<NetSyncHook>(
+      sync_client_params(cfg, layout, own, std::span<const float>(init_params, size_t(layout.total))));
 }
 
 }  // namespace spes

@@ -1,14 +1,30 @@
-// The trainer's sync hook backed by the sync protocol (net/SyncClient): what
-// `spes-engine train` installs when [spes] sync_steps > 0.
+// The program's side of the sync protocol: net/ takes plain values, built here from
+// the Config (net never sees a Config or a checkpoint), and the trainer's sync hook
+// backed by net::SyncClient — what `spes-engine train` installs when
+// [spes] sync_steps > 0. Its state travels in CheckpointState's sync_* fields.
 #pragma once
 #include <cstdint>
 #include <memory>
+#include <span>
 
 #include "engine/config.hpp"
-#include "engine/trainer.hpp"
 #include "model/layout.hpp"
+#include "net/coordinator.hpp"
+#include "net/sync_client.hpp"
 
 namespace spes {
+
+class SyncHook;  // engine/trainer.hpp (not included: its SyncStats would clash with net::SyncStats in net tests)
+
+// The coordinator of this config's run: every node's ownership and fingerprint,
+// [spes] settings, the secret (secret_file / $SPES_SECRET) and θ from train.seed.
+// No on_round hook (the coordinator command adds its --dump-state export).
+net::CoordinatorParams coordinator_params(const Config& cfg);
+
+// Node own.node_id of this config's run. init_params: the seeded initial θ
+// (layout.total floats), which the caller must hold until the client is built.
+net::SyncClientParams sync_client_params(const Config& cfg, const ParamLayout& layout, const Ownership& own,
+                                         std::span<const float> init_params);
 
 // init_params: the seeded initial θ when the caller holds it (a fresh trainer's
 // params), so the client does not recompute it; null = recompute from the seed.

@@ -1,37 +1,76 @@
-// The merge coordinator (`spes-engine coordinator CONFIG`): holds the global θ in
-// fp32 and runs sync rounds (DESIGN §1) over the protocol of net/protocol.fbs.
+// The merge coordinator: holds the global θ in fp32 and runs sync rounds
+// (DESIGN §1) over the protocol of net/protocol.fbs. It takes plain values
+// (CoordinatorParams); the program builds them from its config
+// (engine/net_sync.hpp) and runs `spes-engine coordinator` (engine/cmd_coordinator.cpp).
 //
-// A round is an explicit state machine, each transition logged on stderr:
-//   waiting    no push yet for round r = completed + 1
-//   collecting first push arrived; the round timer (round_timeout_s) runs; pushes
-//              are decoded and accumulated chunk by chunk (StreamingMerge)
-//   merging    every node pushed, or the timer fired with ≥ min_nodes done:
-//              mean merge, expert-merging warm-up, encode θ_new − θ_old, apply the
-//              *decoded* update to θ (so θ equals what nodes will compute), hash,
-//              persist
-//   publishing the result is queued to every node that pushed; then waiting again
-// One CSV row per round goes to the csv stream (stdout in coordinator_main).
+// The pieces, each readable alone:
+//   net/session      sockets: handshake, framing, out queues, the write pump
+//   net/round        the round state machine (pure; every transition logged):
+//                    waiting → collecting → merging → publishing → waiting
+//   net/streaming_merge, net/publication
+//                    the merge as pushes stream in; θ_new − θ_old for the nodes
+//   net/global_state θ, round, step, hash and their persistence (before publishing)
+//   net/coordinator  the glue wiring them on one Asio thread
+// One CSV row per round goes to the csv stream.
 #pragma once
 #include <cstdint>
+#include <functional>
 #include <iosfwd>
 #include <memory>
-#include <optional>
+#include <span>
 #include <string>
 #include <vector>
 
-#include "engine/config.hpp"
+#include "model/layout.hpp"
+#include "model/owned_space.hpp"
+#include "net/address.hpp"
+#include "net/codec.hpp"
 
 namespace spes::net {
 
+// One node of the run, by node id.
+struct CoordinatorNode {
+  uint64_t fingerprint = 0;  // model_fingerprint of its ownership: its Hello must match
+  OwnedSpace space;          // the parameters it trains and pushes
+};
+
+// Expert-merging warm-up (DESIGN §1): α = alpha·(1 − min(step/decay_steps, 1)) at
+// rounds whose step is a multiple of interval; top-k donors per expert.
+struct MergeWarmup {
+  double alpha = 0;  // 0 = off
+  int64_t topk = 4;
+  int64_t interval = 0;
+  int64_t decay_steps = 0;
+};
+
+struct CoordinatorParams {
+  std::string run_id;
+  int n_nodes = 1;
+  int64_t min_nodes = 1;                    // quorum once round_timeout_s has passed (clamped to 1..n_nodes)
+  Codec codec = Codec::fp32;
+  std::string secret;                       // the shared secret itself ("" = none: loopback only)
+  bool allow_insecure = false;              // no secret and a non-loopback bind
+  std::string address = "127.0.0.1:29500";  // "host:port" to bind
+  double round_timeout_s = 600;
+  std::string state_dir;                    // state.bin lives here
+  int64_t persist_every = 1;                // rounds between persisted states; 0 = never
+  MergeWarmup merge;
+  ParamLayout layout;
+  int64_t n_experts = 0;
+  std::vector<CoordinatorNode> nodes;       // n_nodes entries, by node id
+  // A fresh run's θ (layout.total floats) from the seed: the engine passes init_parameters.
+  std::function<void(float* theta)> init_theta;
+  uint64_t seed = 0;                        // only logged
+  // Called on the server thread after each round is merged and persisted, before it
+  // is published (the engine's --dump-state HF exports). Exceptions are logged.
+  std::function<void(std::span<const float> theta, int64_t round)> on_round;
+};
+
 struct CoordinatorOptions {
-  std::string bind_host;              // "" = host of [spes] coordinator (loopback without a secret)
-  int port = -1;                      // -1 = port of [spes] coordinator; 0 = any free port
+  int port = -1;                      // -1 = the port of params.address; 0 = any free port
   int64_t chunk_elems = 1 << 20;      // payload grid (multiple of kInt8Block, ≤ kMaxChunkElems)
   std::ostream* csv = nullptr;        // one row per round
   bool log = true;                    // transitions and refusals on stderr
-  std::optional<std::string> secret;  // overrides secret_file / SPES_SECRET (tests)
-  std::string dump_dir;               // HF export of θ every dump_every rounds
-  int64_t dump_every = 0;
   double hello_timeout_s = 10.0;      // a connection that does not authenticate by then is dropped
   int max_connections = 0;            // 0 = 4·n_nodes + 16
   bool handle_signals = false;        // SIGINT/SIGTERM stop the server (persisting θ first)
@@ -54,10 +93,10 @@ struct CoordinatorStats {
 
 class Coordinator {
  public:
-  // Loads the persisted state from spes.state_dir when there is one (same run id
-  // and fingerprint), else initialises θ with init_parameters(train.seed). Binds
-  // the listening socket here, so port() is valid before run().
-  Coordinator(const Config& cfg, CoordinatorOptions opt = {});
+  // Loads the persisted state from params.state_dir when there is one (same run id
+  // and fingerprint), else initialises θ with params.init_theta. Binds the listening
+  // socket here, so port() is valid before run(). Throws NetError.
+  explicit Coordinator(CoordinatorParams params, CoordinatorOptions opt = {});
   ~Coordinator();
   Coordinator(const Coordinator&) = delete;
   Coordinator& operator=(const Coordinator&) = delete;
@@ -73,23 +112,5 @@ class Coordinator {
   struct Impl;
   std::unique_ptr<Impl> impl_;
 };
-
-// `spes-engine coordinator CONFIG [--fresh] [--dump-state DIR [--dump-every N]] [--port P]`: args
-// are the ones after the config path. --dump-state writes θ as an HF export
-// (config.json + model.safetensors) to DIR/round-NNNNNNNN every N rounds (default 1).
-// --fresh starts from the seed even when state_dir holds a persisted state.
-// Serves until SIGINT/SIGTERM.
-int coordinator_main(const Config& cfg, const std::vector<std::string>& args);
-
-// The shared secret: contents of secret_file (trailing whitespace trimmed) when
-// set, else $SPES_SECRET, else "" (insecure mode). Throws NetError.
-std::string load_secret(const std::string& secret_file);
-
-// "host:port" or "[v6]:port".
-struct HostPort {
-  std::string host;
-  uint16_t port = 0;
-};
-HostPort parse_host_port(const std::string& s);
 
 }  // namespace spes::net

@@ -1,13 +1,12 @@
+// The node side of a sync round (see sync_client.hpp): connect and authenticate,
+// push Δ in grid chunks, receive and apply the round result, resync from a
+// snapshot when behind; deadlines on every socket operation, retries with backoff.
 #include "net/sync_client.hpp"
-#include "engine/base/log.hpp"
-
-#include <netinet/in.h>
-#include <netinet/tcp.h>
 
 #include <algorithm>
 #include <chrono>
 #include <cinttypes>
-#include <cstdarg>
+#include <cmath>
 #include <cstdio>
 #include <cstring>
 #include <random>
@@ -17,11 +16,13 @@
 #include <boost/asio.hpp>
 
 #include "engine/base/error.hpp"
+#include "net/address.hpp"
+#include "net/asio_util.hpp"
 #include "net/codec.hpp"
-#include "net/coordinator.hpp"
 #include "net/digest.hpp"
 #include "net/frame.hpp"
 #include "net/grid.hpp"
+#include "net/line_log.hpp"
 
 namespace spes::net {
 
@@ -42,10 +43,6 @@ struct Refused : NetError {
   Refused(wire::ErrorCode c, const std::string& why) : NetError(why), code(c) {}
 };
 
-std::chrono::nanoseconds to_duration(double s) {
-  return std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::duration<double>(std::min(s, 1e9)));
-}
-
 struct OwnedChunk {
   int chunk;            // grid index
   int64_t owned_off;    // offset in owned space
@@ -54,15 +51,14 @@ struct OwnedChunk {
 }  // namespace
 
 struct SyncClient::Impl {
-  Config cfg;
-  ParamLayout layout;
-  Ownership own;
-  uint64_t fingerprint;
+  SyncClientParams p;  // initial_params cleared after the constructor
+  const ParamLayout& layout = p.layout;
+  const OwnedSpace& space = p.space;
   SyncClientOptions opt;
-  Codec codec;
-  std::string secret;
+  const Codec codec = p.codec;
   HostPort addr;
-  int node;
+  const int node = p.node_id;
+  LineLog log;
 
   // Sync state (checkpointed).
   int64_t round = 0;
@@ -84,44 +80,28 @@ struct SyncClient::Impl {
   std::mt19937_64 rng;
   int64_t bytes_up = 0, bytes_down = 0;
 
-  Impl(const Config& c, const ParamLayout& l, const Ownership& o, uint64_t fp, SyncClientOptions op)
-      : cfg(c), layout(l), own(o), fingerprint(fp), opt(std::move(op)) {
-    codec = parse_codec(cfg.spes.codec);
-    secret = opt.secret ? *opt.secret : load_secret(cfg.spes.secret_file);
-    addr = parse_host_port(opt.address.empty() ? cfg.spes.coordinator : opt.address);
-    node = own.node_id;
-    if (opt.io_timeout_s <= 0) opt.io_timeout_s = std::max(60.0, cfg.spes.round_timeout_s + 120.0);
-    base.resize(size_t(own.space.size()));
-    if (opt.initial_params) {
-      gather_owned(opt.initial_params, base.data());
-    } else {
-      std::vector<float> init(size_t(layout.total));
-      init_parameters(init.data(), cfg.model, layout, cfg.train.seed);
-      gather_owned(init.data(), base.data());
-    }
-    opt.initial_params = nullptr;
+  Impl(const SyncClientParams& params, SyncClientOptions op)
+      : p(params), opt(std::move(op)), addr(parse_host_port(p.coordinator)),
+        log("[node " + std::to_string(p.node_id) + "]", opt.log) {
+    if (int64_t(p.initial_params.size()) != layout.total)
+      throw NetError("node " + std::to_string(node) + ": initial θ has " + std::to_string(p.initial_params.size()) +
+                     " values, the layout " + std::to_string(layout.total));
+    if (opt.io_timeout_s <= 0) opt.io_timeout_s = std::max(60.0, p.round_timeout_s + 120.0);
+    base.resize(size_t(space.size()));
+    gather_owned(p.initial_params.data(), base.data());
+    p.initial_params = {};
     if (codec_is_lossy(codec)) residual.assign(base.size(), 0.0f), pending.assign(base.size(), 0.0f);
     std::random_device rd;
     rng.seed((uint64_t(rd()) << 32) ^ rd() ^ uint64_t(node));
   }
 
-  void log(const char* fmt, ...) const __attribute__((format(printf, 2, 3))) {
-    if (!opt.log) return;
-    char prefix[32];
-    std::snprintf(prefix, sizeof prefix, "[node %d]", node);
-    va_list ap;
-    va_start(ap, fmt);
-    vlog_line(prefix, fmt, ap);
-    va_end(ap);
-  }
-
-  void gather_owned(const float* params, float* out) const { own.space.gather(params, out); }
-  void scatter_owned(const float* in, float* params) const { own.space.scatter(in, params); }
+  void gather_owned(const float* params, float* out) const { space.gather(params, out); }
+  void scatter_owned(const float* in, float* params) const { space.scatter(in, params); }
 
   uint64_t base_hash(const float* params) const {
     StateHasher h;
     int64_t at = 0;
-    for (const OwnedSegment& s : own.space.segments()) {
+    for (const OwnedSegment& s : space.segments()) {
       h.update(params + at, s.flat.begin - at);
       h.update(base.data() + s.packed_begin, s.flat.size());
       at = s.flat.end;
@@ -191,12 +171,7 @@ struct SyncClient::Impl {
     if (ec) throw Transient("cannot resolve " + addr.host + ": " + ec.message());
     run_op([&](auto&& h) { asio::async_connect(sock, endpoints, h); }, opt.connect_timeout_s,
            ("connecting to " + addr.host + ":" + std::to_string(addr.port)).c_str());
-    sock.set_option(tcp::no_delay(true), ec);
-    sock.set_option(asio::socket_base::keep_alive(true), ec);
-    int idle = 10, intvl = 5, cnt = 3;
-    ::setsockopt(sock.native_handle(), IPPROTO_TCP, TCP_KEEPIDLE, &idle, sizeof idle);
-    ::setsockopt(sock.native_handle(), IPPROTO_TCP, TCP_KEEPINTVL, &intvl, sizeof intvl);
-    ::setsockopt(sock.native_handle(), IPPROTO_TCP, TCP_KEEPCNT, &cnt, sizeof cnt);
+    tune_socket(sock);
 
     const wire::Envelope* env = read_frame(kMaxHandshakeFrameBytes, opt.connect_timeout_s);
     if (env->msg_type() != wire::Message_Challenge) throw Transient("coordinator did not send a Challenge");
@@ -210,36 +185,36 @@ struct SyncClient::Impl {
     std::memcpy(server_nonce.data(), ch->nonce()->data(), kNonceBytes);
 
     HelloFields h;
-    h.run_id = cfg.spes.run_id;
+    h.run_id = p.run_id;
     h.node_id = node;
-    h.fingerprint = fingerprint;
+    h.fingerprint = p.fingerprint;
     h.codec = codec;
     h.sync_round = round;
     h.state_hash = force_snapshot ? 0 : base_hash(params);
     random_bytes(h.node_nonce.data(), h.node_nonce.size());
-    h.proof = hmac_sha256(secret, hello_proof_message(server_nonce, h.run_id, node, fingerprint));
+    h.proof = hmac_sha256(p.secret, hello_proof_message(server_nonce, h.run_id, node, p.fingerprint));
     write_frame(writer.hello(h));
 
     env = read_frame(kMaxFrameBytes, opt.io_timeout_s);
     if (env->msg_type() != wire::Message_Welcome) throw Transient("coordinator did not send Welcome");
     const auto* w = env->msg_as_Welcome();
-    const auto expect = hmac_sha256(secret, welcome_proof_message(h.node_nonce, server_nonce));
+    const auto expect = hmac_sha256(p.secret, welcome_proof_message(h.node_nonce, server_nonce));
     if (vec_size(w->proof()) != kProofBytes ||
         !digest_equal(expect, std::span<const uint8_t>(w->proof()->data(), kProofBytes)))
       throw Refused(wire::ErrorCode_auth, "the coordinator failed to prove the shared secret");
     const int64_t ce = w->chunk_elems();
     if (ce < kInt8Block || ce > kMaxChunkElems || ce % kInt8Block)
       throw Transient("coordinator announced a bad chunk size " + std::to_string(ce));
-    if (w->n_nodes() != cfg.spes.n_nodes)
+    if (w->n_nodes() != p.n_nodes)
       throw Refused(wire::ErrorCode_bad_node, "coordinator runs " + std::to_string(w->n_nodes()) + " nodes, config says " +
-                                                  std::to_string(cfg.spes.n_nodes));
+                                                  std::to_string(p.n_nodes));
     if (grid.chunk_elems != ce) {
-      grid = make_grid(layout, cfg.model.n_experts, ce);
+      grid = make_grid(layout, p.n_experts, ce);
       owned_chunks.clear();
       owned_off.assign(grid.chunks.size(), -1);
-      for (const Range& r : own.space.ranges())
+      for (const Range& r : space.ranges())
         for (int c : grid.chunks_in(r)) {
-          owned_off[c] = own.space.packed_offset({grid.chunks[c].begin, grid.chunks[c].end});
+          owned_off[c] = space.packed_offset({grid.chunks[c].begin, grid.chunks[c].end});
           owned_chunks.push_back({c, owned_off[c]});
         }
     }
@@ -423,33 +398,28 @@ struct SyncClient::Impl {
   }
 };
 
-SyncClient::SyncClient(const Config& cfg, const ParamLayout& layout, const Ownership& own, uint64_t fingerprint,
-                       SyncClientOptions opt)
-    : impl_(std::make_unique<Impl>(cfg, layout, own, fingerprint, std::move(opt))) {}
+SyncClient::SyncClient(const SyncClientParams& params, SyncClientOptions opt)
+    : impl_(std::make_unique<Impl>(params, std::move(opt))) {}
 
 SyncClient::~SyncClient() = default;
 
 SyncStats SyncClient::sync_round(float* params, int64_t step) { return impl_->sync_round(params, step); }
 
-void SyncClient::save_state(CheckpointState& s) const {
-  s.sync_base = impl_->base;
-  s.sync_residual = impl_->residual;
-  s.sync_round = impl_->round;
-}
+SyncState SyncClient::state() const { return {impl_->round, impl_->base, impl_->residual}; }
 
-void SyncClient::load_state(const CheckpointState& s) {
+void SyncClient::restore(const SyncState& s) {
   Impl& I = *impl_;
   I.disconnect();
   I.force_snapshot = false;
-  I.round = s.sync_round;
-  if (!s.sync_base.empty()) {
-    if (int64_t(s.sync_base.size()) != I.own.space.size())
-      throw NetError("checkpoint sync_base has " + std::to_string(s.sync_base.size()) + " values, node owns " +
-                     std::to_string(I.own.space.size()));
-    I.base = s.sync_base;
+  I.round = s.round;
+  if (!s.base.empty()) {
+    if (int64_t(s.base.size()) != I.space.size())
+      throw NetError("saved sync base has " + std::to_string(s.base.size()) + " values, node owns " +
+                     std::to_string(I.space.size()));
+    I.base = s.base;
   }
   if (codec_is_lossy(I.codec)) {
-    if (s.sync_residual.size() == I.base.size()) I.residual = s.sync_residual;
+    if (s.residual.size() == I.base.size()) I.residual = s.residual;
     else std::fill(I.residual.begin(), I.residual.end(), 0.0f);
   }
 }

@@ -16,18 +16,44 @@
 // safely). A node that is behind (it restarted from an older checkpoint, or its
 // push came after the round closed: "stale round") gets a full snapshot: params
 // become the coordinator's θ and the local work since its last round is dropped.
+//
+// It takes plain values (SyncClientParams); the program builds them from its config
+// and keeps SyncState in its checkpoints (engine/net_sync.cpp).
 #pragma once
 #include <cstdint>
 #include <memory>
-#include <optional>
+#include <span>
 #include <string>
 #include <vector>
 
-#include "engine/checkpoint.hpp"
-#include "engine/config.hpp"
 #include "model/layout.hpp"
+#include "model/owned_space.hpp"
+#include "net/codec.hpp"
 
 namespace spes::net {
+
+struct SyncClientParams {
+  std::string run_id;
+  int node_id = 0;
+  int n_nodes = 1;
+  Codec codec = Codec::fp32;
+  std::string secret;                       // the shared secret itself ("" = none)
+  std::string coordinator = "127.0.0.1:29500";  // "host:port" to dial
+  double round_timeout_s = 600;             // the coordinator's; bounds how long a round may take
+  ParamLayout layout;
+  int64_t n_experts = 0;
+  OwnedSpace space;                         // the parameters this node trains and pushes
+  uint64_t fingerprint = 0;                 // model_fingerprint of this node's ownership
+  std::span<const float> initial_params;    // the seeded init θ (layout.total); read in the constructor only
+};
+
+// What a node must keep across restarts (its checkpoint): the round it holds, θ
+// of that round over the owned parameters, and the lossy codecs' error feedback.
+struct SyncState {
+  int64_t round = 0;
+  std::vector<float> base;      // owned space
+  std::vector<float> residual;  // owned space; empty for fp32
+};
 
 struct SyncStats {
   int64_t round = 0;          // the round the node now holds
@@ -44,19 +70,15 @@ struct SyncClientOptions {
   double connect_timeout_s = 10;
   double retry_for_s = 3600;        // give up after the coordinator is unreachable this long
   double backoff_min_s = 0.2, backoff_max_s = 10;
-  double io_timeout_s = 0;          // silence tolerated while waiting; 0 = round_timeout_s + 120
-  std::optional<std::string> secret;  // overrides secret_file / SPES_SECRET (tests)
-  std::string address;              // overrides [spes] coordinator (tests: ephemeral ports)
-  const float* initial_params = nullptr;  // the seeded init θ when the caller has it (else recomputed)
+  double io_timeout_s = 0;          // silence tolerated while waiting; 0 = max(60, round_timeout_s + 120)
   bool log = true;
 };
 
 class SyncClient {
  public:
   // A fresh node: sync_base = the seeded init θ over the owned ranges, round 0
-  // (the coordinator starts from the same θ). load_state() replaces it on resume.
-  SyncClient(const Config& cfg, const ParamLayout& layout, const Ownership& own, uint64_t fingerprint,
-             SyncClientOptions opt = {});
+  // (the coordinator starts from the same θ). restore() replaces it on resume.
+  explicit SyncClient(const SyncClientParams& params, SyncClientOptions opt = {});
   ~SyncClient();
   SyncClient(const SyncClient&) = delete;
   SyncClient& operator=(const SyncClient&) = delete;
@@ -66,8 +88,10 @@ class SyncClient {
   // for retry_for_s.
   SyncStats sync_round(float* params, int64_t step);
 
-  void save_state(CheckpointState& s) const;  // sync_base, sync_residual, sync_round
-  void load_state(const CheckpointState& s);
+  SyncState state() const;
+  // Resume from a saved state (disconnects). An empty base keeps the current one; a
+  // residual of the wrong size (another codec) restarts the error feedback at zero.
+  void restore(const SyncState& s);
 
   int64_t round() const;
   // Hash of θ at the last round: params outside the owned ranges, sync_base inside.

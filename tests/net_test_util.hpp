@@ -20,6 +20,7 @@
 #include <vector>
 
 #include "engine/config.hpp"
+#include "engine/net_sync.hpp"
 #include "model/layout.hpp"
 #include "net/coordinator.hpp"
 #include "net/digest.hpp"
@@ -57,17 +58,24 @@ inline Config tiny_config(int n_nodes, const std::string& codec = "fp32", const 
 
 inline std::string temp_dir(const std::string& name) { return spes::test::temp_dir("net-" + name).string(); }
 
+// The coordinator of a test config, as the program builds it, with the tests' secret.
+inline CoordinatorParams test_coordinator_params(const Config& cfg, const std::string& secret = "test-secret") {
+  CoordinatorParams p = coordinator_params(cfg);
+  p.secret = secret;
+  return p;
+}
+
 // A coordinator serving on its own thread, on a free loopback port.
 struct CoordThread {
   std::unique_ptr<Coordinator> c;
   std::thread t;
   std::ostringstream csv;
-  CoordThread(const Config& cfg, CoordinatorOptions opt = {}) {
+  CoordThread(const Config& cfg, CoordinatorOptions opt = {}) : CoordThread(test_coordinator_params(cfg), opt) {}
+  CoordThread(CoordinatorParams params, CoordinatorOptions opt) {
     if (opt.port < 0) opt.port = 0;
     if (opt.chunk_elems == (1 << 20)) opt.chunk_elems = 1024;
     opt.csv = &csv;
-    if (!opt.secret) opt.secret = "test-secret";
-    c = std::make_unique<Coordinator>(cfg, opt);
+    c = std::make_unique<Coordinator>(std::move(params), opt);
     t = std::thread([this] { c->run(); });
   }
   ~CoordThread() { stop(); }
@@ -99,7 +107,9 @@ struct TestNode {
   std::unique_ptr<SyncClient> client;
   int64_t step = 0;
 
-  TestNode(const Config& c, int node_id, const std::string& address, SyncClientOptions opt = {}) : cfg(c) {
+  TestNode(const Config& c, int node_id, const std::string& address, SyncClientOptions opt = {},
+           const std::string& secret = "test-secret")
+      : cfg(c) {
     cfg.spes.node_id = node_id;
     layout = make_layout(cfg.model);
     own = make_ownership(cfg.model, layout, node_id, int(cfg.spes.n_nodes), cfg.spes.ownership,
@@ -107,12 +117,13 @@ struct TestNode {
     fp = model_fingerprint(cfg.model, layout, own);
     params.resize(size_t(layout.total));
     init_parameters(params.data(), cfg.model, layout, cfg.train.seed);
-    opt.address = address;
-    if (!opt.secret) opt.secret = "test-secret";
+    SyncClientParams p = sync_client_params(cfg, layout, own, params);
+    p.coordinator = address;
+    p.secret = secret;
     if (opt.backoff_min_s == 0.2) opt.backoff_min_s = 0.02;
     if (opt.backoff_max_s == 10) opt.backoff_max_s = 0.3;
     opt.log = std::getenv("SPES_NET_TEST_LOG") != nullptr;
-    client = std::make_unique<SyncClient>(cfg, layout, own, fp, opt);
+    client = std::make_unique<SyncClient>(p, opt);
   }
 
   void train(int64_t steps = 5) {

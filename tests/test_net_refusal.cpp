@@ -105,9 +105,7 @@ TEST_CASE("refusals: each mismatch gets an Error with a plain reason; the coordi
 
   // SyncClient surfaces a refusal as one clear NetError line.
   {
-    SyncClientOptions o;
-    o.secret = "wrong-secret";
-    TestNode bad(cfg, 1, co.address(), o);
+    TestNode bad(cfg, 1, co.address(), {}, "wrong-secret");
     bad.train();
     CHECK_THROWS_WITH_AS(bad.sync(), doctest::Contains("authentication failed"), NetError);
   }
@@ -160,21 +158,19 @@ TEST_CASE("refusals: without a secret the coordinator binds loopback only, unles
   Config cfg = tiny_config(1);
   cfg.spes.coordinator = "0.0.0.0:0";
   CoordinatorOptions opt;
-  opt.secret = "";
   opt.log = false;
   {
-    Coordinator c(cfg, opt);
+    Coordinator c(test_coordinator_params(cfg, ""), opt);
     CHECK(c.bind_address() == "127.0.0.1");
   }
   cfg.spes.allow_insecure = true;
   {
-    Coordinator c(cfg, opt);
+    Coordinator c(test_coordinator_params(cfg, ""), opt);
     CHECK(c.bind_address() == "0.0.0.0");
   }
-  opt.secret = "s3cret";
   cfg.spes.allow_insecure = false;
   {
-    Coordinator c(cfg, opt);
+    Coordinator c(test_coordinator_params(cfg, "s3cret"), opt);
     CHECK(c.bind_address() == "0.0.0.0");
   }
 }

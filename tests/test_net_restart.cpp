@@ -80,12 +80,11 @@ TEST_CASE("net child: coordinator process" * doctest::skip()) {
   const Config cfg = restart_config(dir, uint16_t(std::atoi(port)));
   std::ofstream out(csv, std::ios::app);
   CoordinatorOptions opt;
-  opt.secret = "test-secret";
   opt.chunk_elems = 1024;
   opt.csv = &out;
   opt.log = std::getenv("SPES_NET_TEST_LOG") != nullptr;
   opt.handle_signals = true;
-  Coordinator c(cfg, opt);
+  Coordinator c(test_coordinator_params(cfg), opt);
   c.run();
 }
 

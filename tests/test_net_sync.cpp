@@ -7,6 +7,7 @@
 #include <cmath>
 
 #include "engine/base/error.hpp"
+#include "engine/commands.hpp"
 #include "model/hf_export.hpp"
 #include "net/streaming_merge.hpp"
 #include "model/expert_merge.hpp"
@@ -151,8 +152,7 @@ TEST_CASE("faults: a node killed mid-round -> the round closes on timeout with q
   for (int p = 0; p < 3; ++p) nodes.push_back(std::make_unique<TestNode>(cfg, p, co.address()));
   auto st = sync_all(nodes);  // round 1, everyone
   check_all_equal(nodes, st, co);
-  CheckpointState ckpt2;  // node 2's checkpoint after round 1
-  nodes[2]->client->save_state(ckpt2);
+  const SyncState ckpt2 = nodes[2]->client->state();  // node 2's checkpoint after round 1
   const std::vector<float> params2 = nodes[2]->params;
   const int64_t step2 = nodes[2]->step;
 
@@ -201,7 +201,7 @@ TEST_CASE("faults: a node killed mid-round -> the round closes on timeout with q
   nodes[2] = std::make_unique<TestNode>(cfg, 2, co.address());
   nodes[2]->params = params2;
   nodes[2]->step = step2;
-  nodes[2]->client->load_state(ckpt2);
+  nodes[2]->client->restore(ckpt2);
   nodes[2]->train();
   const SyncStats s2 = nodes[2]->sync();
   CHECK(s2.resynced);
@@ -328,17 +328,17 @@ TEST_CASE("persistence: state file round trip and corruption detected") {
 
 TEST_CASE("coordinator: --dump-state writes the global θ as an HF export at the chosen rounds") {
   const Config cfg = tiny_config(2, "bf16");
-  CoordinatorOptions opt;
-  opt.dump_dir = temp_dir("dump");
-  opt.dump_every = 2;
-  CoordThread co(cfg, opt);
+  const std::string dump_dir = temp_dir("dump");
+  CoordinatorParams params = test_coordinator_params(cfg);
+  params.on_round = coordinator_hf_dump(cfg, dump_dir, 2);
+  CoordThread co(std::move(params), {});
   std::vector<std::unique_ptr<TestNode>> nodes;
   for (int p = 0; p < 2; ++p) nodes.push_back(std::make_unique<TestNode>(cfg, p, co.address()));
   sync_all(nodes);
-  CHECK_FALSE(std::filesystem::exists(opt.dump_dir + "/round-00000001"));
+  CHECK_FALSE(std::filesystem::exists(dump_dir + "/round-00000001"));
   sync_all(nodes);
-  const HfModel hf = import_hf(opt.dump_dir + "/round-00000002");
+  const HfModel hf = import_hf(dump_dir + "/round-00000002");
   CHECK(hf.config.n_experts == cfg.model.n_experts);
   CHECK(hf.params == nodes[0]->params);
-  std::filesystem::remove_all(opt.dump_dir);
+  std::filesystem::remove_all(dump_dir);
 }

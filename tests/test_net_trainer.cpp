@@ -30,11 +30,12 @@ struct Server {
   std::unique_ptr<net::Coordinator> c;
   std::thread t;
   explicit Server(const Config& cfg) {
+    net::CoordinatorParams p = coordinator_params(cfg);
+    p.secret = "";  // the nodes read no secret either: HMAC with the empty key, loopback only
     net::CoordinatorOptions o;
     o.port = 0;
-    o.secret = "";  // the nodes read no secret either: HMAC with the empty key, loopback only
     o.log = false;
-    c = std::make_unique<net::Coordinator>(cfg, o);
+    c = std::make_unique<net::Coordinator>(std::move(p), o);
     t = std::thread([this] { c->run(); });
   }
   ~Server() {

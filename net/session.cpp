@@ -1,0 +1,392 @@
+// The coordinator's sessions and their server (see session.hpp).
+#include "net/session.hpp"
+
+#include <cinttypes>
+#include <cstring>
+#include <utility>
+
+#include "engine/base/error.hpp"
+#include "net/asio_util.hpp"
+#include "net/digest.hpp"
+
+namespace spes::net {
+
+namespace asio = boost::asio;
+using tcp = asio::ip::tcp;
+
+// ---- one connection ----------------------------------------------------------
+
+Session::Session(SessionServer& srv, tcp::socket sock)
+    : srv_(srv), sock_(std::move(sock)), writer_(64 * 1024), hello_timer_(srv.io_) {
+  boost::system::error_code ec;
+  auto ep = sock_.remote_endpoint(ec);
+  peer_ = ec ? "?" : ep.address().to_string() + ":" + std::to_string(ep.port());
+}
+
+std::string Session::who() const {
+  return node_id_ >= 0 ? "node " + std::to_string(node_id_) + " (" + peer_ + ")" : peer_;
+}
+
+void Session::start() {
+  tune_socket(sock_);
+  random_bytes(nonce_.data(), nonce_.size());
+  send(own(writer_.challenge(nonce_)));
+  hello_timer_.expires_after(to_duration(srv_.rules_.hello_timeout_s));
+  hello_timer_.async_wait([self = shared_from_this()](boost::system::error_code e) {
+    if (!e && self->state_ == State::handshake) self->fail(wire::ErrorCode_timeout, "no Hello in time");
+  });
+  read_header();
+}
+
+uint32_t Session::cap() const { return state_ == State::handshake ? kMaxHandshakeFrameBytes : kMaxFrameBytes; }
+
+void Session::read_header() {
+  asio::async_read(sock_, asio::buffer(hdr_), [self = shared_from_this()](boost::system::error_code ec, size_t) {
+    self->on_header(ec);
+  });
+}
+
+void Session::on_header(boost::system::error_code ec) {
+  if (state_ == State::closing || state_ == State::closed) return;
+  if (ec) return read_failed(ec, false);
+  srv_.round_bytes_in_ += kHeaderBytes;
+  const HeaderCheck hc = parse_header(hdr_.data(), cap(), &header_);
+  if (hc != HeaderCheck::ok) {
+    // Refused before anything is allocated for the payload.
+    return fail(hc == HeaderCheck::bad_version ? wire::ErrorCode_protocol_version : wire::ErrorCode_bad_frame,
+                header_problem(hc, header_, cap()));
+  }
+  asio::async_read(sock_, asio::buffer(payload_.take(header_.length), header_.length),
+                   [self = shared_from_this()](boost::system::error_code e, size_t) { self->on_payload(e); });
+}
+
+void Session::on_payload(boost::system::error_code ec) {
+  if (state_ == State::closing || state_ == State::closed) return;
+  if (ec) return read_failed(ec, true);
+  srv_.round_bytes_in_ += header_.length;
+  srv_.counters_.bytes_in += int64_t(kHeaderBytes + header_.length);
+  std::string why;
+  const wire::Envelope* env = open_payload(payload_.data(), payload_.size(), header_.crc, &why);
+  if (!env) return fail(wire::ErrorCode_bad_frame, why);
+  dispatch(env);
+  if (state_ == State::handshake || state_ == State::ready) read_header();
+}
+
+void Session::read_failed(boost::system::error_code ec, bool mid_frame) {
+  if (ec == asio::error::operation_aborted) {
+  } else if (mid_frame || state_ == State::handshake) {
+    // A truncated frame, or a peer that left before authenticating.
+    srv_.refused(who(), mid_frame ? "connection lost in the middle of a frame" : "connection closed before Hello");
+  } else {
+    srv_.log_("%s disconnected (%s)", who().c_str(), ec.message().c_str());
+  }
+  close();
+}
+
+void Session::dispatch(const wire::Envelope* env) {
+  if (state_ == State::handshake) {
+    if (env->msg_type() != wire::Message_Hello) return fail(wire::ErrorCode_unexpected, "expected Hello");
+    return on_hello(env->msg_as_Hello());
+  }
+  switch (env->msg_type()) {
+    case wire::Message_PushChunk: return srv_.handler_.on_push_chunk(*this, env->msg_as_PushChunk());
+    case wire::Message_PushDone: return srv_.handler_.on_push_done(*this, env->msg_as_PushDone());
+    case wire::Message_SnapshotRequest: {
+      if (snapshot_queued_) return fail(wire::ErrorCode_unexpected, "snapshot already in progress");
+      snapshot_queued_ = true;
+      srv_.handler_.on_snapshot(*this);
+      ++srv_.counters_.snapshots;
+      srv_.log_("%s: sending a snapshot of round %" PRId64, who().c_str(), srv_.state_.round);
+      OutJob j;
+      j.kind = OutJob::snapshot;
+      j.theta_round = srv_.state_.round;
+      outq_.push_back(std::move(j));
+      return pump();
+    }
+    default:
+      return fail(wire::ErrorCode_unexpected, "unexpected message in this state");
+  }
+}
+
+void Session::on_hello(const wire::Hello* h) {
+  const HandshakeRules& r = srv_.rules_;
+  if (h->protocol_version() != kProtocolVersion)
+    return fail(wire::ErrorCode_protocol_version, "protocol version mismatch: coordinator speaks " +
+                                                      std::to_string(kProtocolVersion) + ", node sent " +
+                                                      std::to_string(h->protocol_version()));
+  const auto run_id = str_view(h->run_id());
+  if (run_id.size() > kMaxRunIdBytes || vec_size(h->proof()) != kProofBytes || vec_size(h->node_nonce()) != kNonceBytes)
+    return fail(wire::ErrorCode_bad_frame, "Hello fields out of bounds");
+  const auto expect = hmac_sha256(r.secret, hello_proof_message(nonce_, run_id, h->node_id(), h->fingerprint()));
+  if (!digest_equal(expect, std::span<const uint8_t>(h->proof()->data(), kProofBytes)))
+    return fail(wire::ErrorCode_auth, "authentication failed: the HMAC proof does not match the coordinator's secret");
+  if (run_id != r.run_id)
+    return fail(wire::ErrorCode_run_id,
+                "run id mismatch: coordinator runs '" + r.run_id + "', node sent '" + std::string(run_id) + "'");
+  const int id = h->node_id();
+  if (id < 0 || id >= r.n_nodes)
+    return fail(wire::ErrorCode_bad_node,
+                "node id " + std::to_string(id) + " outside this run's 0.." + std::to_string(r.n_nodes - 1));
+  if (h->fingerprint() != r.fingerprints[size_t(id)])
+    return fail(wire::ErrorCode_fingerprint, "model fingerprint mismatch: coordinator " +
+                                                 hash_hex(r.fingerprints[size_t(id)]) + ", node " +
+                                                 hash_hex(h->fingerprint()) +
+                                                 " (different model config, layout or ownership)");
+  if (!valid_codec(h->codec()) || Codec(h->codec()) != r.codec)
+    return fail(wire::ErrorCode_codec, std::string("codec mismatch: coordinator uses ") + codec_name(r.codec) +
+                                           ", node sent " +
+                                           (valid_codec(h->codec()) ? codec_name(Codec(h->codec())) : "unknown"));
+  if (srv_.node_session(id))
+    return fail(wire::ErrorCode_duplicate_node, "node " + std::to_string(id) + " is already connected");
+  node_id_ = id;
+  state_ = State::ready;
+  hello_timer_.cancel();
+  srv_.node_session_[size_t(id)] = shared_from_this();
+  member_ = true;
+  const GlobalState& g = srv_.state_;
+  WelcomeFields w;
+  w.round = g.round;
+  w.step = g.step;
+  w.state_hash = g.hash;
+  w.in_sync = srv_.handler_.on_joined(*this, h->sync_round(), h->state_hash());
+  w.chunk_elems = r.chunk_elems;
+  w.n_nodes = r.n_nodes;
+  w.proof = hmac_sha256(r.secret, welcome_proof_message(std::span<const uint8_t>(h->node_nonce()->data(), kNonceBytes), nonce_));
+  srv_.log_("%s joined (its round %" PRId64 ", coordinator round %" PRId64 ", %s)", who().c_str(), h->sync_round(),
+            g.round, w.in_sync ? "in sync" : "needs a snapshot");
+  send(own(writer_.welcome(w)));
+}
+
+void Session::send(OwnedFrame f) {
+  OutJob j;
+  j.kind = OutJob::frame;
+  j.owned = std::move(f);
+  outq_.push_back(std::move(j));
+  pump();
+}
+
+void Session::enqueue_publication(std::shared_ptr<const Publication> pub) {
+  OutJob j;
+  j.kind = OutJob::publication;
+  j.pub = std::move(pub);
+  j.theta_round = srv_.state_.round;
+  outq_.push_back(std::move(j));
+  pump();
+}
+
+void Session::left() {
+  if (!member_) return;
+  member_ = false;
+  srv_.handler_.on_left(*this);
+}
+
+void Session::fail(wire::ErrorCode code, const std::string& reason) {
+  if (state_ == State::closing || state_ == State::closed) return;
+  if (code == wire::ErrorCode_stale_round) {
+    ++srv_.counters_.refused;
+    srv_.log_("%s: %s", who().c_str(), reason.c_str());
+  } else {
+    srv_.refused(who(), reason);
+  }
+  // Nothing more after the Error; a frame already in flight is finished first.
+  if (writing_ && !outq_.empty()) {
+    outq_.erase(outq_.begin() + 1, outq_.end());
+    outq_.front().cut = true;
+  } else {
+    outq_.clear();
+  }
+  OutJob j;
+  j.kind = OutJob::frame;
+  j.owned = own(writer_.error(code, reason));
+  outq_.push_back(std::move(j));
+  state_ = State::closing;
+  left();
+  hello_timer_.cancel();
+  boost::system::error_code ec;
+  sock_.shutdown(tcp::socket::shutdown_receive, ec);
+  pump();
+}
+
+// The next frame of the job at the head of the queue, or false when it is done.
+bool Session::next_frame(OutJob& j, FrameView* v) {
+  const ChunkGrid& grid = srv_.grid_;
+  const GlobalState& g = srv_.state_;
+  switch (j.kind) {
+    case OutJob::frame:
+      if (j.next > 0) return false;
+      v->header = j.owned.bytes.data();
+      v->body = j.owned.bytes.data() + kHeaderBytes;
+      v->body_size = j.owned.bytes.size() - kHeaderBytes;
+      return true;
+    case OutJob::publication: {
+      const Publication& p = *j.pub;
+      if (j.next < p.chunks.size()) {
+        if (!p.frames.empty()) {
+          const OwnedFrame& f = p.frames[j.next];
+          v->header = f.bytes.data();
+          v->body = f.bytes.data() + kHeaderBytes;
+          v->body_size = f.bytes.size() - kHeaderBytes;
+          return true;
+        }
+        const GridChunk& c = grid.chunks[size_t(p.chunks[j.next])];
+        ChunkTag t{p.round, p.step, 0, c.begin, c.end, Codec::fp32};
+        const float* src = g.theta.data() + c.begin;
+        *v = writer_.round_chunk(t, size_t(c.size()) * 4,
+                                 [&](uint8_t* dst) { std::memcpy(dst, src, size_t(c.size()) * 4); });
+        return true;
+      }
+      if (j.next == p.chunks.size()) {
+        *v = writer_.round_done(p.round, p.step, uint32_t(p.chunks.size()), p.hash, p.participants, p.alpha);
+        return true;
+      }
+      return false;
+    }
+    case OutJob::snapshot: {
+      if (j.next < grid.chunks.size()) {
+        const GridChunk& c = grid.chunks[j.next];
+        const float* src = g.theta.data() + c.begin;
+        *v = writer_.snapshot_chunk(g.round, c.begin, c.end,
+                                    [&](uint8_t* dst) { std::memcpy(dst, src, size_t(c.size()) * 4); });
+        return true;
+      }
+      if (j.next == grid.chunks.size()) {
+        *v = writer_.snapshot_done(g.round, g.step, uint32_t(grid.chunks.size()), g.hash);
+        return true;
+      }
+      return false;
+    }
+  }
+  return false;
+}
+
+void Session::pump() {
+  if (writing_ || state_ == State::closed) return;
+  while (!outq_.empty()) {
+    OutJob& j = outq_.front();
+    // fp32 results and snapshots are read from θ: if a round closed since the job
+    // started, this node is behind and must resync.
+    const bool reads_theta = j.kind == OutJob::snapshot || (j.kind == OutJob::publication && j.pub->frames.empty());
+    if (reads_theta && j.theta_round != srv_.state_.round && state_ != State::closing) {
+      const bool was_snapshot = j.kind == OutJob::snapshot;
+      outq_.pop_front();
+      if (was_snapshot) snapshot_queued_ = false;
+      fail(wire::ErrorCode_stale_round, "stale round: round " + std::to_string(srv_.state_.round) +
+                                            " closed while sending; resync from a snapshot");
+      return;
+    }
+    FrameView v;
+    if (!next_frame(j, &v)) {
+      if (j.kind == OutJob::snapshot) snapshot_queued_ = false;
+      outq_.pop_front();
+      continue;
+    }
+    writing_ = true;
+    const size_t bytes = v.size();
+    std::array<asio::const_buffer, 2> bufs{asio::buffer(v.header, kHeaderBytes), asio::buffer(v.body, v.body_size)};
+    asio::async_write(sock_, bufs, [self = shared_from_this(), bytes](boost::system::error_code ec, size_t) {
+      self->writing_ = false;
+      if (ec) {
+        if (self->state_ != State::closing && self->state_ != State::closed && ec != asio::error::operation_aborted)
+          self->srv_.log_("%s: send failed (%s)", self->who().c_str(), ec.message().c_str());
+        return self->close();
+      }
+      self->srv_.counters_.bytes_out += int64_t(bytes);
+      if (!self->outq_.empty()) {
+        ++self->outq_.front().next;
+        if (self->outq_.front().cut) self->outq_.pop_front();
+      }
+      self->pump();
+    });
+    return;
+  }
+  if (state_ == State::closing) close();
+}
+
+void Session::close() {
+  if (state_ == State::closed) return;
+  state_ = State::closed;
+  left();
+  hello_timer_.cancel();
+  boost::system::error_code ec;
+  sock_.shutdown(tcp::socket::shutdown_both, ec);
+  sock_.close(ec);
+  outq_.clear();
+  auto self = shared_from_this();
+  srv_.sessions_.erase(self);
+  srv_.counters_.live_sessions = int64_t(srv_.sessions_.size());
+}
+
+// ---- the server ------------------------------------------------------------------
+
+SessionServer::SessionServer(asio::io_context& io, HandshakeRules rules, const ChunkGrid& grid,
+                             const GlobalState& state, SessionHandler& handler, const LineLog& log,
+                             int max_connections)
+    : io_(io),
+      acceptor_(io),
+      rules_(std::move(rules)),
+      grid_(grid),
+      state_(state),
+      handler_(handler),
+      log_(log),
+      max_connections_(max_connections),
+      node_session_(size_t(rules_.n_nodes)) {}
+
+tcp::endpoint SessionServer::listen(const std::string& host, uint16_t port) {
+  boost::system::error_code ec;
+  const auto addr = asio::ip::make_address(host, ec);
+  if (ec) throw NetError("coordinator bind address '" + host + "' is not an IP address");
+  tcp::endpoint ep(addr, port);
+  acceptor_.open(ep.protocol());
+  acceptor_.set_option(tcp::acceptor::reuse_address(true));
+  acceptor_.bind(ep, ec);
+  if (ec) throw NetError("cannot bind " + host + ":" + std::to_string(port) + ": " + ec.message());
+  acceptor_.listen(asio::socket_base::max_listen_connections);
+  return acceptor_.local_endpoint();
+}
+
+void SessionServer::start() { accept(); }
+
+void SessionServer::accept() {
+  acceptor_.async_accept([this](boost::system::error_code ec, tcp::socket sock) {
+    if (stopped_) return;
+    if (!ec) {
+      ++counters_.connections;
+      if (int(sessions_.size()) >= max_connections_) {
+        refused("a connection", "too many connections");
+        boost::system::error_code e;
+        sock.close(e);
+      } else {
+        auto s = std::make_shared<Session>(*this, std::move(sock));
+        sessions_.insert(s);
+        counters_.live_sessions = int64_t(sessions_.size());
+        s->start();
+      }
+    }
+    accept();
+  });
+}
+
+void SessionServer::stop() {
+  stopped_ = true;
+  boost::system::error_code ec;
+  acceptor_.close(ec);
+  for (const auto& s : std::vector<std::shared_ptr<Session>>(sessions_.begin(), sessions_.end())) s->close();
+}
+
+std::shared_ptr<Session> SessionServer::node_session(int node) const {
+  auto s = node_session_.at(size_t(node)).lock();
+  return s && s->ready() ? s : nullptr;
+}
+
+int64_t SessionServer::take_round_bytes_in() { return std::exchange(round_bytes_in_, 0); }
+
+void SessionServer::refused(const std::string& who, const std::string& reason) {
+  ++counters_.refused;
+  // Rate-limited: a fuzzer or a port scanner must not flood the log.
+  ++refusal_logs_;
+  if (refusal_logs_ <= 20 || refusal_logs_ % 1000 == 0)
+    log_("refused %s: %s%s", who.c_str(), reason.c_str(),
+         refusal_logs_ == 20 ? " (further refusals logged every 1000th)" : "");
+}
+
+}  // namespace spes::net

@@ -1,0 +1,156 @@
+// The coordinator's socket layer (DESIGN §3): one Session per TCP connection —
+// the Challenge → Hello → Welcome handshake with HMAC proofs, framing with a size
+// cap per state (1 KiB before authentication), an out queue of jobs (single
+// frames, round results, snapshots) drained by one write pump — and the
+// SessionServer that accepts, counts, refuses and closes connections. What a push
+// means for the round is the SessionHandler's business (net/coordinator.cpp); this
+// layer knows frames, not rounds. Everything runs on the io_context's one thread.
+#pragma once
+#include <array>
+#include <atomic>
+#include <utility>  // before Asio: boost/asio/awaitable.hpp uses std::exchange
+#include <boost/asio.hpp>
+#include <cstdint>
+#include <deque>
+#include <memory>
+#include <set>
+#include <string>
+#include <vector>
+
+#include "net/frame.hpp"
+#include "net/global_state.hpp"
+#include "net/grid.hpp"
+#include "net/line_log.hpp"
+#include "net/publication.hpp"
+
+namespace spes::net {
+
+class Session;
+class SessionServer;
+
+// What a Hello must match; fixed for the server's life.
+struct HandshakeRules {
+  std::string run_id;
+  int n_nodes = 1;
+  Codec codec = Codec::fp32;
+  std::string secret;                  // HMAC key ("" = insecure mode: proofs with the empty key)
+  std::vector<uint64_t> fingerprints;  // per node id
+  uint32_t chunk_elems = 0;            // the payload grid, announced in Welcome
+  double hello_timeout_s = 10;         // a connection that does not authenticate by then is dropped
+};
+
+// The round side of the coordinator, called by sessions (io thread).
+class SessionHandler {
+ public:
+  virtual ~SessionHandler() = default;
+  // A node authenticated; it holds θ of node_round with state hash node_hash.
+  // Returns whether it is in sync (else it needs a snapshot before pushing).
+  virtual bool on_joined(Session& s, int64_t node_round, uint64_t node_hash) = 0;
+  // A joined node's session stopped serving it (refused, closed or lost).
+  virtual void on_left(Session& s) = 0;
+  virtual void on_push_chunk(Session& s, const wire::PushChunk* m) = 0;
+  virtual void on_push_done(Session& s, const wire::PushDone* m) = 0;
+  // A snapshot of the completed round is being queued to this node.
+  virtual void on_snapshot(Session& s) = 0;
+};
+
+// Counters for CoordinatorStats (read from any thread).
+struct SessionCounters {
+  std::atomic<int64_t> connections{0};   // accepted
+  std::atomic<int64_t> live_sessions{0};
+  std::atomic<int64_t> refused{0};       // connections ended by an Error frame or a bad frame
+  std::atomic<int64_t> snapshots{0};
+  std::atomic<int64_t> bytes_in{0}, bytes_out{0};
+};
+
+class Session : public std::enable_shared_from_this<Session> {
+ public:
+  Session(SessionServer& srv, boost::asio::ip::tcp::socket sock);
+  void start();  // Challenge, hello timer, first read
+
+  int node_id() const { return node_id_; }  // -1 before the handshake
+  bool ready() const { return state_ == State::ready; }
+  std::string who() const;
+  // Refuses with a plain reason, then closes once the Error frame is written.
+  void fail(wire::ErrorCode code, const std::string& reason);
+  void enqueue_publication(std::shared_ptr<const Publication> pub);
+  void close();
+
+ private:
+  enum class State { handshake, ready, closing, closed };
+  struct OutJob {
+    enum Kind { frame, publication, snapshot } kind = frame;
+    OwnedFrame owned;                        // kind frame
+    std::shared_ptr<const Publication> pub;  // kind publication
+    int64_t theta_round = 0;                 // θ must still be this round's (fp32 results and snapshots)
+    size_t next = 0;                         // frames of the job sent so far
+    bool cut = false;                        // drop the rest once the frame in flight is written
+  };
+
+  uint32_t cap() const;
+  void read_header();
+  void on_header(boost::system::error_code ec);
+  void on_payload(boost::system::error_code ec);
+  void read_failed(boost::system::error_code ec, bool mid_frame);
+  void dispatch(const wire::Envelope* env);
+  void on_hello(const wire::Hello* h);
+  void send(OwnedFrame f);
+  bool next_frame(OutJob& j, FrameView* v);
+  void pump();
+  void left();
+
+  SessionServer& srv_;
+  boost::asio::ip::tcp::socket sock_;
+  std::string peer_;
+  State state_ = State::handshake;
+  int node_id_ = -1;
+  bool member_ = false;  // joined, and on_left not yet reported
+  std::array<uint8_t, kNonceBytes> nonce_{};
+  std::array<uint8_t, kHeaderBytes> hdr_{};
+  FrameHeader header_;
+  RecvBuffer payload_;
+  FrameWriter writer_;
+  std::deque<OutJob> outq_;
+  bool writing_ = false;
+  bool snapshot_queued_ = false;
+  boost::asio::steady_timer hello_timer_;
+};
+
+class SessionServer {
+ public:
+  // grid and state: θ as results and snapshots read it; they outlive the server.
+  SessionServer(boost::asio::io_context& io, HandshakeRules rules, const ChunkGrid& grid, const GlobalState& state,
+                SessionHandler& handler, const LineLog& log, int max_connections);
+  // Binds and listens (host must be an IP address). Throws NetError.
+  boost::asio::ip::tcp::endpoint listen(const std::string& host, uint16_t port);
+  void start();  // the accept loop
+  void stop();   // no more connections; every session closed
+  // The node's authenticated session, or null.
+  std::shared_ptr<Session> node_session(int node) const;
+  // Bytes read since the last call (the round's bytes_in column).
+  int64_t take_round_bytes_in();
+  const SessionCounters& counters() const { return counters_; }
+  // A refused connection: counted, and logged at a bounded rate.
+  void refused(const std::string& who, const std::string& reason);
+
+ private:
+  friend class Session;
+  void accept();
+
+  boost::asio::io_context& io_;
+  boost::asio::ip::tcp::acceptor acceptor_;
+  HandshakeRules rules_;
+  const ChunkGrid& grid_;
+  const GlobalState& state_;
+  SessionHandler& handler_;
+  const LineLog& log_;
+  int max_connections_;
+  std::set<std::shared_ptr<Session>> sessions_;
+  std::vector<std::weak_ptr<Session>> node_session_;  // per node id
+  int64_t round_bytes_in_ = 0;
+  int64_t refusal_logs_ = 0;
+  bool stopped_ = false;
+  SessionCounters counters_;
+};
+
+}  // namespace spes::net
