@@ -5,6 +5,8 @@
 // publication of each round to the nodes that pushed.
 #include "net/coordinator.hpp"
 
+#include "engine/base/progress.hpp"
+
 #include <algorithm>
 #include <utility>  // before Asio: boost/asio/awaitable.hpp uses std::exchange
 #include <boost/asio.hpp>
@@ -98,6 +100,7 @@ struct Coordinator::Impl final : SessionHandler {
 
   mutable std::mutex stats_mu;
   CoordinatorStats stats_;  // round, step, state_hash, late_pushes, csv_rows; the rest is the server's
+  Progress progress{"[coordinator]"};  // on a terminal: the open round at a glance (logs have the rest)
 
   Impl(CoordinatorParams params, CoordinatorOptions o);
 
@@ -198,6 +201,9 @@ void Coordinator::Impl::on_push_done(Session& s, const wire::PushDone* m) {
   if (!check_round(s, m->round())) return;
   const RoundDecision d = rounds.on_push_done(s.node_id(), m->step());
   if (!d.refuse.empty()) return s.fail(wire::ErrorCode_bad_push, d.refuse);
+  if (opt.log && progress.terminal())
+    progress.update(strprintf("round %lld collecting: %d of %d nodes pushed", (long long)rounds.open_round(),
+                              rounds.done_count(), p.n_nodes));
   if (d.close) close_round(*d.close);
 }
 
@@ -259,6 +265,11 @@ void Coordinator::Impl::close_round(const RoundClose& rc) {
   for (const auto& s : recipients) s->enqueue_publication(cpub);
   merge.begin_round();
   rounds.next_round();
+  if (opt.log && progress.terminal())
+    progress.update(strprintf("round %lld published to %zu node(s), %.1f MB out; waiting for round %lld",
+                              (long long)r, recipients.size(), double(pub->bytes * int64_t(recipients.size())) / 1e6,
+                              (long long)rounds.open_round()),
+                    true);
 }
 
 void Coordinator::Impl::shutdown() {

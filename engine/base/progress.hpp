@@ -29,6 +29,7 @@ class Progress {
   Progress(const Progress&) = delete;
   Progress& operator=(const Progress&) = delete;
 
+  bool terminal() const { return tty_ && !off_; }  // a line drawn in place
   double elapsed_s() const { return std::chrono::duration<double>(Clock::now() - start_).count(); }
   // ETA from the rate so far: done of total units.
   std::string eta(double done, double total) const {
