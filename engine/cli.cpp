@@ -26,6 +26,8 @@ const Command kCommands[] = {
      "expert-merging warm-up on an HF export: merge-experts --in A.safetensors --out B.safetensors --alpha X [--topk K]"},
     {"generate", generate_command,
      "sample text from a checkpoint: generate --checkpoint DIR [--prompt TEXT] [--max-tokens N] [--temperature T]"},
+    {"plan", plan_command,
+     "memory per node vs centralized, no GPU needed: plan CONFIG [--node-id N] [--gpus G] [--micro-batch B] [--memory 80GiB]"},
     {"tokenize", tokenize_command, "text/JSONL to token files: tokenize --input FILE... --out DIR [--val-fraction F]"},
 };
 

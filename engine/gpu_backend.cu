@@ -48,6 +48,26 @@ KernelScratch gpu_kernel_scratch(const ModelConfig& m, int64_t micro_batch, int6
   return k;
 }
 
+KernelScratch gpu_kernel_scratch_estimate(const ModelConfig& m, int64_t micro_batch, int64_t owned) {
+  const int64_t N = micro_batch * m.seq_len, d = m.d_model, kv = m.kv_dim();
+  const cuda::MoeShape shape{N, d, m.n_experts, m.top_k, m.expert_hidden, m.norm_topk_prob};
+  KernelScratch k;
+  k.moe_saved = cuda::MoeSaved::bytes(shape);
+  k.moe_scratch = cuda::MoeScratch::bytes(shape);
+  k.attention_backward = int64_t(cuda::attention_backward_scratch_bytes(micro_batch, m.seq_len, m.n_heads));
+  // The norm backwards keep one C-float partial per resident block: at most
+  // 32 blocks × 132 SMs (an H100/H200) of them.
+  k.norm_backward = std::min<int64_t>(N, 32 * 132) * std::max(d, kv) * 4;
+  // Sort keys and positions (4 arrays of N int32, 256-byte rounded) + CUB's radix
+  // sort storage, about a second copy of the pairs plus histograms.
+  k.embedding_backward = 4 * ((N * 4 + 255) / 256 * 256) + 8 * N + (int64_t(1) << 20);
+  const cuda::GradSpan span{nullptr, owned};
+  k.global_norm = int64_t(cuda::global_norm_scratch_bytes(&span, 1));
+  k.rope_table = int64_t(cuda::rope_table_bytes(m.seq_len, m.head_dim()));
+  k.gemm_workspace = int64_t(cuda::kLtWorkspaceBytes);
+  return k;
+}
+
 namespace {
 
 using cuda::bf16;

@@ -24,6 +24,10 @@ std::unique_ptr<TrainBackend> make_gpu_backend(const Config& cfg, const ParamLay
 // The kernels' own scratch sizes on this device, as the backend plans them: its
 // buffers are plan_gpu_memory(m, layout, own, micro_batch, gpu_kernel_scratch(...)).
 KernelScratch gpu_kernel_scratch(const ModelConfig& m, int64_t micro_batch, int64_t owned);
+// The same without a GPU (`spes-engine plan`): host-side sizes exact, the two that
+// depend on the device (norm-backward partials, CUB's sort storage) as upper
+// bounds for an H100/H200.
+KernelScratch gpu_kernel_scratch_estimate(const ModelConfig& m, int64_t micro_batch, int64_t owned);
 
 // A GpuBackend's device arena (tests, benches): the bytes of its one cudaMalloc and
 // the bytes its buffers took. Throws Error when `backend` is not a GpuBackend.

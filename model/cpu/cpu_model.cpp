@@ -11,41 +11,66 @@ using namespace spes::cpu;
 
 CpuModel::CpuModel(const ModelConfig& cfg, const ParamLayout& layout, const Ownership& own, int64_t batch,
                    int64_t seq_len)
+    : CpuModel(cfg, layout, own, batch, seq_len, true) {}
+
+CpuModel::CpuModel(const ModelConfig& cfg, const ParamLayout& layout, const Ownership& own, int64_t batch,
+                   int64_t seq_len, bool allocate)
     : cfg_(cfg), layout_(layout), own_(own), B_(batch), T_(seq_len), N_(batch * seq_len),
       S_(batch * seq_len * cfg.top_k) {
-  const int64_t d = cfg.d_model, kv = cfg.kv_dim(), E = cfg.n_experts, K = cfg.top_k, Hx = cfg.expert_hidden;
   acts_.resize(cfg.n_layers);
+  for_each_buffer([&](auto& v, int64_t count) {
+    planned_bytes_ += count * int64_t(sizeof(v[0]));
+    if (allocate) v.resize(size_t(count));
+  });
+}
+
+int64_t CpuModel::planned_bytes(const ModelConfig& cfg, const ParamLayout& layout, const Ownership& own,
+                                int64_t batch, int64_t seq_len) {
+  return CpuModel(cfg, layout, own, batch, seq_len, false).planned_bytes_;
+}
+
+int64_t CpuModel::allocated_bytes() {
+  int64_t bytes = 0;
+  for_each_buffer([&](auto& v, int64_t) { bytes += int64_t(v.size() * sizeof(v[0])); });
+  return bytes;
+}
+
+// Every activation and scratch buffer with its element count: the one list the
+// constructor sizes and planned_bytes adds up.
+template <class F>
+void CpuModel::for_each_buffer(F&& f) {
+  const int64_t d = cfg_.d_model, kv = cfg_.kv_dim(), E = cfg_.n_experts, K = cfg_.top_k, Hx = cfg_.expert_hidden;
   for (auto& a : acts_) {
-    for (auto* v : {&a.x_in, &a.an1, &a.q_raw, &a.q_n, &a.q, &a.att, &a.h, &a.an2}) v->resize(N_ * d);
-    for (auto* v : {&a.k_raw, &a.v, &a.k_n, &a.k}) v->resize(N_ * kv);
-    for (auto* v : {&a.rstd1, &a.rstd2, &a.rstd_q, &a.rstd_k, &a.router_lse}) v->resize(N_);
-    a.lse.resize(B_ * cfg.n_heads * T_);
-    a.router_logits.resize(N_ * E);
-    a.probs.resize(N_ * E);
-    a.topk_w.resize(N_ * K);
-    a.topk_idx.resize(N_ * K);
-    a.offsets.resize(E + 1);
-    a.slot_token.resize(S_);
-    a.token_slot.resize(S_);
-    a.xe.resize(S_ * d);
-    a.ye.resize(S_ * d);
-    for (auto* v : {&a.gate, &a.up, &a.act}) v->resize(S_ * Hx);
+    for (auto* v : {&a.x_in, &a.an1, &a.q_raw, &a.q_n, &a.q, &a.att, &a.h, &a.an2}) f(*v, N_ * d);
+    for (auto* v : {&a.k_raw, &a.v, &a.k_n, &a.k}) f(*v, N_ * kv);
+    for (auto* v : {&a.rstd1, &a.rstd2, &a.rstd_q, &a.rstd_k, &a.router_lse}) f(*v, N_);
+    f(a.lse, B_ * cfg_.n_heads * T_);
+    f(a.router_logits, N_ * E);
+    f(a.probs, N_ * E);
+    f(a.topk_w, N_ * K);
+    f(a.topk_idx, N_ * K);
+    f(a.offsets, E + 1);
+    f(a.slot_token, S_);
+    f(a.token_slot, S_);
+    f(a.xe, S_ * d);
+    f(a.ye, S_ * d);
+    for (auto* v : {&a.gate, &a.up, &a.act}) f(*v, S_ * Hx);
   }
-  x_final_.resize(N_ * d);
-  fnorm_.resize(N_ * d);
-  rstd_f_.resize(N_);
-  logits_.resize(N_ * cfg.vocab_size);
-  ce_lse_.resize(N_);
-  ce_losses_.resize(N_);
-  inputs_.resize(N_);
-  targets_.resize(N_);
-  for (auto* v : {&d_x_, &d_a_, &d_b_, &d_q_, &d_att_}) v->resize(N_ * d);
-  for (auto* v : {&d_k_, &d_v_}) v->resize(N_ * kv);
-  d_logits_r_.resize(N_ * E);
-  d_topk_w_.resize(N_ * K);
-  for (auto* v : {&d_xe_, &d_xe2_, &d_ye_}) v->resize(S_ * d);
-  for (auto* v : {&d_act_, &d_gate_, &d_up_}) v->resize(S_ * Hx);
-  lb_dprob_.resize(E);
+  f(x_final_, N_ * d);
+  f(fnorm_, N_ * d);
+  f(rstd_f_, N_);
+  f(logits_, N_ * cfg_.vocab_size);
+  f(ce_lse_, N_);
+  f(ce_losses_, N_);
+  f(inputs_, N_);
+  f(targets_, N_);
+  for (auto* v : {&d_x_, &d_a_, &d_b_, &d_q_, &d_att_}) f(*v, N_ * d);
+  for (auto* v : {&d_k_, &d_v_}) f(*v, N_ * kv);
+  f(d_logits_r_, N_ * E);
+  f(d_topk_w_, N_ * K);
+  for (auto* v : {&d_xe_, &d_xe2_, &d_ye_}) f(*v, S_ * d);
+  for (auto* v : {&d_act_, &d_gate_, &d_up_}) f(*v, S_ * Hx);
+  f(lb_dprob_, E);
 }
 
 float* CpuModel::grad_of(float* grads, int64_t offset) const {

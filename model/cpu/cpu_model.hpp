@@ -27,6 +27,13 @@ class CpuModel {
 
   int64_t batch() const { return B_; }
 
+  // Bytes of activations and scratch a model of this shape allocates (computed
+  // from the same list the constructor sizes, without allocating), and what this
+  // one holds.
+  static int64_t planned_bytes(const ModelConfig& cfg, const ParamLayout& layout, const Ownership& own,
+                               int64_t batch, int64_t seq_len);
+  int64_t allocated_bytes();
+
   // Last forward's per-token logits [B·T, V] (valid until backward overwrites them).
   const float* logits() const { return logits_.data(); }
 
@@ -41,6 +48,10 @@ class CpuModel {
   void layer_backward(const float* params, float* grads, int l, float* dx, const LossConfig& loss,
                       float aux_factor, float grad_scale);
   float* grad_of(float* grads, int64_t offset) const;
+  CpuModel(const ModelConfig& cfg, const ParamLayout& layout, const Ownership& own, int64_t batch, int64_t seq_len,
+           bool allocate);
+  template <class F>
+  void for_each_buffer(F&& f);
 
   ModelConfig cfg_;
   ParamLayout layout_;
@@ -52,6 +63,7 @@ class CpuModel {
   // Backward scratch, reused by every layer.
   std::vector<float> d_x_, d_a_, d_b_, d_q_, d_k_, d_v_, d_att_, d_logits_r_, d_topk_w_, d_xe_,
       d_xe2_, d_ye_, d_act_, d_gate_, d_up_, lb_dprob_;
+  int64_t planned_bytes_ = 0;
 };
 
 }  // namespace spes
