@@ -1,10 +1,14 @@
 // `spes-engine train CONFIG [--set section.key=value]... [--node-id N] [--resume]`:
-// one node of a run. CSV rows on stdout, logs on stderr.
+// one node of a run. CSV rows on stdout, logs on stderr. Under SLURM (srun), the
+// task id is the node id (engine/slurm.hpp).
+#include <cstdlib>
 #include <iostream>
 
 #include "engine/args.hpp"
+#include "engine/base/log.hpp"
 #include "engine/commands.hpp"
 #include "engine/net_sync.hpp"
+#include "engine/slurm.hpp"
 #include "engine/trainer.hpp"
 
 namespace spes {
@@ -18,7 +22,16 @@ int train_command(const std::vector<std::string>& args) {
   opts.add_options()("resume", po::bool_switch(&resume), "continue from the newest checkpoint");
   if (!parse_args(args, opts, "spes-engine train CONFIG [--set section.key=value]... [--node-id N] [--resume]"))
     return 0;
-  const Config c = a.load();
+  Config c = a.load();
+  // Under srun: this task is node SLURM_PROCID of SLURM_NTASKS (unless --node-id says otherwise).
+  if (const auto task = slurm_task([](const char* name) { return std::getenv(name); }); task && a.node_id < 0) {
+    ConfigArgs with_slurm = a;
+    for (const std::string& s : slurm_overrides(*task, c.spes.coordinator, std::getenv("SPES_COORDINATOR")))
+      with_slurm.sets.push_back(s);
+    c = with_slurm.load();
+    log_line("[slurm]", "task %lld of %lld: node %lld, coordinator %s", (long long)task->node_id,
+             (long long)task->n_nodes, (long long)c.spes.node_id, c.spes.coordinator.c_str());
+  }
   Trainer t(c);
   // Before run(): θ is still the seeded init the sync base starts from.
   if (c.spes.sync_steps > 0) t.set_sync_hook(make_net_sync_hook(c, t.layout(), t.ownership(), t.theta().data()));
