@@ -2,7 +2,9 @@
 // convention: forward 4·B·S²·H·D flops halved for causal, backward 2.5× forward
 // (so the dq kernel's recomputation of S and dP, the price of determinism, is not
 // counted as useful work). B·S = 16k tokens, model width H·D = 2048 (as in the
-// FlashAttention-2 paper's benchmark), MHA; one GQA row (4 query heads per kv head).
+// FlashAttention-2 paper's benchmark), MHA, for D = 32, 64, 128; one GQA row (4 query
+// heads per kv head); one row at the tiny demo's heads (d_model 128 = 4 heads × 32,
+// S = 256).
 // Next to the measured cuBLAS bf16 GEMM ceiling. Prints "no GPU: <reason>" and
 // exits 0 without a GPU.
 // Goal (issue 5, H100): causal D=128 S=2k forward ≥ 300, backward ≥ 250 TFLOP/s.
@@ -53,9 +55,10 @@ int main() {
   try {
     spes::bench::Bench bench;
     if (!bench.ok()) return 0;
-    for (int64_t D : {64, 128})
+    for (int64_t D : {32, 64, 128})
       for (int64_t S : {1024, 2048, 4096, 8192}) run(bench, S, D, 2048 / D, 2048 / D);
     run(bench, 2048, 128, 16, 4);  // GQA
+    run(bench, 256, 32, 4, 4);     // configs/tiny.toml's attention, 16k tokens
   } catch (const std::exception& e) {
     std::fprintf(stderr, "bench_attention: %s\n", e.what());
     return 1;

@@ -29,12 +29,27 @@
 // 16-wide k-step of P·V (FlashAttention's register reuse).
 //
 // Shared tiles are [rows][D+8] bf16: the 16-byte pad staggers rows across banks so
-// that ldmatrix (8 rows × 16 bytes per matrix) is conflict-free.
+// that ldmatrix (8 rows × 16 bytes per matrix) is conflict-free: the row pitches,
+// 80, 144, 272 bytes for D = 32, 64, 128, are odd multiples of 16 bytes, so the 8 row
+// addresses of one matrix land in the 8 distinct 16-byte slots of the 128-byte bank
+// window (D = 32: offsets 0, 80, 32, 112, 64, 16, 96, 48 mod 128).
+//
+// Head dims: the kernels are templates on D and need only D % 16 == 0 (whole k16 mma
+// steps over D, pairs of n8 tiles over D in P·V / dS·K) plus the copy loops dividing
+// evenly, which is static_asserted. For D = 32 (the demo configs' d_model 128 / 4
+// heads): KD = D/16 = 2 mma k-steps for Q·Kᵀ, K·Qᵀ, V·dOᵀ, dO·Vᵀ; DT = D/8 = 4 n8
+// accumulator tiles (2 ldmatrix.x4.trans pairs) for P·V, dS·K, Pᵀ·dO, dSᵀ·Q; rows
+// are D/8 = 4 chunks of 16 bytes, so load_tile issues 128·4/256 = 2 (forward Q),
+// 64·4/256 = 1 (forward K/V), 64·4/128 = 2 (backward tiles) cp.async per thread, and
+// store_rows moves 16·4 = 64 chunks per warp, 2 per lane. The dsum kernel reads
+// D/2 = 16 bf16 pairs per row: lanes 16-31 add nothing.
 //
 // Measured: not yet — written without a GPU; bench/bench_attention.cu prints the table.
 // Resource use (nvcc 13.0 -Xptxas -v, sm_90): forward D=64 128 regs, D=128 217 regs
 // (256 threads); dkv 233 / 255 regs, dq 168 (16-byte spill) / 254 regs (128 threads);
 // shared memory per CTA (D=64 / D=128): forward 54 / 102 KB, dkv 55 / 103 KB, dq 54 / 102 KB.
+// D=32 (same tiles): forward 30 KB, dkv 31 KB, dq 30 KB of shared memory (under the
+// 48 KB default); forward 82, dkv 149, dq 121 registers, no spills.
 #include "cuda/attention.cuh"
 
 #include <cstdint>
@@ -168,6 +183,7 @@ __device__ __forceinline__ void ldsm_b_kn(uint32_t (&b)[4], const bf16* tile, in
 template <int S, int KD, int NT>
 __device__ __forceinline__ void mma_a_regs_b_nk(float (&acc)[NT][4], const uint32_t (&a)[KD][4],
                                                 const bf16* tile, int lane) {
+  static_assert(NT % 2 == 0, "n8 tiles are loaded in pairs");
 #pragma unroll
   for (int kd = 0; kd < KD; ++kd) {
 #pragma unroll
@@ -185,6 +201,7 @@ __device__ __forceinline__ void mma_a_regs_b_nk(float (&acc)[NT][4], const uint3
 template <int S, int KN, int DT>
 __device__ __forceinline__ void mma_c_regs_b_kn(float (&acc)[DT][4], const float (&p)[2 * KN][4],
                                                 const bf16* tile, int lane) {
+  static_assert(DT % 2 == 0, "n8 tiles are loaded in pairs");
 #pragma unroll
   for (int kk = 0; kk < KN; ++kk) {
     const uint32_t a[4] = {pack_bf16(p[2 * kk][0], p[2 * kk][1]), pack_bf16(p[2 * kk][2], p[2 * kk][3]),
@@ -208,6 +225,7 @@ template <int D>
 __device__ __forceinline__ void store_rows(bf16* dst, int64_t stride, int row0, int T, const float (&acc)[D / 8][4],
                                            float mul_lo, float mul_hi, bf16* stage, int lane) {
   constexpr int S = D + 8, kChunks = D / 8;
+  static_assert((16 * kChunks) % 32 == 0, "a warp's 16 rows must be whole rounds of 32 chunks");
   const int g = lane >> 2, t = lane & 3;
 #pragma unroll
   for (int j = 0; j < D / 8; ++j) {
@@ -624,6 +642,16 @@ __global__ void __launch_bounds__(BwdQConfig<D, BM, BN>::kThreads)
 // (two CTAs per SM on H100); tune on a GPU with bench_attention.
 template <int D>
 struct Tiles;
+// D = 32 keeps the D = 64 tiles: every copy loop still divides evenly (see the file
+// comment), registers and shared memory only shrink (30 KB per CTA). Larger key
+// blocks would amortise the per-block softmax less well than they save loads at this
+// D; untuned.
+template <>
+struct Tiles<32> {
+  static constexpr int kFwdM = 128, kFwdN = 64;
+  static constexpr int kKvM = 64, kKvN = 64;
+  static constexpr int kQM = 64, kQN = 64;
+};
 template <>
 struct Tiles<64> {
   static constexpr int kFwdM = 128, kFwdN = 64;
@@ -644,7 +672,7 @@ void check_shape(const char* what, int64_t B, int64_t T, int64_t H, int64_t Hkv,
     throw Error(std::string(what) + ": " + why + " (B=" + std::to_string(B) + " T=" + std::to_string(T) +
                 " H=" + std::to_string(H) + " Hkv=" + std::to_string(Hkv) + " D=" + std::to_string(D) + ")");
   };
-  if (D != 64 && D != 128) fail("head dim D must be 64 or 128 (the kernels' tiles)");
+  if (D != 32 && D != 64 && D != 128) fail("head dim D must be 32, 64 or 128 (the kernels' tiles)");
   if (B < 0 || T < 0) fail("B and T must be ≥ 0");
   if (H < 1 || Hkv < 1 || H % Hkv != 0) fail("H must be a positive multiple of Hkv (whole GQA groups)");
   if (H > 65535 || B > 65535 || Hkv > 65535) fail("B and H must fit a grid dimension (≤ 65535)");
@@ -654,8 +682,9 @@ void check_shape(const char* what, int64_t B, int64_t T, int64_t H, int64_t Hkv,
 // cp.async moves q/k/v/dout rows into shared tiles 16 bytes at a time (ldmatrix then
 // reads those tiles), store_rows writes out/dq/dk/dv as int4, and lse/dsum travel by
 // 4-byte cp.async: each base pointer must have that alignment. Rows of the contiguous
-// [B,T,H,D] / [B,T,Hkv,D] tensors are H·D or Hkv·D elements apart, a multiple of 128
-// bytes for D ∈ {64, 128}, so every row and head start inherits the base's alignment.
+// [B,T,H,D] / [B,T,Hkv,D] tensors are H·D or Hkv·D elements apart and heads D apart,
+// multiples of 64 bytes for D ∈ {32, 64, 128}, so every row and head start inherits
+// the base's 16-byte alignment.
 void check_bf16(const char* op, const bf16* p, const char* name) { require_ptr(p, 16, op, name); }
 
 // Above 48 KB of dynamic shared memory a kernel must opt in, per device. Done once per
@@ -742,8 +771,11 @@ void attention_forward(bf16* out, float* lse, const bf16* q, const bf16* k, cons
   check_bf16(op, v, "v");
   require_ptr(lse, 4, op, "lse");
   if (B == 0 || T == 0) return;
-  if (D == 64) forward_impl<64>(out, lse, q, k, v, int(B), int(T), int(H), int(Hkv), stream);
-  else forward_impl<128>(out, lse, q, k, v, int(B), int(T), int(H), int(Hkv), stream);
+  switch (D) {  // check_shape admitted only these
+    case 32: forward_impl<32>(out, lse, q, k, v, int(B), int(T), int(H), int(Hkv), stream); break;
+    case 64: forward_impl<64>(out, lse, q, k, v, int(B), int(T), int(H), int(Hkv), stream); break;
+    default: forward_impl<128>(out, lse, q, k, v, int(B), int(T), int(H), int(Hkv), stream); break;
+  }
 }
 
 size_t attention_backward_scratch_bytes(int64_t B, int64_t T, int64_t H) {
@@ -768,10 +800,17 @@ void attention_backward(bf16* dq, bf16* dk, bf16* dv, const bf16* dout, const bf
   require_ptr(scratch, 16, op, "scratch");
   if (B == 0 || T == 0) return;
   float* dsum = static_cast<float*>(scratch);
-  if (D == 64)
-    backward_impl<64>(dq, dk, dv, dout, q, k, v, out, lse, dsum, int(B), int(T), int(H), int(Hkv), stream);
-  else
-    backward_impl<128>(dq, dk, dv, dout, q, k, v, out, lse, dsum, int(B), int(T), int(H), int(Hkv), stream);
+  switch (D) {  // check_shape admitted only these
+    case 32:
+      backward_impl<32>(dq, dk, dv, dout, q, k, v, out, lse, dsum, int(B), int(T), int(H), int(Hkv), stream);
+      break;
+    case 64:
+      backward_impl<64>(dq, dk, dv, dout, q, k, v, out, lse, dsum, int(B), int(T), int(H), int(Hkv), stream);
+      break;
+    default:
+      backward_impl<128>(dq, dk, dv, dout, q, k, v, out, lse, dsum, int(B), int(T), int(H), int(Hkv), stream);
+      break;
+  }
 }
 
 }  // namespace spes::cuda

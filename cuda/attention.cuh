@@ -3,7 +3,7 @@
 //   q, out, dq, dout: [B,T,H,D] bf16      (the layout the Q projection produces)
 //   k, v, dk, dv:     [B,T,Hkv,D] bf16    (query head h reads kv head h / (H/Hkv))
 //   lse:              [B,H,T] fp32, natural-log logsumexp of the scaled scores
-// scale = 1/√D, causal (key j visible to query t iff j ≤ t). D ∈ {64, 128}; any
+// scale = 1/√D, causal (key j visible to query t iff j ≤ t). D ∈ {32, 64, 128}; any
 // B ≥ 1, T ≥ 0, H a multiple of Hkv. All pointers 16-byte aligned (cudaMalloc'd
 // buffers at offsets that are multiples of 8 elements).
 //

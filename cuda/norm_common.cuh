@@ -43,16 +43,22 @@ inline RowLayout row_layout(int64_t C, const char* op) {
   return l;
 }
 
+// Blocks of `kernel` (tx × ty threads, `smem` bytes of dynamic shared memory) that
+// can be resident at once on the calling thread's current device: SMs × occupancy.
+// The backward launchers and their *_scratch_bytes run every step, so the SM count
+// and the occupancy are asked once per (device, kernel, block shape, smem) and then
+// served from a cache (thread-safe; norm_common.cu). Steady-state calls make no
+// attribute or occupancy queries, and a scratch size and the launch it is for read
+// the same cached number.
+int resident_blocks(const void* kernel, int tx, int ty, size_t smem);
+
 // Blocks for a backward kernel that strides over rows: as many as can be resident
 // at once (so one wave covers the GPU), never more than there are row groups.
 template <class Kernel>
 int partial_blocks(Kernel kernel, const RowLayout& l, size_t smem, int64_t N) {
-  int dev = 0, sms = 0, per_sm = 0;
-  cuda_check(cudaGetDevice(&dev));
-  cuda_check(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev));
-  cuda_check(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, l.tx * l.ty, smem));
+  const int resident = resident_blocks(reinterpret_cast<const void*>(kernel), l.tx, l.ty, smem);
   const int64_t groups = ceil_div(N, l.ty);
-  return static_cast<int>(std::max<int64_t>(1, std::min<int64_t>(groups, int64_t(std::max(per_sm, 1)) * sms)));
+  return static_cast<int>(std::max<int64_t>(1, std::min<int64_t>(groups, resident)));
 }
 
 // Adds the ty row-slices' dw partials of this block in order y = 0, 1, …, ty−1 and

@@ -91,8 +91,8 @@ Pinned<T> pinned(size_t count) {
 void check_gpu_shape(const Config& cfg) {
   const ModelConfig& m = cfg.model;
   auto refuse = [&](const std::string& why) { throw GpuShapeError(cfg.path + ": [model] " + why); };
-  if (m.head_dim() != 64 && m.head_dim() != 128)
-    refuse("d_model / n_heads = " + std::to_string(m.head_dim()) + ": the GPU attention kernels support head dims 64 and 128");
+  if (m.head_dim() != 32 && m.head_dim() != 64 && m.head_dim() != 128)
+    refuse("d_model / n_heads = " + std::to_string(m.head_dim()) + ": the GPU attention kernels support head dims 32, 64 and 128");
   if (m.d_model % 8 || m.kv_dim() % 8) refuse("d_model and the kv width must be multiples of 8 on the GPU");
   if (!m.qk_norm) refuse("qk_norm = false: the GPU's RoPE kernel is fused with the QK-norm");
   if (m.n_experts > 256 || m.top_k > 32) refuse("the GPU router supports at most 256 experts and top_k 32");

@@ -4,7 +4,10 @@
 // ‖gpu − cpu‖/‖cpu‖): out, dq, dk, dv 2e-2 (bf16 storage of out/grads alone costs
 // ~3e-3, P and dS are rounded to bf16 for the tensor-core products); lse 1e-3 (fp32,
 // differs only through fp32 summation order and ex2.approx). The kernels use no
-// atomics, so a second backward run must give bit-identical gradients.
+// atomics, so a second backward run must give bit-identical gradients. The same
+// tolerances hold for every head dim: each output element is one bf16 rounding of an
+// fp32 sum, and the P/dS roundings are relative, so a smaller D (fewer terms per q·k
+// dot product) changes nothing in the error budget.
 #include <cstring>
 #include <string>
 #include <vector>
@@ -76,9 +79,18 @@ void check_attention(const Shape& s) {
 
 }  // namespace
 
-// Forward tiles are 128 queries × 64 keys; backward 64 × 64. The shapes cover one
-// partial tile, tails of every kind, T = 1, MHA / GQA / MQA, both head dims, B > 1,
-// and T > 1k (long K/V pipelines, many CTAs per head).
+// Forward tiles are 128 queries × 64 keys; backward 64 × 64 (every head dim). The
+// shapes cover one partial tile, tails of every kind, T = 1, MHA / GQA / MQA, every
+// head dim, B > 1, and T > 1k (long K/V pipelines, many CTAs per head).
+GPU_TEST_CASE("cuda attention matches the CPU reference, head dim 32") {
+  // First: the tiny demo's attention (configs/tiny.toml: micro_batch 8, seq_len 256,
+  // d_model 128 over 4 heads).
+  for (const Shape& s : {Shape{8, 256, 4, 4, 32, 1.0f}, Shape{1, 64, 1, 1, 32, 1.0f}, Shape{2, 100, 4, 2, 32, 3.0f},
+                         Shape{1, 1, 2, 1, 32, 1.0f}, Shape{3, 129, 6, 3, 32, 1.0f}, Shape{1, 515, 8, 1, 32, 1.0f},
+                         Shape{1, 1030, 2, 2, 32, 3.0f}})
+    check_attention(s);
+}
+
 GPU_TEST_CASE("cuda attention matches the CPU reference, head dim 64") {
   for (const Shape& s : {Shape{1, 64, 1, 1, 64, 1.0f}, Shape{2, 100, 4, 4, 64, 1.0f}, Shape{1, 1, 2, 1, 64, 1.0f},
                          Shape{1, 515, 8, 1, 64, 3.0f}, Shape{2, 256, 4, 2, 64, 1.0f},
@@ -114,7 +126,11 @@ TEST_CASE("cuda attention: unsupported shapes and misaligned or null pointers th
     attention_forward(out, lse, q, k, v, 2, 16, H, Hkv, D, nullptr);
   };
   CHECK_THROWS_ERROR(fwd(a, l, a, a, a, 4, 3, 64), "attention_forward: H must be a positive multiple of Hkv");
-  CHECK_THROWS_ERROR(fwd(a, l, a, a, a, 4, 4, 96), "head dim D must be 64 or 128");
+  CHECK_THROWS_ERROR(fwd(a, l, a, a, a, 4, 4, 96), "head dim D must be 32, 64 or 128");
+  CHECK_THROWS_ERROR(fwd(a, l, a, a, a, 4, 4, 16), "head dim D must be 32, 64 or 128");
+  CHECK_THROWS_ERROR(fwd(a, l, a, a, a, 4, 4, 48), "head dim D must be 32, 64 or 128");
+  // D = 32 passes the shape check: the one bad argument left is the one reported.
+  CHECK_THROWS_ERROR(fwd(a, l, m, a, a, 4, 2, 32), "attention_forward: q must be 16-byte aligned");
   CHECK_THROWS_ERROR(fwd(a, l, m, a, a, 4, 4, 64), "attention_forward: q must be 16-byte aligned");
   CHECK_THROWS_ERROR(fwd(a, l, a, m, a, 4, 2, 128), "attention_forward: k must be 16-byte aligned");
   CHECK_THROWS_ERROR(fwd(a, l, a, a, m, 4, 4, 64), "attention_forward: v must be 16-byte aligned");
@@ -135,5 +151,9 @@ TEST_CASE("cuda attention: unsupported shapes and misaligned or null pointers th
   CHECK_THROWS_ERROR(bwd(a, a, a, a, a, nullptr), "scratch must not be null");
   CHECK_THROWS_ERROR(attention_backward(a, a, a, a, a, a, a, a, l, sc, 1, 100, 6, 4, 64, nullptr),
                      "attention_backward: H must be a positive multiple of Hkv");
+  CHECK_THROWS_ERROR(attention_backward(a, a, a, a, a, a, a, a, l, sc, 1, 100, 4, 2, 80, nullptr),
+                     "attention_backward: head dim D must be 32, 64 or 128");
+  CHECK_THROWS_ERROR(attention_backward(a, a, a, a, a, a, a, a, l, nullptr, 1, 100, 4, 2, 32, nullptr),
+                     "attention_backward: scratch must not be null");
 }
 

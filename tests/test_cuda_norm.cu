@@ -2,7 +2,10 @@
 // same bf16-rounded inputs. Tolerances: bf16 outputs 1e-2; fp32 rstd and dweight
 // 1e-5 (same math, only the summation order and rsqrt rounding differ).
 #include <cmath>
+#include <cstdint>
+#include <cstring>
 #include <tuple>
+#include <vector>
 
 #include "cuda/rmsnorm.cuh"
 #include "cuda/rope.cuh"
@@ -110,11 +113,12 @@ GPU_TEST_CASE("cuda qk-norm + rope: forward and backward vs cpu rmsnorm then rop
   const float eps = 1e-6f;
   // D % 8 != 0 (24: vectors straddle the halves; 6: vectors straddle heads), long T
   // (large angles), OLMoE-like 16×128, and C = 48·128 = 6144, whose two 24 KB smem rows
-  // per block once overflowed the 48 KB default limit with the static scratch.
+  // per block once overflowed the 48 KB default limit with the static scratch; the
+  // tiny demo's q/k (configs/tiny.toml: 8 × 256 tokens, 4 heads × 32).
   for (auto [B, T, H, D, theta] :
        {std::tuple<int64_t, int64_t, int64_t, int64_t, double>{2, 5, 3, 16, 10000.0}, {2, 33, 12, 64, 10000.0},
         {1, 7, 4, 24, 10000.0}, {3, 4, 4, 6, 10000.0}, {1, 3, 16, 128, 500000.0}, {1, 2049, 2, 16, 10000.0},
-        {2, 5, 48, 128, 10000.0}}) {
+        {2, 5, 48, 128, 10000.0}, {8, 256, 4, 32, 10000.0}}) {
     CAPTURE(B);
     CAPTURE(T);
     CAPTURE(H);
@@ -168,6 +172,70 @@ GPU_TEST_CASE("cuda qk-norm + rope: forward and backward vs cpu rmsnorm then rop
     d_dinp.poison();
     qknorm_rope_backward(d_dinp, nullptr, nullptr, d_dout, d_inp, d_w, d_rstd, d_table, B, T, H, D, stream());
     CHECK_REL("bwd dinp, frozen weight", download(d_dinp.get(), NC).data(), dinp_ref.data(), NC, kTolBf16);
+  }
+}
+
+// The dweight partial count G (blocks resident at once, capped by the row groups) is
+// asked of the device once per (device, kernel, block shape, smem) and then cached
+// (norm_common.cuh): a *_scratch_bytes answer never changes between calls, stops
+// growing once one wave of blocks covers the GPU, and the launch writes exactly that
+// many partial rows — a poisoned guard right after the scratch stays untouched.
+GPU_TEST_CASE("cuda norm backwards: scratch size = the launch's partial rows, stable and capped") {
+  const int64_t huge = int64_t(1) << 26;  // rows: far more row groups than resident blocks
+  for (int64_t C : {int64_t(64), int64_t(768), int64_t(4104)}) {
+    CAPTURE(C);
+    CHECK(rmsnorm_backward_scratch_bytes(1, C) == size_t(C) * sizeof(float));  // one row: one block
+    const size_t cap = rmsnorm_backward_scratch_bytes(huge, C);
+    CHECK(cap > size_t(C) * sizeof(float));
+    CHECK(cap % (size_t(C) * sizeof(float)) == 0);
+    for (int i = 0; i < 3; ++i) CHECK(rmsnorm_backward_scratch_bytes(huge, C) == cap);
+    CHECK(rmsnorm_backward_scratch_bytes(2 * huge, C) == cap);
+  }
+  for (int64_t D : {int64_t(32), int64_t(128)}) {
+    CAPTURE(D);
+    const int64_t H = 8, C = H * D;
+    CHECK(qknorm_rope_backward_scratch_bytes(1, 1, H, D) == size_t(C) * sizeof(float));
+    const size_t cap = qknorm_rope_backward_scratch_bytes(huge / 1024, 1024, H, D);
+    CHECK(cap > size_t(C) * sizeof(float));
+    for (int i = 0; i < 3; ++i) CHECK(qknorm_rope_backward_scratch_bytes(huge / 1024, 1024, H, D) == cap);
+    CHECK(qknorm_rope_backward_scratch_bytes(2 * huge / 1024, 1024, H, D) == cap);
+  }
+
+  // Enough rows that G is the resident count, not the row-group count. Inputs are
+  // zeros (finite): only the scratch footprint is under test here.
+  const int64_t B = 16, T = 1024, N = B * T, H = 12, D = 64, C = H * D, kGuard = 1024;
+  DevTensor<bf16> zeros(N * C), dx(N * C), w(C);
+  DevTensor<float> rstd(N), dw(C);
+  zeros.zero();
+  w.zero();
+  rstd.zero();
+  dw.zero();
+  DevTensor<float2> table(T * (D / 2));
+  rope_table_init(table, T, D, 10000.0, stream());
+  auto guard_untouched = [&](const DevTensor<float>& scratch, int64_t used_floats) {
+    const std::vector<float> tail = copy_to_host(scratch.get() + used_floats, kGuard);
+    uint32_t all = 0xFFFFFFFFu;
+    for (float x : tail) {
+      uint32_t bits;
+      std::memcpy(&bits, &x, 4);
+      all &= bits;
+    }
+    return all == 0xFFFFFFFFu;
+  };
+  {
+    const int64_t used = int64_t(rmsnorm_backward_scratch_bytes(N, C) / sizeof(float));
+    DevTensor<float> scratch(used + kGuard);
+    scratch.poison();
+    rmsnorm_backward(dx, dw, scratch, zeros, nullptr, zeros, w, rstd, N, C, stream());
+    CHECK_MESSAGE(guard_untouched(scratch, used), "rmsnorm_backward wrote past rmsnorm_backward_scratch_bytes");
+  }
+  {
+    const int64_t used = int64_t(qknorm_rope_backward_scratch_bytes(B, T, H, D) / sizeof(float));
+    DevTensor<float> scratch(used + kGuard);
+    scratch.poison();
+    qknorm_rope_backward(dx, dw, scratch, zeros, zeros, w, rstd, table, B, T, H, D, stream());
+    CHECK_MESSAGE(guard_untouched(scratch, used),
+                  "qknorm_rope_backward wrote past qknorm_rope_backward_scratch_bytes");
   }
 }
 
