@@ -8,6 +8,7 @@
 // GpuBackend runs its CUDA twin. Nothing here names either: the trainer compiles
 // against this header alone.
 #pragma once
+#include <cstddef>
 #include <cstdint>
 #include <memory>
 #include <span>
@@ -68,6 +69,13 @@ class TrainBackend {
   // AdamW moments, packed in owned space (model/owned_space.hpp).
   virtual void read_moments(std::span<float> m, std::span<float> v) = 0;
   virtual void write_moments(std::span<const float> m, std::span<const float> v) = 0;
+
+  // ---- data parallel (engine/data_parallel) ---------------------------------------
+  // The owned-space gradients and the buffers θ is trained from, where the backend
+  // keeps them (host memory on the CPU, device memory on a GPU), for a Communicator
+  // of the same kind. Called from the thread that runs this rank.
+  virtual std::span<float> grad_buffer() = 0;
+  virtual std::vector<std::span<std::byte>> theta_buffers() = 0;
 
   // Bytes of gradients + optimizer state: proportional to the owned parameters.
   virtual int64_t optimizer_state_bytes() const = 0;

@@ -72,6 +72,19 @@ class SectionReader {
                         (std::isinf(hi) ? "inf" : num(hi)) + (hi_open || std::isinf(hi) ? ")" : "]"));
     out = x;
   }
+  void integer_list(const char* key, std::vector<int64_t>& out, int64_t lo, int64_t hi) {
+    const toml::value* v = find(key);
+    if (!v) return;
+    std::vector<int64_t> xs;
+    bool ok = v->is_array();
+    if (ok)
+      for (const toml::value& x : v->as_array()) {
+        ok = ok && x.is_integer() && x.as_integer() >= lo && x.as_integer() <= hi;
+        if (ok) xs.push_back(x.as_integer());
+      }
+    if (!ok) fail(key, *v, "a list of integers in [" + num(lo) + ", " + num(hi) + "]");
+    out = xs;
+  }
   void boolean(const char* key, bool& out) {
     const toml::value* v = find(key);
     if (!v) return;
@@ -163,6 +176,7 @@ void read_train(SectionReader r, TrainConfig& t) {
   r.integer("micro_batch", t.micro_batch, 1, 1 << 20);
   r.integer("global_batch", t.global_batch, 1, 1 << 24);
   r.integer("threads", t.threads, 0, 4096);
+  r.integer_list("gpus", t.gpus, 0, 1023);
   r.integer("eval_every", t.eval_every, 0, kMaxInt);
   r.integer("eval_batches", t.eval_batches, 0, 1 << 20);
   r.integer("max_steps_this_run", t.max_steps_this_run, 0, kMaxInt);
@@ -366,6 +380,11 @@ std::string fmt(double x) {
 std::string fmt(int64_t x) { return std::to_string(x); }
 std::string fmt(uint64_t x) { return std::to_string(x); }
 std::string fmt(bool x) { return x ? "true" : "false"; }
+std::string fmt(const std::vector<int64_t>& xs) {
+  std::string out = "[";
+  for (size_t i = 0; i < xs.size(); ++i) out += (i ? ", " : "") + std::to_string(xs[i]);
+  return out + "]";
+}
 std::string fmt(const std::string& x) {
   std::string out = "\"";
   for (char ch : x) {
@@ -389,7 +408,7 @@ std::string config_to_toml(const Config& c) {
   const TrainConfig& t = c.train;
   os << "\n[train]\n";
   kv("device", t.device); kv("seed", t.seed); kv("steps", t.steps); kv("micro_batch", t.micro_batch);
-  kv("global_batch", t.global_batch); kv("threads", t.threads); kv("eval_every", t.eval_every);
+  kv("global_batch", t.global_batch); kv("threads", t.threads); kv("gpus", t.gpus); kv("eval_every", t.eval_every);
   kv("eval_batches", t.eval_batches); kv("max_steps_this_run", t.max_steps_this_run);
   kv("lb_coef", t.loss.lb_coef); kv("router_z_coef", t.loss.router_z_coef); kv("lm_z_coef", t.loss.lm_z_coef);
   kv("decayed_aux_loss", t.loss.decayed_aux_loss);

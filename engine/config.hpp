@@ -17,6 +17,7 @@ struct TrainConfig {
   int64_t micro_batch = 8;      // sequences per forward/backward
   int64_t global_batch = 16;    // sequences per optimizer step (gradient accumulation)
   int64_t threads = 0;          // CPU threads; 0 = all cores
+  std::vector<int64_t> gpus;    // device = cuda: the GPUs of this node (data parallel); empty = every visible GPU
   int64_t eval_every = 0;       // steps between validation evals; 0 = only at the end
   int64_t eval_batches = 8;     // micro-batches per eval
   int64_t max_steps_this_run = 0;  // stop after this many steps (then checkpoint); 0 = no limit

@@ -29,6 +29,8 @@ class CpuBackend final : public TrainBackend {
   void read_moments(std::span<float> m, std::span<float> v) override;
   void write_moments(std::span<const float> m, std::span<const float> v) override;
   int64_t optimizer_state_bytes() const override;
+  std::span<float> grad_buffer() override { return grads_; }
+  std::vector<std::span<std::byte>> theta_buffers() override { return {std::as_writable_bytes(std::span(params_))}; }
 
  private:
   ModelConfig model_cfg_;

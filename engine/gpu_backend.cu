@@ -26,6 +26,7 @@
 #include "cuda/runtime.cuh"
 #include "engine/base/error.hpp"
 #include "engine/config.hpp"
+#include "engine/data_parallel.hpp"
 #include "model/gpu/gpu_model.cuh"
 
 namespace spes {
@@ -113,7 +114,8 @@ double datasheet_bf16_peak(const std::string& name) {
 
 class GpuBackend final : public TrainBackend {
  public:
-  GpuBackend(const Config& cfg, const ParamLayout& layout, const Ownership& own);
+  // ordinal: the CUDA device this backend (one rank of a node) runs on.
+  GpuBackend(const Config& cfg, const ParamLayout& layout, const Ownership& own, int ordinal = 0);
   ~GpuBackend() override;
 
   std::string describe() const override;
@@ -130,6 +132,13 @@ class GpuBackend final : public TrainBackend {
   void write_moments(std::span<const float> m, std::span<const float> v) override;
   int64_t optimizer_state_bytes() const override { return 3 * int64_t(sizeof(float)) * own_.space.size(); }
   std::vector<MemoryLine> memory_report() const override;
+  std::span<float> grad_buffer() override { return {grads_, size_t(own_.space.size())}; }
+  std::vector<std::span<std::byte>> theta_buffers() override {
+    return {{reinterpret_cast<std::byte*>(master_), size_t(own_.space.size()) * sizeof(float)},
+            {reinterpret_cast<std::byte*>(weights_), size_t(layout_.total) * sizeof(bf16)}};
+  }
+  cudaStream_t stream() const { return stream_; }
+  int ordinal() const { return rt_.info().ordinal; }
   double peak_flops() const override { return peak_flops_; }
   std::string peak_flops_source() const override { return peak_source_; }
   GpuArenaUse arena_use() const { return {int64_t(arena_.capacity()), int64_t(arena_.used())}; }
@@ -142,6 +151,9 @@ class GpuBackend final : public TrainBackend {
     bool norm_or_embedding;
   };
   void copy_tokens(const int32_t* inputs, const int32_t* targets, int64_t tokens);
+  // The calling thread's current device is this rank's: with several GPUs in one
+  // process, rank threads and the trainer's thread call in turn.
+  void on_device() const { cuda_check(cudaSetDevice(rt_.info().ordinal)); }
   void measure_peak();
 
   ModelConfig model_cfg_;
@@ -169,9 +181,9 @@ class GpuBackend final : public TrainBackend {
   std::string peak_source_;
 };
 
-GpuBackend::GpuBackend(const Config& cfg, const ParamLayout& layout, const Ownership& own)
+GpuBackend::GpuBackend(const Config& cfg, const ParamLayout& layout, const Ownership& own, int ordinal)
     : model_cfg_(cfg.model), loss_(cfg.train.loss), layout_(layout), own_(own), micro_batch_(cfg.train.micro_batch),
-      rt_(0), stream_(rt_.stream()) {
+      rt_(ordinal), stream_(rt_.stream()) {
   const ModelConfig& m = cfg.model;
   check_gpu_shape(cfg);
   const int64_t owned = own_.space.size();
@@ -299,6 +311,7 @@ std::vector<MemoryLine> GpuBackend::memory_report() const {
 }
 
 void GpuBackend::zero_grads() {
+  on_device();
   cuda_check(cudaMemsetAsync(grads_, 0, size_t(own_.space.size()) * sizeof(float), stream_));
 }
 
@@ -316,11 +329,13 @@ void GpuBackend::copy_tokens(const int32_t* inputs, const int32_t* targets, int6
 
 LossParts GpuBackend::forward_backward(const int32_t* inputs, const int32_t* targets, float aux_factor,
                                        float grad_scale) {
+  on_device();
   copy_tokens(inputs, targets, plan_.tokens);
   return model_->forward_backward(loss_, aux_factor, grad_scale);
 }
 
 LossParts GpuBackend::forward(const int32_t* inputs, const int32_t* targets, int64_t rows) {
+  on_device();
   const int64_t tokens = rows * model_cfg_.seq_len;
   if (rows < 1 || tokens > plan_.tokens) throw Error("GpuBackend::forward: rows outside [1, micro_batch]");
   copy_tokens(inputs, targets, tokens);
@@ -328,6 +343,7 @@ LossParts GpuBackend::forward(const int32_t* inputs, const int32_t* targets, int
 }
 
 double GpuBackend::grad_sum_squares() {
+  on_device();
   const cuda::GradSpan span{grads_, own_.space.size()};
   cuda::global_norm_clip(norm_sq_, nullptr, &span, 1, 0.0, norm_scratch_, size_t(buf_->bytes("global_norm_scratch")),
                          stream_);
@@ -337,6 +353,7 @@ double GpuBackend::grad_sum_squares() {
 }
 
 void GpuBackend::optimizer_step(const AdamWStep& s) {
+  on_device();
   // The pinned scale was last read by the previous step's copy, which a sync has passed.
   *host_clip_scale_ = s.grad_scale;
   cuda_check(cudaMemcpyAsync(clip_scale_, host_clip_scale_.get(), sizeof(float), cudaMemcpyHostToDevice, stream_));
@@ -347,6 +364,7 @@ void GpuBackend::optimizer_step(const AdamWStep& s) {
 }
 
 void GpuBackend::pull_theta() {
+  on_device();
   for (const OwnedSegment& seg : own_.space.segments())
     cuda_check(cudaMemcpyAsync(theta_.get() + seg.flat.begin, master_ + seg.packed_begin,
                                size_t(seg.flat.size()) * sizeof(float), cudaMemcpyDeviceToHost, stream_));
@@ -356,6 +374,7 @@ void GpuBackend::pull_theta() {
 // Host θ → bf16 compute weights (whole layout, through the fp32 staging buffer) and
 // fp32 master weights (owned segments).
 void GpuBackend::push_theta() {
+  on_device();
   for (int64_t c0 = 0; c0 < layout_.total; c0 += staging_count_) {
     const int64_t n = std::min(staging_count_, layout_.total - c0);
     cuda_check(cudaMemcpyAsync(staging_, theta_.get() + c0, size_t(n) * sizeof(float), cudaMemcpyHostToDevice, stream_));
@@ -368,6 +387,7 @@ void GpuBackend::push_theta() {
 }
 
 void GpuBackend::read_moments(std::span<float> m, std::span<float> v) {
+  on_device();
   const size_t n = size_t(own_.space.size());
   if (m.size() != n || v.size() != n) throw Error("read_moments: owned-space size mismatch");
   cuda_check(cudaMemcpyAsync(m.data(), m_, n * sizeof(float), cudaMemcpyDeviceToHost, stream_));
@@ -376,6 +396,7 @@ void GpuBackend::read_moments(std::span<float> m, std::span<float> v) {
 }
 
 void GpuBackend::write_moments(std::span<const float> m, std::span<const float> v) {
+  on_device();
   const size_t n = size_t(own_.space.size());
   if (m.size() != n || v.size() != n) throw Error("write_moments: owned-space size mismatch");
   cuda_check(cudaMemcpyAsync(m_, m.data(), n * sizeof(float), cudaMemcpyHostToDevice, stream_));
@@ -391,11 +412,76 @@ GpuArenaUse gpu_arena_use(const TrainBackend& backend) {
   return gpu->arena_use();
 }
 
+namespace {
+
+// The ranks of a node on their GPUs, in one process with one thread per rank
+// (ncclCommInitAll). Rank r's collectives run on rank r's stream, then it waits for
+// them: the rank's next kernels would be ordered after them anyway, and the host
+// needs the reduced gradient norm right after.
+class NcclCommunicator final : public Communicator {
+ public:
+  explicit NcclCommunicator(const std::vector<GpuBackend*>& ranks) : comms_(ranks.size()) {
+    std::vector<int> devices;
+    for (GpuBackend* r : ranks) devices.push_back(r->ordinal()), streams_.push_back(r->stream());
+    devices_ = devices;
+    nccl_check(ncclCommInitAll(comms_.data(), int(ranks.size()), devices.data()));
+  }
+  ~NcclCommunicator() override {
+    for (ncclComm_t c : comms_) ncclCommDestroy(c);  // destructor path: nothing useful to do on error
+  }
+  int size() const override { return int(comms_.size()); }
+  void all_reduce_mean(int rank, std::span<float> data) override {
+    cuda_check(cudaSetDevice(devices_[size_t(rank)]));
+    nccl_check(ncclAllReduce(data.data(), data.data(), data.size(), ncclFloat, ncclAvg, comms_[size_t(rank)],
+                             streams_[size_t(rank)]));
+    cuda_check(cudaStreamSynchronize(streams_[size_t(rank)]));
+  }
+  void broadcast(int rank, std::span<std::byte> data, int root) override {
+    cuda_check(cudaSetDevice(devices_[size_t(rank)]));
+    nccl_check(ncclBroadcast(data.data(), data.data(), data.size(), ncclUint8, root, comms_[size_t(rank)],
+                             streams_[size_t(rank)]));
+    cuda_check(cudaStreamSynchronize(streams_[size_t(rank)]));
+  }
+
+ private:
+  std::vector<ncclComm_t> comms_;
+  std::vector<int> devices_;
+  std::vector<cudaStream_t> streams_;
+};
+
+}  // namespace
+
+// One GPU: the backend itself. Several ([train] gpus, or every visible GPU): one rank
+// per GPU, each with micro_batch / G sequences, under the data-parallel backend with
+// NCCL.
 std::unique_ptr<TrainBackend> make_gpu_backend(const Config& cfg, const ParamLayout& layout, const Ownership& own) {
   std::string why;
   if (!cuda::gpu_available(&why)) throw GpuShapeError(cfg.path + ": there is no usable GPU (" + why + ")");
   check_gpu_shape(cfg);
-  return std::make_unique<GpuBackend>(cfg, layout, own);
+  std::vector<int> devices;
+  for (int64_t g : cfg.train.gpus) devices.push_back(int(g));
+  if (devices.empty())
+    for (int g = 0; g < cuda::gpu_count(); ++g) devices.push_back(g);
+  for (int g : devices)
+    if (g >= cuda::gpu_count())
+      throw ConfigError(cfg.path + ": [train] gpus names GPU " + std::to_string(g) + " but " +
+                        std::to_string(cuda::gpu_count()) + " are visible");
+  if (devices.size() <= 1) return std::make_unique<GpuBackend>(cfg, layout, own, devices.empty() ? 0 : devices[0]);
+  const int64_t G = int64_t(devices.size());
+  if (cfg.train.micro_batch % G)
+    throw ConfigError(cfg.path + ": [train] micro_batch = " + std::to_string(cfg.train.micro_batch) +
+                      " must be a multiple of the node's " + std::to_string(G) + " GPUs");
+  Config per_rank = cfg;
+  per_rank.train.micro_batch = cfg.train.micro_batch / G;
+  std::vector<std::unique_ptr<TrainBackend>> ranks;
+  std::vector<GpuBackend*> gpus;
+  for (int d : devices) {
+    auto r = std::make_unique<GpuBackend>(per_rank, layout, own, d);
+    gpus.push_back(r.get());
+    ranks.push_back(std::move(r));
+  }
+  auto comm = std::make_unique<NcclCommunicator>(gpus);
+  return make_data_parallel_backend(std::move(ranks), std::move(comm), cfg.train.micro_batch, cfg.model.seq_len);
 }
 
 }  // namespace spes

@@ -1,0 +1,186 @@
+#include "engine/data_parallel.hpp"
+
+#include <condition_variable>
+#include <exception>
+#include <functional>
+#include <mutex>
+#include <thread>
+#include <utility>
+
+#include "engine/base/error.hpp"
+
+namespace spes {
+
+namespace {
+
+// One thread per rank, each running whatever run() hands it; run() returns when
+// every rank is done, rethrowing the first error.
+class RankThreads {
+ public:
+  explicit RankThreads(int n) : errors_(size_t(n)) {
+    for (int r = 0; r < n; ++r) threads_.emplace_back([this, r] { loop(r); });
+  }
+  ~RankThreads() {
+    {
+      std::lock_guard lk(mu_);
+      stop_ = true;
+      ++generation_;
+    }
+    cv_.notify_all();
+    for (auto& t : threads_) t.join();
+  }
+  void run(const std::function<void(int)>& f) {
+    std::unique_lock lk(mu_);
+    job_ = &f;
+    pending_ = int(threads_.size());
+    ++generation_;
+    cv_.notify_all();
+    done_cv_.wait(lk, [&] { return pending_ == 0; });
+    job_ = nullptr;
+    for (auto& e : errors_)
+      if (e) std::rethrow_exception(std::exchange(e, nullptr));
+  }
+
+ private:
+  void loop(int r) {
+    uint64_t seen = 0;
+    for (;;) {
+      std::unique_lock lk(mu_);
+      cv_.wait(lk, [&] { return generation_ != seen; });
+      seen = generation_;
+      if (stop_) return;
+      const std::function<void(int)>* f = job_;
+      lk.unlock();
+      try {
+        (*f)(r);
+      } catch (...) {
+        errors_[size_t(r)] = std::current_exception();
+      }
+      lk.lock();
+      if (--pending_ == 0) done_cv_.notify_all();
+    }
+  }
+  std::vector<std::thread> threads_;
+  std::vector<std::exception_ptr> errors_;
+  std::mutex mu_;
+  std::condition_variable cv_, done_cv_;
+  const std::function<void(int)>* job_ = nullptr;
+  uint64_t generation_ = 0;
+  int pending_ = 0;
+  bool stop_ = false;
+};
+
+class DataParallelBackend final : public TrainBackend {
+ public:
+  DataParallelBackend(std::vector<std::unique_ptr<TrainBackend>> ranks, std::unique_ptr<Communicator> comm,
+                      int64_t micro_batch, int64_t seq_len)
+      : ranks_(std::move(ranks)), comm_(std::move(comm)), G_(int(ranks_.size())), T_(seq_len),
+        slice_(micro_batch / int64_t(ranks_.size())), threads_(G_) {
+    if (G_ < 1 || comm_->size() != G_) throw Error("data parallel: the communicator has another number of ranks");
+    if (micro_batch % G_)
+      throw ConfigError("[train] micro_batch = " + std::to_string(micro_batch) + " must be a multiple of the " +
+                        std::to_string(G_) + " devices of this node (each runs micro_batch / devices sequences)");
+  }
+
+  std::string describe() const override {
+    return "data parallel over " + std::to_string(G_) + " ranks of " + ranks_[0]->describe();
+  }
+  void zero_grads() override {
+    on_every_rank([&](int r) { ranks_[size_t(r)]->zero_grads(); });
+    reduced_ = false;
+  }
+  // Rank r takes sequences [r·slice, (r+1)·slice) of the micro-batch.
+  LossParts forward_backward(const int32_t* inputs, const int32_t* targets, float aux_factor,
+                             float grad_scale) override {
+    std::vector<LossParts> parts(static_cast<size_t>(G_));
+    on_every_rank([&](int r) {
+      const int64_t off = int64_t(r) * slice_ * T_;
+      parts[size_t(r)] = ranks_[size_t(r)]->forward_backward(inputs + off, targets + off, aux_factor, grad_scale);
+    });
+    reduced_ = false;
+    return combine(parts, std::vector<int64_t>(size_t(G_), slice_ * T_));
+  }
+  double grad_sum_squares() override {
+    reduce_grads();
+    return ranks_[0]->grad_sum_squares();  // every rank holds the same gradients now
+  }
+  void optimizer_step(const AdamWStep& s) override {
+    reduce_grads();
+    on_every_rank([&](int r) { ranks_[size_t(r)]->optimizer_step(s); });
+  }
+  // Evaluation: the rows spread over the ranks the same way (the last ones may get none).
+  LossParts forward(const int32_t* inputs, const int32_t* targets, int64_t rows) override {
+    std::vector<LossParts> parts(static_cast<size_t>(G_));
+    std::vector<int64_t> tokens(static_cast<size_t>(G_), 0);
+    on_every_rank([&](int r) {
+      const int64_t first = int64_t(r) * slice_, n = std::min(slice_, rows - first);
+      if (n <= 0) return;
+      tokens[size_t(r)] = n * T_;
+      parts[size_t(r)] = ranks_[size_t(r)]->forward(inputs + first * T_, targets + first * T_, n);
+    });
+    return combine(parts, tokens);
+  }
+  std::span<float> host_theta() override { return ranks_[0]->host_theta(); }
+  void pull_theta() override { ranks_[0]->pull_theta(); }
+  // Rank 0 takes the host θ, then hands its buffers to every rank.
+  void push_theta() override {
+    ranks_[0]->push_theta();
+    on_every_rank([&](int r) {
+      for (std::span<std::byte> b : ranks_[size_t(r)]->theta_buffers()) comm_->broadcast(r, b, 0);
+    });
+  }
+  void read_moments(std::span<float> m, std::span<float> v) override { ranks_[0]->read_moments(m, v); }
+  void write_moments(std::span<const float> m, std::span<const float> v) override {
+    on_every_rank([&](int r) { ranks_[size_t(r)]->write_moments(m, v); });
+  }
+  std::span<float> grad_buffer() override { return ranks_[0]->grad_buffer(); }
+  std::vector<std::span<std::byte>> theta_buffers() override { return ranks_[0]->theta_buffers(); }
+  int64_t optimizer_state_bytes() const override { return int64_t(G_) * ranks_[0]->optimizer_state_bytes(); }
+  std::vector<MemoryLine> memory_report() const override { return ranks_[0]->memory_report(); }
+  double peak_flops() const override { return double(G_) * ranks_[0]->peak_flops(); }
+  std::string peak_flops_source() const override {
+    return std::to_string(G_) + " × " + ranks_[0]->peak_flops_source();
+  }
+
+ private:
+  void on_every_rank(const std::function<void(int)>& f) { threads_.run(f); }
+  void reduce_grads() {
+    if (reduced_) return;
+    if (G_ > 1) on_every_rank([&](int r) { comm_->all_reduce_mean(r, ranks_[size_t(r)]->grad_buffer()); });
+    reduced_ = true;
+  }
+  // Token-weighted means of the loss parts; expert counts summed.
+  LossParts combine(const std::vector<LossParts>& parts, const std::vector<int64_t>& tokens) const {
+    LossParts out;
+    int64_t total = 0;
+    for (int64_t t : tokens) total += t;
+    for (size_t r = 0; r < parts.size(); ++r) {
+      if (tokens[r] == 0) continue;
+      const double w = double(tokens[r]) / double(total);
+      out.ce += w * parts[r].ce;
+      out.lb += w * parts[r].lb;
+      out.router_z += w * parts[r].router_z;
+      out.lm_z += w * parts[r].lm_z;
+      if (out.expert_counts.empty()) out.expert_counts.assign(parts[r].expert_counts.size(), 0);
+      for (size_t k = 0; k < parts[r].expert_counts.size(); ++k) out.expert_counts[k] += parts[r].expert_counts[k];
+    }
+    return out;
+  }
+
+  std::vector<std::unique_ptr<TrainBackend>> ranks_;
+  std::unique_ptr<Communicator> comm_;
+  int G_;
+  int64_t T_, slice_;
+  RankThreads threads_;
+  bool reduced_ = false;
+};
+
+}  // namespace
+
+std::unique_ptr<TrainBackend> make_data_parallel_backend(std::vector<std::unique_ptr<TrainBackend>> ranks,
+                                                         std::unique_ptr<Communicator> comm, int64_t micro_batch,
+                                                         int64_t seq_len) {
+  return std::make_unique<DataParallelBackend>(std::move(ranks), std::move(comm), micro_batch, seq_len);
+}
+
+}  // namespace spes
