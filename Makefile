@@ -14,7 +14,7 @@ deps:
 	$$SUDO apt-get update -qq && DEBIAN_FRONTEND=noninteractive $$SUDO apt-get install -y -qq --no-install-recommends \
 	  cmake g++ make libboost-program-options-dev libboost-system-dev libflatbuffers-dev \
 	  flatbuffers-compiler libtoml11-dev doctest-dev libopenblas-dev libgfortran-12-dev \
-	  nlohmann-json3-dev libssl-dev
+	  nlohmann-json3-dev libssl-dev libpcre2-dev libutf8proc-dev
 
 $(BUILD)/CMakeCache.txt:
 	cmake -S . -B $(BUILD) -DCMAKE_BUILD_TYPE=Release -DCMAKE_CUDA_ARCHITECTURES="$(CUDA_ARCHS)" $(CMAKE_FLAGS)
