@@ -4,6 +4,7 @@
 
 #include "engine/args.hpp"
 #include "engine/commands.hpp"
+#include "engine/config.hpp"
 #include "engine/net_sync.hpp"
 #include "engine/trainer.hpp"
 
@@ -19,6 +20,7 @@ int train_command(const std::vector<std::string>& args) {
   if (!parse_args(args, opts, "spes-engine train CONFIG [--set section.key=value]... [--node-id N] [--resume]"))
     return 0;
   const Config c = a.load();
+  check_tokenizer(c);
   Trainer t(c);
   // Before run(): θ is still the seeded init the sync base starts from.
   if (c.spes.sync_steps > 0) t.set_sync_hook(make_net_sync_hook(c, t.layout(), t.ownership(), t.theta().data()));

@@ -1,7 +1,8 @@
 // data/bpe_tokenizer and the tokenizer interface, without Python: pinned encodings of
 // the shipped GPT-NeoX tokenizer (taken from the `tokenizers` package), round trips,
-// invalid UTF-8, every refused tokenizer.json component, safe cut points and the
-// tokenize tool on several threads.
+// invalid UTF-8, every refused tokenizer.json component, safe cut points, the
+// tokenize tool on several threads, and the [data] tokenizer check of the config.
+// tests/test_bpe_oracle.cpp compares with `tokenizers` itself, token for token.
 #include <doctest/doctest.h>
 
 #include <algorithm>
@@ -19,6 +20,7 @@
 #include "data/tokenizer.hpp"
 #include "engine/base/error.hpp"
 #include "engine/base/parallel.hpp"
+#include "engine/config.hpp"
 
 #include "test_util.hpp"
 
@@ -442,4 +444,53 @@ TEST_CASE("token width: uint16 is refused above 65536 tokens; auto picks uint32"
   CHECK(ids == want);
   CHECK(std::count(ids.begin(), ids.end(), 70000u) == 1);
   CHECK(contains(read_all(s.train_manifest), "uint32"));
+}
+
+TEST_CASE("[data] tokenizer: resolved like the other data paths, vocabulary checked against [model] vocab_size") {
+  TempDir dir;
+  fs::create_directories(dir.path / "cfg" / "tok");
+  fs::copy_file(kNeox, dir.path / "cfg" / "tok" / "neox.json");
+  auto config = [&](const std::string& model, const std::string& data) {
+    const std::string path = dir / "cfg/run.toml";
+    write_all(path, "[model]\n" + model + "\n[data]\ntrain = \"train.manifest\"\n" + data + "\n");
+    return load_config(path);
+  };
+  auto config_error = [&](const Config& c) {
+    try {
+      check_tokenizer(c);
+    } catch (const ConfigError& e) {
+      return std::string(e.what());
+    }
+    return std::string();
+  };
+  Config c = config("vocab_size = 50304", "tokenizer = \"tok/neox.json\"");
+  CHECK(c.data.tokenizer == (dir.path / "cfg" / "tok" / "neox.json").string());
+  CHECK(config_error(c).empty());  // a larger model vocabulary is padding
+  CHECK(config_error(config("vocab_size = 50280", "tokenizer = \"tok/neox.json\"")).empty());
+
+  const std::string small = config_error(config("vocab_size = 256", "tokenizer = \"tok/neox.json\""));
+  CHECK(contains(small, dir / "cfg/run.toml: "));
+  CHECK(contains(small, "vocab_size = 256"));
+  CHECK(contains(small, "50280"));
+  CHECK(contains(small, "neox.json"));
+  CHECK(small.find('\n') == std::string::npos);
+
+  const std::string missing = config_error(config("vocab_size = 50304", "tokenizer = \"tok/nope.json\""));
+  CHECK(contains(missing, "[data] tokenizer"));
+  CHECK(contains(missing, dir / "cfg/tok/nope.json"));
+
+  CHECK(config_error(config("vocab_size = 256", "tokenizer = \"bytes\"")).empty());
+  CHECK(config("", "tokenizer = \"bytes\"").data.tokenizer == "bytes");
+  CHECK(contains(config_error(config("vocab_size = 200", "tokenizer = \"bytes\"")), "(256 tokens)"));
+  CHECK(config_error(config("vocab_size = 64", "")).empty());  // not declared: nothing to check
+
+  json j = neox_json();
+  j["added_tokens"].push_back({{"id", 70000}, {"content", "<|big|>"}, {"normalized", false}, {"special", true}});
+  write_all(dir / "cfg/tok/big.json", j.dump());
+  const std::string width = config_error(config("vocab_size = 70016", "tokenizer = \"tok/big.json\""));
+  CHECK(contains(width, "token_dtype = \"uint16\""));
+  CHECK(config_error(config("vocab_size = 70016", "tokenizer = \"tok/big.json\"\ntoken_dtype = \"uint32\"")).empty());
+
+  // Checkpoints store the config as TOML: the key survives the round trip.
+  CHECK(parse_config_text(config_to_toml(c), "again.toml").data.tokenizer == c.data.tokenizer);
 }
