@@ -113,8 +113,8 @@ constexpr const char* kQwen2Pattern =
     R"((?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+)";
 
 // `tokenizers` compiles patterns with Oniguruma; PCRE2 reads the same syntax but its
-// \s, \d, \w differ outside ASCII (e.g. PCRE2's \s lacks U+0085), so they are
-// spelled out as Oniguruma's sets. Constructs whose meaning differs and that the
+// \s, \d, \w differ outside ASCII (e.g. PCRE2's \s also matches U+180E MONGOLIAN
+// VOWEL SEPARATOR, Oniguruma's does not), so they are spelled out as Oniguruma's sets. Constructs whose meaning differs and that the
 // supported files do not use are refused.
 std::string onig_to_pcre2(const std::string& p, const std::function<void(const std::string&)>& fail) {
   const std::string space = R"(\t\n\x{0B}\f\r\x{85}\p{Zs}\p{Zl}\p{Zp})";
