@@ -8,6 +8,7 @@
 #include <cmath>
 #include <cstdio>
 #include <cstring>
+#include <exception>
 #include <filesystem>
 #include <fstream>
 #include <iostream>
@@ -16,6 +17,7 @@
 
 #include "data/tokenizer.hpp"
 #include "engine/base/error.hpp"
+#include "engine/base/parallel.hpp"
 
 namespace spes {
 
@@ -187,8 +189,137 @@ struct Writers {
   ShardWriter* val;  // nullptr without a split
 };
 
+// Where a block came from, for error messages.
+struct Origin {
+  std::string path;
+  uint64_t offset = 0;    // plain text: the block's first byte in the file
+  uint64_t jsonl_line = 0;  // JSONL: the document's line (offsets are then within its "text")
+};
+
+// Blocks of text encoded on up to `threads` threads and written in the order they
+// were added, so the output does not depend on the number of threads.
+class BlockEncoder {
+ public:
+  static constexpr size_t kBlockBytes = size_t{256} << 10;  // the unit of parallel work
+  static constexpr size_t kBatchBytes = size_t{16} << 20;   // text held before encoding
+
+  BlockEncoder(const Tokenizer& tok, int64_t threads, bool append_eos)
+      : tok_(tok), threads_(threads), append_eos_(append_eos) {}
+
+  // Text that the tokenizer may encode on its own (a document, or a part of one cut
+  // at a Tokenizer::next_cut position), cut further into blocks; EOS after it if
+  // `document_end`.
+  void add(std::string_view text, ShardWriter& out, bool document_end, const Origin& origin) {
+    size_t begin = 0;
+    while (begin < text.size()) {
+      const size_t cut = begin + kBlockBytes < text.size() ? tok_.next_cut(text, begin + kBlockBytes) : text.size();
+      Origin o = origin;
+      if (o.jsonl_line == 0) o.offset += begin;
+      else o.offset = begin;
+      blocks_.push_back(Block{std::string(text.substr(begin, cut - begin)), &out, false, std::move(o), {}, {}});
+      pending_ += cut - begin;
+      begin = cut;
+    }
+    if (document_end && append_eos_) {
+      if (text.empty()) blocks_.push_back(Block{{}, &out, false, origin, {}, {}});
+      blocks_.back().eos_after = true;
+    }
+    if (pending_ >= kBatchBytes) flush();
+  }
+
+  void flush() {
+    parallel_for(static_cast<int64_t>(blocks_.size()), threads_, [&](int64_t i) {
+      Block& b = blocks_[static_cast<size_t>(i)];
+      try {
+        tok_.encode_into(b.text, b.ids);
+      } catch (...) {
+        b.error = std::current_exception();
+      }
+    });
+    for (Block& b : blocks_) {
+      if (b.error) rethrow(b);
+      b.out->write(b.ids);
+      if (b.eos_after) b.out->put(tok_.eos_id());
+    }
+    blocks_.clear();
+    pending_ = 0;
+  }
+
+ private:
+  struct Block {
+    std::string text;
+    ShardWriter* out;
+    bool eos_after;
+    Origin origin;
+    std::vector<uint32_t> ids;
+    std::exception_ptr error;
+  };
+
+  [[noreturn]] void rethrow(const Block& b) const {
+    try {
+      std::rethrow_exception(b.error);
+    } catch (const InvalidUtf8Error& e) {
+      char hex[8];
+      std::snprintf(hex, sizeof hex, "0x%02X", static_cast<unsigned char>(b.text[e.offset]));
+      const std::string why = " is not valid UTF-8 (" + std::string(hex) + "), which the tokenizer " + tok_.name() +
+                              " needs; fix or drop the bad bytes";
+      if (b.origin.jsonl_line > 0) {
+        throw DataError(b.origin.path + ":" + std::to_string(b.origin.jsonl_line) + ": byte " +
+                        std::to_string(b.origin.offset + e.offset) + " of \"text\"" + why);
+      }
+      const uint64_t at = b.origin.offset + e.offset;
+      throw DataError(b.origin.path + ":" + std::to_string(line_of(b.origin.path, at)) + ": byte " +
+                      std::to_string(at) + why);
+    }
+  }
+
+  const Tokenizer& tok_;
+  int64_t threads_;
+  bool append_eos_;
+  std::vector<Block> blocks_;
+  size_t pending_ = 0;
+};
+
+// Feeds [begin, end) of a file to the encoder as one document, reading it in chunks
+// and handing over the text up to the last cut the tokenizer allows in each.
+void encode_file_range(std::ifstream& in, const std::string& path, uint64_t begin, uint64_t end, ShardWriter& out,
+                       BlockEncoder& enc, const Tokenizer& tok) {
+  if (begin >= end) return;
+  in.clear();
+  in.seekg(static_cast<std::streamoff>(begin));
+  std::string text;        // not yet handed over; starts at file offset `text_at`
+  uint64_t text_at = begin;
+  uint64_t pos = begin;
+  constexpr size_t kBlock = BlockEncoder::kBlockBytes;
+  size_t search_from = kBlock;  // positions of `text` before this were searched already
+  std::vector<char> buf(kChunkBytes);
+  while (pos < end) {
+    in.read(buf.data(), static_cast<std::streamsize>(std::min<uint64_t>(buf.size(), end - pos)));
+    const auto got = static_cast<size_t>(in.gcount());
+    if (got == 0) throw DataError(path + ": read error at byte " + std::to_string(pos));
+    text.append(buf.data(), got);
+    pos += got;
+    if (pos == end) break;
+    // Hand over everything before the last cut found (cuts at least a block apart).
+    size_t last = 0;
+    for (size_t c = tok.next_cut(text, search_from); c < text.size(); c = tok.next_cut(text, c + kBlock)) last = c;
+    // next_cut looks at most 4 bytes ahead: positions before this one hold no cut.
+    const size_t searched = text.size() > 4 ? text.size() - 4 : 0;
+    if (last == 0) {
+      search_from = std::max(search_from, searched);
+      continue;
+    }
+    enc.add(std::string_view(text).substr(0, last), out, false, Origin{path, text_at, 0});
+    text.erase(0, last);
+    text_at += last;
+    search_from = searched > last + kBlock ? searched - last : kBlock;
+  }
+  enc.add(text, out, true, Origin{path, text_at, 0});
+}
+
 // A plain-text file: one document, optionally split head (train) / tail (validation).
-uint64_t tokenize_text(const std::string& path, const TokenizeOptions& opt, Writers& w) {
+uint64_t tokenize_text(const std::string& path, const TokenizeOptions& opt, Writers& w, BlockEncoder& enc,
+                       const Tokenizer& tok) {
   check_readable(path);
   const uint64_t size = fs::file_size(path);
   if (size == 0) return 0;
@@ -219,49 +350,37 @@ uint64_t tokenize_text(const std::string& path, const TokenizeOptions& opt, Writ
     in.seekg(0);
   }
 
-  std::vector<char> buf(kChunkBytes);
-  std::vector<uint32_t> tokens;
-  uint64_t pos = 0;
-  while (pos < size) {
-    in.read(buf.data(), static_cast<std::streamsize>(std::min<uint64_t>(buf.size(), size - pos)));
-    const auto got = static_cast<size_t>(in.gcount());
-    if (got == 0) throw DataError(path + ": read error at byte " + std::to_string(pos));
-    if (opt.append_eos) {
+  // The byte tokenizer's EOS is byte 0: refuse text that contains it.
+  if (opt.append_eos && tok.eos_text() == std::string(1, '\0')) {
+    std::vector<char> buf(kChunkBytes);
+    uint64_t pos = 0;
+    while (pos < size) {
+      in.read(buf.data(), static_cast<std::streamsize>(std::min<uint64_t>(buf.size(), size - pos)));
+      const auto got = static_cast<size_t>(in.gcount());
+      if (got == 0) throw DataError(path + ": read error at byte " + std::to_string(pos));
       if (const void* nul = std::memchr(buf.data(), '\0', got)) {
         const uint64_t at = pos + static_cast<uint64_t>(static_cast<const char*>(nul) - buf.data());
         throw DataError(path + ":" + std::to_string(line_of(path, at)) + ": contains a NUL byte (byte " +
                         std::to_string(at) + "), which the byte tokenizer uses as the document separator; "
                         "use --no-eos for binary input");
       }
+      pos += got;
     }
-    // Bytes before switch_at go to train, the rest to validation.
-    const size_t n_train = static_cast<size_t>(std::clamp<uint64_t>(switch_at, pos, pos + got) - pos);
-    if (n_train > 0) {
-      tokens.clear();
-      ByteTokenizer::encode_into(std::string_view(buf.data(), n_train), tokens);
-      w.train.write(tokens);
-    }
-    if (n_train < got) {
-      tokens.clear();
-      ByteTokenizer::encode_into(std::string_view(buf.data() + n_train, got - n_train), tokens);
-      w.val->write(tokens);
-    }
-    pos += got;
   }
-  if (opt.append_eos) {
-    if (switch_at > 0) w.train.put(ByteTokenizer::kEos);
-    if (switch_at < size) w.val->put(ByteTokenizer::kEos);
-  }
+
+  encode_file_range(in, path, 0, switch_at, w.train, enc, tok);
+  if (switch_at < size) encode_file_range(in, path, switch_at, size, *w.val, enc, tok);
   return 1;
 }
 
 // A JSONL file: one document per non-blank line, from its "text" string.
-uint64_t tokenize_jsonl(const std::string& path, const TokenizeOptions& opt, Writers& w, uint64_t first_doc) {
+uint64_t tokenize_jsonl(const std::string& path, const TokenizeOptions& opt, Writers& w, uint64_t first_doc,
+                        BlockEncoder& enc, const Tokenizer& tok) {
   check_readable(path);
   std::ifstream in(path, std::ios::binary);
   if (!in) throw DataError(path + ": cannot be read");
+  const bool nul_is_eos = opt.append_eos && tok.eos_text() == std::string(1, '\0');
   std::string line;
-  std::vector<uint32_t> tokens;
   uint64_t line_no = 0;
   uint64_t docs = 0;
   while (std::getline(in, line)) {
@@ -285,26 +404,30 @@ uint64_t tokenize_jsonl(const std::string& path, const TokenizeOptions& opt, Wri
     }
     const std::string& text = it->get_ref<const std::string&>();
     if (text.empty()) continue;
-    if (opt.append_eos && text.find('\0') != std::string::npos) {
+    if (nul_is_eos && text.find('\0') != std::string::npos) {
       throw DataError(where + ": \"text\" contains a NUL character, which the byte tokenizer uses as the "
                       "document separator; use --no-eos to allow it");
     }
     ShardWriter& out = (w.val != nullptr && is_val_document(first_doc + docs, opt.val_fraction)) ? *w.val : w.train;
-    tokens.clear();
-    ByteTokenizer::encode_into(text, tokens);
-    if (opt.append_eos) tokens.push_back(ByteTokenizer::kEos);
-    out.write(tokens);
+    enc.add(text, out, true, Origin{path, 0, line_no});
     ++docs;
   }
   if (in.bad()) throw DataError(path + ": read error after line " + std::to_string(line_no));
   return docs;
 }
 
-std::string manifest_text(const TokenizeOptions& opt, const std::vector<std::string>& files) {
+std::string manifest_text(const TokenizeOptions& opt, const Tokenizer& tok, TokenDtype dtype,
+                          const std::vector<std::string>& files) {
   std::ostringstream m;
-  m << "# written by spes-engine tokenize: byte-level tokenizer (vocab 256";
-  if (opt.append_eos) m << ", each document ends with token " << ByteTokenizer::kEos;
-  m << "), " << token_dtype_name(opt.dtype) << " little-endian tokens\n";
+  m << "# written by spes-engine tokenize: ";
+  if (tok.name() == "bytes") m << "byte-level tokenizer";
+  else m << "tokenizer " << tok.name();
+  m << " (vocab " << tok.vocab_size();
+  if (opt.append_eos) {
+    m << ", each document ends with token " << tok.eos_id();
+    if (tok.name() != "bytes") m << " " << tok.eos_text();
+  }
+  m << "), " << token_dtype_name(dtype) << " little-endian tokens\n";
   for (const auto& f : files) m << f << "\n";
   return m.str();
 }
@@ -323,27 +446,38 @@ TokenizeSummary run_tokenize(const TokenizeOptions& opt) {
   if (!(opt.val_fraction >= 0.0 && opt.val_fraction < 1.0)) {
     throw DataError("tokenize: val_fraction " + std::to_string(opt.val_fraction) + " must be in [0, 1)");
   }
+  const std::unique_ptr<Tokenizer> tok = open_tokenizer(opt.tokenizer);
+  const bool fits_uint16 = tok->vocab_size() <= 65536;
+  const TokenDtype dtype = opt.dtype.value_or(fits_uint16 ? TokenDtype::kUint16 : TokenDtype::kUint32);
+  if (dtype == TokenDtype::kUint16 && !fits_uint16) {
+    throw DataError("tokenize: " + tok->name() + " has " + std::to_string(tok->vocab_size()) +
+                    " tokens, more than uint16 holds (65536); use --dtype uint32");
+  }
   const fs::path out_dir(opt.out_dir);
   std::error_code ec;
   fs::create_directories(out_dir, ec);
   if (ec) throw DataError("tokenize: cannot create output folder " + opt.out_dir + " (" + ec.message() + ")");
 
   const bool split = opt.val_fraction > 0.0;
-  ShardWriter val_writer(out_dir, "val", opt.dtype, opt.shard_tokens);
-  Writers w{ShardWriter(out_dir, "train", opt.dtype, opt.shard_tokens), split ? &val_writer : nullptr};
+  ShardWriter val_writer(out_dir, "val", dtype, opt.shard_tokens);
+  Writers w{ShardWriter(out_dir, "train", dtype, opt.shard_tokens), split ? &val_writer : nullptr};
+  BlockEncoder enc(*tok, opt.threads, opt.append_eos);
 
   TokenizeSummary summary;
+  summary.dtype = dtype;
+  summary.vocab_size = tok->vocab_size();
   uint64_t jsonl_docs = 0;
   for (const auto& path : opt.inputs) {
     const InputFormat format = opt.format == InputFormat::kAuto ? detect_format(path) : opt.format;
     if (format == InputFormat::kJsonl) {
-      const uint64_t docs = tokenize_jsonl(path, opt, w, jsonl_docs);
+      const uint64_t docs = tokenize_jsonl(path, opt, w, jsonl_docs, enc, *tok);
       jsonl_docs += docs;
       summary.documents += docs;
     } else {
-      summary.documents += tokenize_text(path, opt, w);
+      summary.documents += tokenize_text(path, opt, w, enc, *tok);
     }
   }
+  enc.flush();
   if (w.train.tokens() == 0) throw DataError("tokenize: the inputs hold no text; nothing to write");
   if (split && val_writer.tokens() == 0) {
     throw DataError("tokenize: val_fraction " + std::to_string(opt.val_fraction) + " of " +
@@ -356,12 +490,12 @@ TokenizeSummary run_tokenize(const TokenizeOptions& opt) {
   summary.train_files = w.train.commit();
   summary.train_tokens = w.train.tokens();
   summary.train_manifest = (out_dir / "train.manifest").string();
-  write_manifest(summary.train_manifest, manifest_text(opt, summary.train_files));
+  write_manifest(summary.train_manifest, manifest_text(opt, *tok, dtype, summary.train_files));
   if (split) {
     summary.validation_files = val_writer.commit();
     summary.validation_tokens = val_writer.tokens();
     summary.validation_manifest = (out_dir / "val.manifest").string();
-    write_manifest(summary.validation_manifest, manifest_text(opt, summary.validation_files));
+    write_manifest(summary.validation_manifest, manifest_text(opt, *tok, dtype, summary.validation_files));
   }
   return summary;
 }

@@ -1,26 +1,38 @@
 // Tokenizing a corpus (`spes-engine tokenize`, engine/cmd_tokenize.cpp): plain text or JSONL in, OLMo-format token files
-// (data/token_file.hpp) and a manifest out, with the built-in byte-level tokenizer.
+// (data/token_file.hpp) and a manifest out, with the byte-level tokenizer or a BPE
+// tokenizer.json (data/tokenizer.hpp).
 //
 // Documents. A plain-text input file is one document; a JSONL line is one document
-// (its "text" field). Every document ends with ByteTokenizer::kEos (byte 0), the
-// byte-level stand-in for the EOS token OLMo's tokenize script appends after each
-// document, so the model sees where one text stops and the next begins when
-// instances cut across documents. Inputs containing a NUL byte are rejected since it
-// would read as a document end; --no-eos turns the separator (and that check) off.
+// (its "text" field). Every document ends with the tokenizer's EOS token, as OLMo's
+// tokenize script appends one after each document, so the model sees where one text
+// stops and the next begins when instances cut across documents: byte 0 for the byte
+// tokenizer (inputs containing a NUL byte are then rejected, since it would read as a
+// document end), the file's end-of-text token for BPE (see data/bpe_tokenizer.hpp).
+// --no-eos turns the separator (and the NUL check) off.
+//
+// Token width. uint16 when every id fits (vocabulary <= 65536), else uint32; asking
+// for uint16 with a larger vocabulary is an error.
+//
+// Threads. Documents, and long documents cut where the tokenizer says a cut cannot
+// change the tokens (Tokenizer::next_cut), are encoded as blocks on `threads` threads
+// (std::thread) and written in input order: the output is identical for any number
+// of threads.
 //
 // Validation split (val_fraction F > 0). JSONL: whole documents go to validation,
 // evenly spread (document d when floor((d+1)·F) > floor(d·F)), so no document is in
 // both splits. Plain text: the last F of each file's bytes, starting at the first
 // line start at or after the cut, so no line is split (nanoGPT's Shakespeare uses the
-// same head/tail split). Outputs: <out>/train.manifest + train-NNNNN.bin and, with a
-// split, <out>/val.manifest + val-NNNNN.bin. Manifests list file names relative to
-// their folder, so the folder can move.
+// same head/tail split); head and tail are then two documents. Outputs:
+// <out>/train.manifest + train-NNNNN.bin and, with a split, <out>/val.manifest +
+// val-NNNNN.bin. Manifests list file names relative to their folder, so the folder
+// can move.
 //
 // Atomic output: all token files are written under temporary names and renamed into
 // place only after every input was read without error; the manifests are written
 // last the same way. A failed run leaves the previous outputs untouched.
 #pragma once
 #include <cstdint>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -34,10 +46,12 @@ struct TokenizeOptions {
   std::vector<std::string> inputs;
   std::string out_dir;
   InputFormat format = InputFormat::kAuto;
-  TokenDtype dtype = TokenDtype::kUint16;
+  std::string tokenizer = "bytes";  // "bytes" or a path to a tokenizer.json
+  std::optional<TokenDtype> dtype;  // unset: uint16 when the vocabulary fits, else uint32
   double val_fraction = 0.0;   // [0, 1)
-  bool append_eos = true;      // end each document with ByteTokenizer::kEos
+  bool append_eos = true;      // end each document with the tokenizer's EOS token
   uint64_t shard_tokens = 0;   // tokens per output file; 0 = one file per split
+  int64_t threads = 0;         // encoding threads; 0 = all cores
 };
 
 struct TokenizeSummary {
@@ -48,11 +62,14 @@ struct TokenizeSummary {
   uint64_t train_tokens = 0;
   uint64_t validation_tokens = 0;
   uint64_t documents = 0;
+  TokenDtype dtype = TokenDtype::kUint16;
+  int64_t vocab_size = 0;
 };
 
-// Throws DataError naming the file (and line, for JSONL) on bad input: missing file,
-// invalid JSON, a line that is not an object or lacks a string "text", a NUL byte,
-// or an output split that would be empty.
+// Throws DataError naming the file (and line) on bad input: missing file, invalid
+// JSON, a line that is not an object or lacks a string "text", a NUL byte (byte
+// tokenizer), text that is not UTF-8 (BPE: the byte offset too), an output split
+// that would be empty; and naming the tokenizer when it cannot be used.
 TokenizeSummary run_tokenize(const TokenizeOptions& options);
 
 }  // namespace spes

@@ -46,12 +46,14 @@ int generate_command(const std::vector<std::string>& args) {
   if (int64_t(s.params.size()) != layout.total)
     throw CheckpointError(checkpoint + ": " + std::to_string(s.params.size()) + " parameters, its config needs " +
                           std::to_string(layout.total));
-  if (c.model.vocab_size != ByteTokenizer::kVocabSize)
-    throw ConfigError(checkpoint + ": the model's vocabulary is " + std::to_string(c.model.vocab_size) +
-                      ", generate reads and writes bytes (vocab_size 256)");
+  // The run's tokenizer ([data] tokenizer, kept in the checkpoint's config; bytes by default).
+  const std::unique_ptr<Tokenizer> tok = open_tokenizer(c.data.tokenizer.empty() ? "bytes" : c.data.tokenizer);
+  if (c.model.vocab_size < tok->vocab_size())
+    throw ConfigError(checkpoint + ": the model's vocabulary (" + std::to_string(c.model.vocab_size) +
+                      ") is smaller than its tokenizer's, " + tok->name() + " (" + std::to_string(tok->vocab_size()) + ")");
 
-  std::vector<uint32_t> ids = ByteTokenizer::encode(prompt);
-  if (ids.empty()) ids.push_back(ByteTokenizer::kEos);  // a new document
+  std::vector<uint32_t> ids = tok->encode(prompt);
+  if (ids.empty()) ids.push_back(tok->eos_id());  // a new document
   const int64_t context = c.model.seq_len;
   if (int64_t(ids.size()) >= context)
     throw UsageError("the prompt is " + std::to_string(ids.size()) + " tokens; the model's context is " +
@@ -68,11 +70,12 @@ int generate_command(const std::vector<std::string>& args) {
   const char* why = "--max-tokens reached";
   while (produced < max_tokens) {
     const int32_t next = sample_token(logits, so, rng);
-    if (uint32_t(next) == ByteTokenizer::kEos) {
+    if (uint32_t(next) == tok->eos_id()) {
       why = "end of document";
       break;
     }
-    const std::string text = ByteTokenizer::decode(std::span<const int32_t>(&next, 1));
+    // A token id of the padded vocabulary beyond the tokenizer's has no text.
+    const std::string text = next < tok->vocab_size() ? tok->decode(std::span<const int32_t>(&next, 1)) : "";
     std::fwrite(text.data(), 1, text.size(), stdout);
     std::fflush(stdout);
     ++produced;

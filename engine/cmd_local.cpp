@@ -283,6 +283,7 @@ int local_command(const std::vector<std::string>& args) {
       "resume", po::bool_switch(&resume), "continue the run: nodes from their checkpoints, the coordinator from its state");
   if (!parse_args(args, opts, "spes-engine local CONFIG [--set section.key=value]... [--resume]")) return 0;
   const Config c = load_config(config, sets);  // validated once here, before anything starts
+  check_tokenizer(c);
   if (c.spes.sync_steps == 0)
     std::fprintf(stderr, "local: [spes] sync_steps = 0: nodes train independently (no sync rounds)\n");
   // Share the cores: a node left at "all cores" would oversubscribe the machine

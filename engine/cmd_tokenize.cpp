@@ -1,7 +1,7 @@
-// `spes-engine tokenize --input FILE... --out DIR [--format auto|text|jsonl]
-// [--dtype uint16|uint32] [--val-fraction F] [--shard-tokens N] [--no-eos]`: text or
-// JSONL to OLMo-format token files and manifests (data/tokenize.hpp). A summary
-// goes to stderr.
+// `spes-engine tokenize --input FILE... --out DIR [--tokenizer bytes|TOKENIZER.json]
+// [--format auto|text|jsonl] [--dtype auto|uint16|uint32] [--val-fraction F]
+// [--shard-tokens N] [--threads N] [--no-eos]`: text or JSONL to OLMo-format token
+// files and manifests (data/tokenize.hpp). A summary goes to stderr.
 #include <iostream>
 
 #include "data/tokenize.hpp"
@@ -13,18 +13,20 @@ namespace spes {
 int tokenize_command(const std::vector<std::string>& args) {
   namespace po = boost::program_options;
   std::vector<std::string> inputs;
-  std::string out_dir, format = "auto", dtype = "uint16";
+  std::string out_dir, format = "auto", dtype = "auto", tokenizer = "bytes";
   double val_fraction = 0.0;
-  int64_t shard_tokens = 0;
+  int64_t shard_tokens = 0, threads = 0;
   bool no_eos = false;
   po::options_description opts;
   opts.add_options()("input,i", po::value(&inputs)->multitoken(), "input files (also accepted as plain arguments)")(
       "out,o", po::value(&out_dir), "output folder")(
+      "tokenizer", po::value(&tokenizer), "bytes (the byte-level tokenizer) or a Hugging Face tokenizer.json (byte-level BPE)")(
       "format", po::value(&format), "auto|text|jsonl (auto: *.jsonl and *.json are JSONL, anything else text)")(
-      "dtype", po::value(&dtype), "uint16|uint32 token width")(
+      "dtype", po::value(&dtype), "auto|uint16|uint32 token width (auto: uint16 when the vocabulary fits, else uint32)")(
       "val-fraction", po::value(&val_fraction), "hold out this fraction in [0, 1) as validation data")(
       "shard-tokens", po::value(&shard_tokens), "tokens per output file (0 = one file)")(
-      "no-eos", po::bool_switch(&no_eos), "do not end documents with token 0");
+      "threads", po::value(&threads), "encoding threads (0 = all cores); the output is the same for any number")(
+      "no-eos", po::bool_switch(&no_eos), "do not end documents with the tokenizer's EOS token");
   if (!parse_args(args, opts, "spes-engine tokenize --input FILE... --out DIR [options]", {"input*"})) return 0;
   TokenizeOptions opt;
   if (inputs.empty()) throw UsageError("tokenize: no input files (--input FILE...)");
@@ -33,8 +35,12 @@ int tokenize_command(const std::vector<std::string>& args) {
   else if (format == "text") opt.format = InputFormat::kText;
   else if (format == "jsonl") opt.format = InputFormat::kJsonl;
   else throw UsageError("tokenize: --format '" + format + "' is not one of auto, text, jsonl");
-  if (dtype != "uint16" && dtype != "uint32") throw UsageError("tokenize: --dtype '" + dtype + "' is not uint16 or uint32");
-  opt.dtype = parse_token_dtype(dtype);
+  if (dtype != "auto" && dtype != "uint16" && dtype != "uint32")
+    throw UsageError("tokenize: --dtype '" + dtype + "' is not auto, uint16 or uint32");
+  if (dtype != "auto") opt.dtype = parse_token_dtype(dtype);
+  if (threads < 0) throw UsageError("tokenize: --threads must be >= 0");
+  opt.threads = threads;
+  opt.tokenizer = tokenizer;
   if (!(val_fraction >= 0.0 && val_fraction < 1.0)) throw UsageError("tokenize: --val-fraction must be in [0, 1)");
   opt.val_fraction = val_fraction;
   if (shard_tokens < 0) throw UsageError("tokenize: --shard-tokens must be >= 0");
@@ -44,7 +50,8 @@ int tokenize_command(const std::vector<std::string>& args) {
   opt.out_dir = out_dir;
 
   const TokenizeSummary s = run_tokenize(opt);
-  std::cerr << "tokenize: " << s.documents << " documents; " << s.train_tokens << " train tokens in "
+  std::cerr << "tokenize: " << tokenizer << " (vocab " << s.vocab_size << "), " << token_dtype_name(s.dtype) << "; "
+            << s.documents << " documents; " << s.train_tokens << " train tokens in "
             << s.train_files.size() << " file(s) -> " << s.train_manifest;
   if (!s.validation_manifest.empty())
     std::cerr << "; " << s.validation_tokens << " validation tokens in " << s.validation_files.size()

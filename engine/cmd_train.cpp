@@ -7,6 +7,7 @@
 #include "engine/args.hpp"
 #include "engine/base/log.hpp"
 #include "engine/commands.hpp"
+#include "engine/config.hpp"
 #include "engine/net_sync.hpp"
 #include "engine/slurm.hpp"
 #include "engine/trainer.hpp"
@@ -32,6 +33,7 @@ int train_command(const std::vector<std::string>& args) {
     log_line("[slurm]", "task %lld of %lld: node %lld, coordinator %s", (long long)task->node_id,
              (long long)task->n_nodes, (long long)c.spes.node_id, c.spes.coordinator.c_str());
   }
+  check_tokenizer(c);
   Trainer t(c);
   // Before run(): θ is still the seeded init the sync base starts from.
   if (c.spes.sync_steps > 0) t.set_sync_hook(make_net_sync_hook(c, t.layout(), t.ownership(), t.theta().data()));

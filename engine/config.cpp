@@ -8,10 +8,12 @@
 #include <fstream>
 #include <limits>
 #include <map>
+#include <memory>
 #include <set>
 #include <sstream>
 #include <toml.hpp>
 
+#include "data/tokenizer.hpp"
 #include "engine/base/error.hpp"
 
 namespace spes {
@@ -206,6 +208,7 @@ void read_data(SectionReader r, DataConfig& d) {
   r.string("validation", d.validation);
   r.real("val_fraction", d.val_fraction, 0, 0.5);
   r.string("token_dtype", d.token_dtype, {"uint16", "uint32"});
+  r.string("tokenizer", d.tokenizer);
   r.reject_unknown();
 }
 
@@ -337,6 +340,7 @@ Config build_config(toml::value root, const std::string& name, const std::filesy
   check_consistency(c);
   c.data.train = resolve(base, c.data.train);
   c.data.validation = resolve(base, c.data.validation);
+  if (c.data.tokenizer != "bytes") c.data.tokenizer = resolve(base, c.data.tokenizer);
   c.checkpoint.dir = resolve(base, c.checkpoint.dir);
   c.spes.secret_file = resolve(base, c.spes.secret_file);
   c.spes.state_dir = resolve(base, c.spes.state_dir);
@@ -421,7 +425,7 @@ std::string config_to_toml(const Config& c) {
   const DataConfig& d = c.data;
   os << "\n[data]\n";
   kv("train", d.train); kv("validation", d.validation); kv("val_fraction", d.val_fraction);
-  kv("token_dtype", d.token_dtype);
+  kv("token_dtype", d.token_dtype); kv("tokenizer", d.tokenizer);
   const SpesConfig& s = c.spes;
   os << "\n[spes]\n";
   kv("node_id", s.node_id); kv("n_nodes", s.n_nodes); kv("ownership", s.ownership);
@@ -435,6 +439,26 @@ std::string config_to_toml(const Config& c) {
   os << "\n[checkpoint]\n";
   kv("dir", k.dir); kv("every", k.every); kv("keep", k.keep);
   return os.str();
+}
+
+void check_tokenizer(const Config& c) {
+  if (c.data.tokenizer.empty()) return;
+  std::unique_ptr<Tokenizer> tok;
+  try {
+    tok = open_tokenizer(c.data.tokenizer);
+  } catch (const DataError& e) {
+    throw ConfigError(c.path + ": [data] tokenizer: " + e.what());
+  }
+  const int64_t n = tok->vocab_size();
+  if (c.model.vocab_size < n) {
+    throw ConfigError(c.path + ": [model] vocab_size = " + std::to_string(c.model.vocab_size) +
+                      " is smaller than the vocabulary of [data] tokenizer " + tok->name() + " (" + std::to_string(n) +
+                      " tokens); set vocab_size >= " + std::to_string(n));
+  }
+  if (c.data.token_dtype == "uint16" && n > 65536) {
+    throw ConfigError(c.path + ": [data] token_dtype = \"uint16\" cannot hold the ids of [data] tokenizer " +
+                      tok->name() + " (" + std::to_string(n) + " tokens); use \"uint32\"");
+  }
 }
 
 }  // namespace spes

@@ -42,6 +42,9 @@ struct DataConfig {
   std::string validation;       // manifest; empty = hold out val_fraction of train
   double val_fraction = 0.0;
   std::string token_dtype = "uint16";  // "uint16" | "uint32"
+  // The tokenizer the data was made with: "bytes", a tokenizer.json path, or "" (not
+  // declared: nothing to check beyond each token id < [model] vocab_size).
+  std::string tokenizer;
 };
 
 struct SpesConfig {
@@ -92,5 +95,12 @@ Config parse_config_text(const std::string& text, const std::string& name,
                          const std::vector<std::string>& overrides = {});
 // TOML text that parses back to the same Config (stored inside checkpoints).
 std::string config_to_toml(const Config& c);
+
+// Opens [data] tokenizer (when set) and checks it against the model: [model]
+// vocab_size must be at least the tokenizer's vocabulary (larger is padding) and
+// [data] token_dtype must hold its ids. Throws ConfigError, one line naming the
+// config file, the tokenizer and both numbers. Separate from load_config because it
+// reads the tokenizer file; `train` and `local` call it before they start.
+void check_tokenizer(const Config& c);
 
 }  // namespace spes

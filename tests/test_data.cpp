@@ -469,14 +469,14 @@ TEST_CASE("open_data: separate validation manifest; both sources set is an error
 TEST_CASE("byte tokenizer: token = byte, decode inverts encode") {
   std::string all;
   for (int b = 0; b < 256; ++b) all.push_back(static_cast<char>(b));
-  const auto ids = ByteTokenizer::encode(all);
+  const auto ids = ByteTokenizer().encode(all);
   REQUIRE(ids.size() == 256);
   for (uint32_t b = 0; b < 256; ++b) CHECK(ids[b] == b);
-  CHECK(ByteTokenizer::decode(std::span<const uint32_t>(ids)) == all);
+  CHECK(ByteTokenizer().decode(std::span<const uint32_t>(ids)) == all);
   const std::vector<int32_t> hi{72, 105};
-  CHECK(ByteTokenizer::decode(std::span<const int32_t>(hi)) == "Hi");
+  CHECK(ByteTokenizer().decode(std::span<const int32_t>(hi)) == "Hi");
   const std::vector<int32_t> bad{65, 256};
-  CHECK(contains(data_error_of([&] { ByteTokenizer::decode(std::span<const int32_t>(bad)); }), "256"));
+  CHECK(contains(data_error_of([&] { ByteTokenizer().decode(std::span<const int32_t>(bad)); }), "256"));
 }
 
 TEST_CASE("tokenize text -> token files -> sampler reads back the exact bytes") {
@@ -504,15 +504,15 @@ TEST_CASE("tokenize text -> token files -> sampler reads back the exact bytes") 
     std::vector<int32_t> row(S + 1);
     for (uint64_t i = 0; i < ds.n_instances(); ++i) {
       ds.read_instance(i, row.data());
-      got += ByteTokenizer::decode(std::span<const int32_t>(row));
+      got += ByteTokenizer().decode(std::span<const int32_t>(row));
     }
     CHECK(got == expected.substr(0, got.size()));
     // Validation instance reading through the sampler gives the same bytes.
     ValidationIterator v(std::make_shared<const TokenDataset>(s.train_manifest, opts(S, 256, dtype)), {0});
     std::vector<int32_t> in(S), tg(S);
     v.next_batch(in.data(), tg.data(), 1);
-    CHECK(ByteTokenizer::decode(std::span<const int32_t>(in)) == expected.substr(0, S));
-    CHECK(ByteTokenizer::decode(std::span<const int32_t>(tg)) == expected.substr(1, S));
+    CHECK(ByteTokenizer().decode(std::span<const int32_t>(in)) == expected.substr(0, S));
+    CHECK(ByteTokenizer().decode(std::span<const int32_t>(tg)) == expected.substr(1, S));
   }
 }
 
@@ -688,5 +688,5 @@ TEST_CASE("the shipped Tiny Shakespeare corpus tokenizes into a usable dataset")
   std::vector<int32_t> in(256), tg(256);
   p.validation->next_batch(in.data(), tg.data(), 1);
   // train = head + EOS, so the validation tail starts at byte train_tokens - 1.
-  CHECK(ByteTokenizer::decode(std::span<const int32_t>(in)) == read_bytes(corpus).substr(s.train_tokens - 1, 256));
+  CHECK(ByteTokenizer().decode(std::span<const int32_t>(in)) == read_bytes(corpus).substr(s.train_tokens - 1, 256));
 }

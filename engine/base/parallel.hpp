@@ -1,4 +1,4 @@
-// A plain thread fan-out for the coordinator's per-round work. Not OpenMP on
+// A plain thread fan-out (the coordinator's per-round work, the tokenize tool). Not OpenMP on
 // purpose: libgomp's idle workers spin after each parallel region, stealing the
 // cores the network threads (and, in `spes-engine local`, the trainers) need.
 #pragma once
@@ -6,15 +6,17 @@
 #include <atomic>
 #include <cstdint>
 #include <thread>
+#include <utility>
 #include <vector>
 
 namespace spes {
 
-// Calls f(i) for i in [0, n) on up to hardware_concurrency threads (dynamic
-// scheduling, one index at a time). f must not throw.
+// Calls f(i) for i in [0, n) on up to max_threads threads (0: hardware_concurrency;
+// dynamic scheduling, one index at a time). f must not throw.
 template <class F>
-void parallel_for(int64_t n, F&& f) {
-  const int64_t threads = std::min<int64_t>(n, std::max(1u, std::thread::hardware_concurrency()));
+void parallel_for(int64_t n, int64_t max_threads, F&& f) {
+  const int64_t cores = std::max(1u, std::thread::hardware_concurrency());
+  const int64_t threads = std::min<int64_t>(n, max_threads > 0 ? max_threads : cores);
   if (threads <= 1) {
     for (int64_t i = 0; i < n; ++i) f(i);
     return;
@@ -27,6 +29,11 @@ void parallel_for(int64_t n, F&& f) {
   for (int64_t t = 1; t < threads; ++t) pool.emplace_back(work);
   work();
   for (auto& t : pool) t.join();
+}
+
+template <class F>
+void parallel_for(int64_t n, F&& f) {
+  parallel_for(n, 0, std::forward<F>(f));
 }
 
 }  // namespace spes
