@@ -17,6 +17,8 @@
 
 #include "data/tokenizer.hpp"
 #include "engine/base/error.hpp"
+#include "engine/base/log.hpp"
+#include "engine/base/progress.hpp"
 #include "engine/base/parallel.hpp"
 
 namespace spes {
@@ -203,8 +205,9 @@ class BlockEncoder {
   static constexpr size_t kBlockBytes = size_t{256} << 10;  // the unit of parallel work
   static constexpr size_t kBatchBytes = size_t{16} << 20;   // text held before encoding
 
-  BlockEncoder(const Tokenizer& tok, int64_t threads, bool append_eos)
-      : tok_(tok), threads_(threads), append_eos_(append_eos) {}
+  // total_bytes: the size of every input, for the progress line.
+  BlockEncoder(const Tokenizer& tok, int64_t threads, bool append_eos, uint64_t total_bytes)
+      : tok_(tok), threads_(threads), append_eos_(append_eos), total_bytes_(total_bytes) {}
 
   // Text that the tokenizer may encode on its own (a document, or a part of one cut
   // at a Tokenizer::next_cut position), cut further into blocks; EOS after it if
@@ -220,6 +223,7 @@ class BlockEncoder {
       pending_ += cut - begin;
       begin = cut;
     }
+    documents_ += document_end;
     if (document_end && append_eos_) {
       if (text.empty()) blocks_.push_back(Block{{}, &out, false, origin, {}, {}});
       blocks_.back().eos_after = true;
@@ -242,7 +246,12 @@ class BlockEncoder {
       if (b.eos_after) b.out->put(tok_.eos_id());
     }
     blocks_.clear();
+    done_bytes_ += pending_;
     pending_ = 0;
+    const double mb = double(done_bytes_) / 1e6, total = double(total_bytes_) / 1e6;
+    progress_.update(strprintf("%.1f / %.1f MB, %llu documents, %.1f MB/s, ETA ", mb, total,
+                               (unsigned long long)documents_, mb / std::max(progress_.elapsed_s(), 1e-9)) +
+                     progress_.eta(mb, total));
   }
 
  private:
@@ -276,6 +285,8 @@ class BlockEncoder {
   const Tokenizer& tok_;
   int64_t threads_;
   bool append_eos_;
+  uint64_t total_bytes_, done_bytes_ = 0, documents_ = 0;
+  Progress progress_{"tokenize:"};
   std::vector<Block> blocks_;
   size_t pending_ = 0;
 };
@@ -461,7 +472,9 @@ TokenizeSummary run_tokenize(const TokenizeOptions& opt) {
   const bool split = opt.val_fraction > 0.0;
   ShardWriter val_writer(out_dir, "val", dtype, opt.shard_tokens);
   Writers w{ShardWriter(out_dir, "train", dtype, opt.shard_tokens), split ? &val_writer : nullptr};
-  BlockEncoder enc(*tok, opt.threads, opt.append_eos);
+  uint64_t total_bytes = 0;
+  for (const auto& path : opt.inputs) total_bytes += fs::file_size(path, ec);
+  BlockEncoder enc(*tok, opt.threads, opt.append_eos, total_bytes);
 
   TokenizeSummary summary;
   summary.dtype = dtype;
