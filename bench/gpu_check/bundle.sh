@@ -75,7 +75,8 @@ rm -rf "$PART/stage"
 "$BUILD/spes-engine" tokenize --input "$SRC/data/corpus/tinyshakespeare.txt" \
   --out "$PART/data/tinyshakespeare" --val-fraction 0.05 >/dev/null
 cp "$SRC/configs/tiny.toml" "$SRC/configs/tiny-central.toml" "$PART/configs/"
-for t in "$SRC"/tests/test_cuda_*.cu; do basename "$t" .cu; done > "$PART/cuda-tests.txt"
+# Every GPU test file: the kernels (test_cuda_*) and the whole step (test_gpu_step).
+for t in "$SRC"/tests/*.cu; do basename "$t" .cu; done > "$PART/cuda-tests.txt"
 cp "$HERE/run.sh" "$HERE/report.py" "$PART/"
 chmod +x "$PART/run.sh" "$PART/report.py"
 
