@@ -27,6 +27,8 @@ const Command kCommands[] = {
     {"generate", generate_command,
      "sample text from a checkpoint: generate --checkpoint DIR [--prompt TEXT] [--max-tokens N] [--temperature T]"},
     {"tokenize", tokenize_command, "text/JSONL to token files: tokenize --input FILE... --out DIR [--val-fraction F]"},
+    {"upcycle", upcycle_command,
+     "dense checkpoint to an MoE: upcycle --checkpoint DENSE --config MOE.toml --out DIR [--noise X] [--seed S]"},
 };
 
 void usage(std::FILE* to) {
