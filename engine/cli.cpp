@@ -29,6 +29,10 @@ const Command kCommands[] = {
     {"plan", plan_command,
      "memory per node vs centralized, no GPU needed: plan CONFIG [--node-id N] [--gpus G] [--micro-batch B] [--memory 80GiB]"},
     {"tokenize", tokenize_command, "text/JSONL to token files: tokenize --input FILE... --out DIR [--val-fraction F]"},
+    {"upcycle", upcycle_command,
+     "dense checkpoint to an MoE: upcycle --checkpoint DENSE --config MOE.toml --out DIR [--noise X] [--seed S]"},
+    {"plot", plot_command,
+     "CSV columns as an SVG line plot: plot CSV... --x COL --y COL [--group COL] [--logy] [-o out.svg] [--title T]"},
 };
 
 void usage(std::FILE* to) {

@@ -22,6 +22,7 @@ int eval_command(const std::vector<std::string>& args) {
       "batches", po::value(&batches), "micro-batches to evaluate (0 = all)");
   if (!parse_args(args, opts, "spes-engine eval CONFIG --checkpoint DIR [--data MANIFEST] [--batches N]")) return 0;
   Config c = a.load();
+  c.train.init.clear();  // θ comes from --checkpoint: no need to read [train] init's
   if (!data.empty()) {
     c.data.validation = data;
     c.data.val_fraction = 0.0;

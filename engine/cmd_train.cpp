@@ -6,6 +6,7 @@
 
 #include "engine/args.hpp"
 #include "engine/base/log.hpp"
+#include "engine/checkpoint.hpp"
 #include "engine/commands.hpp"
 #include "engine/config.hpp"
 #include "engine/net_sync.hpp"
@@ -34,8 +35,11 @@ int train_command(const std::vector<std::string>& args) {
              (long long)task->n_nodes, (long long)c.spes.node_id, c.spes.coordinator.c_str());
   }
   check_tokenizer(c);
+  // Resuming from a checkpoint: θ comes from it, so [train] init is not read
+  // (a large file, and it may be gone by now).
+  if (resume && !latest_checkpoint(node_checkpoint_root(c)).empty()) c.train.init.clear();
   Trainer t(c);
-  // Before run(): θ is still the seeded init the sync base starts from.
+  // Before run(): θ is still the initial θ (initial_theta) the sync base starts from.
   if (c.spes.sync_steps > 0) t.set_sync_hook(make_net_sync_hook(c, t.layout(), t.ownership(), t.theta().data()));
   t.run(std::cout, resume);
   return 0;

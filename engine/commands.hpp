@@ -21,6 +21,8 @@ int merge_experts_command(const std::vector<std::string>& args);  // cmd_merge_e
 int tokenize_command(const std::vector<std::string>& args);       // cmd_tokenize.cpp
 int generate_command(const std::vector<std::string>& args);       // cmd_generate.cpp
 int plan_command(const std::vector<std::string>& args);           // cmd_plan.cpp
+int upcycle_command(const std::vector<std::string>& args);        // cmd_upcycle.cpp
+int plot_command(const std::vector<std::string>& args);           // cmd_plot.cpp
 
 // The coordinator's --dump-state hook (net::CoordinatorParams::on_round): θ as an HF
 // export in DIR/round-NNNNNNNN at every `every`-th round; empty when dir is "".

@@ -182,6 +182,7 @@ void read_train(SectionReader r, TrainConfig& t) {
   r.integer("eval_every", t.eval_every, 0, kMaxInt);
   r.integer("eval_batches", t.eval_batches, 0, 1 << 20);
   r.integer("max_steps_this_run", t.max_steps_this_run, 0, kMaxInt);
+  r.string("init", t.init);
   r.real("lb_coef", t.loss.lb_coef, 0, INFINITY);
   r.real("router_z_coef", t.loss.router_z_coef, 0, INFINITY);
   r.real("lm_z_coef", t.loss.lm_z_coef, 0, INFINITY);
@@ -342,6 +343,7 @@ Config build_config(toml::value root, const std::string& name, const std::filesy
   c.data.validation = resolve(base, c.data.validation);
   if (c.data.tokenizer != "bytes") c.data.tokenizer = resolve(base, c.data.tokenizer);
   c.checkpoint.dir = resolve(base, c.checkpoint.dir);
+  c.train.init = resolve(base, c.train.init);
   c.spes.secret_file = resolve(base, c.spes.secret_file);
   c.spes.state_dir = resolve(base, c.spes.state_dir);
   return c;
@@ -414,6 +416,7 @@ std::string config_to_toml(const Config& c) {
   kv("device", t.device); kv("seed", t.seed); kv("steps", t.steps); kv("micro_batch", t.micro_batch);
   kv("global_batch", t.global_batch); kv("threads", t.threads); kv("gpus", t.gpus); kv("eval_every", t.eval_every);
   kv("eval_batches", t.eval_batches); kv("max_steps_this_run", t.max_steps_this_run);
+  kv("init", t.init);
   kv("lb_coef", t.loss.lb_coef); kv("router_z_coef", t.loss.router_z_coef); kv("lm_z_coef", t.loss.lm_z_coef);
   kv("decayed_aux_loss", t.loss.decayed_aux_loss);
   const OptimConfig& o = c.optim;

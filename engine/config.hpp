@@ -21,6 +21,7 @@ struct TrainConfig {
   int64_t eval_every = 0;       // steps between validation evals; 0 = only at the end
   int64_t eval_batches = 8;     // micro-batches per eval
   int64_t max_steps_this_run = 0;  // stop after this many steps (then checkpoint); 0 = no limit
+  std::string init;             // checkpoint whose params start a fresh run (engine/init_theta.hpp); "" = seeded init
   LossConfig loss;
 };
 

@@ -4,6 +4,7 @@
 #include <vector>
 
 #include "engine/checkpoint.hpp"
+#include "engine/init_theta.hpp"
 #include "engine/trainer.hpp"
 #include "net/address.hpp"
 
@@ -70,10 +71,9 @@ net::CoordinatorParams coordinator_params(const Config& cfg) {
     const Ownership own = make_ownership(cfg.model, p.layout, node, p.n_nodes, s.ownership, s.experts_per_node);
     p.nodes.push_back({model_fingerprint(cfg.model, p.layout, own), own.space});
   }
-  p.init_theta = [model = cfg.model, layout = p.layout, seed = cfg.train.seed](float* theta) {
-    init_parameters(theta, model, layout, seed);
-  };
+  p.init_theta = [cfg, layout = p.layout](float* theta) { initial_theta(cfg, layout, theta); };
   p.seed = cfg.train.seed;
+  if (!cfg.train.init.empty()) p.init_source = "[train] init " + cfg.train.init;
   return p;
 }
 
@@ -101,7 +101,7 @@ std::unique_ptr<SyncHook> make_net_sync_hook(const Config& cfg, const ParamLayou
   std::vector<float> init;
   if (!init_params) {
     init.resize(size_t(layout.total));
-    init_parameters(init.data(), cfg.model, layout, cfg.train.seed);
+    initial_theta(cfg, layout, init.data());
     init_params = init.data();
   }
   return std::make_unique<NetSyncHook>(

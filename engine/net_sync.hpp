@@ -17,17 +17,18 @@ namespace spes {
 class SyncHook;  // engine/trainer.hpp (not included: its SyncStats would clash with net::SyncStats in net tests)
 
 // The coordinator of this config's run: every node's ownership and fingerprint,
-// [spes] settings, the secret (secret_file / $SPES_SECRET) and θ from train.seed.
+// [spes] settings, the secret (secret_file / $SPES_SECRET) and a fresh run's θ from
+// initial_theta ([train] init, else train.seed).
 // No on_round hook (the coordinator command adds its --dump-state export).
 net::CoordinatorParams coordinator_params(const Config& cfg);
 
-// Node own.node_id of this config's run. init_params: the seeded initial θ
+// Node own.node_id of this config's run. init_params: the initial θ (initial_theta)
 // (layout.total floats), which the caller must hold until the client is built.
 net::SyncClientParams sync_client_params(const Config& cfg, const ParamLayout& layout, const Ownership& own,
                                          std::span<const float> init_params);
 
-// init_params: the seeded initial θ when the caller holds it (a fresh trainer's
-// params), so the client does not recompute it; null = recompute from the seed.
+// init_params: the initial θ when the caller holds it (a fresh trainer's params),
+// so the client does not recompute it; null = initial_theta again.
 std::unique_ptr<SyncHook> make_net_sync_hook(const Config& cfg, const ParamLayout& layout, const Ownership& own,
                                              const float* init_params = nullptr);
 

@@ -11,6 +11,7 @@
 #include "engine/base/log.hpp"
 #include "engine/base/progress.hpp"
 #include "engine/checkpoint.hpp"
+#include "engine/init_theta.hpp"
 #include "engine/schedule.hpp"
 #include "model/flops.hpp"
 
@@ -60,9 +61,9 @@ Trainer::Trainer(const Config& config, std::unique_ptr<TrainBackend> backend)
                           config.spes.ownership, config.spes.experts_per_node)),
       fingerprint_(model_fingerprint(config.model, layout_, own_)),
       backend_(backend ? std::move(backend) : make_backend(config, layout_, own_)) {
-  // Every node (and the coordinator) initialises θ from the run seed alone, so they
-  // all start from the same parameters; only the data order is node-specific.
-  init_parameters(backend_->host_theta().data(), cfg_.model, layout_, cfg_.train.seed);
+  // Every node (and the coordinator) starts from the same θ — the run seed's init or
+  // the [train] init checkpoint; only the data order is node-specific.
+  initial_theta(cfg_, layout_, backend_->host_theta().data());
   backend_->push_theta();
   data_ = std::make_unique<DataPipeline>(open_data(data_spec(cfg_)));
   inputs_.resize(cfg_.train.micro_batch * cfg_.model.seq_len);
@@ -108,12 +109,12 @@ const char* Trainer::csv_header() {
 
 std::string Trainer::node_prefix() const { return "[node " + std::to_string(cfg_.spes.node_id) + "]"; }
 
-// Nodes of one run may share a machine and a config: each keeps its checkpoints in
-// its own node-N folder.
-std::string Trainer::checkpoint_root() const {
-  if (cfg_.spes.n_nodes == 1) return cfg_.checkpoint.dir;
-  return (std::filesystem::path(cfg_.checkpoint.dir) / ("node-" + std::to_string(cfg_.spes.node_id))).string();
+std::string node_checkpoint_root(const Config& c) {
+  if (c.spes.n_nodes == 1) return c.checkpoint.dir;
+  return (std::filesystem::path(c.checkpoint.dir) / ("node-" + std::to_string(c.spes.node_id))).string();
 }
+
+std::string Trainer::checkpoint_root() const { return node_checkpoint_root(cfg_); }
 
 EvalResult Trainer::evaluate(int64_t max_batches) {
   EvalResult r;

@@ -25,10 +25,15 @@ struct EvalResult {
   int64_t tokens = 0;
 };
 
+// Where this node's checkpoints go: [checkpoint] dir, or its node-N folder when
+// n_nodes > 1 (nodes of one run may share a machine and a config).
+std::string node_checkpoint_root(const Config& c);
+
 class Trainer {
  public:
-  // backend: null = the one [train] device asks for (make_backend). θ starts as the
-  // seeded init, the same on every node and the coordinator.
+  // backend: null = the one [train] device asks for (make_backend). θ starts as
+  // initial_theta (the seeded init, or [train] init's checkpoint), the same on every
+  // node and the coordinator.
   explicit Trainer(const Config& config, std::unique_ptr<TrainBackend> backend = nullptr);
   ~Trainer();
 

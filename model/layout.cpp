@@ -5,6 +5,8 @@
 #include <cstring>
 #include <stdexcept>
 
+#include "model/seeded_normal.hpp"
+
 namespace spes {
 
 namespace {
@@ -117,30 +119,6 @@ struct Fnv {
   void str(const std::string& s) { i64(int64_t(s.size())); bytes(s.data(), s.size()); }
 };
 
-uint64_t splitmix64(uint64_t x) {
-  x += 0x9E3779B97F4A7C15ull;
-  x = (x ^ (x >> 30)) * 0xBF58476D1CE4E5B9ull;
-  x = (x ^ (x >> 27)) * 0x94D049BB133111EBull;
-  return x ^ (x >> 31);
-}
-
-// Uniform in (0, 1) from 53 random bits.
-double to_unit(uint64_t bits) { return (double((bits >> 11)) + 0.5) * (1.0 / 9007199254740992.0); }
-
-// Standard normal truncated to ±3: Box–Muller on a per-element counter stream,
-// redrawing (deterministically) until inside the cut.
-float truncated_normal(uint64_t seed, uint64_t index) {
-  uint64_t state = splitmix64(seed ^ splitmix64(index));
-  for (;;) {
-    state = splitmix64(state);
-    const double u1 = to_unit(state);
-    state = splitmix64(state);
-    const double u2 = to_unit(state);
-    const double z = std::sqrt(-2.0 * std::log(u1)) * std::cos(6.283185307179586 * u2);
-    if (std::fabs(z) <= 3.0) return static_cast<float>(z);
-  }
-}
-
 }  // namespace
 
 uint64_t model_fingerprint(const ModelConfig& m, const ParamLayout& layout, const Ownership& own) {
@@ -160,18 +138,20 @@ uint64_t model_fingerprint(const ModelConfig& m, const ParamLayout& layout, cons
   return f.h;
 }
 
-void init_parameters(float* params, const ModelConfig& m, const ParamLayout& layout, uint64_t seed) {
-  const float std = static_cast<float>(m.init_std);
-  for (const auto& t : layout.tensors) {
-    float* w = params + t.offset;
-    const int64_t n = t.numel();
-    if (t.is_norm()) {
-      std::fill(w, w + n, 1.0f);
-      continue;
-    }
-#pragma omp parallel for schedule(static)
-    for (int64_t i = 0; i < n; ++i) w[i] = std * truncated_normal(seed, uint64_t(t.offset + i));
+void init_tensor(float* params, const ParamTensor& t, const ModelConfig& m, uint64_t seed) {
+  float* w = params + t.offset;
+  const int64_t n = t.numel();
+  if (t.is_norm()) {
+    std::fill(w, w + n, 1.0f);
+    return;
   }
+  const float std = static_cast<float>(m.init_std);
+#pragma omp parallel for schedule(static)
+  for (int64_t i = 0; i < n; ++i) w[i] = std * truncated_normal(seed, uint64_t(t.offset + i));
+}
+
+void init_parameters(float* params, const ModelConfig& m, const ParamLayout& layout, uint64_t seed) {
+  for (const auto& t : layout.tensors) init_tensor(params, t, m, seed);
 }
 
 }  // namespace spes

@@ -78,5 +78,8 @@ uint64_t model_fingerprint(const ModelConfig& m, const ParamLayout& layout, cons
 // norms. Element i's value depends only on (seed, i), so any node, the coordinator
 // and any thread count produce the same θ.
 void init_parameters(float* params, const ModelConfig& m, const ParamLayout& layout, uint64_t seed);
+// init_parameters for one tensor of the layout (the same values it gets there):
+// e.g. a fresh router when the rest of θ comes from elsewhere (model/upcycle.hpp).
+void init_tensor(float* params, const ParamTensor& t, const ModelConfig& m, uint64_t seed);
 
 }  // namespace spes

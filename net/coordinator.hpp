@@ -58,9 +58,11 @@ struct CoordinatorParams {
   ParamLayout layout;
   int64_t n_experts = 0;
   std::vector<CoordinatorNode> nodes;       // n_nodes entries, by node id
-  // A fresh run's θ (layout.total floats) from the seed: the engine passes init_parameters.
+  // A fresh run's θ (layout.total floats): the engine passes initial_theta (the
+  // seeded init, or the [train] init checkpoint's parameters).
   std::function<void(float* theta)> init_theta;
-  uint64_t seed = 0;                        // only logged
+  uint64_t seed = 0;                        // only logged ...
+  std::string init_source;                  // ... unless this says what init_theta loads instead
   // Called on the server thread after each round is merged and persisted, before it
   // is published (the engine's --dump-state HF exports). Exceptions are logged.
   std::function<void(std::span<const float> theta, int64_t round)> on_round;

@@ -15,7 +15,7 @@ StatePersistence::StatePersistence(PersistRules rules, const LineLog& log)
     : rules_(std::move(rules)), log_(log), path_((std::filesystem::path(rules_.state_dir) / "state.bin").string()) {}
 
 GlobalState StatePersistence::open(int64_t n_params, bool fresh, const std::function<void(float*)>& init_theta,
-                                   uint64_t seed) {
+                                   const std::string& init_source) {
   GlobalState s;
   s.theta.resize(size_t(n_params));
   const bool lossy = codec_is_lossy(rules_.codec);
@@ -41,8 +41,8 @@ GlobalState StatePersistence::open(int64_t n_params, bool fresh, const std::func
     if (!init_theta) throw NetError("coordinator: no init_theta to start a fresh run from");
     init_theta(s.theta.data());
     s.hash = state_hash(s.theta.data(), n_params);
-    log_("fresh run '%s': θ initialised from seed %" PRIu64 " (%" PRId64 " params), state %s", rules_.run_id.c_str(),
-         seed, n_params, hash_hex(s.hash).c_str());
+    log_("fresh run '%s': θ initialised from %s (%" PRId64 " params), state %s", rules_.run_id.c_str(),
+         init_source.c_str(), n_params, hash_hex(s.hash).c_str());
   }
   if (lossy && s.down_residual.empty()) s.down_residual.assign(size_t(n_params), 0.0f);
   return s;

@@ -34,10 +34,12 @@ class StatePersistence {
  public:
   StatePersistence(PersistRules rules, const LineLog& log);
 
-  // θ of this run: the persisted state, or init_theta(θ) (the seeded init, `seed`
-  // only logged) when there is none or `fresh` (then the file is overwritten at the
-  // first persist). Throws NetError when the file is another run's or corrupt.
-  GlobalState open(int64_t n_params, bool fresh, const std::function<void(float*)>& init_theta, uint64_t seed);
+  // θ of this run: the persisted state, or init_theta(θ) (the initial θ; init_source
+  // says what it is, for the log) when there is none or `fresh` (then the file is
+  // overwritten at the first persist). Throws NetError when the file is another
+  // run's or corrupt.
+  GlobalState open(int64_t n_params, bool fresh, const std::function<void(float*)>& init_theta,
+                   const std::string& init_source);
   // A round was merged and is about to be published: persisted when due.
   void round_closed(const GlobalState& s);
   // Stopping: persists the last round if it is not on disk yet (best effort, logged).

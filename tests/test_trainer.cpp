@@ -155,3 +155,22 @@ TEST_CASE("export -> import -> eval gives the same loss") {
   from_ckpt.load_params(load_checkpoint(c.checkpoint.dir), c.checkpoint.dir);
   CHECK(from_ckpt.evaluate(0).ce == before.ce);
 }
+
+TEST_CASE("[train] init: a fresh run starts from a checkpoint's θ (step 0); another model shape is refused") {
+  auto dir = test::temp_dir("init");
+  Config c = small_config(dir / "a", {"train.steps=2"});
+  std::ostringstream csv;
+  Trainer(c).run(csv, false);
+  const CheckpointState s = load_checkpoint(c.checkpoint.dir);
+  Trainer from(small_config(dir / "b", {"train.init=\"" + c.checkpoint.dir + "\""}));
+  CHECK(from.step() == 0);
+  CHECK(from.params() == s.params);
+  CHECK(Trainer(small_config(dir / "b")).params() != s.params);  // without init: the seeded init
+  try {
+    Trainer wrong(small_config(dir / "c", {"model.expert_hidden=16", "train.init=\"" + c.checkpoint.dir + "\""}));
+    FAIL("no error");
+  } catch (const ConfigError& e) {
+    CHECK(std::string(e.what()) == "small.toml: [train] init = " + c.checkpoint.dir +
+                                       ": its model has [model] expert_hidden = 24, this config has 16");
+  }
+}
