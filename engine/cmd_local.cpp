@@ -7,6 +7,7 @@
 #include <fcntl.h>
 #include <poll.h>
 #include <signal.h>
+#include <sys/prctl.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -58,9 +59,9 @@ std::string self_exe() {
   return p.string();
 }
 
-// gpu ≥ 0: the child sees only that device (CUDA_VISIBLE_DEVICES), so nodes spread
-// over a machine's GPUs round-robin; -1 leaves the environment alone.
-Child spawn(const std::string& name, int node, const std::vector<std::string>& args, int gpu = -1) {
+// gpus non-empty: the child sees only those devices (CUDA_VISIBLE_DEVICES, e.g.
+// "2,3"), so nodes share a machine's GPUs out; empty leaves the environment alone.
+Child spawn(const std::string& name, int node, const std::vector<std::string>& args, const std::string& gpus = "") {
   int fds[2], efds[2];
   if (pipe(fds) != 0 || pipe(efds) != 0) throw Error("local: pipe: " + std::string(std::strerror(errno)));
   const pid_t pid = fork();
@@ -70,7 +71,9 @@ Child spawn(const std::string& name, int node, const std::vector<std::string>& a
     dup2(efds[1], STDERR_FILENO);
     for (int fd : {fds[0], fds[1], efds[0], efds[1]}) close(fd);
     setenv("SPES_PROGRESS", "off", 1);  // local draws one progress line for every process
-    if (gpu >= 0) setenv("CUDA_VISIBLE_DEVICES", std::to_string(gpu).c_str(), 1);
+    signal(SIGPIPE, SIG_DFL);           // local ignores it; an ignored signal would survive exec
+    prctl(PR_SET_PDEATHSIG, SIGTERM);   // local gone (even killed): its processes stop too
+    if (!gpus.empty()) setenv("CUDA_VISIBLE_DEVICES", gpus.c_str(), 1);
     std::vector<char*> argv;
     for (const auto& a : args) argv.push_back(const_cast<char*>(a.c_str()));
     argv.push_back(nullptr);
@@ -313,11 +316,25 @@ int local_command(const std::vector<std::string>& args) {
     return args;
   };
   Launcher L(std::cout, rounds, resume && std::filesystem::file_size(rounds_path) > 0, c.spes.n_nodes, c.train.steps);
-  // Several GPUs: node n trains on GPU n mod count (unless the user chose devices).
+  // Several nodes on a machine with several GPUs: each node gets its share — a block
+  // of gpus / n_nodes devices, or GPU n mod count when there are fewer GPUs than
+  // nodes (unless the user chose devices with [train] gpus or CUDA_VISIBLE_DEVICES).
   int gpus = 0;
 #ifdef SPES_HAVE_CUDA
-  if (c.train.device != "cpu" && !std::getenv("CUDA_VISIBLE_DEVICES")) gpus = cuda::gpu_count();
+  if (c.train.device != "cpu" && c.train.gpus.empty() && !std::getenv("CUDA_VISIBLE_DEVICES") && c.spes.n_nodes > 1)
+    gpus = cuda::gpu_count();
 #endif
+  auto node_gpus = [&](int64_t n) {
+    if (gpus <= 1) return std::string();
+    if (gpus < c.spes.n_nodes) return std::to_string(n % gpus);
+    const int64_t k = gpus / c.spes.n_nodes;
+    std::string list;
+    for (int64_t g = n * k; g < (n + 1) * k; ++g) {
+      if (!list.empty()) list += ',';
+      list += std::to_string(g);
+    }
+    return list;
+  };
   // A new run starts the coordinator --fresh too: otherwise it would resume the
   // previous run's θ from state_dir and hand it to nodes starting at step 0.
   std::vector<std::string> coordinator = {exe, "coordinator", config, resume ? "" : "--fresh"};
@@ -326,7 +343,7 @@ int local_command(const std::vector<std::string>& args) {
   for (int64_t n = 0; n < c.spes.n_nodes; ++n) {
     std::vector<std::string> node = {exe, "train", config, "--node-id", std::to_string(n)};
     if (resume) node.push_back("--resume");
-    L.children.push_back(spawn("node " + std::to_string(n), int(n), with_sets(node), gpus > 1 ? int(n % gpus) : -1));
+    L.children.push_back(spawn("node " + std::to_string(n), int(n), with_sets(node), node_gpus(n)));
   }
   std::fprintf(stderr, "local: coordinator + %lld nodes started; round log %s\n", (long long)c.spes.n_nodes,
                rounds_path.c_str());
@@ -334,17 +351,19 @@ int local_command(const std::vector<std::string>& args) {
   int rc = 0;
   while (true) {
     L.pump(200);
+    // Ctrl-C reaches every process of the group: an interrupt first, so that nodes
+    // dying of it are not reported as failures.
+    if (g_interrupted) {
+      log_line("local:", "interrupted; stopping every process");
+      rc = 130;
+      break;
+    }
     if (Child* failed = L.reap()) {
       // Relay what it wrote before it exited, so its error comes before ours.
       for (int i = 0; i < 100 && (failed->err_fd >= 0 || failed->out_fd >= 0); ++i) L.pump(20);
       log_line("local:", "%s failed (%s; its error is above); stopping the others", failed->name.c_str(),
-                   describe_exit(failed->status).c_str());
+               describe_exit(failed->status).c_str());
       rc = 1;
-      break;
-    }
-    if (g_interrupted) {
-      log_line("local:", "interrupted; stopping every process");
-      rc = 130;
       break;
     }
     if (!L.nodes_running()) break;  // every node finished its steps

@@ -126,6 +126,11 @@ int plan_command(const std::vector<std::string>& args) {
   if (gpus < 1) throw UsageError("--gpus must be ≥ 1");
   const Config spes = a.load();
   if (micro_batch <= 0) micro_batch = spes.train.micro_batch;
+  // Data parallel: each of the node's GPUs runs micro_batch / gpus sequences.
+  if (micro_batch % gpus)
+    throw UsageError("--micro-batch " + std::to_string(micro_batch) + " is the node's: it must be a multiple of --gpus " +
+                     std::to_string(gpus));
+  const int64_t per_device = micro_batch / gpus;
   Config central = spes;  // the same model on one node that owns every expert
   central.spes.n_nodes = 1;
   central.spes.node_id = 0;
@@ -146,16 +151,17 @@ int plan_command(const std::vector<std::string>& args) {
   if (device == "cuda") plan = [exact](const Config& c, int64_t b) { return plan_gpu(c, b, exact); };
 #endif
 
-  const std::vector<Line> node = plan(spes, micro_batch), twin = plan(central, micro_batch);
+  const std::vector<Line> node = plan(spes, per_device), twin = plan(central, per_device);
   const ParamLayout layout = make_layout(spes.model);
   const Ownership own = make_ownership(spes.model, layout, int(spes.spes.node_id), int(spes.spes.n_nodes),
                                        spes.spes.ownership, spes.spes.experts_per_node);
   int owned_experts = 0;
   for (bool o : own.owned) owned_experts += o;
   const char* unit = device == "cuda" ? "GPU" : "CPU node";
-  std::printf("%s, node %lld of %lld (trains %d of %lld experts), micro-batch %lld x %lld tokens, %s%s\n\n",
+  std::printf("%s, node %lld of %lld (trains %d of %lld experts), micro-batch %lld x %lld tokens per %s, %s%s\n\n",
               spes.path.c_str(), (long long)spes.spes.node_id, (long long)spes.spes.n_nodes, owned_experts,
-              (long long)spes.model.n_experts, (long long)micro_batch, (long long)spes.model.seq_len,
+              (long long)spes.model.n_experts, (long long)per_device, (long long)spes.model.seq_len,
+              device == "cuda" ? "GPU" : "node",
               device == "cuda" ? "GPU backend" : "CPU backend",
               device == "cuda" ? (exact ? " (sizes from this GPU)" : " (kernel scratch estimated: no GPU here)") : "");
   const bool per_node = device == "cuda" && gpus > 1;
@@ -173,9 +179,14 @@ int plan_command(const std::vector<std::string>& args) {
     std::printf("\nHost (pinned): the fp32 θ a sync round and checkpoints read, %s per node.\n",
                 gib(4 * layout.total).c_str());
   if (!memory.empty()) {
-    const int64_t bytes = parse_size(memory);
-    std::printf("\nLargest micro-batch in %s per %s: SPES node %lld, centralized %lld.\n", gib(bytes).c_str(), unit,
-                (long long)largest_fitting(plan, spes, bytes), (long long)largest_fitting(plan, central, bytes));
+    // What the GPU backend keeps free besides its arena (handles, context growth, NCCL).
+    const int64_t reserve = device == "cuda" ? (int64_t(512) << 20) + (gpus > 1 ? int64_t(1) << 30 : 0) : 0;
+    const int64_t bytes = parse_size(memory), usable = bytes - reserve;
+    std::printf("\nLargest micro-batch per %s in %s%s: SPES node %lld, centralized %lld", unit, gib(bytes).c_str(),
+                reserve ? strprintf(" (%s kept free, as the backend does)", gib(reserve).c_str()).c_str() : "",
+                (long long)largest_fitting(plan, spes, usable), (long long)largest_fitting(plan, central, usable));
+    if (per_node) std::printf(" (× %lld GPUs per node)", (long long)gpus);
+    std::printf(".\n");
   }
   return 0;
 }

@@ -1,13 +1,47 @@
 #include "engine/communicator.hpp"
 
-#include <barrier>
+#include <condition_variable>
 #include <cstring>
+#include <mutex>
 #include <stdexcept>
 #include <vector>
+
+#include "engine/base/error.hpp"
 
 namespace spes {
 
 namespace {
+
+// std::barrier, but abortable: a failed rank must not leave the others waiting.
+class Barrier {
+ public:
+  explicit Barrier(int n) : n_(n) {}
+  void arrive_and_wait() {
+    std::unique_lock lk(mu_);
+    if (aborted_) throw Error("data parallel: another rank failed");
+    const uint64_t gen = generation_;
+    if (++arrived_ == n_) {
+      arrived_ = 0;
+      ++generation_;
+      cv_.notify_all();
+      return;
+    }
+    cv_.wait(lk, [&] { return generation_ != gen || aborted_; });
+    if (generation_ == gen) throw Error("data parallel: another rank failed");
+  }
+  void abort() {
+    std::lock_guard lk(mu_);
+    aborted_ = true;
+    cv_.notify_all();
+  }
+
+ private:
+  int n_, arrived_ = 0;
+  uint64_t generation_ = 0;
+  bool aborted_ = false;
+  std::mutex mu_;
+  std::condition_variable cv_;
+};
 
 class ThreadCommunicator final : public Communicator {
  public:
@@ -18,7 +52,8 @@ class ThreadCommunicator final : public Communicator {
     spans_[size_t(rank)] = {reinterpret_cast<std::byte*>(data.data()), data.size_bytes()};
     sync_.arrive_and_wait();  // every rank has published its buffer
     const size_t n = data.size();
-    if (spans_[0].size() != data.size_bytes()) throw std::logic_error("all_reduce_mean: ranks disagree on the size");
+    for (const auto& s : spans_)  // every rank sees the same spans: all throw, or none
+      if (s.size() != spans_[0].size()) throw Error("all_reduce_mean: ranks disagree on the size");
     const size_t begin = n * size_t(rank) / size_t(n_), end = n * size_t(rank + 1) / size_t(n_);
     const float inv = 1.0f / float(n_);
     for (size_t i = begin; i < end; ++i) {
@@ -37,11 +72,13 @@ class ThreadCommunicator final : public Communicator {
     sync_.arrive_and_wait();  // root's buffer may change again only after every copy
   }
 
+  void abort() override { sync_.abort(); }
+
  private:
   float* as_floats(int r) { return reinterpret_cast<float*>(spans_[size_t(r)].data()); }
   int n_;
   std::vector<std::span<std::byte>> spans_;
-  std::barrier<> sync_;
+  Barrier sync_;
 };
 
 }  // namespace

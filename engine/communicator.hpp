@@ -21,6 +21,9 @@ class Communicator {
   virtual void all_reduce_mean(int rank, std::span<float> data) = 0;
   // Every rank's buffer receives root's bytes.
   virtual void broadcast(int rank, std::span<std::byte> data, int root) = 0;
+  // A rank failed: every rank waiting in (or later entering) a collective gets an
+  // Error instead of waiting forever. Callable from any thread.
+  virtual void abort() = 0;
 };
 
 // Ranks are threads of this process and buffers host memory. The mean is summed in

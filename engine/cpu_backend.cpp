@@ -27,12 +27,14 @@ void CpuBackend::zero_grads() { std::fill(grads_.begin(), grads_.end(), 0.0f); }
 
 LossParts CpuBackend::forward_backward(const int32_t* inputs, const int32_t* targets, float aux_factor,
                                        float grad_scale) {
+  omp_set_num_threads(threads_);  // per calling thread: data-parallel ranks call from their own
   return model_->forward_backward(params_.data(), grads_.data(), inputs, targets, loss_, aux_factor, grad_scale);
 }
 
 double CpuBackend::grad_sum_squares() { return cpu::sum_squares(grads_.data(), int64_t(grads_.size())); }
 
 void CpuBackend::optimizer_step(const AdamWStep& s) {
+  omp_set_num_threads(threads_);
   if (s.grad_scale != 1.0f) cpu::scale_inplace(grads_.data(), int64_t(grads_.size()), s.grad_scale);
   for (const ParamTensor& t : layout_.tensors) {
     const int64_t g = own_.space.packed_index(t.offset);
@@ -46,6 +48,7 @@ void CpuBackend::optimizer_step(const AdamWStep& s) {
 }
 
 LossParts CpuBackend::forward(const int32_t* inputs, const int32_t* targets, int64_t rows) {
+  omp_set_num_threads(threads_);
   CpuModel* m = model_.get();
   if (rows != micro_batch_) {
     if (!tail_model_ || tail_model_->batch() != rows)

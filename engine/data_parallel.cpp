@@ -1,5 +1,6 @@
 #include "engine/data_parallel.hpp"
 
+#include <atomic>
 #include <condition_variable>
 #include <exception>
 #include <functional>
@@ -29,16 +30,23 @@ class RankThreads {
     cv_.notify_all();
     for (auto& t : threads_) t.join();
   }
-  void run(const std::function<void(int)>& f) {
+  // on_error runs (once, on the failing rank's thread) when a rank throws: it must
+  // release ranks that wait for the failed one in a collective.
+  void run(const std::function<void(int)>& f, const std::function<void()>& on_error) {
     std::unique_lock lk(mu_);
     job_ = &f;
+    on_error_ = &on_error;
     pending_ = int(threads_.size());
     ++generation_;
     cv_.notify_all();
     done_cv_.wait(lk, [&] { return pending_ == 0; });
     job_ = nullptr;
+    on_error_ = nullptr;
+    std::exception_ptr first;
     for (auto& e : errors_)
-      if (e) std::rethrow_exception(std::exchange(e, nullptr));
+      if (e && !first) first = std::exchange(e, nullptr);
+      else e = nullptr;
+    if (first) std::rethrow_exception(first);
   }
 
  private:
@@ -50,11 +58,13 @@ class RankThreads {
       seen = generation_;
       if (stop_) return;
       const std::function<void(int)>* f = job_;
+      const std::function<void()>* on_error = on_error_;
       lk.unlock();
       try {
         (*f)(r);
       } catch (...) {
         errors_[size_t(r)] = std::current_exception();
+        if (!aborted_.exchange(true)) (*on_error)();
       }
       lk.lock();
       if (--pending_ == 0) done_cv_.notify_all();
@@ -65,6 +75,8 @@ class RankThreads {
   std::mutex mu_;
   std::condition_variable cv_, done_cv_;
   const std::function<void(int)>* job_ = nullptr;
+  const std::function<void()>* on_error_ = nullptr;
+  std::atomic<bool> aborted_{false};  // after a failure the communicator is unusable: once
   uint64_t generation_ = 0;
   int pending_ = 0;
   bool stop_ = false;
@@ -74,13 +86,8 @@ class DataParallelBackend final : public TrainBackend {
  public:
   DataParallelBackend(std::vector<std::unique_ptr<TrainBackend>> ranks, std::unique_ptr<Communicator> comm,
                       int64_t micro_batch, int64_t seq_len)
-      : ranks_(std::move(ranks)), comm_(std::move(comm)), G_(int(ranks_.size())), T_(seq_len),
-        slice_(micro_batch / int64_t(ranks_.size())), threads_(G_) {
-    if (G_ < 1 || comm_->size() != G_) throw Error("data parallel: the communicator has another number of ranks");
-    if (micro_batch % G_)
-      throw ConfigError("[train] micro_batch = " + std::to_string(micro_batch) + " must be a multiple of the " +
-                        std::to_string(G_) + " devices of this node (each runs micro_batch / devices sequences)");
-  }
+      : ranks_(checked(std::move(ranks), comm.get(), micro_batch)), comm_(std::move(comm)), G_(int(ranks_.size())),
+        T_(seq_len), slice_(micro_batch / G_), threads_(G_) {}
 
   std::string describe() const override {
     return "data parallel over " + std::to_string(G_) + " ranks of " + ranks_[0]->describe();
@@ -143,7 +150,18 @@ class DataParallelBackend final : public TrainBackend {
   }
 
  private:
-  void on_every_rank(const std::function<void(int)>& f) { threads_.run(f); }
+  static std::vector<std::unique_ptr<TrainBackend>> checked(std::vector<std::unique_ptr<TrainBackend>> ranks,
+                                                            const Communicator* comm, int64_t micro_batch) {
+    const int64_t G = int64_t(ranks.size());
+    if (G < 1 || !comm || comm->size() != G) throw Error("data parallel: needs ranks and a communicator of as many");
+    if (micro_batch % G)
+      throw ConfigError("[train] micro_batch = " + std::to_string(micro_batch) + " must be a multiple of the " +
+                        std::to_string(G) + " devices of this node (each runs micro_batch / devices sequences)");
+    return ranks;
+  }
+  // A rank that fails releases the others from any collective they wait in (the
+  // communicator is unusable afterwards; the error ends the run).
+  void on_every_rank(const std::function<void(int)>& f) { threads_.run(f, [this] { comm_->abort(); }); }
   void reduce_grads() {
     if (reduced_) return;
     if (G_ > 1) on_every_rank([&](int r) { comm_->all_reduce_mean(r, ranks_[size_t(r)]->grad_buffer()); });

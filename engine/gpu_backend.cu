@@ -10,6 +10,7 @@
 #include "engine/gpu_backend.hpp"
 
 #include <algorithm>
+#include <atomic>
 #include <cstdio>
 #include <cstring>
 
@@ -114,8 +115,11 @@ double datasheet_bf16_peak(const std::string& name) {
 
 class GpuBackend final : public TrainBackend {
  public:
-  // ordinal: the CUDA device this backend (one rank of a node) runs on.
-  GpuBackend(const Config& cfg, const ParamLayout& layout, const Ownership& own, int ordinal = 0);
+  // One rank of a node: `ordinal` is its CUDA device; the node's micro-batch is split
+  // over `ranks` GPUs; only rank 0 (host_copy) keeps the host θ that sync rounds and
+  // checkpoints use.
+  GpuBackend(const Config& cfg, const ParamLayout& layout, const Ownership& own, int ordinal = 0, int ranks = 1,
+             bool host_copy = true);
   ~GpuBackend() override;
 
   std::string describe() const override;
@@ -125,7 +129,10 @@ class GpuBackend final : public TrainBackend {
   double grad_sum_squares() override;
   void optimizer_step(const AdamWStep& s) override;
   LossParts forward(const int32_t* inputs, const int32_t* targets, int64_t rows) override;
-  std::span<float> host_theta() override { return {theta_.get(), size_t(layout_.total)}; }
+  // Empty on ranks other than 0 of a data-parallel node (they have no host copy).
+  std::span<float> host_theta() override {
+    return theta_ ? std::span<float>(theta_.get(), size_t(layout_.total)) : std::span<float>();
+  }
   void pull_theta() override;
   void push_theta() override;
   void read_moments(std::span<float> m, std::span<float> v) override;
@@ -181,9 +188,10 @@ class GpuBackend final : public TrainBackend {
   std::string peak_source_;
 };
 
-GpuBackend::GpuBackend(const Config& cfg, const ParamLayout& layout, const Ownership& own, int ordinal)
-    : model_cfg_(cfg.model), loss_(cfg.train.loss), layout_(layout), own_(own), micro_batch_(cfg.train.micro_batch),
-      rt_(ordinal), stream_(rt_.stream()) {
+GpuBackend::GpuBackend(const Config& cfg, const ParamLayout& layout, const Ownership& own, int ordinal, int ranks,
+                       bool host_copy)
+    : model_cfg_(cfg.model), loss_(cfg.train.loss), layout_(layout), own_(own),
+      micro_batch_(cfg.train.micro_batch / ranks), rt_(ordinal), stream_(rt_.stream()) {
   const ModelConfig& m = cfg.model;
   check_gpu_shape(cfg);
   const int64_t owned = own_.space.size();
@@ -193,20 +201,24 @@ GpuBackend::GpuBackend(const Config& cfg, const ParamLayout& layout, const Owner
   // The runtime's workspace is allocated already; compare the rest with what is free now.
   size_t free_now = 0, total = 0;
   cuda_check(cudaMemGetInfo(&free_now, &total));
-  const int64_t headroom = int64_t(512) << 20;  // cuBLAS/NCCL handles, CUDA context growth
+  // cuBLAS handles and CUDA context growth; NCCL's buffers when the node has several GPUs.
+  const int64_t headroom = (int64_t(512) << 20) + (ranks > 1 ? int64_t(1) << 30 : 0);
   if (plan_.arena_bytes() + headroom > int64_t(free_now)) {
-    int64_t fits = 0;  // the largest micro-batch that fits and divides global_batch
+    // The largest node micro-batch (a multiple of the GPUs, dividing global_batch) that fits.
+    int64_t fits = 0;
     for (int64_t b = micro_batch_ - 1; b >= 1 && fits == 0; --b) {
-      if (cfg.train.global_batch % b) continue;
+      if (cfg.train.global_batch % (b * ranks)) continue;
       const GpuMemoryPlan p = plan_gpu_memory(m, layout_, own_, b, gpu_kernel_scratch(m, b, owned));
-      if (p.arena_bytes() + headroom <= int64_t(free_now)) fits = b;
+      if (p.arena_bytes() + headroom <= int64_t(free_now)) fits = b * ranks;
     }
-    throw ConfigError(cfg.path + ": [train] micro_batch = " + std::to_string(micro_batch_) + " needs " +
-                      cuda::format_bytes(size_t(need)) + " on GPU 0 (" + dev.name + ", " +
-                      cuda::format_bytes(free_now) + " free of " + cuda::format_bytes(total) + "; activations " +
+    throw ConfigError(cfg.path + ": [train] micro_batch = " + std::to_string(cfg.train.micro_batch) +
+                      (ranks > 1 ? " (" + std::to_string(micro_batch_) + " per GPU)" : std::string()) + " needs " +
+                      cuda::format_bytes(size_t(need)) + " on GPU " + std::to_string(dev.ordinal) + " (" + dev.name +
+                      ", " + cuda::format_bytes(free_now) + " free of " + cuda::format_bytes(total) + "; activations " +
                       cuda::format_bytes(size_t(plan_.bytes(MemCategory::activations))) + "): " +
                       (fits > 0 ? "try micro_batch = " + std::to_string(fits)
-                                : "even micro_batch = 1 does not fit; train fewer experts per node or a smaller model"));
+                                : "even micro_batch = " + std::to_string(ranks) +
+                                      " does not fit; train fewer experts per node or a smaller model"));
   }
   arena_ = cuda::DeviceArena(size_t(plan_.arena_bytes()), "GPU node arena");
   buf_ = std::make_unique<GpuBuffers>(plan_, arena_);
@@ -243,7 +255,7 @@ GpuBackend::GpuBackend(const Config& cfg, const ParamLayout& layout, const Owner
     }
   }
 
-  theta_ = pinned<float>(size_t(layout_.total));
+  if (host_copy) theta_ = pinned<float>(size_t(layout_.total));
   tokens_ = pinned<int32_t>(size_t(2 * plan_.tokens));
   host_norm_sq_ = pinned<double>(1);
   host_clip_scale_ = pinned<float>(1);
@@ -257,6 +269,7 @@ GpuBackend::GpuBackend(const Config& cfg, const ParamLayout& layout, const Owner
 }
 
 GpuBackend::~GpuBackend() {
+  cudaSetDevice(rt_.info().ordinal);  // handles, stream and arena belong to this device
   cudaStreamSynchronize(stream_);  // destructor path: errors have nowhere to go
 }
 
@@ -365,6 +378,7 @@ void GpuBackend::optimizer_step(const AdamWStep& s) {
 
 void GpuBackend::pull_theta() {
   on_device();
+  if (!theta_) throw Error("GpuBackend::pull_theta: this rank keeps no host θ (rank 0 does)");
   for (const OwnedSegment& seg : own_.space.segments())
     cuda_check(cudaMemcpyAsync(theta_.get() + seg.flat.begin, master_ + seg.packed_begin,
                                size_t(seg.flat.size()) * sizeof(float), cudaMemcpyDeviceToHost, stream_));
@@ -375,6 +389,7 @@ void GpuBackend::pull_theta() {
 // fp32 master weights (owned segments).
 void GpuBackend::push_theta() {
   on_device();
+  if (!theta_) throw Error("GpuBackend::push_theta: this rank keeps no host θ (rank 0 does)");
   for (int64_t c0 = 0; c0 < layout_.total; c0 += staging_count_) {
     const int64_t n = std::min(staging_count_, layout_.total - c0);
     cuda_check(cudaMemcpyAsync(staging_, theta_.get() + c0, size_t(n) * sizeof(float), cudaMemcpyHostToDevice, stream_));
@@ -427,7 +442,14 @@ class NcclCommunicator final : public Communicator {
     nccl_check(ncclCommInitAll(comms_.data(), int(ranks.size()), devices.data()));
   }
   ~NcclCommunicator() override {
+    if (aborted_) return;  // ncclCommAbort freed them
     for (ncclComm_t c : comms_) ncclCommDestroy(c);  // destructor path: nothing useful to do on error
+  }
+  // A rank failed: abort every communicator, which ends the collectives other ranks
+  // wait in (their NCCL calls or stream syncs then fail and their threads return).
+  void abort() override {
+    if (aborted_.exchange(true)) return;
+    for (ncclComm_t c : comms_) ncclCommAbort(c);  // error path: the run ends with the rank's own error
   }
   int size() const override { return int(comms_.size()); }
   void all_reduce_mean(int rank, std::span<float> data) override {
@@ -447,6 +469,7 @@ class NcclCommunicator final : public Communicator {
   std::vector<ncclComm_t> comms_;
   std::vector<int> devices_;
   std::vector<cudaStream_t> streams_;
+  std::atomic<bool> aborted_{false};
 };
 
 }  // namespace
@@ -459,26 +482,34 @@ std::unique_ptr<TrainBackend> make_gpu_backend(const Config& cfg, const ParamLay
   if (!cuda::gpu_available(&why)) throw GpuShapeError(cfg.path + ": there is no usable GPU (" + why + ")");
   check_gpu_shape(cfg);
   std::vector<int> devices;
-  for (int64_t g : cfg.train.gpus) devices.push_back(int(g));
-  if (devices.empty())
-    for (int g = 0; g < cuda::gpu_count(); ++g) devices.push_back(g);
-  for (int g : devices)
+  for (int64_t g : cfg.train.gpus) {
     if (g >= cuda::gpu_count())
       throw ConfigError(cfg.path + ": [train] gpus names GPU " + std::to_string(g) + " but " +
                         std::to_string(cuda::gpu_count()) + " are visible");
+    if (std::find(devices.begin(), devices.end(), int(g)) != devices.end())
+      throw ConfigError(cfg.path + ": [train] gpus names GPU " + std::to_string(g) + " twice");
+    devices.push_back(int(g));
+  }
+  if (devices.empty()) {
+    // Every visible GPU — as many as divide the micro-batch (each takes an equal slice).
+    int use = cuda::gpu_count();
+    while (use > 1 && cfg.train.micro_batch % use) --use;
+    if (use < cuda::gpu_count())
+      std::fprintf(stderr, "[node %lld] using %d of %d GPUs: [train] micro_batch = %lld must be a multiple\n",
+                   (long long)cfg.spes.node_id, use, cuda::gpu_count(), (long long)cfg.train.micro_batch);
+    for (int g = 0; g < use; ++g) devices.push_back(g);
+  }
   if (devices.size() <= 1) return std::make_unique<GpuBackend>(cfg, layout, own, devices.empty() ? 0 : devices[0]);
-  const int64_t G = int64_t(devices.size());
+  const int G = int(devices.size());
   if (cfg.train.micro_batch % G)
     throw ConfigError(cfg.path + ": [train] micro_batch = " + std::to_string(cfg.train.micro_batch) +
-                      " must be a multiple of the node's " + std::to_string(G) + " GPUs");
-  Config per_rank = cfg;
-  per_rank.train.micro_batch = cfg.train.micro_batch / G;
+                      " must be a multiple of the node's " + std::to_string(G) + " GPUs ([train] gpus)");
   std::vector<std::unique_ptr<TrainBackend>> ranks;
   std::vector<GpuBackend*> gpus;
-  for (int d : devices) {
-    auto r = std::make_unique<GpuBackend>(per_rank, layout, own, d);
-    gpus.push_back(r.get());
-    ranks.push_back(std::move(r));
+  for (int r = 0; r < G; ++r) {
+    auto b = std::make_unique<GpuBackend>(cfg, layout, own, devices[size_t(r)], G, r == 0);
+    gpus.push_back(b.get());
+    ranks.push_back(std::move(b));
   }
   auto comm = std::make_unique<NcclCommunicator>(gpus);
   return make_data_parallel_backend(std::move(ranks), std::move(comm), cfg.train.micro_batch, cfg.model.seq_len);

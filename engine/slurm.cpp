@@ -54,29 +54,40 @@ std::vector<std::string> expand_ranges(const std::string& body, const std::strin
 
 }  // namespace
 
+namespace {
+
+// One entry of a node list (no top-level comma): "r[1-2]-g[1,3]" → r1-g1 r1-g3 r2-g1 r2-g3.
+std::vector<std::string> expand_entry(const std::string& entry, const std::string& list) {
+  const size_t open = entry.find('[');
+  if (open == std::string::npos) return {entry};
+  const size_t close = entry.find(']', open);
+  if (close == std::string::npos) throw ConfigError("$SLURM_JOB_NODELIST = '" + list + "': '[' without ']'");
+  std::vector<std::string> out;
+  const std::vector<std::string> tails = expand_entry(entry.substr(close + 1), list);
+  for (const std::string& n : expand_ranges(entry.substr(open + 1, close - open - 1), list))
+    for (const std::string& t : tails) out.push_back(entry.substr(0, open) + n + t);
+  return out;
+}
+
+}  // namespace
+
 std::vector<std::string> expand_slurm_nodelist(const std::string& list) {
   std::vector<std::string> hosts;
-  size_t i = 0;
-  while (i < list.size()) {
-    // One entry: a prefix, optionally "[ranges]" and a suffix, up to a top-level comma.
-    size_t j = i;
-    std::string prefix;
-    while (j < list.size() && list[j] != ',' && list[j] != '[') prefix += list[j++];
-    if (j < list.size() && list[j] == '[') {
-      const size_t close = list.find(']', j);
-      if (close == std::string::npos) throw ConfigError("$SLURM_JOB_NODELIST = '" + list + "': '[' without ']'");
-      std::string suffix;
-      size_t k = close + 1;
-      while (k < list.size() && list[k] != ',') suffix += list[k++];
-      for (const std::string& n : expand_ranges(list.substr(j + 1, close - j - 1), list)) hosts.push_back(prefix + n + suffix);
-      j = k;
-    } else if (!prefix.empty()) {
-      hosts.push_back(prefix);
+  std::string entry;
+  int depth = 0;
+  for (size_t i = 0; i <= list.size(); ++i) {
+    const char c = i < list.size() ? list[i] : ',';
+    if (c == ',' && depth == 0) {
+      if (entry.empty()) throw ConfigError("$SLURM_JOB_NODELIST = '" + list + "': empty host name");
+      for (std::string& h : expand_entry(entry, list)) hosts.push_back(std::move(h));
+      entry.clear();
+      continue;
     }
-    if (prefix.empty() && (j >= list.size() || list[j] == ','))
-      throw ConfigError("$SLURM_JOB_NODELIST = '" + list + "': empty host name");
-    i = j + 1;
+    depth += c == '[' ? 1 : c == ']' ? -1 : 0;
+    if (depth < 0 || depth > 1) throw ConfigError("$SLURM_JOB_NODELIST = '" + list + "': unbalanced brackets");
+    entry += c;
   }
+  if (depth != 0) throw ConfigError("$SLURM_JOB_NODELIST = '" + list + "': '[' without ']'");
   return hosts;
 }
 
@@ -102,7 +113,8 @@ std::vector<std::string> slurm_overrides(const SlurmTask& task, const std::strin
   std::vector<std::string> sets = {"spes.node_id=" + std::to_string(task.node_id),
                                    "spes.n_nodes=" + std::to_string(task.n_nodes)};
   const auto colon = config_coordinator.rfind(':');
-  const std::string host = colon == std::string::npos ? config_coordinator : config_coordinator.substr(0, colon);
+  std::string host = colon == std::string::npos ? config_coordinator : config_coordinator.substr(0, colon);
+  if (host.size() >= 2 && host.front() == '[' && host.back() == ']') host = host.substr(1, host.size() - 2);  // [v6]
   const std::string port = colon == std::string::npos ? "29500" : config_coordinator.substr(colon + 1);
   const bool loopback = host == "localhost" || host == "::1" || host.rfind("127.", 0) == 0;
   if (spes_coordinator_env && *spes_coordinator_env)

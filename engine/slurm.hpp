@@ -1,9 +1,9 @@
 // Running under SLURM (`srun spes-engine train CONFIG`): one SPES node per task.
 // The node id is the task id (SLURM_PROCID), the node count the task count
-// (SLURM_NTASKS), and the coordinator is [spes] coordinator, or $SPES_COORDINATOR,
-// or — when neither names a host other than loopback — the job's first host
-// (SLURM_JOB_NODELIST) at the configured port, where configs/spes-slurm.sbatch
-// starts it.
+// (SLURM_NTASKS), and the coordinator is $SPES_COORDINATOR when set (the sbatch
+// script sets it), else [spes] coordinator, or — when that is loopback — the job's
+// first host (SLURM_JOB_NODELIST) at the configured port, where
+// configs/spes-slurm.sbatch starts it.
 #pragma once
 #include <cstdint>
 #include <functional>

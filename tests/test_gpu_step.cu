@@ -71,6 +71,7 @@ qk_norm = true
 init_std = 0.05
 [train]
 device = "cuda"
+gpus = [0]        # one GPU: the tests compare one GpuBackend with the CPU
 seed = 5
 steps = 300
 micro_batch = 4

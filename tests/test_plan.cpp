@@ -42,7 +42,7 @@ TEST_CASE("plan: the command prints every category, the SPES node below its cent
   REQUIRE(pclose(p) == 0);
   INFO(out);
   for (const char* want : {"master weights", "AdamW moments", "gradients", "activations", "**total**",
-                           "Largest micro-batch in 80.00 GiB"})
+                           "Largest micro-batch per GPU in 80.00 GiB"})
     CHECK(out.find(want) != std::string::npos);
   // The total row's last column: SPES / centralized < 1 (4 of 16 experts trained).
   const size_t t = out.find("| **total** |");

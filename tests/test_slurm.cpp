@@ -26,9 +26,12 @@ TEST_CASE("slurm: node lists expand in order, zero padding kept") {
         std::vector<std::string>{"gpu01", "gpu02", "gpu03", "gpu7", "login2"});
   CHECK(expand_slurm_nodelist("a1") == std::vector<std::string>{"a1"});
   CHECK(expand_slurm_nodelist("n[8-10]-ib") == std::vector<std::string>{"n8-ib", "n9-ib", "n10-ib"});
+  CHECK(expand_slurm_nodelist("r[1-2]-g[1,3],x") ==
+        std::vector<std::string>{"r1-g1", "r1-g3", "r2-g1", "r2-g3", "x"});
   CHECK_THROWS_AS(expand_slurm_nodelist("gpu[01-"), ConfigError);
   CHECK_THROWS_AS(expand_slurm_nodelist("gpu[3-1]"), ConfigError);
   CHECK_THROWS_AS(expand_slurm_nodelist("gpu[x]"), ConfigError);
+  CHECK_THROWS_AS(expand_slurm_nodelist("a,,b"), ConfigError);
 }
 
 TEST_CASE("slurm: the task becomes the node; the coordinator is the first host unless named") {
@@ -41,6 +44,7 @@ TEST_CASE("slurm: the task becomes the node; the coordinator is the first host u
   // A loopback coordinator in the config: the job's first host at the same port.
   CHECK(slurm_overrides(*t, "127.0.0.1:29517", nullptr) ==
         std::vector<std::string>{"spes.node_id=2", "spes.n_nodes=4", "spes.coordinator=\"h10:29517\""});
+  CHECK(slurm_overrides(*t, "[::1]:7000", nullptr).back() == "spes.coordinator=\"h10:7000\"");
   // A real host in the config stays; $SPES_COORDINATOR wins over both.
   CHECK(slurm_overrides(*t, "coord.lab:29500", nullptr).size() == 2);
   CHECK(slurm_overrides(*t, "coord.lab:29500", "10.0.0.9:4000").back() == "spes.coordinator=\"10.0.0.9:4000\"");
