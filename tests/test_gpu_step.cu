@@ -288,6 +288,30 @@ void compare_one_step(const Config& cfg, const StepTolerances& tol) {
     CHECK_MESSAGE(std::memcmp(th_gpu.data() + b0, theta0.data() + b0, size_t(b1 - b0) * 4) == 0,
                   "frozen expert " << e << " changed on the GPU");
   }
+  // That host check cannot fail on the GPU (pull_theta copies back the owned segments
+  // only), so read the device's bf16 compute copy, which AdamW writes, directly: the
+  // frozen experts must still hold theta0's bits (theta0 is bf16-representable).
+  {
+    const std::span<std::byte> wbuf = gpu->theta_buffers().at(1);  // bf16 weights, whole layout
+    REQUIRE(wbuf.size() == size_t(layout.total) * 2);
+    std::vector<uint16_t> w_gpu(static_cast<size_t>(layout.total));
+    cudaStream_t s = nullptr;
+    cuda_check(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
+    // pull_theta ended with a sync of the backend's stream: nothing is in flight.
+    cuda_check(cudaMemcpyAsync(w_gpu.data(), wbuf.data(), wbuf.size(), cudaMemcpyDeviceToHost, s));
+    cuda_check(cudaStreamSynchronize(s));
+    cuda_check(cudaStreamDestroy(s));
+    for (int e = 0; e < int(cfg.model.n_experts); ++e) {
+      if (own.owns_expert(e)) continue;
+      int64_t changed = 0;
+      for (int64_t i = layout.expert_begin(e); i < layout.expert_begin(e + 1); ++i) {
+        uint32_t u;
+        std::memcpy(&u, &theta0[size_t(i)], 4);
+        changed += w_gpu[size_t(i)] != uint16_t(u >> 16);
+      }
+      CHECK_MESSAGE(changed == 0, "frozen expert " << e << ": " << changed << " bf16 compute weights changed on the GPU");
+    }
+  }
 
   // ---- the compute weights AdamW wrote ------------------------------------------------
   // The CPU at the GPU's θ rounded to bf16 — the compute copy AdamW should have
