@@ -1,8 +1,9 @@
 // `spes-engine coordinator CONFIG [--set section.key=value]... [--fresh]
 //  [--dump-state DIR [--dump-every N]] [--port P]`: the merge coordinator of the
 // config's run (net::Coordinator), serving until SIGINT/SIGTERM, with one CSV row
-// per round on stdout. --fresh starts from the seed even when state_dir holds a
-// persisted state; --dump-state writes θ as an HF export (config.json +
+// per round on stdout. Without --fresh it resumes the run from state_dir (a missing
+// or unreadable state is an error); --fresh starts a new run from the seed (or
+// [train] init), replacing any state in state_dir; --dump-state writes θ as an HF export (config.json +
 // model.safetensors) to DIR/round-NNNNNNNN every N rounds (default 1).
 #include <cinttypes>
 #include <cstdarg>
@@ -64,7 +65,7 @@ int coordinator_command(const std::vector<std::string>& args) {
   net::CoordinatorOptions opt;
   po::options_description opts;
   a.declare(opts, false);
-  opts.add_options()("fresh", po::bool_switch(&opt.fresh), "start from the seed even when state_dir holds a persisted state")(
+  opts.add_options()("fresh", po::bool_switch(&opt.fresh), "start a new run from the seed, replacing any state in state_dir")(
       "dump-state", po::value(&dump_dir), "write θ as an HF export to DIR/round-NNNNNNNN")(
       "dump-every", po::value(&dump_every), "... every N rounds (default 1)")(
       "port", po::value(&opt.port), "listen on this port instead of [spes] coordinator's");

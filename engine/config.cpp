@@ -227,7 +227,6 @@ void read_spes(SectionReader r, SpesConfig& s) {
   r.real("round_timeout_s", s.round_timeout_s, 0, INFINITY, true);
   r.integer("min_nodes", s.min_nodes, 1, 1 << 16);
   r.string("state_dir", s.state_dir);
-  r.integer("persist_every", s.persist_every, 1, kMaxInt);
   r.real("merge_alpha", s.merge_alpha, 0, 1);
   r.integer("merge_topk", s.merge_topk, 1, 4096);
   r.integer("merge_interval", s.merge_interval, 0, kMaxInt);
@@ -435,7 +434,7 @@ std::string config_to_toml(const Config& c) {
   kv("experts_per_node", s.experts_per_node); kv("sync_steps", s.sync_steps); kv("run_id", s.run_id);
   kv("coordinator", s.coordinator); kv("codec", s.codec); kv("secret_file", s.secret_file);
   kv("allow_insecure", s.allow_insecure); kv("round_timeout_s", s.round_timeout_s);
-  kv("min_nodes", s.min_nodes); kv("state_dir", s.state_dir); kv("persist_every", s.persist_every);
+  kv("min_nodes", s.min_nodes); kv("state_dir", s.state_dir);
   kv("merge_alpha", s.merge_alpha); kv("merge_topk", s.merge_topk); kv("merge_interval", s.merge_interval);
   kv("merge_decay_steps", s.merge_decay_steps);
   const CheckpointConfig& k = c.checkpoint;

@@ -63,7 +63,6 @@ struct SpesConfig {
   double round_timeout_s = 600.0;         // close a round with >= min_nodes after this
   int64_t min_nodes = 1;
   std::string state_dir = "coordinator";  // coordinator persistence folder
-  int64_t persist_every = 1;              // rounds between persisted states
   // --- expert-merging warm-up (DESIGN §1) ---
   double merge_alpha = 0.0;               // α0; 0 = off
   int64_t merge_topk = 4;

@@ -63,7 +63,7 @@ net::CoordinatorParams coordinator_params(const Config& cfg) {
   p.address = s.coordinator;
   p.round_timeout_s = s.round_timeout_s;
   p.state_dir = s.state_dir;
-  p.persist_every = s.persist_every;
+  p.sync_steps = s.sync_steps;
   p.merge = merge_warmup(s);
   p.layout = make_layout(cfg.model);
   p.n_experts = cfg.model.n_experts;

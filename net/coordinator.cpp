@@ -21,6 +21,7 @@
 #include "model/expert_merge.hpp"
 #include "net/asio_util.hpp"
 #include "net/digest.hpp"
+#include "net/finite_guard.hpp"
 #include "net/frame.hpp"
 #include "net/global_state.hpp"
 #include "net/grid.hpp"
@@ -40,6 +41,9 @@ namespace {
 
 const CoordinatorParams& checked(const CoordinatorParams& p, const CoordinatorOptions& opt) {
   if (p.n_nodes < 1) throw NetError("coordinator: n_nodes must be ≥ 1");
+  if (p.sync_steps < 1)
+    throw NetError("coordinator: [spes] sync_steps must be ≥ 1 (a round's step is round × sync_steps), got " +
+                   std::to_string(p.sync_steps));
   if (int(p.nodes.size()) != p.n_nodes)
     throw NetError("coordinator: " + std::to_string(p.nodes.size()) + " node descriptions for " +
                    std::to_string(p.n_nodes) + " nodes");
@@ -114,6 +118,10 @@ struct Coordinator::Impl final : SessionHandler {
   void on_push_done(Session& s, const wire::PushDone* m) override;
 
   bool check_round(Session& s, int64_t r);
+  bool check_finite_update(Session& s, const GridChunk& ch, const float* v);
+  // The open round's step: the completed round's plus sync_steps (= round × sync_steps
+  // when the interval never changed). Never a node's word: it drives the warm-up's α.
+  int64_t open_round_step() const { return state.step + p.sync_steps; }
   void arm_timer(int64_t r);
   void close_round(const RoundClose& rc);
   void shutdown();
@@ -129,7 +137,7 @@ Coordinator::Impl::Impl(CoordinatorParams params, CoordinatorOptions o)
       opt(std::move(o)),
       log("[coordinator]", opt.log),
       grid(make_grid(checked(p, opt).layout, p.n_experts, opt.chunk_elems)),
-      persistence(PersistRules{p.state_dir, p.run_id, p.nodes[0].fingerprint, p.codec, p.persist_every}, log),
+      persistence(PersistRules{p.state_dir, p.run_id, p.nodes[0].fingerprint, p.codec}, log),
       state(persistence.open(p.layout.total, opt.fresh, p.init_theta,
                              p.init_source.empty() ? "seed " + std::to_string(p.seed) : p.init_source)),
       merge(grid),
@@ -191,16 +199,38 @@ void Coordinator::Impl::on_push_chunk(Session& s, const wire::PushChunk* m) {
   float* v = scratch.data();
   if (!decode(p.codec, payload, ch.size(), v))
     return s.fail(wire::ErrorCode_bad_push, "push payload holds non-finite values");
-  const RoundDecision d = rounds.on_chunk(node, c, m->checksum(), m->step());
+  if (!check_finite_update(s, ch, v)) return;
+  const RoundDecision d = rounds.on_chunk(node, c, m->checksum());
   if (d.arm_timer) arm_timer(*d.arm_timer);
   if (p.codec == Codec::fp32) merge.add_values(c, v);
   else merge.add_delta(c, state.theta.data(), v);
 }
 
+// A push that would make θ non-finite is refused before this chunk reaches the
+// merge; the node is dropped and the round goes on as for a missing node (its
+// chunks merged so far passed this same check). fp32 carries values that decode()
+// has found finite, and their mean is finite: net/finite_guard.hpp says why.
+bool Coordinator::Impl::check_finite_update(Session& s, const GridChunk& ch, const float* v) {
+  if (p.codec == Codec::fp32) return true;
+  const int64_t i = first_overflow(state.theta.data() + ch.begin, v, ch.size());
+  if (i < 0) return true;
+  const std::string why = "node " + std::to_string(s.node_id()) + ": push for round " +
+                          std::to_string(rounds.open_round()) + " would make θ non-finite in [" +
+                          std::to_string(ch.begin) + ", " + std::to_string(ch.end) + ") (parameter " +
+                          std::to_string(ch.begin + i) + "); refused, the round goes on without this node";
+  log("%s", why.c_str());
+  s.fail(wire::ErrorCode_bad_push, why);
+  return false;
+}
+
 void Coordinator::Impl::on_push_done(Session& s, const wire::PushDone* m) {
   if (m->node_id() != s.node_id()) return s.fail(wire::ErrorCode_bad_push, "PushDone for another node id");
   if (!check_round(s, m->round())) return;
-  const RoundDecision d = rounds.on_push_done(s.node_id(), m->step());
+  if (m->step() != open_round_step())  // its word moves nothing: the schedule owns the step
+    log("node %d reports step %" PRId64 " for round %" PRId64 "; by the schedule it is step %" PRId64
+        " (sync_steps %" PRId64 "): using the schedule",
+        s.node_id(), int64_t(m->step()), rounds.open_round(), open_round_step(), p.sync_steps);
+  const RoundDecision d = rounds.on_push_done(s.node_id());
   if (!d.refuse.empty()) return s.fail(wire::ErrorCode_bad_push, d.refuse);
   if (opt.log && progress.terminal())
     progress.update(strprintf("round %lld collecting: %d of %d nodes pushed", (long long)rounds.open_round(),
@@ -222,21 +252,29 @@ void Coordinator::Impl::close_round(const RoundClose& rc) {
   round_timer.cancel();
   const auto t0 = Clock::now();
   const int64_t r = rc.round;
-  const double alpha = merge_alpha_at(p.merge.alpha, p.merge.interval, p.merge.decay_steps, rc.step);
+  const int64_t step = open_round_step();
+  const double alpha = merge_alpha_at(p.merge.alpha, p.merge.interval, p.merge.decay_steps, step);
   const std::vector<bool> changed = merge.close(state.theta.data(), p.layout, alpha, p.merge.topk);
   const std::shared_ptr<Publication> pub =
-      build_publication(p.codec, grid, changed, merge.target(), state, r, rc.step, rc.participants, alpha);
+      build_publication(p.codec, grid, changed, merge.target(), state, r, step, rc.participants, alpha);
+  if (!pub->refused.empty()) {
+    const GridChunk& first = grid.chunks[size_t(pub->refused[0])];
+    log("round %" PRId64 ": the merged update would make θ non-finite in %zu chunk(s), first [%" PRId64 ", %" PRId64
+        "); they keep their value",
+        r, pub->refused.size(), first.begin, first.end);
+  }
   state.round = r;
-  state.step = rc.step;
+  state.step = step;
   state.hash = pub->hash;
   const double merge_ms = std::chrono::duration<double, std::milli>(Clock::now() - t0).count();
   log("round %" PRId64 " merged: step %" PRId64 ", %d participant(s)%s%s, alpha %.4g, %zu of %zu chunks changed, "
       "%.1f ms, state %s",
-      r, rc.step, rc.participants, rc.missing.empty() ? "" : ", missing ", rc.missing.c_str(), alpha,
+      r, step, rc.participants, rc.missing.empty() ? "" : ", missing ", rc.missing.c_str(), alpha,
       pub->chunks.size(), grid.chunks.size(), merge_ms, hash_hex(state.hash).c_str());
 
-  // Persist before anyone can see the round: a restart never loses a published round.
-  persistence.round_closed(state);
+  // Write-ahead: durably on disk before anyone can see the round, so a crash at any
+  // instant loses no published round (a failure here stops the coordinator).
+  persistence.persist(state);
   if (p.on_round) {
     try {
       p.on_round(state.theta, r);
@@ -253,7 +291,7 @@ void Coordinator::Impl::close_round(const RoundClose& rc) {
   // The row and the stats first: a node may see its result before this function returns.
   char row[512];
   std::snprintf(row, sizeof row, "%" PRId64 ",%" PRId64 ",%d,%s,%" PRId64 ",%" PRId64 ",%" PRId64 ",%.6g,%.2f,%s\n",
-                r, rc.step, rc.participants, rc.missing.c_str(), rc.late_pushes, server.take_round_bytes_in(),
+                r, step, rc.participants, rc.missing.c_str(), rc.late_pushes, server.take_round_bytes_in(),
                 pub->bytes * int64_t(recipients.size()), alpha, merge_ms, hash_hex(state.hash).c_str());
   if (opt.csv) *opt.csv << row << std::flush;
   update_stats([&](CoordinatorStats& st) {
@@ -277,7 +315,6 @@ void Coordinator::Impl::shutdown() {
   if (stopped) return;
   stopped = true;
   log("stopping at round %" PRId64 " (state %s)", state.round, hash_hex(state.hash).c_str());
-  persistence.on_stop(state);
   round_timer.cancel();
   boost::system::error_code ec;
   if (signals) signals->cancel(ec);

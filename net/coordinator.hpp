@@ -10,6 +10,7 @@
 //   net/streaming_merge, net/publication
 //                    the merge as pushes stream in; θ_new − θ_old for the nodes
 //   net/global_state θ, round, step, hash and their persistence (before publishing)
+//   net/finite_guard nothing non-finite is applied, persisted, published or loaded
 //   net/coordinator  the glue wiring them on one Asio thread
 // One CSV row per round goes to the csv stream.
 #pragma once
@@ -53,7 +54,7 @@ struct CoordinatorParams {
   std::string address = "127.0.0.1:29500";  // "host:port" to bind
   double round_timeout_s = 600;
   std::string state_dir;                    // state.bin lives here
-  int64_t persist_every = 1;                // rounds between persisted states; 0 = never
+  int64_t sync_steps = 0;                   // optimizer steps per round (≥ 1): round r's step is r·sync_steps
   MergeWarmup merge;
   ParamLayout layout;
   int64_t n_experts = 0;
@@ -75,9 +76,9 @@ struct CoordinatorOptions {
   bool log = true;                    // transitions and refusals on stderr
   double hello_timeout_s = 10.0;      // a connection that does not authenticate by then is dropped
   int max_connections = 0;            // 0 = 4·n_nodes + 16
-  bool handle_signals = false;        // SIGINT/SIGTERM stop the server (persisting θ first)
-  bool fresh = false;                 // ignore a persisted state: start from the seed (overwritten at
-                                      // the first persist); for a new run reusing a state_dir
+  bool handle_signals = false;        // SIGINT/SIGTERM stop the server
+  bool fresh = false;                 // a new run: θ from init_theta, persisted at once as round 0 (it
+                                      // replaces a state in state_dir); without it the state must load
 };
 
 struct CoordinatorStats {
@@ -95,9 +96,10 @@ struct CoordinatorStats {
 
 class Coordinator {
  public:
-  // Loads the persisted state from params.state_dir when there is one (same run id
-  // and fingerprint), else initialises θ with params.init_theta. Binds the listening
-  // socket here, so port() is valid before run(). Throws NetError.
+  // Loads the persisted state from params.state_dir (same run id and fingerprint,
+  // finite), or with opt.fresh initialises θ with params.init_theta and persists it.
+  // Binds the listening socket here, so port() is valid before run(). Throws
+  // NetError (a missing or unreadable state without fresh, naming the file).
   explicit Coordinator(CoordinatorParams params, CoordinatorOptions opt = {});
   ~Coordinator();
   Coordinator(const Coordinator&) = delete;
@@ -106,7 +108,7 @@ class Coordinator {
   uint16_t port() const;
   std::string bind_address() const;  // the address actually bound ("127.0.0.1" without a secret)
   void run();   // serves in the calling thread until stop()
-  void stop();  // thread-safe; persists θ if the last round is not persisted yet
+  void stop();  // thread-safe; every published round is on disk already
   CoordinatorStats stats() const;  // thread-safe
   static const char* csv_header();
 

@@ -19,46 +19,43 @@ GlobalState StatePersistence::open(int64_t n_params, bool fresh, const std::func
   GlobalState s;
   s.theta.resize(size_t(n_params));
   const bool lossy = codec_is_lossy(rules_.codec);
-  const bool exists = std::filesystem::exists(path_);
-  if (fresh && exists)
-    log_("--fresh: ignoring the persisted state in %s (it is overwritten at the first persist)", path_.c_str());
-  if (!fresh && exists) {
-    const PersistedState ps = load_state_file(path_, s.theta, lossy ? &s.down_residual : nullptr);
-    if (ps.run_id != rules_.run_id)
-      throw NetError(path_ + " belongs to run '" + ps.run_id + "', not '" + rules_.run_id +
-                     "' (use another state_dir or run_id)");
-    if (ps.fingerprint != rules_.fingerprint)
-      throw NetError(path_ + " holds a different model (fingerprint " + hash_hex(ps.fingerprint) + " vs " +
-                     hash_hex(rules_.fingerprint) + ")");
-    s.round = ps.round;
-    s.step = ps.step;
-    persisted_round_ = s.round;
-    s.hash = state_hash(s.theta.data(), n_params);
-    if (s.hash != ps.state_hash) throw NetError(path_ + ": state hash does not match its θ");
-    log_("resumed round %" PRId64 " (step %" PRId64 ") from %s, state %s", s.round, s.step, path_.c_str(),
-         hash_hex(s.hash).c_str());
-  } else {
+  if (fresh) {
     if (!init_theta) throw NetError("coordinator: no init_theta to start a fresh run from");
+    if (std::filesystem::exists(path_)) log_("--fresh: replacing the persisted state in %s", path_.c_str());
     init_theta(s.theta.data());
     s.hash = state_hash(s.theta.data(), n_params);
+    if (lossy) s.down_residual.assign(size_t(n_params), 0.0f);
     log_("fresh run '%s': θ initialised from %s (%" PRId64 " params), state %s", rules_.run_id.c_str(),
          init_source.c_str(), n_params, hash_hex(s.hash).c_str());
+    persist(s);  // from now on the run has a state: a restart without --fresh resumes it
+    return s;
   }
+  // Without --fresh the state is the run's memory: starting from the seed instead
+  // would silently reset every node (issue 13), so a missing or bad file stops here.
+  const std::string restart_hint = "; to start a new run from the seed instead, pass --fresh";
+  if (!std::filesystem::exists(path_))
+    throw NetError(path_ + ": no coordinator state; the first start of a run needs --fresh (a restart needs the "
+                   "state_dir of its run)");
+  PersistedState ps;
+  try {
+    ps = load_state_file(path_, s.theta, lossy ? &s.down_residual : nullptr);
+  } catch (const NetError& e) {
+    throw NetError(std::string(e.what()) + restart_hint);
+  }
+  if (ps.run_id != rules_.run_id)
+    throw NetError(path_ + " belongs to run '" + ps.run_id + "', not '" + rules_.run_id +
+                   "' (use another state_dir or run_id)");
+  if (ps.fingerprint != rules_.fingerprint)
+    throw NetError(path_ + " holds a different model (fingerprint " + hash_hex(ps.fingerprint) + " vs " +
+                   hash_hex(rules_.fingerprint) + ")");
+  s.round = ps.round;
+  s.step = ps.step;
+  s.hash = state_hash(s.theta.data(), n_params);
+  if (s.hash != ps.state_hash) throw NetError(path_ + ": state hash does not match its θ" + restart_hint);
+  log_("resumed round %" PRId64 " (step %" PRId64 ") from %s, state %s", s.round, s.step, path_.c_str(),
+       hash_hex(s.hash).c_str());
   if (lossy && s.down_residual.empty()) s.down_residual.assign(size_t(n_params), 0.0f);
   return s;
-}
-
-void StatePersistence::round_closed(const GlobalState& s) {
-  if (rules_.persist_every > 0 && s.round % rules_.persist_every == 0) persist(s);
-}
-
-void StatePersistence::on_stop(const GlobalState& s) {
-  if (persisted_round_ == s.round || rules_.persist_every <= 0) return;
-  try {
-    persist(s);
-  } catch (const std::exception& e) {
-    log_("could not persist on stop: %s", e.what());
-  }
 }
 
 void StatePersistence::persist(const GlobalState& s) {
@@ -71,7 +68,6 @@ void StatePersistence::persist(const GlobalState& s) {
   ps.state_hash = s.hash;
   ps.codec = uint32_t(rules_.codec);
   save_state_file(path_, ps, s.theta, codec_is_lossy(rules_.codec) ? &s.down_residual : nullptr);
-  persisted_round_ = s.round;
   log_("round %" PRId64 " persisted to %s (%.0f ms)", s.round, path_.c_str(),
        std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count());
 }

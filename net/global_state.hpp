@@ -1,9 +1,11 @@
 // The coordinator's global state — θ in fp32, the lossy codecs' download residual,
 // the completed round, its step and state hash — and its persistence in
-// state_dir/state.bin (format: net/state_file). DESIGN §3: the coordinator
-// persists a round before publishing it, so a restart never loses a round a node
-// has seen. Loaded at start when the file belongs to this run (run id, model
-// fingerprint and state hash checked), else θ comes from the seed.
+// state_dir/state.bin (format: net/state_file). Write-ahead (DESIGN §3): every
+// round is durably persisted before it is published, so a crash at any instant
+// loses no round a node has seen. The state is the run's: at start it is loaded
+// (run id, model fingerprint, state hash and finiteness checked) and its absence
+// is an error; only an explicit `fresh` start initialises θ, and persists it at
+// once as round 0.
 #pragma once
 #include <cstdint>
 #include <functional>
@@ -27,32 +29,27 @@ struct PersistRules {
   std::string run_id;
   uint64_t fingerprint = 0;  // stored in the file; a different model refuses to load
   Codec codec = Codec::fp32;
-  int64_t persist_every = 1;  // rounds between persisted states; 0 = never
 };
 
 class StatePersistence {
  public:
   StatePersistence(PersistRules rules, const LineLog& log);
 
-  // θ of this run: the persisted state, or init_theta(θ) (the initial θ; init_source
-  // says what it is, for the log) when there is none or `fresh` (then the file is
-  // overwritten at the first persist). Throws NetError when the file is another
-  // run's or corrupt.
+  // θ of this run: the persisted state; with `fresh`, init_theta(θ) (the initial θ;
+  // init_source says what it is, for the log), persisted at once as round 0 (it
+  // replaces any state in the folder). Throws NetError, naming the file, when the
+  // file is missing, unreadable, another run's, or holds a non-finite value.
   GlobalState open(int64_t n_params, bool fresh, const std::function<void(float*)>& init_theta,
                    const std::string& init_source);
-  // A round was merged and is about to be published: persisted when due.
-  void round_closed(const GlobalState& s);
-  // Stopping: persists the last round if it is not on disk yet (best effort, logged).
-  void on_stop(const GlobalState& s);
+  // A round was merged and is about to be published: written, fsynced (file and
+  // folder) and renamed into place before this returns. Throws NetError on failure.
+  void persist(const GlobalState& s);
   const std::string& path() const { return path_; }
 
  private:
-  void persist(const GlobalState& s);
-
   PersistRules rules_;
   const LineLog& log_;
   std::string path_;
-  int64_t persisted_round_ = -1;
 };
 
 }  // namespace spes::net

@@ -22,6 +22,7 @@ struct Publication {
   int participants = 0;
   double alpha = 0;
   std::vector<int> chunks;          // grid chunks that changed, ascending
+  std::vector<int> refused;         // chunks whose merged update was not finite: they keep their value
   std::vector<OwnedFrame> frames;   // lossy codecs: one RoundChunk frame per chunk; fp32: empty
   int64_t bytes = 0;                // all frames of the result, RoundDone included
 };
@@ -29,7 +30,8 @@ struct Publication {
 // Applies round `round`'s merge result (target: θ_new per element, valid on the
 // changed chunks) to s.theta and s.down_residual, and builds its publication with
 // the state hash of the new θ. Only θ changes in `s`: the caller sets round, step
-// and hash. Throws NetError if the update is not finite.
+// and hash. A chunk whose new θ would not be finite is left as it was and listed in
+// `refused` instead of `chunks`: nothing non-finite is ever applied or published.
 std::shared_ptr<Publication> build_publication(Codec codec, const ChunkGrid& grid, const std::vector<bool>& changed,
                                                const double* target, GlobalState& s, int64_t round, int64_t step,
                                                int participants, double alpha);

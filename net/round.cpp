@@ -112,7 +112,7 @@ ChunkCheck RoundMachine::check_chunk(int node, int chunk, uint32_t crc) const {
   return n.crc[size_t(chunk)] == crc ? ChunkCheck::duplicate : ChunkCheck::conflict;
 }
 
-RoundDecision RoundMachine::on_chunk(int node, int chunk, uint32_t crc, int64_t step) {
+RoundDecision RoundMachine::on_chunk(int node, int chunk, uint32_t crc) {
   expect_open("chunk");
   RoundDecision d;
   Node& n = nodes_.at(size_t(node));
@@ -128,11 +128,10 @@ RoundDecision RoundMachine::on_chunk(int node, int chunk, uint32_t crc, int64_t 
   n.got[size_t(chunk)] = 1;
   n.crc[size_t(chunk)] = crc;
   ++n.got_n;
-  n.step = std::max(n.step, step);
   return d;
 }
 
-RoundDecision RoundMachine::on_push_done(int node, int64_t step) {
+RoundDecision RoundMachine::on_push_done(int node) {
   expect_open("PushDone");
   RoundDecision d;
   Node& n = nodes_.at(size_t(node));
@@ -142,7 +141,6 @@ RoundDecision RoundMachine::on_push_done(int node, int64_t step) {
     return d;
   }
   n.done = true;
-  n.step = std::max(n.step, step);
   n.awaiting = completed_ + 1;
   d.close = maybe_close();
   return d;
@@ -178,7 +176,6 @@ std::optional<RoundClose> RoundMachine::maybe_close() {
       if (!c.missing.empty()) c.missing += ';';
       c.missing += std::to_string(p);
     }
-    if (n.got_n > 0) c.step = std::max(c.step, n.step);
   }
   set_phase(RoundPhase::merging, c.round, why);
   return c;
@@ -206,7 +203,6 @@ void RoundMachine::next_round() {
     std::fill(n.got.begin(), n.got.end(), 0);
     n.got_n = 0;
     n.done = false;
-    n.step = 0;
   }
   late_ = 0;
   timed_out_ = false;

@@ -54,8 +54,7 @@ enum class ChunkCheck { fresh, duplicate, conflict };  // conflict: resent with 
 
 // A round that just closed (collecting → merging): what the glue merges and reports.
 struct RoundClose {
-  int64_t round = 0;
-  int64_t step = 0;         // the round's step: the highest step among the nodes that pushed chunks
+  int64_t round = 0;        // its step is the coordinator's (round × sync_steps), not the nodes'
   int participants = 0;     // nodes that sent PushDone
   std::string missing;      // the others, "1;3"
   int64_t late_pushes = 0;  // stale pushes refused while this round was open
@@ -97,9 +96,9 @@ class RoundMachine {
   ChunkCheck check_chunk(int node, int chunk, uint32_t crc) const;
   // A chunk decoded and accepted into the merge (precondition: check_push ok and
   // check_chunk fresh). The first one of a round starts collecting.
-  RoundDecision on_chunk(int node, int chunk, uint32_t crc, int64_t step);
+  RoundDecision on_chunk(int node, int chunk, uint32_t crc);
   // Precondition: check_push ok. Refused unless every owned chunk arrived; may close.
-  RoundDecision on_push_done(int node, int64_t step);
+  RoundDecision on_push_done(int node);
   // The timer armed for `round` fired. Ignored when that round is no longer collecting.
   RoundDecision on_timer(int64_t round);
 
@@ -118,7 +117,6 @@ class RoundMachine {
     std::vector<uint32_t> crc;
     int got_n = 0;
     bool done = false;
-    int64_t step = 0;
   };
 
   void set_phase(RoundPhase p, int64_t round, const std::string& why);

@@ -9,6 +9,7 @@
 
 #include "engine/base/error.hpp"
 #include "net/digest.hpp"
+#include "net/finite_guard.hpp"
 
 namespace spes::net {
 
@@ -108,6 +109,14 @@ class Reader {
   uint32_t crc_ = 0;
 };
 
+// Nothing non-finite is persisted or loaded (net/finite_guard.hpp).
+void check_finite(const std::string& path, const char* what, const std::vector<float>& x, const char* verb) {
+  const int64_t i = first_non_finite(x.data(), int64_t(x.size()));
+  if (i >= 0)
+    fail(path, std::string(verb) + " a non-finite " + what + " (" + std::to_string(x[size_t(i)]) + " at parameter " +
+                   std::to_string(i) + ")");
+}
+
 }  // namespace
 
 void save_state_file(const std::string& path, const PersistedState& s, const std::vector<float>& theta,
@@ -116,6 +125,8 @@ void save_state_file(const std::string& path, const PersistedState& s, const std
   std::error_code ec;
   if (p.has_parent_path()) std::filesystem::create_directories(p.parent_path(), ec);
   if (ec) fail(path, "cannot create its folder: " + ec.message());
+  check_finite(path, "θ", theta, "refusing to persist");
+  if (residual) check_finite(path, "download residual", *residual, "refusing to persist");
   const std::string tmp = path + ".tmp";
   {
     Bytes h;
@@ -175,6 +186,8 @@ PersistedState load_state_file(const std::string& path, std::vector<float>& thet
   uint32_t stored;
   r.raw(&stored, 4);
   if (stored != expect) fail(path, "checksum mismatch (corrupt file)");
+  check_finite(path, "θ", theta, "holds");
+  if (has_residual) check_finite(path, "download residual", res, "holds");
   if (residual && has_residual) *residual = std::move(res);
   return s;
 }

@@ -70,6 +70,7 @@ struct SyncClient::Impl {
   asio::io_context io;
   tcp::socket sock{io};
   bool connected = false;
+  int64_t coordinator_round = 0;  // the coordinator's completed round, from its Welcome
   bool force_snapshot = false;  // params no longer hold "θ_old + local work"
   ChunkGrid grid;
   std::vector<OwnedChunk> owned_chunks;
@@ -219,13 +220,28 @@ struct SyncClient::Impl {
         }
     }
     connected = true;
+    coordinator_round = w->round();
     const bool in_sync = w->in_sync() && !force_snapshot;
     log("connected to %s:%u (coordinator round %" PRId64 ", ours %" PRId64 ", %s)", addr.host.c_str(),
         unsigned(addr.port), w->round(), round, in_sync ? "in sync" : "snapshot needed");
     return in_sync;
   }
 
+  // A coordinator behind this node lost rounds the node has seen (restored from an
+  // old state, or restarted --fresh): its snapshot would silently reset the node.
+  // The node stops instead, θ and round untouched, so the operator can restart the
+  // coordinator from the right state (or start a new run on purpose).
+  void refuse_reset_if_ahead() {
+    if (coordinator_round >= round) return;
+    disconnect();
+    throw NetError("node " + std::to_string(node) + " holds round " + std::to_string(round) +
+                   ", ahead of the coordinator at round " + std::to_string(coordinator_round) +
+                   " (it lost published rounds: restarted from an old state or with --fresh?); refusing to be reset "
+                   "to an older θ; restart the coordinator from this run's state, or start a new run (no --resume)");
+  }
+
   void snapshot(float* params, SyncStats& st) {
+    refuse_reset_if_ahead();
     write_frame(writer.snapshot_request());
     force_snapshot = true;  // params are overwritten from here on
     uint32_t got = 0;

@@ -9,6 +9,7 @@
 #include <arpa/inet.h>
 #include <unistd.h>
 
+#include <atomic>
 #include <chrono>
 #include <cstring>
 #include <filesystem>
@@ -51,8 +52,7 @@ inline Config tiny_config(int n_nodes, const std::string& codec = "fp32", const 
   c.spes.codec = codec;
   c.spes.round_timeout_s = 30;
   c.spes.min_nodes = 1;
-  c.spes.persist_every = 0;  // tests that persist set a state_dir
-  c.spes.state_dir = "/nonexistent-spes-state";
+  c.spes.state_dir = "";  // CoordThread: a new run in a temp folder; tests that restart set one
   return c;
 }
 
@@ -65,20 +65,33 @@ inline CoordinatorParams test_coordinator_params(const Config& cfg, const std::s
   return p;
 }
 
-// A coordinator serving on its own thread, on a free loopback port.
+// A coordinator serving on its own thread, on a free loopback port. Without a
+// state_dir it runs a new run (--fresh) in a temp folder of its own, removed after.
 struct CoordThread {
   std::unique_ptr<Coordinator> c;
   std::thread t;
   std::ostringstream csv;
+  std::string own_state_dir;
   CoordThread(const Config& cfg, CoordinatorOptions opt = {}) : CoordThread(test_coordinator_params(cfg), opt) {}
   CoordThread(CoordinatorParams params, CoordinatorOptions opt) {
+    if (params.state_dir.empty()) {
+      static std::atomic<int> counter{0};
+      own_state_dir = (std::filesystem::temp_directory_path() /
+                       ("spes-test-coordinator-" + std::to_string(::getpid()) + "-" + std::to_string(counter++)))
+                          .string();
+      params.state_dir = own_state_dir;
+      opt.fresh = true;
+    }
     if (opt.port < 0) opt.port = 0;
     if (opt.chunk_elems == (1 << 20)) opt.chunk_elems = 1024;
     opt.csv = &csv;
     c = std::make_unique<Coordinator>(std::move(params), opt);
     t = std::thread([this] { c->run(); });
   }
-  ~CoordThread() { stop(); }
+  ~CoordThread() {
+    stop();
+    if (!own_state_dir.empty()) std::filesystem::remove_all(own_state_dir);
+  }
   void stop() {
     if (t.joinable()) {
       c->stop();

@@ -114,6 +114,7 @@ TEST_CASE("data parallel: a 2-rank node in a 4-node SPES run agrees on every rou
   net::CoordinatorOptions o;
   o.port = 0;
   o.log = false;
+  o.fresh = true;  // a new run
   net::Coordinator coordinator(std::move(p), o);
   std::thread server([&] { coordinator.run(); });
   const std::string address = "spes.coordinator=\"127.0.0.1:" + std::to_string(coordinator.port()) + "\"";

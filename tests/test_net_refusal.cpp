@@ -157,8 +157,10 @@ TEST_CASE("refusals: a node refuses a coordinator that cannot prove the secret")
 TEST_CASE("refusals: without a secret the coordinator binds loopback only, unless allow_insecure") {
   Config cfg = tiny_config(1);
   cfg.spes.coordinator = "0.0.0.0:0";
+  cfg.spes.state_dir = temp_dir("refusal-bind");
   CoordinatorOptions opt;
   opt.log = false;
+  opt.fresh = true;
   {
     Coordinator c(test_coordinator_params(cfg, ""), opt);
     CHECK(c.bind_address() == "127.0.0.1");

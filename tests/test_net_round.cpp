@@ -39,7 +39,7 @@ struct Fixture {
   }
   // Every owned chunk, each passing the checks the glue makes first; returns the
   // decision of the first chunk (it may arm the timer).
-  RoundDecision push_chunks(int node, int64_t step, uint32_t crc_seed = 0) {
+  RoundDecision push_chunks(int node, uint32_t crc_seed = 0) {
     RoundDecision first;
     bool have_first = false;
     for (int c : {0, 1 + node}) {
@@ -47,15 +47,15 @@ struct Fixture {
       REQUIRE(m.owns(node, c));
       const uint32_t crc = crc_seed + 100 * uint32_t(node) + uint32_t(c);
       REQUIRE(m.check_chunk(node, c, crc) == ChunkCheck::fresh);
-      RoundDecision d = m.on_chunk(node, c, crc, step);
+      RoundDecision d = m.on_chunk(node, c, crc);
       CHECK(d.refuse.empty());
       if (!have_first) first = d, have_first = true;
     }
     return first;
   }
-  RoundDecision done(int node, int64_t step) {
+  RoundDecision done(int node) {
     REQUIRE(m.check_push(node, m.open_round()).ok());
-    return m.on_push_done(node, step);
+    return m.on_push_done(node);
   }
 };
 
@@ -66,20 +66,19 @@ TEST_CASE("round: waiting -> collecting -> merging -> publishing -> waiting, eac
   CHECK(f.m.phase() == RoundPhase::waiting);
   CHECK(f.m.open_round() == 1);
 
-  const RoundDecision first = f.push_chunks(1, 5);
+  const RoundDecision first = f.push_chunks(1);
   REQUIRE(first.arm_timer);
   CHECK(*first.arm_timer == 1);
   CHECK(f.m.phase() == RoundPhase::collecting);
   CHECK(f.logged("round 1: waiting -> collecting (first push, from node 1)"));
   // Later chunks do not re-arm the timer.
-  CHECK_FALSE(f.push_chunks(0, 5).arm_timer);
+  CHECK_FALSE(f.push_chunks(0).arm_timer);
 
-  CHECK_FALSE(f.done(0, 5).close);
+  CHECK_FALSE(f.done(0).close);
   CHECK(f.m.phase() == RoundPhase::collecting);
-  const RoundDecision d = f.done(1, 5);
+  const RoundDecision d = f.done(1);
   REQUIRE(d.close);
   CHECK(d.close->round == 1);
-  CHECK(d.close->step == 5);
   CHECK(d.close->participants == 2);
   CHECK(d.close->missing == "");
   CHECK(d.close->why == "all 2 nodes pushed");
@@ -106,22 +105,21 @@ TEST_CASE("round: waiting -> collecting -> merging -> publishing -> waiting, eac
 
 TEST_CASE("round: quorum after the timeout needs min_nodes; without the timeout it needs every node") {
   Fixture f(3, 2);
-  REQUIRE(f.push_chunks(0, 10).arm_timer == 1);
-  CHECK_FALSE(f.done(0, 10).close);  // 1 of 3, no timeout
+  REQUIRE(f.push_chunks(0).arm_timer == 1);
+  CHECK_FALSE(f.done(0).close);  // 1 of 3, no timeout
   // Timer with 1 done < min_nodes 2: logged, the round stays open.
   CHECK_FALSE(f.m.on_timer(1).close);
   CHECK(f.m.timed_out());
   CHECK(f.m.phase() == RoundPhase::collecting);
   CHECK(f.logged("round 1: timeout after 30.0 s with 1 of 3 nodes done (min_nodes 2)"));
-  // Node 2 pushed chunks (its step counts for the round's step) but never PushDone.
-  f.push_chunks(2, 12);
+  // Node 2 pushed chunks but never PushDone.
+  f.push_chunks(2);
   // The second PushDone reaches the quorum: closes at once, node 2 missing.
-  f.push_chunks(1, 10);
-  const RoundDecision d = f.done(1, 10);
+  f.push_chunks(1);
+  const RoundDecision d = f.done(1);
   REQUIRE(d.close);
   CHECK(d.close->participants == 2);
   CHECK(d.close->missing == "2");
-  CHECK(d.close->step == 12);
   CHECK(d.close->why == "timeout, quorum 2 of 3");
   CHECK(f.m.publish("2 recipient(s)") == std::vector<int>{0, 1});
   f.m.next_round();
@@ -133,19 +131,19 @@ TEST_CASE("round: quorum after the timeout needs min_nodes; without the timeout 
 TEST_CASE("round: min_nodes = n_nodes waits for everyone even after the timeout; min_nodes is clamped") {
   {
     Fixture f(2, 2);
-    f.push_chunks(0, 1);
-    f.done(0, 1);
+    f.push_chunks(0);
+    f.done(0);
     CHECK_FALSE(f.m.on_timer(1).close);
     CHECK(f.m.phase() == RoundPhase::collecting);
-    f.push_chunks(1, 1);
-    const RoundDecision d = f.done(1, 1);
+    f.push_chunks(1);
+    const RoundDecision d = f.done(1);
     REQUIRE(d.close);
     CHECK(d.close->why == "all 2 nodes pushed");  // every node, not a timeout quorum
   }
   {
     Fixture f(2, 0);  // clamped to 1
-    f.push_chunks(0, 1);
-    f.done(0, 1);
+    f.push_chunks(0);
+    f.done(0);
     const RoundDecision d = f.m.on_timer(1);
     REQUIRE(d.close);
     CHECK(d.close->why == "timeout, quorum 1 of 2");
@@ -153,8 +151,8 @@ TEST_CASE("round: min_nodes = n_nodes waits for everyone even after the timeout;
   }
   {
     Fixture f(2, 9);  // clamped to 2
-    f.push_chunks(0, 1);
-    f.done(0, 1);
+    f.push_chunks(0);
+    f.done(0);
     CHECK_FALSE(f.m.on_timer(1).close);
     CHECK(f.logged("round 1: timeout after 30.0 s with 1 of 2 nodes done (min_nodes 2)"));
   }
@@ -162,9 +160,9 @@ TEST_CASE("round: min_nodes = n_nodes waits for everyone even after the timeout;
 
 TEST_CASE("round: a timer that fires after its round closed, or for an older round, changes nothing") {
   Fixture f(2, 1);
-  for (int p = 0; p < 2; ++p) f.push_chunks(p, 5);
-  f.done(0, 5);
-  REQUIRE(f.done(1, 5).close);  // closed by "everyone pushed" before the timer
+  for (int p = 0; p < 2; ++p) f.push_chunks(p);
+  f.done(0);
+  REQUIRE(f.done(1).close);  // closed by "everyone pushed" before the timer
   f.m.publish("2 recipient(s)");
   f.m.next_round();
   const size_t logged = f.lines.size();
@@ -174,8 +172,8 @@ TEST_CASE("round: a timer that fires after its round closed, or for an older rou
   CHECK_FALSE(f.m.timed_out());
   CHECK(f.lines.size() == logged);
   // Round 2 collecting, round 1's timer again: still ignored; round 2's own timer closes it.
-  REQUIRE(f.push_chunks(0, 10).arm_timer == 2);
-  f.done(0, 10);
+  REQUIRE(f.push_chunks(0).arm_timer == 2);
+  f.done(0);
   CHECK_FALSE(f.m.on_timer(1).close);
   CHECK(f.m.phase() == RoundPhase::collecting);
   d = f.m.on_timer(2);
@@ -189,7 +187,7 @@ TEST_CASE("round: a timer that fires after its round closed, or for an older rou
 
 TEST_CASE("round: stale pushes are refused and counted; pushes for a future round are bad pushes") {
   Fixture f(2, 1);
-  for (int p = 0; p < 2; ++p) f.push_chunks(p, 5), f.done(p, 5);
+  for (int p = 0; p < 2; ++p) f.push_chunks(p), f.done(p);
   f.m.publish("2 recipient(s)");
   f.m.next_round();  // round 1 completed, round 2 open
 
@@ -201,16 +199,16 @@ TEST_CASE("round: stale pushes are refused and counted; pushes for a future roun
   CHECK(v.check == PushCheck::future);
   CHECK(v.reason == "push for round 3 but the open round is 2");
   // The two stale pushes appear in round 2's row; the future one does not.
-  f.push_chunks(0, 10);
-  CHECK_FALSE(f.done(0, 10).close);
+  f.push_chunks(0);
+  CHECK_FALSE(f.done(0).close);
   const RoundDecision d = f.m.on_timer(2);
   REQUIRE(d.close);
   CHECK(d.close->late_pushes == 2);
   f.m.publish("1 recipient(s)");
   f.m.next_round();
   // ... and are forgotten for round 3.
-  f.push_chunks(0, 15);
-  f.done(0, 15);
+  f.push_chunks(0);
+  f.done(0);
   const RoundDecision d3 = f.m.on_timer(3);
   REQUIRE(d3.close);
   CHECK(d3.close->late_pushes == 0);
@@ -218,16 +216,16 @@ TEST_CASE("round: stale pushes are refused and counted; pushes for a future roun
 
 TEST_CASE("round: resent chunks are idempotent; a resend with another checksum is a conflict") {
   Fixture f(2, 1);
-  f.push_chunks(0, 5);
+  f.push_chunks(0);
   CHECK(f.m.check_chunk(0, 0, 0) == ChunkCheck::duplicate);     // crc of node 0, chunk 0
   CHECK(f.m.check_chunk(0, 1, 1) == ChunkCheck::duplicate);     // crc of node 0, chunk 1
   CHECK(f.m.check_chunk(0, 1, 999) == ChunkCheck::conflict);
   CHECK(f.m.check_chunk(1, 0, 100) == ChunkCheck::fresh);       // node 1 has sent nothing
   // Even if the glue passed a resend on, it is not counted twice.
-  CHECK(f.m.on_chunk(0, 1, 1, 5).refuse.empty());
-  CHECK(f.m.on_chunk(0, 1, 999, 5).refuse == "resent chunk differs from the first push");
+  CHECK(f.m.on_chunk(0, 1, 1).refuse.empty());
+  CHECK(f.m.on_chunk(0, 1, 999).refuse == "resent chunk differs from the first push");
   // Two chunks, not three: PushDone is accepted.
-  const RoundDecision d = f.done(0, 5);
+  const RoundDecision d = f.done(0);
   CHECK(d.refuse.empty());
   CHECK(f.m.done_count() == 1);
 }
@@ -235,15 +233,15 @@ TEST_CASE("round: resent chunks are idempotent; a resend with another checksum i
 TEST_CASE("round: PushDone before every owned chunk arrived is refused and the node is not done") {
   Fixture f(2, 1);
   REQUIRE(f.m.check_push(0, 1).ok());
-  REQUIRE(f.m.on_chunk(0, 0, 7, 5).arm_timer == 1);
-  const RoundDecision d = f.done(0, 5);
+  REQUIRE(f.m.on_chunk(0, 0, 7).arm_timer == 1);
+  const RoundDecision d = f.done(0);
   CHECK(d.refuse == "PushDone after 1 of 2 chunks");
   CHECK_FALSE(d.close);
   CHECK(f.m.done_count() == 0);
   // Even after a timeout: no participant, no quorum.
   CHECK_FALSE(f.m.on_timer(1).close);
   // A PushDone with no chunk at all.
-  CHECK(f.done(1, 5).refuse == "PushDone after 0 of 2 chunks");
+  CHECK(f.done(1).refuse == "PushDone after 0 of 2 chunks");
 }
 
 TEST_CASE("round: chunk ownership") {
@@ -283,10 +281,10 @@ TEST_CASE("round: a node that does not hold the completed θ must snapshot befor
 
 TEST_CASE("round: a node that left after its PushDone is a participant but gets no result") {
   Fixture f(2, 2);
-  for (int p = 0; p < 2; ++p) f.push_chunks(p, 5);
-  f.done(0, 5);
+  for (int p = 0; p < 2; ++p) f.push_chunks(p);
+  f.done(0);
   f.m.node_left(0);  // its connection broke while waiting
-  const RoundDecision d = f.done(1, 5);
+  const RoundDecision d = f.done(1);
   REQUIRE(d.close);
   CHECK(d.close->participants == 2);  // its Δ was merged
   CHECK(f.m.publish("2 recipient(s)") == std::vector<int>{1});
@@ -298,10 +296,10 @@ TEST_CASE("round: a node that left after its PushDone is a participant but gets 
 
 TEST_CASE("round: the glue may not feed pushes between close and publish") {
   Fixture f(1, 1);
-  f.push_chunks(0, 5);
-  REQUIRE(f.done(0, 5).close);
+  f.push_chunks(0);
+  REQUIRE(f.done(0).close);
   CHECK_THROWS_AS(f.m.check_push(0, 1), std::logic_error);
-  CHECK_THROWS_AS(f.m.on_chunk(0, 0, 1, 5), std::logic_error);
+  CHECK_THROWS_AS(f.m.on_chunk(0, 0, 1), std::logic_error);
   CHECK_THROWS_AS(f.m.next_round(), std::logic_error);  // publish first
   f.m.publish("1 recipient(s)");
   CHECK_THROWS_AS(f.m.publish("again"), std::logic_error);

@@ -242,9 +242,10 @@ TEST_CASE("faults: a late push gets 'stale round' and the node resyncs from a sn
 
 TEST_CASE("faults: coordinator restart (in-process) -> nodes continue, no round lost") {
   Config cfg = tiny_config(2, "int8");
-  cfg.spes.persist_every = 1;
   cfg.spes.state_dir = temp_dir("restart");
-  auto co = std::make_unique<CoordThread>(cfg);
+  CoordinatorOptions first;
+  first.fresh = true;  // the first start of a run
+  auto co = std::make_unique<CoordThread>(cfg, first);
   const uint16_t port = co->port();
   std::vector<std::unique_ptr<TestNode>> nodes;
   for (int p = 0; p < 2; ++p) nodes.push_back(std::make_unique<TestNode>(cfg, p, co->address()));

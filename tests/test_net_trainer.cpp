@@ -35,6 +35,7 @@ struct Server {
     net::CoordinatorOptions o;
     o.port = 0;
     o.log = false;
+    o.fresh = true;  // a new run
     c = std::make_unique<net::Coordinator>(std::move(p), o);
     t = std::thread([this] { c->run(); });
   }

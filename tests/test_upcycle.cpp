@@ -335,6 +335,7 @@ TEST_CASE("[train] init: two SPES nodes and the coordinator start from the upcyc
   net::CoordinatorOptions o;
   o.port = 0;
   o.log = false;
+  o.fresh = true;  // a new run
   net::Coordinator server(std::move(p), o);
   std::thread serve([&] { server.run(); });
   const std::string address = "spes.coordinator=\"127.0.0.1:" + std::to_string(server.port()) + "\"";

@@ -1,0 +1,166 @@
+// No poisoned θ (issue 13, finding 1): finite deltas that would walk θ past the
+// float range are refused before they reach the merge, naming the node and the
+// range; the round goes on without those nodes; a merged update that would still
+// not be finite is not applied; nothing non-finite is persisted or loaded.
+#include <doctest/doctest.h>
+
+#include <cfloat>
+#include <cmath>
+#include <fstream>
+
+#include "engine/base/checksum.hpp"
+#include "engine/base/error.hpp"
+#include "net/finite_guard.hpp"
+#include "net/publication.hpp"
+#include "net/state_file.hpp"
+#include "net_test_util.hpp"
+
+using namespace spes;
+using namespace spes::net;
+using namespace spes::net::testing;
+
+namespace {
+
+bool all_finite(const std::vector<float>& x) { return first_non_finite(x.data(), int64_t(x.size())) < 0; }
+
+// Nodes 0 and 1 push Δ = `huge` at a shared parameter every round (through their
+// error-feedback residual, so the client itself encodes it); node 2 is honest.
+// Rounds go on until the hostile pushes are refused, at the latest after 6.
+void poisoned_rounds(const std::string& codec, float huge) {
+  Config cfg = tiny_config(3, codec);
+  cfg.spes.round_timeout_s = 2;  // the refused round closes without the refused nodes
+  CoordinatorOptions opt;
+  opt.log = std::getenv("SPES_NET_TEST_LOG") != nullptr;
+  CoordThread co(cfg, opt);
+  std::vector<std::unique_ptr<TestNode>> nodes;
+  for (int p = 0; p < 3; ++p) nodes.push_back(std::make_unique<TestNode>(cfg, p, co.address()));
+  const int64_t target = 5;  // a shared parameter (embeddings): every node owns it
+  REQUIRE(nodes[0]->own.space.ranges()[0].begin == 0);
+
+  int refused_round = 0;
+  for (int r = 1; r <= 6 && !refused_round; ++r) {
+    std::vector<SyncStats> st(3);
+    std::vector<std::string> err(3);
+    std::vector<std::thread> ts;
+    for (int p = 0; p < 3; ++p) {
+      nodes[size_t(p)]->train();
+      if (p < 2) {
+        SyncState s = nodes[size_t(p)]->client->state();
+        s.residual[size_t(target)] = huge;  // the owned space starts with the shared block
+        nodes[size_t(p)]->client->restore(s);
+      }
+      ts.emplace_back([&, p] {
+        try {
+          st[size_t(p)] = nodes[size_t(p)]->sync();
+        } catch (const std::exception& e) {
+          err[size_t(p)] = e.what();
+        }
+      });
+    }
+    for (auto& t : ts) t.join();
+    REQUIRE_MESSAGE(err[2] == "", err[2]);
+    CHECK(st[2].round == r);
+    CHECK(all_finite(nodes[2]->params));
+    CHECK(st[2].state_hash == co.c->stats().state_hash);
+    if (err[0].empty() && err[1].empty()) {
+      CHECK(st[0].state_hash == st[2].state_hash);
+      continue;
+    }
+    // The first round that would overflow: each hostile node is refused by name
+    // (one may still fit, by its quantisation noise, and is merged).
+    refused_round = r;
+    int refused = 0, late = 0;
+    for (int p = 0; p < 2; ++p) {
+      late += err[size_t(p)].empty() && st[size_t(p)].resynced;  // a loaded machine: pushed after the timeout
+      if (err[size_t(p)].empty()) continue;
+      ++refused;
+      INFO(err[size_t(p)]);
+      CHECK(err[size_t(p)].find("node " + std::to_string(p) + ": push for round " + std::to_string(r)) !=
+            std::string::npos);
+      CHECK(err[size_t(p)].find("would make θ non-finite in [0, 1024)") != std::string::npos);
+    }
+    CHECK(st[2].participants == 3 - refused - late);
+    CHECK(co.c->stats().csv_rows.find("\n" + std::to_string(r) + ",") != std::string::npos);
+  }
+  CHECK(refused_round >= 2);  // the first pushes fit: the sum of rounds overflows
+  // The honest node goes on from a finite θ (alone: the round closes on its timeout).
+  nodes[2]->train();
+  const SyncStats s = nodes[2]->sync();
+  CHECK(s.round == refused_round + 1);
+  CHECK(all_finite(nodes[2]->params));
+  CHECK(s.state_hash == co.c->stats().state_hash);
+}
+
+}  // namespace
+
+TEST_CASE("finite: bf16 deltas that would overflow θ are refused, naming the node; the round completes") {
+  poisoned_rounds("bf16", 2.0e38f);
+}
+
+TEST_CASE("finite: int8 deltas that would overflow θ are refused, naming the node; the round completes") {
+  poisoned_rounds("int8", 1.2e38f);  // int8 carries at most 127 · 1e36 per round
+}
+
+TEST_CASE("finite: a merged update that is not finite is not applied nor published") {
+  for (Codec codec : {Codec::fp32, Codec::bf16, Codec::int8}) {
+    CAPTURE(codec_name(codec));
+    ParamLayout layout;
+    layout.total = layout.shared_count = 2 * kInt8Block;
+    const ChunkGrid grid = make_grid(layout, 0, kInt8Block);
+    REQUIRE(grid.chunks.size() == 2);
+    GlobalState s;
+    s.theta.assign(size_t(layout.total), 1.0f);
+    s.theta[3] = -3.0e38f;
+    s.down_residual.assign(s.theta.size(), 0.0f);
+    std::vector<double> target(s.theta.size(), 2.0);
+    target[3] = codec == Codec::fp32 ? 1e39 : 3.0e38;  // fp32: out of range; lossy: Δ = 6e38 is not a float
+    const std::vector<float> before = s.theta;
+    const auto pub = build_publication(codec, grid, {true, true}, target.data(), s, 1, 5, 2, 0);
+    CHECK(pub->refused == std::vector<int>{0});
+    CHECK(pub->chunks == std::vector<int>{1});
+    CHECK(std::equal(s.theta.begin(), s.theta.begin() + kInt8Block, before.begin()));  // chunk 0 kept
+    CHECK(s.theta[kInt8Block] == doctest::Approx(2.0).epsilon(1e-3));                   // chunk 1 applied
+    CHECK(all_finite(s.theta));
+    CHECK(all_finite(s.down_residual));
+    CHECK(pub->hash == state_hash(s.theta.data(), layout.total));
+  }
+}
+
+TEST_CASE("finite: a state file is never written with, nor loaded from, a non-finite value") {
+  const std::string dir = temp_dir("finite-state");
+  const std::string path = dir + "/state.bin";
+  std::vector<float> theta(300, 0.5f);
+  PersistedState ps;
+  ps.run_id = "r";
+  ps.round = 3;
+  ps.state_hash = state_hash(theta.data(), int64_t(theta.size()));
+  save_state_file(path, ps, theta, nullptr);
+
+  std::vector<float> bad = theta;
+  bad[7] = INFINITY;
+  CHECK_THROWS_WITH_AS(save_state_file(path, ps, bad, nullptr), doctest::Contains("refusing to persist a non-finite θ"),
+                       NetError);
+  std::vector<float> back(theta.size());
+  CHECK(load_state_file(path, back, nullptr).round == 3);  // the old file is intact
+  CHECK(back == theta);
+
+  // A file that holds an inf with a valid checksum (written by an older version or
+  // by hand) is refused on load, naming the file.
+  std::vector<uint8_t> bytes;
+  {
+    std::ifstream in(path, std::ios::binary);
+    bytes.assign(std::istreambuf_iterator<char>(in), {});
+  }
+  const size_t theta_at = 8 + 4 + 4 + 8 + 8 + 8 + 8 + 8 + 4 + 4 + ps.run_id.size();
+  const float inf = INFINITY;
+  std::memcpy(bytes.data() + theta_at + 4 * 7, &inf, 4);
+  const uint32_t crc = crc32c(bytes.data(), bytes.size() - 4);
+  std::memcpy(bytes.data() + bytes.size() - 4, &crc, 4);
+  {
+    std::ofstream out(path, std::ios::binary | std::ios::trunc);
+    out.write(reinterpret_cast<const char*>(bytes.data()), std::streamsize(bytes.size()));
+  }
+  const std::string want = path + ": holds a non-finite θ";
+  CHECK_THROWS_WITH_AS(load_state_file(path, back, nullptr), doctest::Contains(want.c_str()), NetError);
+  std::filesystem::remove_all(dir);
+}

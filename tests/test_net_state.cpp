@@ -1,0 +1,108 @@
+// The coordinator's state is the run's (issue 13, findings 3 and 5): without
+// --fresh a missing or unreadable state file refuses to start (no silent reset of
+// every node to the seed); a node ahead of the coordinator refuses to be reset to
+// an older θ; a round's step comes from the schedule, never from a node's word.
+#include <doctest/doctest.h>
+
+#include <fstream>
+
+#include "engine/base/error.hpp"
+#include "model/expert_merge.hpp"
+#include "net_test_util.hpp"
+
+using namespace spes;
+using namespace spes::net;
+using namespace spes::net::testing;
+
+namespace {
+
+CoordinatorOptions quiet(bool fresh) {
+  CoordinatorOptions o;
+  o.log = std::getenv("SPES_NET_TEST_LOG") != nullptr;
+  o.fresh = fresh;
+  return o;
+}
+
+}  // namespace
+
+TEST_CASE("state: without --fresh a missing or unreadable state refuses to start; a node ahead refuses a reset") {
+  Config cfg = tiny_config(2, "bf16");
+  cfg.spes.state_dir = temp_dir("state-missing");
+  const std::string state = cfg.spes.state_dir + "/state.bin";
+  auto start = [&](bool fresh) { return std::make_unique<CoordThread>(test_coordinator_params(cfg), quiet(fresh)); };
+  const std::string missing = state + ": no coordinator state";
+  CHECK_THROWS_WITH_AS(start(false), doctest::Contains(missing.c_str()), NetError);
+  CHECK_THROWS_WITH_AS(start(false), doctest::Contains("--fresh"), NetError);
+
+  // A run of 3 rounds.
+  auto co = start(true);
+  std::vector<std::unique_ptr<TestNode>> nodes;
+  for (int p = 0; p < 2; ++p) nodes.push_back(std::make_unique<TestNode>(cfg, p, co->address()));
+  for (int r = 1; r <= 3; ++r) sync_all(nodes);
+  const uint16_t port = co->port();
+  co.reset();
+
+  // The state is lost or damaged: the coordinator refuses, naming the file and the flag.
+  std::filesystem::copy_file(state, state + ".keep");
+  std::filesystem::remove(state);
+  CHECK_THROWS_WITH_AS(start(false), doctest::Contains(missing.c_str()), NetError);
+  {
+    std::ofstream(state, std::ios::binary) << "not a state file";
+  }
+  CHECK_THROWS_WITH_AS(start(false), doctest::Contains("--fresh"), NetError);
+
+  // An operator who restarts it --fresh anyway: the nodes hold round 3 and refuse to
+  // be reset to round 0, keeping their θ and their round.
+  CoordinatorOptions opt = quiet(true);
+  opt.port = port;
+  co = std::make_unique<CoordThread>(test_coordinator_params(cfg), opt);
+  for (auto& n : nodes) {
+    n->train();
+    const std::vector<float> before = n->params;
+    CHECK_THROWS_WITH_AS(n->sync(), doctest::Contains("ahead of the coordinator"), NetError);
+    CHECK(n->params == before);
+    CHECK(n->client->round() == 3);
+  }
+  CHECK(co->c->stats().round == 0);
+  co.reset();
+
+  // The right state back: the nodes carry on from round 3.
+  std::filesystem::rename(state + ".keep", state);
+  opt.fresh = false;
+  co = std::make_unique<CoordThread>(test_coordinator_params(cfg), opt);
+  const auto st = sync_all(nodes);
+  CHECK(st[0].round == 4);
+  CHECK_FALSE(st[0].resynced);
+  CHECK(st[0].state_hash == co->c->stats().state_hash);
+  CHECK(st[1].state_hash == co->c->stats().state_hash);
+  co.reset();
+  std::filesystem::remove_all(cfg.spes.state_dir);
+}
+
+TEST_CASE("state: the coordinator owns the step; a node reporting a wrong or backwards step moves nothing") {
+  Config cfg = tiny_config(2, "fp32");
+  cfg.spes.merge_alpha = 0.5;
+  cfg.spes.merge_interval = 5;  // = sync_steps: every round is a merge round
+  cfg.spes.merge_decay_steps = 100;
+  CoordThread co(test_coordinator_params(cfg), quiet(true));
+  std::vector<std::unique_ptr<TestNode>> nodes;
+  for (int p = 0; p < 2; ++p) nodes.push_back(std::make_unique<TestNode>(cfg, p, co.address()));
+  // Round 1: node 0 claims step 1000 (α would be 0); round 2: both claim step 3 (not
+  // a merge step); round 3: node 1 goes backwards to step 0.
+  const std::vector<std::array<int64_t, 2>> claims = {{1000, 5}, {3, 3}, {15, 0}};
+  for (size_t k = 0; k < claims.size(); ++k) {
+    const int64_t r = int64_t(k) + 1;
+    for (int p = 0; p < 2; ++p) {
+      nodes[size_t(p)]->train();
+      nodes[size_t(p)]->step = claims[k][size_t(p)];
+    }
+    const auto st = sync_all(nodes, false);
+    const double want = merge_alpha_at(0.5, 5, 100, 5 * r);
+    CHECK(want > 0);
+    CHECK(st[0].merge_alpha == doctest::Approx(want).epsilon(1e-12));
+    CHECK(st[1].merge_alpha == st[0].merge_alpha);
+    CHECK(co.c->stats().step == 5 * r);
+    CHECK(st[0].state_hash == co.c->stats().state_hash);
+  }
+  CHECK(co.c->stats().csv_rows.find("\n3,15,2,") != std::string::npos);
+}
