@@ -25,6 +25,7 @@
 #include "model/owned_space.hpp"
 #include "net/address.hpp"
 #include "net/codec.hpp"
+#include "net/outer_optimizer.hpp"
 
 namespace spes::net {
 
@@ -55,6 +56,7 @@ struct CoordinatorParams {
   std::string state_dir;                    // state.bin lives here
   int64_t persist_every = 1;                // rounds between persisted states; 0 = never
   MergeWarmup merge;
+  OuterOptimizer outer;                     // after the mean, before the warm-up (net/outer_optimizer)
   ParamLayout layout;
   int64_t n_experts = 0;
   std::vector<CoordinatorNode> nodes;       // n_nodes entries, by node id

@@ -23,7 +23,8 @@ GlobalState StatePersistence::open(int64_t n_params, bool fresh, const std::func
   if (fresh && exists)
     log_("--fresh: ignoring the persisted state in %s (it is overwritten at the first persist)", path_.c_str());
   if (!fresh && exists) {
-    const PersistedState ps = load_state_file(path_, s.theta, lossy ? &s.down_residual : nullptr);
+    const PersistedState ps = load_state_file(path_, s.theta, lossy ? &s.down_residual : nullptr,
+                                              rules_.outer_momentum ? &s.outer_momentum : nullptr);
     if (ps.run_id != rules_.run_id)
       throw NetError(path_ + " belongs to run '" + ps.run_id + "', not '" + rules_.run_id +
                      "' (use another state_dir or run_id)");
@@ -37,6 +38,13 @@ GlobalState StatePersistence::open(int64_t n_params, bool fresh, const std::func
     if (s.hash != ps.state_hash) throw NetError(path_ + ": state hash does not match its θ");
     log_("resumed round %" PRId64 " (step %" PRId64 ") from %s, state %s", s.round, s.step, path_.c_str(),
          hash_hex(s.hash).c_str());
+    // A change of outer optimizer between runs is allowed; say what happens to the momentum.
+    if (rules_.outer_momentum && !ps.has_momentum)
+      log_("%s holds no outer momentum (saved by an averaging coordinator): it starts at 0", path_.c_str());
+    if (rules_.outer_momentum && ps.has_momentum)
+      log_("outer momentum %s resumed", hash_hex(ps.momentum_hash).c_str());
+    if (!rules_.outer_momentum && ps.has_momentum)
+      log_("%s holds an outer momentum, which outer_optimizer = \"average\" drops", path_.c_str());
   } else {
     if (!init_theta) throw NetError("coordinator: no init_theta to start a fresh run from");
     init_theta(s.theta.data());
@@ -45,6 +53,7 @@ GlobalState StatePersistence::open(int64_t n_params, bool fresh, const std::func
          init_source.c_str(), n_params, hash_hex(s.hash).c_str());
   }
   if (lossy && s.down_residual.empty()) s.down_residual.assign(size_t(n_params), 0.0f);
+  if (rules_.outer_momentum && s.outer_momentum.empty()) s.outer_momentum.assign(size_t(n_params), 0.0f);
   return s;
 }
 
@@ -70,7 +79,8 @@ void StatePersistence::persist(const GlobalState& s) {
   ps.step = s.step;
   ps.state_hash = s.hash;
   ps.codec = uint32_t(rules_.codec);
-  save_state_file(path_, ps, s.theta, codec_is_lossy(rules_.codec) ? &s.down_residual : nullptr);
+  save_state_file(path_, ps, s.theta, codec_is_lossy(rules_.codec) ? &s.down_residual : nullptr,
+                  rules_.outer_momentum ? &s.outer_momentum : nullptr);
   persisted_round_ = s.round;
   log_("round %" PRId64 " persisted to %s (%.0f ms)", s.round, path_.c_str(),
        std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count());

@@ -1,6 +1,6 @@
 // The coordinator's global state — θ in fp32, the lossy codecs' download residual,
-// the completed round, its step and state hash — and its persistence in
-// state_dir/state.bin (format: net/state_file). DESIGN §3: the coordinator
+// the outer optimizer's momentum, the completed round, its step and state hash —
+// and its persistence in state_dir/state.bin (format: net/state_file). DESIGN §3: the coordinator
 // persists a round before publishing it, so a restart never loses a round a node
 // has seen. Loaded at start when the file belongs to this run (run id, model
 // fingerprint and state hash checked), else θ comes from the seed.
@@ -18,6 +18,7 @@ namespace spes::net {
 struct GlobalState {
   std::vector<float> theta;
   std::vector<float> down_residual;  // lossy codecs: what the download has not carried yet
+  std::vector<float> outer_momentum; // nesterov outer optimizer (net/outer_optimizer); else empty
   int64_t round = 0, step = 0;       // the completed round and its step
   uint64_t hash = 0;                 // state hash of θ
 };
@@ -28,6 +29,7 @@ struct PersistRules {
   uint64_t fingerprint = 0;  // stored in the file; a different model refuses to load
   Codec codec = Codec::fp32;
   int64_t persist_every = 1;  // rounds between persisted states; 0 = never
+  bool outer_momentum = false;  // the outer optimizer keeps a momentum (persisted with θ)
 };
 
 class StatePersistence {
