@@ -231,6 +231,10 @@ void read_spes(SectionReader r, SpesConfig& s) {
   r.integer("merge_topk", s.merge_topk, 1, 4096);
   r.integer("merge_interval", s.merge_interval, 0, kMaxInt);
   r.integer("merge_decay_steps", s.merge_decay_steps, 0, kMaxInt);
+  r.string("outer_optimizer", s.outer_optimizer, {"average", "nesterov"});
+  if (s.outer_optimizer == "nesterov") s.outer_lr = 0.7, s.outer_momentum = 0.9;  // DiLoCo's, unless given
+  r.real("outer_lr", s.outer_lr, 0, 10, true);
+  r.real("outer_momentum", s.outer_momentum, 0, 1, false, true);
   r.reject_unknown();
 }
 
@@ -277,6 +281,11 @@ void check_consistency(const Config& c) {
     fail("[spes] min_nodes = " + std::to_string(s.min_nodes) + " exceeds n_nodes = " + std::to_string(s.n_nodes));
   if (s.merge_alpha > 0 && (s.merge_interval == 0 || s.merge_decay_steps == 0))
     fail("[spes] merge_alpha > 0 needs merge_interval > 0 and merge_decay_steps > 0");
+  if (s.outer_optimizer == "average" && s.outer_momentum != 0) {
+    char v[32];
+    std::snprintf(v, sizeof v, "%g", s.outer_momentum);
+    fail("[spes] outer_momentum = " + std::string(v) + " needs outer_optimizer = \"nesterov\" (average has none)");
+  }
   if (c.data.train.empty()) fail("[data] train: a manifest path is required");
 }
 
@@ -436,7 +445,8 @@ std::string config_to_toml(const Config& c) {
   kv("allow_insecure", s.allow_insecure); kv("round_timeout_s", s.round_timeout_s);
   kv("min_nodes", s.min_nodes); kv("state_dir", s.state_dir);
   kv("merge_alpha", s.merge_alpha); kv("merge_topk", s.merge_topk); kv("merge_interval", s.merge_interval);
-  kv("merge_decay_steps", s.merge_decay_steps);
+  kv("merge_decay_steps", s.merge_decay_steps); kv("outer_optimizer", s.outer_optimizer);
+  kv("outer_lr", s.outer_lr); kv("outer_momentum", s.outer_momentum);
   const CheckpointConfig& k = c.checkpoint;
   os << "\n[checkpoint]\n";
   kv("dir", k.dir); kv("every", k.every); kv("keep", k.keep);

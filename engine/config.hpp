@@ -68,6 +68,10 @@ struct SpesConfig {
   int64_t merge_topk = 4;
   int64_t merge_interval = 0;             // steps; merge at rounds whose step is a multiple
   int64_t merge_decay_steps = 0;          // α decays linearly to 0 over these steps
+  // --- outer optimizer (net/outer_optimizer): steps θ by the round's merged delta ---
+  std::string outer_optimizer = "average";  // "average" | "nesterov"
+  double outer_lr = 1.0;                  // default 1 for average, 0.7 for nesterov (DiLoCo)
+  double outer_momentum = 0.0;            // nesterov only; default 0.9
 };
 
 struct CheckpointConfig {

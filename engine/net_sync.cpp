@@ -65,6 +65,7 @@ net::CoordinatorParams coordinator_params(const Config& cfg) {
   p.state_dir = s.state_dir;
   p.sync_steps = s.sync_steps;
   p.merge = merge_warmup(s);
+  p.outer = {net::parse_outer_kind(s.outer_optimizer), s.outer_lr, s.outer_momentum};
   p.layout = make_layout(cfg.model);
   p.n_experts = cfg.model.n_experts;
   for (int node = 0; node < p.n_nodes; ++node) {

@@ -137,7 +137,8 @@ Coordinator::Impl::Impl(CoordinatorParams params, CoordinatorOptions o)
       opt(std::move(o)),
       log("[coordinator]", opt.log),
       grid(make_grid(checked(p, opt).layout, p.n_experts, opt.chunk_elems)),
-      persistence(PersistRules{p.state_dir, p.run_id, p.nodes[0].fingerprint, p.codec}, log),
+      persistence(PersistRules{p.state_dir, p.run_id, p.nodes[0].fingerprint, p.codec, p.outer.has_momentum()},
+                  log),
       state(persistence.open(p.layout.total, opt.fresh, p.init_theta,
                              p.init_source.empty() ? "seed " + std::to_string(p.seed) : p.init_source)),
       merge(grid),
@@ -159,6 +160,8 @@ Coordinator::Impl::Impl(CoordinatorParams params, CoordinatorOptions o)
   log("listening on %s:%u (%s, %d nodes, min_nodes %d, round timeout %.0f s, codec %s%s)", host.c_str(),
       unsigned(bound.port()), p.secret.empty() ? "no secret" : "HMAC auth", p.n_nodes, quorum(p), p.round_timeout_s,
       codec_name(p.codec), p.secret.empty() ? ", insecure" : "");
+  if (!p.outer.identity())
+    log("outer optimizer %s, lr %g, momentum %g", outer_kind_name(p.outer.kind), p.outer.lr, p.outer.momentum);
   stats_.round = state.round;
   stats_.step = state.step;
   stats_.state_hash = state.hash;
@@ -254,7 +257,8 @@ void Coordinator::Impl::close_round(const RoundClose& rc) {
   const int64_t r = rc.round;
   const int64_t step = open_round_step();
   const double alpha = merge_alpha_at(p.merge.alpha, p.merge.interval, p.merge.decay_steps, step);
-  const std::vector<bool> changed = merge.close(state.theta.data(), p.layout, alpha, p.merge.topk);
+  float* momentum = state.outer_momentum.empty() ? nullptr : state.outer_momentum.data();
+  const std::vector<bool> changed = merge.close(state.theta.data(), p.layout, alpha, p.merge.topk, p.outer, momentum);
   const std::shared_ptr<Publication> pub =
       build_publication(p.codec, grid, changed, merge.target(), state, r, step, rc.participants, alpha);
   if (!pub->refused.empty()) {

@@ -26,6 +26,7 @@
 #include "model/owned_space.hpp"
 #include "net/address.hpp"
 #include "net/codec.hpp"
+#include "net/outer_optimizer.hpp"
 
 namespace spes::net {
 
@@ -56,6 +57,7 @@ struct CoordinatorParams {
   std::string state_dir;                    // state.bin lives here
   int64_t sync_steps = 0;                   // optimizer steps per round (≥ 1): round r's step is r·sync_steps
   MergeWarmup merge;
+  OuterOptimizer outer;                     // after the mean, before the warm-up (net/outer_optimizer)
   ParamLayout layout;
   int64_t n_experts = 0;
   std::vector<CoordinatorNode> nodes;       // n_nodes entries, by node id

@@ -25,6 +25,7 @@ GlobalState StatePersistence::open(int64_t n_params, bool fresh, const std::func
     init_theta(s.theta.data());
     s.hash = state_hash(s.theta.data(), n_params);
     if (lossy) s.down_residual.assign(size_t(n_params), 0.0f);
+    if (rules_.outer_momentum) s.outer_momentum.assign(size_t(n_params), 0.0f);
     log_("fresh run '%s': θ initialised from %s (%" PRId64 " params), state %s", rules_.run_id.c_str(),
          init_source.c_str(), n_params, hash_hex(s.hash).c_str());
     persist(s);  // from now on the run has a state: a restart without --fresh resumes it
@@ -38,7 +39,8 @@ GlobalState StatePersistence::open(int64_t n_params, bool fresh, const std::func
                    "state_dir of its run)");
   PersistedState ps;
   try {
-    ps = load_state_file(path_, s.theta, lossy ? &s.down_residual : nullptr);
+    ps = load_state_file(path_, s.theta, lossy ? &s.down_residual : nullptr,
+                         rules_.outer_momentum ? &s.outer_momentum : nullptr);
   } catch (const NetError& e) {
     throw NetError(std::string(e.what()) + restart_hint);
   }
@@ -54,7 +56,15 @@ GlobalState StatePersistence::open(int64_t n_params, bool fresh, const std::func
   if (s.hash != ps.state_hash) throw NetError(path_ + ": state hash does not match its θ" + restart_hint);
   log_("resumed round %" PRId64 " (step %" PRId64 ") from %s, state %s", s.round, s.step, path_.c_str(),
        hash_hex(s.hash).c_str());
+  // A change of outer optimizer between runs is allowed; say what happens to the momentum.
+  if (rules_.outer_momentum && !ps.has_momentum)
+    log_("%s holds no outer momentum (saved by an averaging coordinator): it starts at 0", path_.c_str());
+  if (rules_.outer_momentum && ps.has_momentum)
+    log_("outer momentum %s resumed", hash_hex(ps.momentum_hash).c_str());
+  if (!rules_.outer_momentum && ps.has_momentum)
+    log_("%s holds an outer momentum, which outer_optimizer = \"average\" drops", path_.c_str());
   if (lossy && s.down_residual.empty()) s.down_residual.assign(size_t(n_params), 0.0f);
+  if (rules_.outer_momentum && s.outer_momentum.empty()) s.outer_momentum.assign(size_t(n_params), 0.0f);
   return s;
 }
 
@@ -67,7 +77,8 @@ void StatePersistence::persist(const GlobalState& s) {
   ps.step = s.step;
   ps.state_hash = s.hash;
   ps.codec = uint32_t(rules_.codec);
-  save_state_file(path_, ps, s.theta, codec_is_lossy(rules_.codec) ? &s.down_residual : nullptr);
+  save_state_file(path_, ps, s.theta, codec_is_lossy(rules_.codec) ? &s.down_residual : nullptr,
+                  rules_.outer_momentum ? &s.outer_momentum : nullptr);
   log_("round %" PRId64 " persisted to %s (%.0f ms)", s.round, path_.c_str(),
        std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count());
 }

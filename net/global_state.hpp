@@ -1,11 +1,11 @@
 // The coordinator's global state — θ in fp32, the lossy codecs' download residual,
-// the completed round, its step and state hash — and its persistence in
-// state_dir/state.bin (format: net/state_file). Write-ahead (DESIGN §3): every
-// round is durably persisted before it is published, so a crash at any instant
-// loses no round a node has seen. The state is the run's: at start it is loaded
-// (run id, model fingerprint, state hash and finiteness checked) and its absence
-// is an error; only an explicit `fresh` start initialises θ, and persists it at
-// once as round 0.
+// the outer optimizer's momentum, the completed round, its step and state hash —
+// and its persistence in state_dir/state.bin (format: net/state_file). Write-ahead
+// (DESIGN §3): every round is durably persisted before it is published, so a crash
+// at any instant loses no round a node has seen. The state is the run's: at start it
+// is loaded (run id, model fingerprint, state hash and finiteness checked) and its
+// absence is an error; only an explicit `fresh` start initialises θ, and persists it
+// at once as round 0.
 #pragma once
 #include <cstdint>
 #include <functional>
@@ -20,6 +20,7 @@ namespace spes::net {
 struct GlobalState {
   std::vector<float> theta;
   std::vector<float> down_residual;  // lossy codecs: what the download has not carried yet
+  std::vector<float> outer_momentum; // nesterov outer optimizer (net/outer_optimizer); else empty
   int64_t round = 0, step = 0;       // the completed round and its step
   uint64_t hash = 0;                 // state hash of θ
 };
@@ -29,6 +30,7 @@ struct PersistRules {
   std::string run_id;
   uint64_t fingerprint = 0;  // stored in the file; a different model refuses to load
   Codec codec = Codec::fp32;
+  bool outer_momentum = false;  // the outer optimizer keeps a momentum (persisted with θ)
 };
 
 class StatePersistence {

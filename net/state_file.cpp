@@ -16,7 +16,7 @@ namespace spes::net {
 namespace {
 
 constexpr char kMagic[8] = {'S', 'P', 'E', 'S', 'C', 'O', 'O', 'R'};
-constexpr uint32_t kFormat = 1;
+constexpr uint32_t kFormat = 2;  // 2: + the outer momentum (format 1 still loads)
 
 [[noreturn]] void fail(const std::string& path, const std::string& what) {
   throw NetError("coordinator state " + path + ": " + what);
@@ -120,13 +120,14 @@ void check_finite(const std::string& path, const char* what, const std::vector<f
 }  // namespace
 
 void save_state_file(const std::string& path, const PersistedState& s, const std::vector<float>& theta,
-                     const std::vector<float>* residual) {
+                     const std::vector<float>* residual, const std::vector<float>* momentum) {
   const std::filesystem::path p(path);
   std::error_code ec;
   if (p.has_parent_path()) std::filesystem::create_directories(p.parent_path(), ec);
   if (ec) fail(path, "cannot create its folder: " + ec.message());
   check_finite(path, "θ", theta, "refusing to persist");
   if (residual) check_finite(path, "download residual", *residual, "refusing to persist");
+  if (momentum) check_finite(path, "outer momentum", *momentum, "refusing to persist");
   const std::string tmp = path + ".tmp";
   {
     Bytes h;
@@ -141,10 +142,13 @@ void save_state_file(const std::string& path, const PersistedState& s, const std
     h.put<uint32_t>(residual ? 1u : 0u);
     h.put<uint32_t>(uint32_t(s.run_id.size()));
     h.b.insert(h.b.end(), s.run_id.begin(), s.run_id.end());
+    h.put<uint32_t>(momentum ? 1u : 0u);
+    h.put<uint64_t>(momentum ? state_hash(momentum->data(), int64_t(momentum->size())) : 0);
     Writer w(tmp);
     w.write(h.b.data(), h.b.size());
     w.write(theta.data(), theta.size() * 4);
     if (residual) w.write(residual->data(), residual->size() * 4);
+    if (momentum) w.write(momentum->data(), momentum->size() * 4);
     w.finish();
   }
   if (::rename(tmp.c_str(), path.c_str()) != 0) fail(path, std::string("rename failed: ") + std::strerror(errno));
@@ -156,12 +160,16 @@ void save_state_file(const std::string& path, const PersistedState& s, const std
   }
 }
 
-PersistedState load_state_file(const std::string& path, std::vector<float>& theta, std::vector<float>* residual) {
+PersistedState load_state_file(const std::string& path, std::vector<float>& theta, std::vector<float>* residual,
+                               std::vector<float>* momentum) {
   Reader r(path);
   char magic[8];
   r.read(magic, 8);
   if (std::memcmp(magic, kMagic, 8) != 0) fail(path, "not a coordinator state file");
-  if (r.get<uint32_t>() != kFormat) fail(path, "unknown format version");
+  const uint32_t format = r.get<uint32_t>();
+  if (format < 1 || format > kFormat)
+    fail(path, "format version " + std::to_string(format) + " is not one this build reads (1 to " +
+                   std::to_string(kFormat) + "); written by a newer spes-engine?");
   PersistedState s;
   s.codec = r.get<uint32_t>();
   s.fingerprint = r.get<uint64_t>();
@@ -174,6 +182,12 @@ PersistedState load_state_file(const std::string& path, std::vector<float>& thet
   if (run_len > 4096 || has_residual > 1) fail(path, "corrupt header");
   s.run_id.resize(run_len);
   r.read(s.run_id.data(), run_len);
+  if (format >= 2) {
+    const uint32_t has_momentum = r.get<uint32_t>();
+    s.momentum_hash = r.get<uint64_t>();
+    if (has_momentum > 1) fail(path, "corrupt header");
+    s.has_momentum = has_momentum == 1;
+  }
   if (n != int64_t(theta.size()))
     fail(path, "holds " + std::to_string(n) + " parameters, the model has " + std::to_string(theta.size()));
   r.read(theta.data(), theta.size() * 4);
@@ -182,13 +196,22 @@ PersistedState load_state_file(const std::string& path, std::vector<float>& thet
     res.resize(theta.size());
     r.read(res.data(), res.size() * 4);
   }
+  std::vector<float> mom;
+  if (s.has_momentum) {
+    mom.resize(theta.size());
+    r.read(mom.data(), mom.size() * 4);
+  }
   const uint32_t expect = r.crc();
   uint32_t stored;
   r.raw(&stored, 4);
   if (stored != expect) fail(path, "checksum mismatch (corrupt file)");
   check_finite(path, "θ", theta, "holds");
   if (has_residual) check_finite(path, "download residual", res, "holds");
+  if (s.has_momentum && state_hash(mom.data(), int64_t(mom.size())) != s.momentum_hash)
+    fail(path, "the outer momentum does not match its hash");
+  if (s.has_momentum) check_finite(path, "outer momentum", mom, "holds");
   if (residual && has_residual) *residual = std::move(res);
+  if (momentum && s.has_momentum) *momentum = std::move(mom);
   return s;
 }
 

@@ -34,7 +34,7 @@ void StreamingMerge::add_delta(int c, const float* theta_old, const float* delta
 }
 
 std::vector<bool> StreamingMerge::close(const float* theta, const ParamLayout& layout, double merge_alpha,
-                                        int64_t topk) {
+                                        int64_t topk, const OuterOptimizer& outer, float* momentum) {
   std::vector<char> changed_c(grid_.chunks.size(), 0);  // char, not vector<bool>: written by many threads
   const bool merging = merge_alpha > 0 && layout.experts.size() > 0 && !layout.experts[0].empty() &&
                        layout.experts[0].size() > 1;
@@ -54,6 +54,7 @@ std::vector<bool> StreamingMerge::close(const float* theta, const ParamLayout& l
     }
   });
   std::vector<bool> changed(changed_c.begin(), changed_c.end());
+  outer_step(outer, grid_, count_, theta, acc_.data(), momentum);
   if (merging) merge_experts_flat(acc_.data(), layout, merge_alpha, topk);
   return changed;
 }

@@ -6,14 +6,16 @@
 // the participating nodes, expert e over its participating owners, and a chunk
 // nobody delivered keeps its value. The sum is kept in double: a handful of fp32
 // values add exactly, so the result does not depend on arrival order and one
-// contributor gives back its value bit for bit. The expert-merging warm-up
-// (model/expert_merge) then runs on the merged values.
+// contributor gives back its value bit for bit. The outer optimizer
+// (net/outer_optimizer) then steps the contributed chunks, and the expert-merging
+// warm-up (model/expert_merge) runs on the result.
 #pragma once
 #include <cstdint>
 #include <vector>
 
 #include "model/layout.hpp"
 #include "net/grid.hpp"
+#include "net/outer_optimizer.hpp"
 
 namespace spes::net {
 
@@ -30,9 +32,11 @@ class StreamingMerge {
 
   int contributors(int c) const { return count_[c]; }
   // Mean new value of every contributed chunk, rounded to fp32 (θ stays fp32), kept in
-  // the double accumulator; with merge_alpha > 0 the uncontributed expert chunks are
-  // filled from θ and the warm-up runs on the result. Returns which chunks changed.
-  std::vector<bool> close(const float* theta, const ParamLayout& layout, double merge_alpha, int64_t topk);
+  // the double accumulator, then the outer step (momentum: n params, nesterov only);
+  // with merge_alpha > 0 the uncontributed expert chunks are filled from θ and the
+  // warm-up runs on the result. Returns which chunks changed.
+  std::vector<bool> close(const float* theta, const ParamLayout& layout, double merge_alpha, int64_t topk,
+                          const OuterOptimizer& outer = {}, float* momentum = nullptr);
   // The target θ_new of element i after close() (valid for changed chunks).
   const double* target() const { return acc_.data(); }
 

@@ -1,0 +1,136 @@
+#!/usr/bin/env bash
+# Does sparse sync work? (issue 15) One command runs every variant of the study on
+# the shipped corpus at one total-token budget and writes a table and SVG plots:
+#
+#   bench/study/run.sh [--smoke] [--scale N | --steps N] [--seeds "S1 S2"] [--device cpu|cuda|auto]
+#                      [--out DIR] [--bin SPES_ENGINE]
+#
+# The model is configs/tiny.toml's (the tiny family: 8 experts, top-2, d 128, 4
+# layers); only steps change. The budget is STEPS optimizer steps of 4 nodes × 8
+# sequences × 256 tokens (STEPS = 300·N with --scale N, or --steps; --smoke: a few
+# tiny steps, for CI). Every variant sees the same tokens per step over all nodes, the
+# same schedule and the same validation batches at the same token counts; each
+# node reads its own data order (seed + 1000·node, as SPES has it). Outputs under
+# DIR (default runs/study): table.md, table.csv, curves.csv (every eval point),
+# val_ce.svg (one series per variant, mean over seeds), val_ce_sync.svg (the sync
+# sweep), runs/<variant>/s<seed>/ (each run's CSV, rounds.csv, log).
+# Only bash, awk and spes-engine: CI has nothing else.
+set -euo pipefail
+
+ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)
+BIN=$ROOT/build/spes-engine
+OUT=$ROOT/runs/study
+SCALE=1
+SMOKE=0
+STEPS=
+SEEDS="1234 1235"
+DEVICE=cpu
+
+usage() { sed -n '5,6p' "${BASH_SOURCE[0]}" | sed 's/^# *//'; }
+die() { echo "study: $*" >&2; exit 1; }
+while [ $# -gt 0 ]; do
+  case $1 in
+    --smoke) SMOKE=1 ;;
+    --scale) SCALE=${2:?--scale needs N}; shift ;;
+    --steps) STEPS=${2:?--steps needs N}; shift ;;
+    --seeds) SEEDS=${2:?--seeds needs a list}; shift ;;
+    --device) DEVICE=${2:?--device needs cpu, cuda or auto}; shift ;;
+    --out) OUT=${2:?--out needs DIR}; shift ;;
+    --bin) BIN=${2:?--bin needs a path}; shift ;;
+    -h|--help) usage; exit 0 ;;
+    *) echo "study: unknown argument '$1'" >&2; usage >&2; exit 2 ;;
+  esac
+  shift
+done
+[[ $SCALE =~ ^[1-9][0-9]*$ ]] || die "--scale $SCALE: expected a positive integer"
+[[ -z $STEPS || $STEPS =~ ^[1-9][0-9]*$ ]] || die "--steps $STEPS: expected a positive integer"
+[ -x "$BIN" ] || die "$BIN is not an executable (build it: make engine, or pass --bin)"
+mkdir -p "$OUT"
+OUT=$(cd "$OUT" && pwd)
+CONFIG=$ROOT/configs/tiny.toml
+source "$ROOT/bench/study/lib.sh"
+
+# ---- the budget --------------------------------------------------------------------
+# Full: 300 steps per run (≈2.5M tokens over all nodes; --steps or --scale change it),
+# 12 evals of 4 validation batches; the sync sweep is 5/25/100 steps. Smoke (CI): 8
+# steps of 2 sequences of 64 tokens per node; it checks the plumbing, not the numbers.
+NODES=4
+if [ "$SMOKE" = 1 ]; then
+  STEPS=8 EVAL_EVERY=2 EVAL_BATCHES=1 WARMUP=2 SYNC=2 SWEEP="1 4" MERGE_INTERVAL=2 MERGE_DECAY=4
+  NODE_BATCH=2 SEQ=64
+else
+  STEPS=${STEPS:-$((300 * SCALE))}
+  [ $((STEPS % 12)) = 0 ] || die "--steps $STEPS: expected a multiple of 12 (12 evals, ¼ and ½ of the budget among them)"
+  EVAL_EVERY=$((STEPS / 12)) EVAL_BATCHES=4 WARMUP=$((STEPS / 15)) SYNC=25 SWEEP="5 100"
+  MERGE_INTERVAL=50 MERGE_DECAY=$((STEPS / 2)) NODE_BATCH=8 SEQ=256
+fi
+BUDGET=$((STEPS * NODES * NODE_BATCH * SEQ))  # total tokens over all nodes
+
+# ---- data: the shipped corpus, tokenized once (95% train, 5% validation) -----------
+DATA=$OUT/data
+if [ ! -f "$DATA/val.manifest" ]; then
+  "$BIN" tokenize --input "$ROOT/data/corpus/tinyshakespeare.txt" --out "$DATA" --val-fraction 0.05 >&2 ||
+    die "tokenize failed"
+fi
+
+# Every run: the budget's schedule, the data, the same evals. Per-variant keys follow.
+COMMON=("train.steps=$STEPS" "train.eval_every=$EVAL_EVERY" "train.eval_batches=$EVAL_BATCHES"
+  "train.micro_batch=$NODE_BATCH" "model.seq_len=$SEQ" "train.device=\"$DEVICE\"" "optim.warmup_steps=$WARMUP"
+  "optim.decay_steps=$STEPS" "data.train=\"$DATA/train.manifest\"" "data.validation=\"$DATA/val.manifest\""
+  "checkpoint.every=0" "checkpoint.keep=1" "spes.merge_interval=$MERGE_INTERVAL"
+  "spes.merge_decay_steps=$MERGE_DECAY")
+# SPES as configs/tiny.toml: 4 nodes × 2 of 8 experts, the merging warm-up on.
+SPES=("spes.n_nodes=$NODES" "spes.ownership=\"partitioned\"" "train.global_batch=$NODE_BATCH"
+  "spes.sync_steps=$SYNC")
+NOWARM=("spes.merge_alpha=0")
+NESTEROV=("spes.outer_optimizer=\"nesterov\"")
+ALL_EXPERTS=("spes.n_nodes=$NODES" "spes.ownership=\"all\"" "train.global_batch=$NODE_BATCH"
+  "spes.sync_steps=$SYNC" "spes.merge_alpha=0")
+CENTRAL=("spes.n_nodes=1" "spes.ownership=\"all\"" "train.global_batch=$((NODES * NODE_BATCH))"
+  "spes.sync_steps=0" "spes.merge_alpha=0")
+SOLO=("spes.n_nodes=1" "spes.ownership=\"all\"" "train.global_batch=$NODE_BATCH" "spes.sync_steps=0"
+  "spes.merge_alpha=0")
+
+# ---- (9) hooks: overlapped rounds and the sparse codec (built on another branch) ---
+# Each hook: name|overrides on top of the best SPES variant. A hook whose key this
+# engine does not know yet is skipped with a message; set the real key names here
+# when those land.
+HOOKS=("overlap|spes.overlap_rounds=true" "sparse-codec|spes.codec=\"sparse\"")
+
+echo "study: $STEPS steps per run, budget $BUDGET tokens over all nodes, seeds $SEEDS, out $OUT" >&2
+start=$(date +%s)
+for seed in $SEEDS; do
+  run_variant central "$seed" 1 0 "${CENTRAL[@]}"
+  run_variant solo "$seed" 1 0 "${SOLO[@]}"
+  run_variant spes-warmup "$seed" "$NODES" 0 "${SPES[@]}"
+  run_variant spes-no-warmup "$seed" "$NODES" 0 "${SPES[@]}" "${NOWARM[@]}"
+  run_variant spes-nesterov "$seed" "$NODES" 0 "${SPES[@]}" "${NESTEROV[@]}"
+  run_variant diloco-average "$seed" "$NODES" 0 "${ALL_EXPERTS[@]}"
+  run_variant diloco-nesterov "$seed" "$NODES" 0 "${ALL_EXPERTS[@]}" "${NESTEROV[@]}"
+done
+
+# (7), (8) and (9) build on the best SPES variant (lowest mean final validation CE).
+BEST=$(best_of spes-warmup spes-no-warmup spes-nesterov)
+case $BEST in
+  spes-warmup) BEST_SETS=("${SPES[@]}") ;;
+  spes-no-warmup) BEST_SETS=("${SPES[@]}" "${NOWARM[@]}") ;;
+  spes-nesterov) BEST_SETS=("${SPES[@]}" "${NESTEROV[@]}") ;;
+esac
+echo "study: best SPES variant: $BEST" >&2
+for seed in $SEEDS; do
+  for s in $SWEEP; do run_variant "$BEST-sync$s" "$seed" "$NODES" 0 "${BEST_SETS[@]}" "spes.sync_steps=$s"; done
+  run_upcycled "$seed"
+done
+for hook in "${HOOKS[@]}"; do
+  name=${hook%%|*}
+  IFS=' ' read -r -a sets <<< "${hook#*|}"
+  if ! why=$(probe_keys "${BEST_SETS[@]}" "${sets[@]}"); then
+    echo "study: hook $name skipped: this engine does not accept ${sets[*]} ($why)" >&2
+    continue
+  fi
+  for seed in $SEEDS; do run_variant "$BEST-$name" "$seed" "$NODES" 0 "${BEST_SETS[@]}" "${sets[@]}"; done
+done
+
+write_results
+echo "study: done in $(( $(date +%s) - start )) s: $OUT/table.md, $OUT/val_ce.svg, $OUT/val_ce_sync.svg" >&2
+check_results

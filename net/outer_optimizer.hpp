@@ -1,0 +1,44 @@
+// The coordinator's outer optimizer (DiLoCo, arXiv 2311.08455): the merged delta of
+// a round — per parameter, the mean over its participating owners minus θ_old — is
+// the outer gradient g (DiLoCo's pseudo-gradient with the sign flipped: the way the
+// nodes moved), and
+//   average:   θ ← θ + lr·g                                (lr 1: today's plain merge)
+//   nesterov:  m ← μ·m + g;  θ ← θ + lr·(g + μ·m)           (SGD with Nesterov momentum)
+// Applied only to chunks someone delivered this round: an expert whose owners all
+// missed the round keeps its value *and* its momentum. It runs after the mean and
+// before the expert-merging warm-up, so the momentum only ever holds the nodes'
+// training progress, never the warm-up's pull between experts (which would
+// otherwise echo on through the momentum after α has decayed to 0).
+// Arithmetic in double, θ and m rounded to fp32 once per round (both are stored fp32).
+#pragma once
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "net/grid.hpp"
+
+namespace spes::net {
+
+enum class OuterKind { average, nesterov };
+
+struct OuterOptimizer {
+  OuterKind kind = OuterKind::average;
+  double lr = 1.0;
+  double momentum = 0.0;  // μ, nesterov only
+  // average with lr 1 does nothing to the mean: skipped, so it is today's merge bit for bit.
+  bool identity() const { return kind == OuterKind::average && lr == 1.0; }
+  bool has_momentum() const { return kind == OuterKind::nesterov; }
+};
+
+// "average" | "nesterov"; throws NetError naming the value otherwise.
+OuterKind parse_outer_kind(const std::string& s);
+const char* outer_kind_name(OuterKind k);
+
+// One outer step over the chunks with contributors[c] > 0: target holds the merged
+// mean θ_new per element (double) and becomes the stepped θ_new (fp32-representable);
+// theta is θ_old; momentum (n params, nesterov only) is updated for those chunks.
+// All or nothing: throws NetError, having changed nothing, if any result is not finite.
+void outer_step(const OuterOptimizer& o, const ChunkGrid& grid, const std::vector<int>& contributors,
+                const float* theta, double* target, float* momentum);
+
+}  // namespace spes::net
