@@ -2,6 +2,7 @@
 #include "net/publication.hpp"
 
 #include <atomic>
+#include <cstring>
 #include <string>
 
 #include "engine/base/error.hpp"
@@ -11,7 +12,7 @@
 namespace spes::net {
 
 std::shared_ptr<Publication> build_publication(Codec codec, const ChunkGrid& grid, const std::vector<bool>& changed,
-                                               const double* target, GlobalState& s, int64_t r, int64_t step,
+                                               const float* target, GlobalState& s, int64_t r, int64_t step,
                                                int participants, double alpha) {
   auto pub = std::make_shared<Publication>();
   pub->round = r;
@@ -29,22 +30,22 @@ std::shared_ptr<Publication> build_publication(Codec codec, const ChunkGrid& gri
     const GridChunk& ch = grid.chunks[size_t(ids[size_t(k)])];
     const int64_t n = ch.size();
     float* th = s.theta.data() + ch.begin;
-    const double* tg = target + ch.begin;
+    const float* tg = target + ch.begin;
     if (!lossy) {
-      for (int64_t i = 0; i < n; ++i) th[i] = float(tg[i]);
+      std::memcpy(th, tg, size_t(n) * 4);
       return;
     }
     // Δ = θ_new − θ_old plus what earlier downloads did not carry (error feedback).
     std::vector<float> d(static_cast<size_t>(n));
     float* res = s.down_residual.data() + ch.begin;
-    for (int64_t i = 0; i < n; ++i) d[size_t(i)] = float(tg[i] - double(th[i])) + res[i];
-    FrameWriter w(encoded_bytes(codec, n) + 1024);
+    for (int64_t i = 0; i < n; ++i) d[size_t(i)] = (tg[i] - th[i]) + res[i];
+    std::vector<uint8_t> payload(encoded_bytes(codec, n));
+    encode_delta(codec, d.data(), n, payload.data(), res);
+    const size_t bytes = payload_bytes(codec, payload.data(), n);
+    const bool ok = apply_update(codec, payload.data(), n, th, th);
+    FrameWriter w(bytes + 1024);
     ChunkTag t{r, step, 0, ch.begin, ch.end, codec};
-    bool ok = true;
-    const FrameView v = w.round_chunk(t, encoded_bytes(codec, n), [&](uint8_t* dst) {
-      encode_delta(codec, d.data(), n, dst, res);
-      ok = apply_update(codec, dst, n, th, th);
-    });
+    const FrameView v = w.round_chunk(t, bytes, [&](uint8_t* dst) { std::memcpy(dst, payload.data(), bytes); });
     if (!ok) ++bad;
     pub->frames[size_t(k)] = own(v);
   });

@@ -31,7 +31,7 @@ struct Publication {
 // the state hash of the new θ. Only θ changes in `s`: the caller sets round, step
 // and hash. Throws NetError if the update is not finite.
 std::shared_ptr<Publication> build_publication(Codec codec, const ChunkGrid& grid, const std::vector<bool>& changed,
-                                               const double* target, GlobalState& s, int64_t round, int64_t step,
+                                               const float* target, GlobalState& s, int64_t round, int64_t step,
                                                int participants, double alpha);
 
 }  // namespace spes::net
