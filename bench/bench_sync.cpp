@@ -1,4 +1,6 @@
 // Sync round cost over loopback for a ~100M-parameter OLMoE-shaped state, per codec:
+//  0. the codecs alone: encode (node push) and apply (node pull) GB/s of fp32 θ, on
+//     1 and 2 threads;
 //  1. one node owning every expert: push 100M params + merge + pull, as seconds and
 //     GB/s of wire bytes, next to a raw TCP copy of the same bytes on this machine;
 //     the coordinator (a separate process) peak RSS over the model's fp32 bytes;
@@ -168,6 +170,37 @@ void perturb(std::vector<float>& p, const Ownership& own, int round) {
     for (int64_t i = r.begin; i < r.end; ++i) p[size_t(i)] += 1e-4f * float(((i * 2654435761u + round) >> 7) % 200 - 100) / 100.0f;
 }
 
+// GB/s of fp32 θ through encode_update and apply_update, 1M-element chunks, `threads` each.
+void codec_speed(const char* name, int threads) {
+  const net::Codec c = net::parse_codec(name);
+  const int64_t chunk = 1 << 20, n_chunks = 32;
+  std::vector<float> theta(size_t(chunk * n_chunks)), base(theta.size()), res(theta.size(), 0.0f);
+  for (size_t i = 0; i < theta.size(); ++i) base[i] = 0.02f * float(int(i % 2001) - 1000) / 1000.0f;
+  for (size_t i = 0; i < theta.size(); ++i) theta[i] = base[i] + 1e-4f * float(int((i * 7919) % 201) - 100) / 100.0f;
+  std::vector<uint8_t> payload(net::encoded_bytes(c, chunk));
+  auto best_of = [](auto&& f) {
+    double best = 1e30;
+    for (int rep = 0; rep < 3; ++rep) {
+      const auto t0 = Clock::now();
+      f();
+      best = std::min(best, std::chrono::duration<double>(Clock::now() - t0).count());
+    }
+    return best;
+  };
+  const double enc = best_of([&] {
+    for (int64_t k = 0; k < n_chunks; ++k)
+      net::encode_update(c, theta.data() + k * chunk, base.data() + k * chunk, res.data() + k * chunk,
+                         res.data() + k * chunk, chunk, payload.data(), threads);
+  });
+  const double app = best_of([&] {
+    for (int64_t k = 0; k < n_chunks; ++k)
+      net::apply_update(c, payload.data(), chunk, base.data() + k * chunk, theta.data() + k * chunk, threads);
+  });
+  const double gb = double(theta.size()) * 4 / 1e9;
+  std::printf("%-6s %7d %12.2f %12.2f\n", name, threads, gb / enc, gb / app);
+  std::fflush(stdout);
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -191,12 +224,18 @@ int main(int argc, char** argv) {
   std::vector<float> init(size_t(layout.total));
   init_parameters(init.data(), probe.model, layout, probe.train.seed);
 
+  // ---- 0. the codecs alone --------------------------------------------------------
+  std::printf("\ncodecs alone: GB/s of fp32 θ (1M-element chunks, best of 3)\n%-6s %7s %12s %12s\n", "codec", "threads",
+              "encode GB/s", "apply GB/s");
+  for (const char* codec : {"fp32", "bf16", "int8", "sparse"})
+    for (int threads : {1, 2}) codec_speed(codec, threads);
+
   // ---- 1. one node owning everything -------------------------------------------
   std::printf("\n1 node owning every expert: push %.0fM + merge + pull %.0fM (best round)\n", layout.total / 1e6,
               layout.total / 1e6);
-  std::printf("%-5s %9s %9s %8s %7s %10s %7s %14s   %s\n", "codec", "up MB", "down MB", "seconds", "GB/s", "raw TCP s",
+  std::printf("%-6s %9s %9s %8s %7s %10s %7s %14s   %s\n", "codec", "up MB", "down MB", "seconds", "GB/s", "raw TCP s",
               "ratio", "coord RSS/model", "push / merge / pull ms");
-  for (const char* codec : {"fp32", "bf16", "int8"}) {
+  for (const char* codec : {"fp32", "bf16", "int8", "sparse"}) {
     const uint16_t port = free_port();
     const Config c = bench_config(codec, 1, small, port);
     const pid_t pid = spawn_coordinator(self, codec, 1, small, port);
@@ -222,7 +261,7 @@ int main(int argc, char** argv) {
     std::filesystem::remove_all(c.spes.state_dir);
     const int64_t wire = st.bytes_up + st.bytes_down;
     const double raw = raw_tcp_seconds(wire);
-    std::printf("%-5s %9.1f %9.1f %8.3f %7.2f %10.3f %7.2f %14.2f   %.0f / %.0f / %.0f\n", codec, st.bytes_up / 1e6,
+    std::printf("%-6s %9.1f %9.1f %8.3f %7.2f %10.3f %7.2f %14.2f   %.0f / %.0f / %.0f\n", codec, st.bytes_up / 1e6,
                 st.bytes_down / 1e6, best, wire / best / 1e9, raw, best / raw,
                 double(hwm) * 1024 / (double(layout.total) * 4), best_st.push_ms, best_st.wait_ms, best_st.pull_ms);
     std::fflush(stdout);
@@ -230,9 +269,9 @@ int main(int argc, char** argv) {
 
   // ---- 2. SPES ownership: 4 nodes x 2 experts ------------------------------------
   std::printf("\n4 nodes x 2 experts (SPES): bytes per node per round vs the SPES reference\n");
-  std::printf("%-5s %9s %9s %9s %11s %7s %8s\n", "codec", "up MB", "down MB", "total MB", "SPES ref MB", "ratio",
+  std::printf("%-6s %9s %9s %9s %11s %7s %8s\n", "codec", "up MB", "down MB", "total MB", "SPES ref MB", "ratio",
               "seconds");
-  for (const char* codec : {"fp32", "bf16", "int8"}) {
+  for (const char* codec : {"fp32", "bf16", "int8", "sparse"}) {
     const uint16_t port = free_port();
     const Config c = bench_config(codec, 4, small, port);
     const pid_t pid = spawn_coordinator(self, codec, 4, small, port);
@@ -263,7 +302,7 @@ int main(int argc, char** argv) {
     std::filesystem::remove_all(c.spes.state_dir);
     const double ref = (double(owns[0].space.size()) * 4 + double(layout.total) * 4) / 1e6;
     const double total = double(st[0].bytes_up + st[0].bytes_down) / 1e6;
-    std::printf("%-5s %9.1f %9.1f %9.1f %11.1f %7.2f %8.3f\n", codec, st[0].bytes_up / 1e6, st[0].bytes_down / 1e6,
+    std::printf("%-6s %9.1f %9.1f %9.1f %11.1f %7.2f %8.3f\n", codec, st[0].bytes_up / 1e6, st[0].bytes_down / 1e6,
                 total, ref, total / ref, secs);
     std::fflush(stdout);
     for (int p = 1; p < 4; ++p)

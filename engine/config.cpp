@@ -221,7 +221,7 @@ void read_spes(SectionReader r, SpesConfig& s) {
   r.integer("sync_steps", s.sync_steps, 0, kMaxInt);
   r.string("run_id", s.run_id);
   r.string("coordinator", s.coordinator);
-  r.string("codec", s.codec, {"fp32", "bf16", "int8"});
+  r.string("codec", s.codec, {"fp32", "bf16", "int8", "sparse"});
   r.string("secret_file", s.secret_file);
   r.boolean("allow_insecure", s.allow_insecure);
   r.real("round_timeout_s", s.round_timeout_s, 0, INFINITY, true);

@@ -1,11 +1,15 @@
 #include "net/codec.hpp"
 
 #include <algorithm>
+#include <atomic>
 #include <bit>
 #include <cmath>
 #include <cstring>
+#include <vector>
 
 #include "engine/base/error.hpp"
+#include "engine/base/parallel.hpp"
+#include "net/codec_sparse.hpp"
 
 namespace spes::net {
 
@@ -66,25 +70,131 @@ void int8_encode(const float* x, int64_t n, uint8_t* out, float* dq) {
   }
 }
 
-bool int8_decode(const uint8_t* in, int64_t n, float* out) {
-  const int64_t nb = n_blocks(n);
-  const auto* q = reinterpret_cast<const int8_t*>(in + 4 * nb);
-  for (int64_t b = 0; b < nb; ++b) {
-    float s;
-    std::memcpy(&s, in + 4 * b, 4);
-    if (bad_scale(s)) return false;
-    s = canonical_scale(s);
-    const int64_t i0 = b * kInt8Block, i1 = std::min(n, i0 + kInt8Block);
-    for (int64_t i = i0; i < i1; ++i) out[i] = float(q[i]) * s;
-  }
-  return true;
-}
-
 bool all_finite(const float* x, int64_t n) {
   // Branch-free OR of "exponent all ones" so the loop vectorises.
   uint32_t bad = 0;
   for (int64_t i = 0; i < n; ++i) bad |= uint32_t((bits_of(x[i]) & 0x7F800000u) == 0x7F800000u);
   return bad == 0;
+}
+
+// The same test on payload bytes (payloads are not float-aligned).
+bool all_finite_bytes(const uint8_t* in, int64_t n) {
+  uint32_t bad = 0;
+  for (int64_t i = 0; i < n; ++i) {
+    uint32_t u;
+    std::memcpy(&u, in + 4 * i, 4);
+    bad |= uint32_t((u & 0x7F800000u) == 0x7F800000u);
+  }
+  return bad == 0;
+}
+
+inline float load_f32(const uint8_t* p) {
+  float f;
+  std::memcpy(&f, p, 4);
+  return f;
+}
+inline float load_bf16(const uint8_t* p) {
+  uint16_t b;
+  std::memcpy(&b, p, 2);
+  return from_bf16(b);
+}
+// The decoder's scale of int8 block b (nullopt-like: false when the scale is bad).
+inline bool int8_block_scale(const uint8_t* in, int64_t b, float* s) {
+  *s = load_f32(in + 4 * b);
+  if (bad_scale(*s)) return false;
+  *s = canonical_scale(*s);
+  return true;
+}
+
+// The sent entries of a valid sparse payload, in index order.
+template <class F>
+void for_each_sparse(const uint8_t* in, int64_t n, F&& f) {
+  thread_local std::vector<int64_t> idx;
+  thread_local std::vector<float> val;
+  idx.resize(size_t(sparse_k(n)));
+  val.resize(size_t(sparse_k(n)));
+  sparse_decode(in, n, idx.data(), val.data());
+  for (size_t j = 0; j < idx.size(); ++j) f(idx[j], val[j]);
+}
+
+// Calls f(i0, i1) over [0, n) cut into slices of whole int8 blocks, one per thread.
+// Small payloads stay on the calling thread: starting a thread costs ~20 µs.
+template <class F>
+void over_slices(int64_t n, int threads, F&& f) {
+  constexpr int64_t kMinSlice = 32 * 1024;
+  const int64_t t = std::clamp<int64_t>(std::min<int64_t>(threads, n / kMinSlice), 1, 256);
+  if (t <= 1) {
+    f(int64_t(0), n);
+    return;
+  }
+  const int64_t per = (n_blocks(n) + t - 1) / t * kInt8Block;
+  parallel_for(t, t, [&](int64_t k) {
+    const int64_t i0 = k * per, i1 = std::min(n, i0 + per);
+    if (i0 < i1) f(i0, i1);
+  });
+}
+
+// Lossy encode of elements [i0, i1) of an n-element payload (i0 on a block boundary).
+bool encode_slice(Codec c, const float* params, const float* base, const float* residual_in, float* residual_out,
+                  int64_t n, int64_t i0, int64_t i1, uint8_t* out) {
+  // x = (params − base) + residual, one block at a time so x stays in cache.
+  float x[kInt8Block], dq[kInt8Block];
+  const int64_t nb = n_blocks(n);
+  for (int64_t j0 = i0; j0 < i1; j0 += kInt8Block) {
+    const int64_t m = std::min(kInt8Block, i1 - j0);
+    for (int64_t i = 0; i < m; ++i) {
+      const float d = params[j0 + i] - base[j0 + i];
+      x[i] = residual_in ? d + residual_in[j0 + i] : d;
+    }
+    if (!all_finite(x, m)) return false;
+    if (c == Codec::bf16) {
+      auto* o = out + 2 * j0;
+      for (int64_t i = 0; i < m; ++i) {
+        const uint16_t b = to_bf16(x[i]);
+        std::memcpy(o + 2 * i, &b, 2);
+        dq[i] = from_bf16(b);
+      }
+    } else {
+      // Scales first, values after; block j0/kInt8Block of the payload is this one.
+      float amax = 0.0f;
+      for (int64_t i = 0; i < m; ++i) amax = std::max(amax, std::fabs(x[i]));
+      const float s = int8_scale(amax);
+      std::memcpy(out + 4 * (j0 / kInt8Block), &s, 4);
+      auto* q = reinterpret_cast<int8_t*>(out + 4 * nb) + j0;
+      for (int64_t i = 0; i < m; ++i) {
+        q[i] = s == 0.0f ? int8_t(0) : quantise(x[i], s);
+        dq[i] = float(q[i]) * s;
+      }
+    }
+    if (residual_out)
+      for (int64_t i = 0; i < m; ++i) residual_out[j0 + i] = x[i] - dq[i];
+  }
+  return true;
+}
+
+// Decoded delta (lossy) or value (fp32) of elements [i0, i1) handed to sink(i, v) one
+// block at a time; false on a bad int8 scale (nothing of that block is handed over).
+template <class Sink>
+bool decode_slice(Codec c, const uint8_t* in, int64_t n, int64_t i0, int64_t i1, Sink&& sink) {
+  switch (c) {
+    case Codec::fp32:
+      for (int64_t i = i0; i < i1; ++i) sink(i, load_f32(in + 4 * i));
+      return true;
+    case Codec::bf16:
+      for (int64_t i = i0; i < i1; ++i) sink(i, load_bf16(in + 2 * i));
+      return true;
+    case Codec::int8: {
+      const auto* q = reinterpret_cast<const int8_t*>(in + 4 * n_blocks(n));
+      for (int64_t j0 = i0; j0 < i1; j0 += kInt8Block) {
+        float s;
+        if (!int8_block_scale(in, j0 / kInt8Block, &s)) return false;
+        const int64_t j1 = std::min(i1, j0 + kInt8Block);
+        for (int64_t i = j0; i < j1; ++i) sink(i, float(q[i]) * s);
+      }
+      return true;
+    }
+  }
+  return false;
 }
 
 }  // namespace
@@ -93,7 +203,8 @@ Codec parse_codec(const std::string& name) {
   if (name == "fp32") return Codec::fp32;
   if (name == "bf16") return Codec::bf16;
   if (name == "int8") return Codec::int8;
-  throw ConfigError("[spes] codec: expected \"fp32\", \"bf16\" or \"int8\", got \"" + name + "\"");
+  if (name == "sparse") return Codec::sparse;
+  throw ConfigError("[spes] codec: expected \"fp32\", \"bf16\", \"int8\" or \"sparse\", got \"" + name + "\"");
 }
 
 const char* codec_name(Codec c) {
@@ -101,6 +212,7 @@ const char* codec_name(Codec c) {
     case Codec::fp32: return "fp32";
     case Codec::bf16: return "bf16";
     case Codec::int8: return "int8";
+    case Codec::sparse: return "sparse";
   }
   return "?";
 }
@@ -112,56 +224,40 @@ size_t encoded_bytes(Codec c, int64_t n) {
     case Codec::fp32: return size_t(n) * 4;
     case Codec::bf16: return size_t(n) * 2;
     case Codec::int8: return size_t(n_blocks(n)) * 4 + size_t(n);
+    case Codec::sparse: return sparse_max_bytes(n);
   }
   return 0;
 }
 
+size_t payload_bytes(Codec c, const uint8_t* in, int64_t n) {
+  return c == Codec::sparse ? sparse_declared_bytes(in, encoded_bytes(c, n)) : encoded_bytes(c, n);
+}
+
+bool payload_size_ok(Codec c, const uint8_t* in, size_t bytes, int64_t n) {
+  if (c != Codec::sparse) return bytes == encoded_bytes(c, n);
+  return bytes <= encoded_bytes(c, n) && sparse_declared_bytes(in, bytes) == bytes;
+}
+
 bool encode_update(Codec c, const float* params, const float* base, const float* residual_in,
-                   float* residual_out, int64_t n, uint8_t* out) {
-  if (c == Codec::fp32) {
-    if (!all_finite(params, n)) return false;
-    std::memcpy(out, params, size_t(n) * 4);
-    return true;
-  }
-  // x = (params − base) + residual, one block at a time so x stays in cache.
-  float x[kInt8Block], dq[kInt8Block];
-  for (int64_t i0 = 0; i0 < n; i0 += kInt8Block) {
-    const int64_t m = std::min(kInt8Block, n - i0);
-    for (int64_t i = 0; i < m; ++i) {
-      const float d = params[i0 + i] - base[i0 + i];
-      x[i] = residual_in ? d + residual_in[i0 + i] : d;
+                   float* residual_out, int64_t n, uint8_t* out, int threads) {
+  if (c == Codec::sparse) return sparse_encode(params, base, residual_in, residual_out, n, out) > 0;
+  std::atomic<bool> ok{true};
+  over_slices(n, threads, [&](int64_t i0, int64_t i1) {
+    if (c == Codec::fp32) {
+      if (!all_finite(params + i0, i1 - i0)) ok = false;
+      std::memcpy(out + 4 * i0, params + i0, size_t(i1 - i0) * 4);
+    } else if (!encode_slice(c, params, base, residual_in, residual_out, n, i0, i1, out)) {
+      ok = false;
     }
-    if (!all_finite(x, m)) return false;
-    if (c == Codec::bf16) {
-      auto* o = out + 2 * i0;
-      for (int64_t i = 0; i < m; ++i) {
-        const uint16_t b = to_bf16(x[i]);
-        std::memcpy(o + 2 * i, &b, 2);
-        dq[i] = from_bf16(b);
-      }
-    } else {
-      // Blocks of the payload are kInt8Block wide, so block i0/kInt8Block of the
-      // chunk is encoded here; scales first, values after.
-      const int64_t b = i0 / kInt8Block;
-      const int64_t nb = n_blocks(n);
-      float amax = 0.0f;
-      for (int64_t i = 0; i < m; ++i) amax = std::max(amax, std::fabs(x[i]));
-      const float s = int8_scale(amax);
-      std::memcpy(out + 4 * b, &s, 4);
-      auto* q = reinterpret_cast<int8_t*>(out + 4 * nb) + i0;
-      for (int64_t i = 0; i < m; ++i) {
-        q[i] = s == 0.0f ? int8_t(0) : quantise(x[i], s);
-        dq[i] = float(q[i]) * s;
-      }
-    }
-    if (residual_out)
-      for (int64_t i = 0; i < m; ++i) residual_out[i0 + i] = x[i] - dq[i];
-  }
-  return true;
+  });
+  return ok;
 }
 
 void encode_delta(Codec c, const float* x, int64_t n, uint8_t* out, float* residual_out) {
   switch (c) {
+    case Codec::sparse:
+      sparse_encode(x, nullptr, nullptr, residual_out, n, out);
+      return;
     case Codec::fp32:
       std::memcpy(out, x, size_t(n) * 4);
       if (residual_out) std::fill(residual_out, residual_out + n, 0.0f);
@@ -185,49 +281,65 @@ void encode_delta(Codec c, const float* x, int64_t n, uint8_t* out, float* resid
   }
 }
 
-bool decode(Codec c, const uint8_t* in, int64_t n, float* out) {
+bool decode(Codec c, const uint8_t* in, int64_t n, float* out, int threads) {
+  if (!payload_valid(c, in, n)) return false;
+  if (c == Codec::sparse) {
+    std::fill(out, out + n, 0.0f);
+    for_each_sparse(in, n, [out](int64_t i, float v) { out[i] = v; });
+    return true;
+  }
+  over_slices(n, threads, [&](int64_t i0, int64_t i1) {
+    decode_slice(c, in, n, i0, i1, [out](int64_t i, float v) { out[i] = v; });
+  });
+  return true;
+}
+
+bool payload_valid(Codec c, const uint8_t* in, int64_t n) {
   switch (c) {
     case Codec::fp32:
-      std::memcpy(out, in, size_t(n) * 4);
-      return all_finite(out, n);
-    case Codec::bf16:
+      return all_finite_bytes(in, n);
+    case Codec::bf16: {
+      uint32_t bad = 0;  // exponent all ones: Inf or NaN
       for (int64_t i = 0; i < n; ++i) {
         uint16_t b;
         std::memcpy(&b, in + 2 * i, 2);
-        out[i] = from_bf16(b);
+        bad |= uint32_t((b & 0x7F80u) == 0x7F80u);
       }
-      return all_finite(out, n);
+      return bad == 0;
+    }
     case Codec::int8:
-      return int8_decode(in, n, out);
+      for (int64_t b = 0; b < n_blocks(n); ++b)
+        if (bad_scale(load_f32(in + 4 * b))) return false;
+      return true;
+    case Codec::sparse:
+      return sparse_valid(in, n);
   }
   return false;
 }
 
-bool apply_update(Codec c, const uint8_t* in, int64_t n, const float* base, float* x) {
-  if (c == Codec::fp32) return decode(c, in, n, x);
-  float d[kInt8Block * 8];
-  for (int64_t i0 = 0; i0 < n; i0 += kInt8Block * 8) {
-    const int64_t m = std::min<int64_t>(kInt8Block * 8, n - i0);
-    bool ok;
-    if (c == Codec::bf16) {
-      ok = decode(c, in + 2 * i0, m, d);
-    } else {
-      // int8 scales sit in front of all values: decode this window block by block.
-      const int64_t nb = n_blocks(n);
-      const auto* q = reinterpret_cast<const int8_t*>(in + 4 * nb);
-      ok = true;
-      for (int64_t j0 = 0; j0 < m; j0 += kInt8Block) {
-        float s;
-        std::memcpy(&s, in + 4 * ((i0 + j0) / kInt8Block), 4);
-        if (bad_scale(s)) return false;
-        s = canonical_scale(s);
-        const int64_t j1 = std::min(m, j0 + kInt8Block);
-        for (int64_t j = j0; j < j1; ++j) d[j] = float(q[i0 + j]) * s;
-      }
-    }
-    if (!ok) return false;
-    for (int64_t i = 0; i < m; ++i) x[i0 + i] = base[i0 + i] + d[i];
+void accumulate(Codec c, const uint8_t* in, int64_t n, float* acc, bool first, int threads) {
+  if (c == Codec::sparse) {
+    if (first) std::fill(acc, acc + n, 0.0f);
+    for_each_sparse(in, n, [acc](int64_t i, float v) { acc[i] += v; });
+    return;
   }
+  over_slices(n, threads, [&](int64_t i0, int64_t i1) {
+    if (first) decode_slice(c, in, n, i0, i1, [acc](int64_t i, float v) { acc[i] = v; });
+    else decode_slice(c, in, n, i0, i1, [acc](int64_t i, float v) { acc[i] += v; });
+  });
+}
+
+bool apply_update(Codec c, const uint8_t* in, int64_t n, const float* base, float* x, int threads) {
+  if (!payload_valid(c, in, n)) return false;
+  if (c == Codec::sparse) {
+    if (x != base) std::copy(base, base + n, x);
+    for_each_sparse(in, n, [x, base](int64_t i, float v) { x[i] = base[i] + v; });
+    return true;
+  }
+  over_slices(n, threads, [&](int64_t i0, int64_t i1) {
+    if (c == Codec::fp32) decode_slice(c, in, n, i0, i1, [x](int64_t i, float v) { x[i] = v; });
+    else decode_slice(c, in, n, i0, i1, [x, base](int64_t i, float v) { x[i] = base[i] + v; });
+  });
   return true;
 }
 

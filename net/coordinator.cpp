@@ -93,7 +93,6 @@ struct Coordinator::Impl final : SessionHandler {
   GlobalState state;  // θ as of the completed round
   StreamingMerge merge;
   RoundMachine rounds;
-  std::vector<float> scratch;  // one decoded chunk
 
   asio::io_context io;
   asio::steady_timer round_timer{io};
@@ -141,9 +140,8 @@ Coordinator::Impl::Impl(CoordinatorParams params, CoordinatorOptions o)
                   log),
       state(persistence.open(p.layout.total, opt.fresh, p.init_theta,
                              p.init_source.empty() ? "seed " + std::to_string(p.seed) : p.init_source)),
-      merge(grid),
+      merge(grid, p.codec),
       rounds(round_rules(p, grid), state.round, log.sink()),
-      scratch(size_t(opt.chunk_elems)),
       server(io, handshake_rules(p, opt), grid, state, *this, log,
              opt.max_connections > 0 ? opt.max_connections : 4 * p.n_nodes + 16) {
   // Bind: without a secret only loopback, unless allow_insecure.
@@ -188,10 +186,11 @@ void Coordinator::Impl::on_push_chunk(Session& s, const wire::PushChunk* m) {
                                                 std::to_string(m->end()) + ") is not a chunk this node owns");
   const GridChunk& ch = grid.chunks[size_t(c)];
   const size_t n_bytes = vec_size(m->payload());
-  if (n_bytes != encoded_bytes(p.codec, ch.size()))
-    return s.fail(wire::ErrorCode_bad_push, "push payload of " + std::to_string(n_bytes) + " bytes, expected " +
-                                                std::to_string(encoded_bytes(p.codec, ch.size())));
-  const uint8_t* payload = m->payload()->data();
+  const uint8_t* payload = n_bytes ? m->payload()->data() : nullptr;
+  if (!payload_size_ok(p.codec, payload, n_bytes, ch.size()))
+    return s.fail(wire::ErrorCode_bad_push, "push payload of " + std::to_string(n_bytes) + " bytes does not fit a " +
+                                                codec_name(p.codec) + " chunk of " + std::to_string(ch.size()) +
+                                                " values");
   if (crc32c(payload, n_bytes) != m->checksum())
     return s.fail(wire::ErrorCode_bad_push, "push chunk checksum mismatch");
   switch (rounds.check_chunk(node, c, m->checksum())) {
@@ -199,14 +198,12 @@ void Coordinator::Impl::on_push_chunk(Session& s, const wire::PushChunk* m) {
     case ChunkCheck::conflict: return s.fail(wire::ErrorCode_bad_push, "resent chunk differs from the first push");
     case ChunkCheck::fresh: break;
   }
-  float* v = scratch.data();
-  if (!decode(p.codec, payload, ch.size(), v))
+  if (!payload_valid(p.codec, payload, ch.size()))
     return s.fail(wire::ErrorCode_bad_push, "push payload holds non-finite values");
   if (!check_finite_update(s, ch, v)) return;
   const RoundDecision d = rounds.on_chunk(node, c, m->checksum());
   if (d.arm_timer) arm_timer(*d.arm_timer);
-  if (p.codec == Codec::fp32) merge.add_values(c, v);
-  else merge.add_delta(c, state.theta.data(), v);
+  merge.add(c, payload);
 }
 
 // A push that would make θ non-finite is refused before this chunk reaches the
@@ -259,6 +256,9 @@ void Coordinator::Impl::close_round(const RoundClose& rc) {
   const double alpha = merge_alpha_at(p.merge.alpha, p.merge.interval, p.merge.decay_steps, step);
   float* momentum = state.outer_momentum.empty() ? nullptr : state.outer_momentum.data();
   const std::vector<bool> changed = merge.close(state.theta.data(), p.layout, alpha, p.merge.topk, p.outer, momentum);
+  if (merge.outer_skipped() > 0)
+    log("round %" PRId64 ": the outer step would not be finite in %" PRId64 " chunk(s); they keep θ and momentum", r,
+        merge.outer_skipped());
   const std::shared_ptr<Publication> pub =
       build_publication(p.codec, grid, changed, merge.target(), state, r, step, rc.participants, alpha);
   if (!pub->refused.empty()) {

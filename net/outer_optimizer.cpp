@@ -1,6 +1,7 @@
 // The outer optimizer's step at round close (see outer_optimizer.hpp).
 #include "net/outer_optimizer.hpp"
 
+#include <algorithm>
 #include <atomic>
 #include <cmath>
 
@@ -33,35 +34,37 @@ Stepped step_one(const OuterOptimizer& o, float theta_old, double mean, float m)
 
 }  // namespace
 
-void outer_step(const OuterOptimizer& o, const ChunkGrid& grid, const std::vector<int>& contributors,
-                const float* theta, double* target, float* momentum) {
-  if (o.identity()) return;
+int64_t outer_step(const OuterOptimizer& o, const ChunkGrid& grid, const std::vector<int>& contributors,
+                   const float* theta, float* target, float* momentum) {
+  if (o.identity()) return 0;
   if (o.has_momentum() && !momentum) throw NetError("internal: nesterov outer step without a momentum buffer");
   std::vector<int> chunks;
   for (size_t c = 0; c < grid.chunks.size(); ++c)
     if (contributors[c] > 0) chunks.push_back(int(c));
   static const float kZero = 0.0f;
   auto m_at = [&](int64_t i) -> const float& { return momentum ? momentum[i] : kZero; };
-  // First check every result, then write: a non-finite step leaves θ and m as they were.
-  std::atomic<int64_t> bad{-1};
+  // Chunk by chunk, all or nothing: a chunk whose step would not be finite keeps θ_old
+  // and its momentum (a hostile push must not stop the coordinator; net/finite_guard).
+  std::atomic<int64_t> skipped{0};
   parallel_for(int64_t(chunks.size()), [&](int64_t k) {
     const GridChunk& ch = grid.chunks[size_t(chunks[size_t(k)])];
-    for (int64_t i = ch.begin; i < ch.end; ++i) {
+    bool finite = true;
+    for (int64_t i = ch.begin; i < ch.end && finite; ++i) {
       const Stepped s = step_one(o, theta[i], target[i], m_at(i));
-      if (!std::isfinite(s.theta) || !std::isfinite(s.m)) bad = i;
+      finite = std::isfinite(s.theta) && std::isfinite(s.m);
     }
-  });
-  if (bad >= 0)
-    throw NetError("outer optimizer (" + std::string(outer_kind_name(o.kind)) + "): the step of parameter " +
-                   std::to_string(bad.load()) + " is not finite; θ and momentum left unchanged");
-  parallel_for(int64_t(chunks.size()), [&](int64_t k) {
-    const GridChunk& ch = grid.chunks[size_t(chunks[size_t(k)])];
+    if (!finite) {
+      std::copy(theta + ch.begin, theta + ch.end, target + ch.begin);
+      ++skipped;
+      return;
+    }
     for (int64_t i = ch.begin; i < ch.end; ++i) {
       const Stepped s = step_one(o, theta[i], target[i], m_at(i));
-      target[i] = double(s.theta);
+      target[i] = s.theta;
       if (momentum) momentum[i] = s.m;
     }
   });
+  return skipped.load();
 }
 
 }  // namespace spes::net

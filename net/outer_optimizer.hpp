@@ -35,10 +35,11 @@ OuterKind parse_outer_kind(const std::string& s);
 const char* outer_kind_name(OuterKind k);
 
 // One outer step over the chunks with contributors[c] > 0: target holds the merged
-// mean θ_new per element (double) and becomes the stepped θ_new (fp32-representable);
-// theta is θ_old; momentum (n params, nesterov only) is updated for those chunks.
-// All or nothing: throws NetError, having changed nothing, if any result is not finite.
-void outer_step(const OuterOptimizer& o, const ChunkGrid& grid, const std::vector<int>& contributors,
-                const float* theta, double* target, float* momentum);
+// mean θ_new per element and becomes the stepped θ_new; theta is θ_old; momentum (n
+// params, nesterov only) is updated for those chunks. Chunk by chunk, all or nothing:
+// a chunk whose step would not be finite is left at θ_old with its momentum. Returns
+// how many chunks were left so.
+int64_t outer_step(const OuterOptimizer& o, const ChunkGrid& grid, const std::vector<int>& contributors,
+                   const float* theta, float* target, float* momentum);
 
 }  // namespace spes::net

@@ -1,7 +1,7 @@
 // A round's result: encode θ_new − θ_old, apply the decoded update, hash (see publication.hpp).
 #include "net/publication.hpp"
 
-#include <algorithm>
+#include <cstring>
 #include <string>
 
 #include "engine/base/parallel.hpp"
@@ -11,7 +11,7 @@
 namespace spes::net {
 
 std::shared_ptr<Publication> build_publication(Codec codec, const ChunkGrid& grid, const std::vector<bool>& changed,
-                                               const double* target, GlobalState& s, int64_t r, int64_t step,
+                                               const float* target, GlobalState& s, int64_t r, int64_t step,
                                                int participants, double alpha) {
   auto pub = std::make_shared<Publication>();
   pub->round = r;
@@ -32,34 +32,35 @@ std::shared_ptr<Publication> build_publication(Codec codec, const ChunkGrid& gri
     const GridChunk& ch = grid.chunks[size_t(ids[size_t(k)])];
     const int64_t n = ch.size();
     float* th = s.theta.data() + ch.begin;
-    const double* tg = target + ch.begin;
-    std::vector<float> x(static_cast<size_t>(n));
+    const float* tg = target + ch.begin;
     if (!lossy) {
-      for (int64_t i = 0; i < n; ++i) x[size_t(i)] = float(tg[i]);
-      if (first_non_finite(x.data(), n) >= 0) refused[size_t(k)] = 1;
-      else std::copy(x.begin(), x.end(), th);
+      if (first_non_finite(tg, n) >= 0) refused[size_t(k)] = 1;
+      else std::memcpy(th, tg, size_t(n) * 4);
       return;
     }
     // Δ = θ_new − θ_old plus what earlier downloads did not carry (error feedback).
-    std::vector<float> d(static_cast<size_t>(n));
+    // Scratch reused per thread: fresh pages for every chunk cost more than encoding it.
+    thread_local std::vector<float> d, x, new_res;
+    thread_local std::vector<uint8_t> payload;
+    thread_local FrameWriter w(64 * 1024);
+    d.resize(size_t(n));
+    x.resize(size_t(n));
+    new_res.resize(size_t(n));
+    payload.resize(encoded_bytes(codec, n));
     float* res = s.down_residual.data() + ch.begin;
-    for (int64_t i = 0; i < n; ++i) d[size_t(i)] = float(tg[i] - double(th[i])) + res[i];
-    FrameWriter w(encoded_bytes(codec, n) + 1024);
-    ChunkTag t{r, step, 0, ch.begin, ch.end, codec};
-    std::vector<float> new_res(static_cast<size_t>(n));
-    bool ok = first_non_finite(d.data(), n) < 0;
-    const FrameView v = w.round_chunk(t, encoded_bytes(codec, n), [&](uint8_t* dst) {
-      if (!ok) return;
-      encode_delta(codec, d.data(), n, dst, new_res.data());
-      ok = apply_update(codec, dst, n, th, x.data()) && first_non_finite(x.data(), n) < 0 &&
-           first_non_finite(new_res.data(), n) < 0;
-    });
+    for (int64_t i = 0; i < n; ++i) d[size_t(i)] = (tg[i] - th[i]) + res[i];
+    const bool ok = first_non_finite(d.data(), n) < 0 && encode_delta(codec, d.data(), n, payload.data(), new_res.data()) &&
+                    apply_update(codec, payload.data(), n, th, x.data()) && first_non_finite(x.data(), n) < 0 &&
+                    first_non_finite(new_res.data(), n) < 0;
     if (!ok) {
       refused[size_t(k)] = 1;
       return;
     }
-    std::copy(x.begin(), x.end(), th);
-    std::copy(new_res.begin(), new_res.end(), res);
+    const size_t bytes = payload_bytes(codec, payload.data(), n);
+    ChunkTag t{r, step, 0, ch.begin, ch.end, codec};
+    const FrameView v = w.round_chunk(t, bytes, [&](uint8_t* dst) { std::memcpy(dst, payload.data(), bytes); });
+    std::memcpy(th, x.data(), size_t(n) * 4);
+    std::memcpy(res, new_res.data(), size_t(n) * 4);
     frames[size_t(k)] = own(v);
   });
   for (size_t k = 0; k < ids.size(); ++k) {

@@ -33,7 +33,7 @@ struct Publication {
 // and hash. A chunk whose new θ would not be finite is left as it was and listed in
 // `refused` instead of `chunks`: nothing non-finite is ever applied or published.
 std::shared_ptr<Publication> build_publication(Codec codec, const ChunkGrid& grid, const std::vector<bool>& changed,
-                                               const double* target, GlobalState& s, int64_t round, int64_t step,
+                                               const float* target, GlobalState& s, int64_t round, int64_t step,
                                                int participants, double alpha);
 
 }  // namespace spes::net

@@ -4,6 +4,8 @@
 #include "net/sync_client.hpp"
 
 #include <algorithm>
+#include <array>
+#include <atomic>
 #include <chrono>
 #include <cinttypes>
 #include <cmath>
@@ -16,8 +18,10 @@
 #include <boost/asio.hpp>
 
 #include "engine/base/error.hpp"
+#include "engine/base/parallel.hpp"
 #include "net/address.hpp"
 #include "net/asio_util.hpp"
+#include "net/background_job.hpp"
 #include "net/codec.hpp"
 #include "net/digest.hpp"
 #include "net/frame.hpp"
@@ -76,7 +80,10 @@ struct SyncClient::Impl {
   std::vector<OwnedChunk> owned_chunks;
   std::vector<int64_t> owned_off;  // per grid chunk: its offset in owned space, or -1
   FrameWriter writer{64 * 1024};
+  int threads = 1;
+  std::array<std::vector<FrameWriter>, 2> push_banks;  // frames built while the other bank is sent
   RecvBuffer rx;
+  std::array<RecvBuffer, 2> round_rx;  // a round chunk is applied while the next one is read
   std::array<uint8_t, kHeaderBytes> hdr{};
   std::mt19937_64 rng;
   int64_t bytes_up = 0, bytes_down = 0;
@@ -88,6 +95,8 @@ struct SyncClient::Impl {
       throw NetError("node " + std::to_string(node) + ": initial θ has " + std::to_string(p.initial_params.size()) +
                      " values, the layout " + std::to_string(layout.total));
     if (opt.io_timeout_s <= 0) opt.io_timeout_s = std::max(60.0, p.round_timeout_s + 120.0);
+    threads = opt.threads > 0 ? opt.threads : int(std::max(1u, std::thread::hardware_concurrency()));
+    for (auto& bank : push_banks) bank.resize(size_t(threads));
     base.resize(size_t(space.size()));
     gather_owned(p.initial_params.data(), base.data());
     p.initial_params = {};
@@ -136,7 +145,8 @@ struct SyncClient::Impl {
   }
 
   // Reads one frame; an Error frame becomes Refused.
-  const wire::Envelope* read_frame(uint32_t cap, double timeout_s) {
+  const wire::Envelope* read_frame(uint32_t cap, double timeout_s) { return read_frame(cap, timeout_s, rx); }
+  const wire::Envelope* read_frame(uint32_t cap, double timeout_s, RecvBuffer& rx) {
     run_op([&](auto&& h) { asio::async_read(sock, asio::buffer(hdr), h); }, timeout_s, "waiting for the coordinator");
     FrameHeader fh;
     const HeaderCheck hc = parse_header(hdr.data(), cap, &fh);
@@ -274,24 +284,50 @@ struct SyncClient::Impl {
     }
   }
 
+  // Encodes the owned chunks on `threads` threads, one chunk each, a bank of frames
+  // ahead of the socket: the workers build bank b^1 while this thread sends bank b.
   void push(const float* params, int64_t step) {
     const int64_t r = round + 1;
-    for (const OwnedChunk& oc : owned_chunks) {
-      const GridChunk& c = grid.chunks[oc.chunk];
-      const int64_t n = c.size();
-      bool ok = true;
-      ChunkTag t{r, step, node, c.begin, c.end, codec};
-      const FrameView v = writer.push_chunk(t, encoded_bytes(codec, n), [&](uint8_t* dst) {
+    const size_t n = owned_chunks.size(), per_bank = size_t(threads);
+    std::array<std::vector<FrameView>, 2> views{std::vector<FrameView>(per_bank), std::vector<FrameView>(per_bank)};
+    std::atomic<int64_t> bad{-1};  // a chunk with non-finite parameters
+    auto build = [&](int b, size_t first) {
+      parallel_for(int64_t(std::min(per_bank, n - first)), threads, [&](int64_t k) {
+        const OwnedChunk& oc = owned_chunks[first + size_t(k)];
+        const GridChunk& c = grid.chunks[oc.chunk];
         const float* res = residual.empty() ? nullptr : residual.data() + oc.owned_off;
         float* res_out = pending.empty() ? nullptr : pending.data() + oc.owned_off;
-        ok = encode_update(codec, params + c.begin, base.data() + oc.owned_off, res, res_out, n, dst);
+        ChunkTag t{r, step, node, c.begin, c.end, codec};
+        auto encode = [&](uint8_t* dst) {
+          return encode_update(codec, params + c.begin, base.data() + oc.owned_off, res, res_out, c.size(), dst);
+        };
+        FrameWriter& w = push_banks[b][size_t(k)];
+        if (codec == Codec::sparse) {  // its size is known once encoded
+          thread_local std::vector<uint8_t> payload;
+          payload.resize(encoded_bytes(codec, c.size()));
+          if (!encode(payload.data())) bad = oc.chunk;
+          const size_t bytes = payload_bytes(codec, payload.data(), c.size());
+          views[b][size_t(k)] = w.push_chunk(t, bytes, [&](uint8_t* dst) { std::memcpy(dst, payload.data(), bytes); });
+        } else {
+          views[b][size_t(k)] = w.push_chunk(t, encoded_bytes(codec, c.size()), [&](uint8_t* dst) {
+            if (!encode(dst)) bad = oc.chunk;
+          });
+        }
       });
-      if (!ok)
+    };
+    BackgroundJob job;  // after everything it touches: its destructor joins
+    if (n > 0) build(0, 0);
+    for (size_t first = 0, b = 0; first < n; first += per_bank, b ^= 1) {
+      if (bad >= 0) {
+        const GridChunk& c = grid.chunks[size_t(bad.load())];
         throw NetError("node " + std::to_string(node) + ": non-finite parameters in [" + std::to_string(c.begin) +
                        ", " + std::to_string(c.end) + ") at step " + std::to_string(step) + "; not pushing them");
-      write_frame(v);
+      }
+      if (first + per_bank < n) job.start([&build, b, next = first + per_bank] { build(int(b ^ 1), next); });
+      for (size_t k = 0; k < std::min(per_bank, n - first); ++k) write_frame(views[b][k]);
+      job.wait();
     }
-    write_frame(writer.push_done(r, node, step, uint32_t(owned_chunks.size())));
+    write_frame(writer.push_done(r, node, step, uint32_t(n)));
   }
 
   void receive_result(float* params, SyncStats& st) {
@@ -304,8 +340,9 @@ struct SyncClient::Impl {
     int64_t hashed = 0;
     const auto t_wait = Clock::now();
     auto t_first = t_wait;
-    for (;;) {
-      const wire::Envelope* env = read_frame(kMaxFrameBytes, opt.io_timeout_s);
+    BackgroundJob apply;  // applies chunk k while chunk k+1 is read (after what it touches: joins first)
+    for (int b = 0;; b ^= 1) {
+      const wire::Envelope* env = read_frame(kMaxFrameBytes, opt.io_timeout_s, round_rx[size_t(b)]);
       if (!reset) {
         t_first = Clock::now();
         st.wait_ms = std::chrono::duration<double, std::milli>(t_first - t_wait).count();
@@ -319,18 +356,22 @@ struct SyncClient::Impl {
         const int c = grid.find(m->begin(), m->end());
         const int64_t n = m->end() - m->begin();
         if (m->round() != r || c < 0 || !valid_codec(m->codec()) || Codec(m->codec()) != codec ||
-            vec_size(m->payload()) != encoded_bytes(codec, n) ||
+            !payload_size_ok(codec, vec_size(m->payload()) ? m->payload()->data() : nullptr, vec_size(m->payload()), n) ||
             crc32c(m->payload()->data(), vec_size(m->payload())) != m->checksum())
           throw Transient("bad round chunk from the coordinator");
         if (m->begin() < hashed) throw Transient("round chunks out of order");
-        float* x = params + m->begin();
-        if (!apply_update(codec, m->payload()->data(), n, x, x)) throw Transient("malformed round chunk");
-        if (owned_off[c] >= 0) std::memcpy(base.data() + owned_off[c], x, size_t(n) * 4);
-        hasher.update(params + hashed, m->end() - hashed);
-        hashed = m->end();
+        const int64_t end = m->end();
+        apply.start([this, m, c, n, end, params, &hasher, hashed] {
+          float* x = params + m->begin();
+          if (!apply_update(codec, m->payload()->data(), n, x, x, threads)) throw Transient("malformed round chunk");
+          if (owned_off[c] >= 0) std::memcpy(base.data() + owned_off[c], x, size_t(n) * 4);
+          hasher.update(params + hashed, end - hashed);
+        });
+        hashed = end;
         ++got;
         continue;
       }
+      apply.wait();
       if (env->msg_type() != wire::Message_RoundDone) throw Transient("unexpected message while waiting for the round");
       const auto* d = env->msg_as_RoundDone();
       if (d->round() != r || d->chunks() != got) throw Transient("incomplete round result");

@@ -72,6 +72,7 @@ struct SyncClientOptions {
   double backoff_min_s = 0.2, backoff_max_s = 10;
   double io_timeout_s = 0;          // silence tolerated while waiting; 0 = max(60, round_timeout_s + 120)
   bool log = true;
+  int threads = 0;                  // encode/decode threads (0 = every core); results do not depend on it
 };
 
 class SyncClient {

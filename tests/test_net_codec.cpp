@@ -146,3 +146,119 @@ TEST_CASE("codec: malformed payloads and non-finite inputs are refused") {
   CHECK_FALSE(encode_update(Codec::int8, x.data(), base.data(), nullptr, nullptr, n, enc.data()));
   CHECK_FALSE(encode_update(Codec::fp32, x.data(), base.data(), nullptr, nullptr, n, f32.data()));
 }
+
+TEST_CASE("codec: encode, decode, apply and accumulate on several threads equal one thread bitwise") {
+  const int64_t n = 300000 + 77;  // several slices, a partial last block
+  const auto params = random_vec(size_t(n), 0.02f, 11), base = random_vec(size_t(n), 0.02f, 12);
+  const auto res_in = random_vec(size_t(n), 1e-5f, 13);
+  for (Codec c : {Codec::fp32, Codec::bf16, Codec::int8}) {
+    CAPTURE(codec_name(c));
+    const size_t bytes = encoded_bytes(c, n);
+    std::vector<uint8_t> out1(bytes), outT(bytes);
+    std::vector<float> res1(static_cast<size_t>(n)), resT(static_cast<size_t>(n));
+    REQUIRE(encode_update(c, params.data(), base.data(), res_in.data(), res1.data(), n, out1.data(), 1));
+    for (int threads : {2, 3, 8}) {
+      CAPTURE(threads);
+      REQUIRE(encode_update(c, params.data(), base.data(), res_in.data(), resT.data(), n, outT.data(), threads));
+      CHECK(out1 == outT);
+      CHECK(std::memcmp(res1.data(), resT.data(), res1.size() * 4) == 0);
+      std::vector<float> d1(static_cast<size_t>(n)), dT(static_cast<size_t>(n)), a1 = base, aT = base, s1 = base, sT = base;
+      REQUIRE(decode(c, out1.data(), n, d1.data(), 1));
+      REQUIRE(decode(c, out1.data(), n, dT.data(), threads));
+      CHECK(std::memcmp(d1.data(), dT.data(), d1.size() * 4) == 0);
+      REQUIRE(apply_update(c, out1.data(), n, a1.data(), a1.data(), 1));
+      REQUIRE(apply_update(c, out1.data(), n, aT.data(), aT.data(), threads));
+      CHECK(std::memcmp(a1.data(), aT.data(), a1.size() * 4) == 0);
+      accumulate(c, out1.data(), n, s1.data(), false, 1);
+      accumulate(c, out1.data(), n, sT.data(), false, threads);
+      CHECK(std::memcmp(s1.data(), sT.data(), s1.size() * 4) == 0);
+      for (int64_t i = 0; i < n; i += 9973) CHECK(s1[size_t(i)] == base[size_t(i)] + d1[size_t(i)]);
+    }
+  }
+}
+
+TEST_CASE("codec sparse: top-k of |x|, what was sent round-trips exactly, ≤ 1/16 of the fp32 bytes") {
+  const int64_t n = 100000 + 5;
+  const auto params = random_vec(size_t(n), 1e-3f, 21);
+  const std::vector<float> base(size_t(n), 0.0f);
+  const auto res_in = random_vec(size_t(n), 1e-4f, 22);
+  std::vector<uint8_t> buf(encoded_bytes(Codec::sparse, n));
+  std::vector<float> res(static_cast<size_t>(n)), dec(static_cast<size_t>(n));
+  REQUIRE(encode_update(Codec::sparse, params.data(), base.data(), res_in.data(), res.data(), n, buf.data()));
+  const size_t bytes = payload_bytes(Codec::sparse, buf.data(), n);
+  MESSAGE("sparse payload: " << bytes << " bytes for " << n << " values, 1/" << double(n) * 4 / double(bytes)
+                             << " of fp32");
+  CHECK(bytes * 16 <= size_t(n) * 4);
+  CHECK(payload_size_ok(Codec::sparse, buf.data(), bytes, n));
+  CHECK_FALSE(payload_size_ok(Codec::sparse, buf.data(), bytes + 1, n));
+  REQUIRE(decode(Codec::sparse, buf.data(), n, dec.data()));
+  int64_t sent = 0;
+  float min_sent = INFINITY, max_kept = 0;
+  for (int64_t i = 0; i < n; ++i) {
+    const float x = params[size_t(i)] + res_in[size_t(i)];
+    CHECK(dec[size_t(i)] + res[size_t(i)] == x);  // exact: sent + residual = x, bit for bit
+    if (dec[size_t(i)] != 0.0f) ++sent, min_sent = std::min(min_sent, std::fabs(x));
+    else max_kept = std::max(max_kept, res[size_t(i)] == x ? std::fabs(x) : 0.0f);
+  }
+  CHECK(sent <= (n + 31) / 32);
+  CHECK(sent > (n + 31) / 32 * 9 / 10);  // few selected entries quantise to 0
+  // Selection by the top 12 bits of |x|: what stays is at most one bucket above what is sent.
+  CHECK(max_kept <= min_sent * 1.07f);
+  // The coordinator's apply and accumulate see the same decoded values.
+  std::vector<float> applied(static_cast<size_t>(n)), acc(size_t(n), 1.0f);
+  REQUIRE(apply_update(Codec::sparse, buf.data(), n, base.data(), applied.data()));
+  accumulate(Codec::sparse, buf.data(), n, acc.data(), true);
+  CHECK(std::memcmp(applied.data(), dec.data(), dec.size() * 4) == 0);
+  CHECK(std::memcmp(acc.data(), dec.data(), dec.size() * 4) == 0);
+}
+
+TEST_CASE("codec sparse: error feedback over 50 rounds loses nothing (Σ sent + residual = Σ Δ)") {
+  const int64_t n = 4096;
+  std::vector<float> base(size_t(n), 0.0f), params(static_cast<size_t>(n)), res(size_t(n), 0.0f), dec(static_cast<size_t>(n));
+  std::vector<double> sent(size_t(n), 0.0), truth(size_t(n), 0.0);
+  std::vector<uint8_t> buf(encoded_bytes(Codec::sparse, n));
+  for (int round = 0; round < 50; ++round) {
+    const auto delta = random_vec(size_t(n), 1e-3f, 300 + round);
+    for (int64_t i = 0; i < n; ++i) {
+      params[size_t(i)] = base[size_t(i)] + delta[size_t(i)];
+      truth[size_t(i)] += double(params[size_t(i)]) - double(base[size_t(i)]);
+    }
+    REQUIRE(encode_update(Codec::sparse, params.data(), base.data(), res.data(), res.data(), n, buf.data()));
+    REQUIRE(decode(Codec::sparse, buf.data(), n, dec.data()));
+    for (int64_t i = 0; i < n; ++i) sent[size_t(i)] += dec[size_t(i)], base[size_t(i)] = params[size_t(i)];
+  }
+  // Each round's x = Δ + residual is formed in fp32 (one rounding of the sum); the split
+  // of x into sent + residual is exact. Tolerance: 50 roundings of values ≤ ~1e-2.
+  double worst = 0, worst_res = 0;
+  for (int64_t i = 0; i < n; ++i) {
+    worst = std::max(worst, std::fabs(sent[size_t(i)] + double(res[size_t(i)]) - truth[size_t(i)]));
+    worst_res = std::max(worst_res, double(std::fabs(res[size_t(i)])));
+  }
+  MESSAGE("sparse error feedback, 50 rounds: worst |Σ sent + residual − Σ Δ| = " << worst << " (tolerance 1e-7), "
+          "largest residual " << worst_res);
+  CHECK(worst < 1e-7);
+  CHECK(worst_res < 0.05);  // carried, not growing without bound (Δ ~ 1e-3 per round)
+}
+
+TEST_CASE("codec sparse: malformed payloads are refused") {
+  const int64_t n = 1000;
+  auto x = random_vec(size_t(n), 1e-3f, 5);
+  x[998] = x[999] = 1.0f;  // sent: the last gap is one byte (0)
+  std::vector<uint8_t> buf(encoded_bytes(Codec::sparse, n));
+  std::vector<float> out(static_cast<size_t>(n));
+  encode_delta(Codec::sparse, x.data(), n, buf.data(), nullptr);
+  const size_t bytes = payload_bytes(Codec::sparse, buf.data(), n);
+  REQUIRE(decode(Codec::sparse, buf.data(), n, out.data()));
+  CHECK_FALSE(decode(Codec::sparse, buf.data(), n - 40, out.data()));  // k does not fit n
+  auto bad = buf;
+  REQUIRE(buf[bytes - 1] == 0);
+  bad[bytes - 1] = 0x7F;  // the last index becomes 998 + 128: past n
+  CHECK_FALSE(decode(Codec::sparse, bad.data(), n, out.data()));
+  bad = buf;
+  const float nan = std::nanf("");
+  std::memcpy(bad.data() + 8, &nan, 4);  // a NaN scale
+  CHECK_FALSE(decode(Codec::sparse, bad.data(), n, out.data()));
+  bad = buf;
+  bad[bytes - 1] |= 0x80;  // a varint running past the gap bytes
+  CHECK_FALSE(decode(Codec::sparse, bad.data(), n, out.data()));
+}
