@@ -93,6 +93,7 @@ struct Coordinator::Impl final : SessionHandler {
   GlobalState state;  // θ as of the completed round
   StreamingMerge merge;
   RoundMachine rounds;
+  std::vector<float> push_delta;  // one decoded lossy chunk, for the finiteness check only
 
   asio::io_context io;
   asio::steady_timer round_timer{io};
@@ -117,7 +118,7 @@ struct Coordinator::Impl final : SessionHandler {
   void on_push_done(Session& s, const wire::PushDone* m) override;
 
   bool check_round(Session& s, int64_t r);
-  bool check_finite_update(Session& s, const GridChunk& ch, const float* v);
+  bool check_finite_update(Session& s, const GridChunk& ch, const uint8_t* payload);
   // The open round's step: the completed round's plus sync_steps (= round × sync_steps
   // when the interval never changed). Never a node's word: it drives the warm-up's α.
   int64_t open_round_step() const { return state.step + p.sync_steps; }
@@ -140,7 +141,7 @@ Coordinator::Impl::Impl(CoordinatorParams params, CoordinatorOptions o)
                   log),
       state(persistence.open(p.layout.total, opt.fresh, p.init_theta,
                              p.init_source.empty() ? "seed " + std::to_string(p.seed) : p.init_source)),
-      merge(grid, p.codec),
+      merge(grid, p.codec, int(p.nodes.size())),
       rounds(round_rules(p, grid), state.round, log.sink()),
       server(io, handshake_rules(p, opt), grid, state, *this, log,
              opt.max_connections > 0 ? opt.max_connections : 4 * p.n_nodes + 16) {
@@ -200,7 +201,7 @@ void Coordinator::Impl::on_push_chunk(Session& s, const wire::PushChunk* m) {
   }
   if (!payload_valid(p.codec, payload, ch.size()))
     return s.fail(wire::ErrorCode_bad_push, "push payload holds non-finite values");
-  if (!check_finite_update(s, ch, v)) return;
+  if (!check_finite_update(s, ch, payload)) return;
   const RoundDecision d = rounds.on_chunk(node, c, m->checksum());
   if (d.arm_timer) arm_timer(*d.arm_timer);
   merge.add(c, payload);
@@ -208,11 +209,13 @@ void Coordinator::Impl::on_push_chunk(Session& s, const wire::PushChunk* m) {
 
 // A push that would make θ non-finite is refused before this chunk reaches the
 // merge; the node is dropped and the round goes on as for a missing node (its
-// chunks merged so far passed this same check). fp32 carries values that decode()
-// has found finite, and their mean is finite: net/finite_guard.hpp says why.
-bool Coordinator::Impl::check_finite_update(Session& s, const GridChunk& ch, const float* v) {
+// chunks merged so far passed this same check). fp32 carries values that
+// payload_valid has found finite; net/finite_guard.hpp says what is checked later.
+bool Coordinator::Impl::check_finite_update(Session& s, const GridChunk& ch, const uint8_t* payload) {
   if (p.codec == Codec::fp32) return true;
-  const int64_t i = first_overflow(state.theta.data() + ch.begin, v, ch.size());
+  push_delta.resize(size_t(ch.size()));
+  decode(p.codec, payload, ch.size(), push_delta.data());
+  const int64_t i = first_overflow(state.theta.data() + ch.begin, push_delta.data(), ch.size());
   if (i < 0) return true;
   const std::string why = "node " + std::to_string(s.node_id()) + ": push for round " +
                           std::to_string(rounds.open_round()) + " would make θ non-finite in [" +

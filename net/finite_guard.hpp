@@ -2,13 +2,14 @@
 // (DESIGN §3, issue 13). Finite deltas can still sum past the float range: with a
 // lossy codec θ_new = θ_old + Δ, and round after round a large Δ walks θ to +inf.
 //
-// Why checking each push against θ_old is enough for the mean: a contribution is
-// accepted only when every θ_old + Δ_p is a finite float (|·| ≤ FLT_MAX); the mean
-// of values in [−FLT_MAX, FLT_MAX] lies in that interval too, so the merged value,
-// rounded once to fp32, is finite. What the mean cannot bound — the download delta
-// θ_new − θ_old re-quantised with the coordinator's error feedback, and the
-// expert-merging warm-up — is checked on the final values at round close
-// (net/publication), before anything is applied.
+// Each push is checked against θ_old: a contribution is accepted only when every
+// θ_old + Δ_p is a finite float (fp32 pushes carry values, checked finite). The mean
+// of such values is finite in exact arithmetic, but the coordinator sums them in an
+// fp32 accumulator (net/streaming_merge), which several huge contributions can
+// overflow; that, the download delta θ_new − θ_old re-quantised with the
+// coordinator's error feedback, and the outer step and warm-up are checked on the
+// final values at round close (net/publication, net/outer_optimizer): a chunk that
+// would not be finite keeps its value, and the log says so.
 #pragma once
 #include <cstdint>
 

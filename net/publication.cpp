@@ -49,9 +49,12 @@ std::shared_ptr<Publication> build_publication(Codec codec, const ChunkGrid& gri
     payload.resize(encoded_bytes(codec, n));
     float* res = s.down_residual.data() + ch.begin;
     for (int64_t i = 0; i < n; ++i) d[size_t(i)] = (tg[i] - th[i]) + res[i];
-    const bool ok = first_non_finite(d.data(), n) < 0 && encode_delta(codec, d.data(), n, payload.data(), new_res.data()) &&
-                    apply_update(codec, payload.data(), n, th, x.data()) && first_non_finite(x.data(), n) < 0 &&
-                    first_non_finite(new_res.data(), n) < 0;
+    bool ok = first_non_finite(d.data(), n) < 0;
+    if (ok) {
+      encode_delta(codec, d.data(), n, payload.data(), new_res.data());
+      ok = apply_update(codec, payload.data(), n, th, x.data()) && first_non_finite(x.data(), n) < 0 &&
+           first_non_finite(new_res.data(), n) < 0;
+    }
     if (!ok) {
       refused[size_t(k)] = 1;
       return;

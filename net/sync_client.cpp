@@ -140,8 +140,26 @@ struct SyncClient::Impl {
 
   void write_frame(const FrameView& v) {
     std::array<asio::const_buffer, 2> bufs{asio::buffer(v.header, kHeaderBytes), asio::buffer(v.body, v.body_size)};
-    run_op([&](auto&& h) { asio::async_write(sock, bufs, h); }, opt.io_timeout_s, "sending to the coordinator");
+    try {
+      run_op([&](auto&& h) { asio::async_write(sock, bufs, h); }, opt.io_timeout_s, "sending to the coordinator");
+    } catch (const Transient&) {
+      // The coordinator refuses with an Error frame and closes; our next write then
+      // fails. Its reason is still in the receive queue: say it rather than retry.
+      read_pending_error();
+      throw;
+    }
     bytes_up += int64_t(v.size());
+  }
+
+  // Throws Refused when an Error frame can still be read (briefly); else returns.
+  void read_pending_error() {
+    if (!sock.is_open()) return;
+    try {
+      read_frame(kMaxFrameBytes, 0.5);
+    } catch (const Refused&) {
+      throw;
+    } catch (const NetError&) {
+    }
   }
 
   // Reads one frame; an Error frame becomes Refused.

@@ -41,8 +41,13 @@ TEST_CASE("plan: the command prints every category, the SPES node below its cent
   while ((n = fread(buf.data(), 1, buf.size(), p)) > 0) out.append(buf.data(), n);
   REQUIRE(pclose(p) == 0);
   INFO(out);
+#ifdef SPES_HAVE_CUDA  // the GPU plan (bf16 compute weights + fp32 master copy), the default with CUDA
   for (const char* want : {"master weights", "AdamW moments", "gradients", "activations", "**total**",
                            "Largest micro-batch per GPU in 80.00 GiB"})
+#else  // a binary without CUDA plans a CPU node
+  for (const char* want : {"parameters (fp32, all; the master copy)", "AdamW moments", "gradients", "activations",
+                           "**total**", "Largest micro-batch per CPU node in 80.00 GiB"})
+#endif
     CHECK(out.find(want) != std::string::npos);
   // The total row's last column: SPES / centralized < 1 (4 of 16 experts trained).
   const size_t t = out.find("| **total** |");
