@@ -1,9 +1,10 @@
 // The whole GPU training step against the CPU oracle (llm.c's test_gpt2.cu): the
 // same θ and micro-batches through GpuBackend and CpuBackend, then the loss parts,
 // the gradient norm and every owned tensor's gradient and AdamW update compared,
-// printing OK or the mismatch per tensor with its tolerance. Then 300 training steps
-// against the CPU run, bitwise resume on the GPU, a GPU checkpoint evaluated on the
-// CPU, and the device arena against the memory plan.
+// printing OK or the mismatch per tensor with its tolerance. Then the lm head over
+// several chunks with a padded logits stride, 300 training steps against the CPU
+// run, bitwise resume on the GPU, a GPU checkpoint evaluated on the CPU, and the
+// device arena against the memory plan.
 //
 // The model is small but of GPU shape: d_model 128, 2 heads of 64 (the attention
 // kernels take head dims 64 and 128), GQA with one kv head, 4 experts, seq 64, and a
