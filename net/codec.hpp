@@ -47,8 +47,8 @@ bool encode_update(Codec c, const float* params, const float* base, const float*
                    float* residual_out, int64_t n, uint8_t* out, int threads = 1);
 
 // Quantises a delta x (no error feedback; the coordinator keeps its own residual).
-// residual_out (may be null) = x − decoded(out).
-void encode_delta(Codec c, const float* x, int64_t n, uint8_t* out, float* residual_out);
+// residual_out (may be null) = x − decoded(out). False when x is not finite.
+bool encode_delta(Codec c, const float* x, int64_t n, uint8_t* out, float* residual_out);
 
 // Decodes a delta payload into out (n floats). Returns false when the payload is
 // malformed (non-finite value or scale, negative scale). fp32: out = the values.
