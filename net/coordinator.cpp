@@ -163,6 +163,7 @@ Coordinator::Impl::Impl(CoordinatorParams params, CoordinatorOptions o)
   stats_.round = state.round;
   stats_.step = state.step;
   stats_.state_hash = state.hash;
+  state.chunk_round.assign(grid.chunks.size(), state.round);
 }
 
 // Round-level checks of a push (state machine); a stale one counts as a late push.
@@ -270,6 +271,7 @@ void Coordinator::Impl::close_round(const RoundClose& rc) {
   state.round = r;
   state.step = step;
   state.hash = pub->hash;
+  for (int c : pub->chunks) state.chunk_round[size_t(c)] = r;
   const double merge_ms = std::chrono::duration<double, std::milli>(Clock::now() - t0).count();
   log("round %" PRId64 " merged: step %" PRId64 ", %d participant(s)%s%s, alpha %.4g, %zu of %zu chunks changed, "
       "%.1f ms, state %s",

@@ -250,9 +250,15 @@ struct SyncClient::Impl {
                    "to an older θ; restart the coordinator from this run's state, or start a new run (no --resume)");
   }
 
+  // Changed-only when params still hold θ of our round outside the owned ranges (and
+  // sync_base inside): the coordinator then sends only the chunks changed since, so
+  // the experts of nodes that missed rounds do not travel. A wrong guess shows in the
+  // state hash; force_snapshot stays set, so the next attempt asks for everything.
   void snapshot(float* params, SyncStats& st) {
     refuse_reset_if_ahead();
-    write_frame(writer.snapshot_request());
+    const bool partial = !force_snapshot;  // after a failed snapshot it stays set: everything next time
+    write_frame(writer.snapshot_request(partial ? round : -1));
+    if (partial) scatter_owned(base.data(), params);  // θ of our round: the local work is dropped
     force_snapshot = true;  // params are overwritten from here on
     uint32_t got = 0;
     for (;;) {
@@ -270,7 +276,7 @@ struct SyncClient::Impl {
       if (env->msg_type() != wire::Message_SnapshotDone) throw Transient("unexpected message during a snapshot");
       const auto* d = env->msg_as_SnapshotDone();
       const uint64_t h = state_hash(params, layout.total);
-      if (got != grid.chunks.size() || d->chunks() != got || h != d->state_hash())
+      if ((!partial && got != grid.chunks.size()) || d->chunks() != got || h != d->state_hash())
         throw Transient("snapshot incomplete or its hash does not match");
       round = d->round();
       gather_owned(params, base.data());
@@ -279,7 +285,8 @@ struct SyncClient::Impl {
       st.round = round;
       st.state_hash = h;
       st.resynced = true;
-      log("resynced from a snapshot of round %" PRId64 " (state %s)", round, hash_hex(h).c_str());
+      log("resynced from a snapshot of round %" PRId64 " (%u of %zu chunks, state %s)", round, got,
+          grid.chunks.size(), hash_hex(h).c_str());
       return;
     }
   }
