@@ -274,15 +274,15 @@ bool payload_valid(Codec c, const uint8_t* in, int64_t n) {
   return false;
 }
 
-void accumulate(Codec c, const uint8_t* in, int64_t n, float* acc, bool first, int threads) {
+void accumulate(Codec c, const uint8_t* in, int64_t n, float* acc, bool first, int threads, float scale) {
   if (c == Codec::sparse) {
     if (first) std::fill(acc, acc + n, 0.0f);
-    for_each_sparse(in, n, [acc](int64_t i, float v) { acc[i] += v; });
+    for_each_sparse(in, n, [acc, scale](int64_t i, float v) { acc[i] += v * scale; });
     return;
   }
   over_slices(n, threads, [&](int64_t i0, int64_t i1) {
-    if (first) decode_slice(c, in, n, i0, i1, [acc](int64_t i, float v) { acc[i] = v; });
-    else decode_slice(c, in, n, i0, i1, [acc](int64_t i, float v) { acc[i] += v; });
+    if (first) decode_slice(c, in, n, i0, i1, [acc, scale](int64_t i, float v) { acc[i] = v * scale; });
+    else decode_slice(c, in, n, i0, i1, [acc, scale](int64_t i, float v) { acc[i] += v * scale; });
   });
 }
 

@@ -57,9 +57,10 @@ bool decode(Codec c, const uint8_t* in, int64_t n, float* out, int threads = 1);
 // Whether a payload decodes to finite values (what decode checks), without decoding.
 bool payload_valid(Codec c, const uint8_t* in, int64_t n);
 
-// The coordinator's streaming sum: acc = decoded (first contribution) or acc += decoded.
+// The coordinator's streaming sum: acc = scale·decoded (first contribution) or
+// acc += scale·decoded (scale: a power of two, see net/streaming_merge.hpp).
 // The payload must be valid (payload_valid): nothing is checked here.
-void accumulate(Codec c, const uint8_t* in, int64_t n, float* acc, bool first, int threads = 1);
+void accumulate(Codec c, const uint8_t* in, int64_t n, float* acc, bool first, int threads = 1, float scale = 1.0f);
 
 // Applies a decoded payload to a base: fp32 → x = values; lossy → x = base + delta.
 // x may alias base. Returns false on a malformed payload (x then undefined).

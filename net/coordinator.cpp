@@ -16,6 +16,7 @@
 #include <cstdio>
 #include <mutex>
 #include <ostream>
+#include <thread>
 
 #include "engine/base/error.hpp"
 #include "model/expert_merge.hpp"
@@ -93,6 +94,8 @@ struct Coordinator::Impl final : SessionHandler {
   GlobalState state;  // θ as of the completed round
   StreamingMerge merge;
   RoundMachine rounds;
+  std::vector<float> delta_scratch;  // lossy codecs: one decoded push, for the overflow check
+  int merge_threads = int(std::max(1u, std::thread::hardware_concurrency()));
 
   asio::io_context io;
   asio::steady_timer round_timer{io};
@@ -117,7 +120,7 @@ struct Coordinator::Impl final : SessionHandler {
   void on_push_done(Session& s, const wire::PushDone* m) override;
 
   bool check_round(Session& s, int64_t r);
-  bool check_finite_update(Session& s, const GridChunk& ch, const float* v);
+  bool check_finite_update(Session& s, const GridChunk& ch, const uint8_t* payload);
   // The open round's step: the completed round's plus sync_steps (= round × sync_steps
   // when the interval never changed). Never a node's word: it drives the warm-up's α.
   int64_t open_round_step() const { return state.step + p.sync_steps; }
@@ -140,8 +143,9 @@ Coordinator::Impl::Impl(CoordinatorParams params, CoordinatorOptions o)
                   log),
       state(persistence.open(p.layout.total, opt.fresh, p.init_theta,
                              p.init_source.empty() ? "seed " + std::to_string(p.seed) : p.init_source)),
-      merge(grid, p.codec),
+      merge(grid, p.codec, 0, p.n_nodes),
       rounds(round_rules(p, grid), state.round, log.sink()),
+      delta_scratch(codec_is_lossy(p.codec) ? size_t(opt.chunk_elems) : 0),
       server(io, handshake_rules(p, opt), grid, state, *this, log,
              opt.max_connections > 0 ? opt.max_connections : 4 * p.n_nodes + 16) {
   // Bind: without a secret only loopback, unless allow_insecure.
@@ -201,7 +205,7 @@ void Coordinator::Impl::on_push_chunk(Session& s, const wire::PushChunk* m) {
   }
   if (!payload_valid(p.codec, payload, ch.size()))
     return s.fail(wire::ErrorCode_bad_push, "push payload holds non-finite values");
-  if (!check_finite_update(s, ch, v)) return;
+  if (!check_finite_update(s, ch, payload)) return;
   const RoundDecision d = rounds.on_chunk(node, c, m->checksum());
   if (d.arm_timer) arm_timer(*d.arm_timer);
   merge.add(c, payload);
@@ -211,8 +215,10 @@ void Coordinator::Impl::on_push_chunk(Session& s, const wire::PushChunk* m) {
 // merge; the node is dropped and the round goes on as for a missing node (its
 // chunks merged so far passed this same check). fp32 carries values that decode()
 // has found finite, and their mean is finite: net/finite_guard.hpp says why.
-bool Coordinator::Impl::check_finite_update(Session& s, const GridChunk& ch, const float* v) {
+bool Coordinator::Impl::check_finite_update(Session& s, const GridChunk& ch, const uint8_t* payload) {
   if (p.codec == Codec::fp32) return true;
+  float* v = delta_scratch.data();  // the decoded Δ, one chunk
+  decode(p.codec, payload, ch.size(), v, merge_threads);
   const int64_t i = first_overflow(state.theta.data() + ch.begin, v, ch.size());
   if (i < 0) return true;
   const std::string why = "node " + std::to_string(s.node_id()) + ": push for round " +

@@ -293,9 +293,11 @@ struct SyncClient::Impl {
 
   // Encodes the owned chunks on `threads` threads, one chunk each, a bank of frames
   // ahead of the socket: the workers build bank b^1 while this thread sends bank b.
+  // Small chunks (tests, tiny models) are encoded inline: a thread costs more than them.
   void push(const float* params, int64_t step) {
     const int64_t r = round + 1;
-    const size_t n = owned_chunks.size(), per_bank = size_t(threads);
+    const bool overlap = grid.chunk_elems >= (int64_t(1) << 16) && threads > 1;
+    const size_t n = owned_chunks.size(), per_bank = overlap ? size_t(threads) : 1;
     std::array<std::vector<FrameView>, 2> views{std::vector<FrameView>(per_bank), std::vector<FrameView>(per_bank)};
     std::atomic<int64_t> bad{-1};  // a chunk with non-finite parameters
     auto build = [&](int b, size_t first) {
@@ -330,11 +332,29 @@ struct SyncClient::Impl {
         throw NetError("node " + std::to_string(node) + ": non-finite parameters in [" + std::to_string(c.begin) +
                        ", " + std::to_string(c.end) + ") at step " + std::to_string(step) + "; not pushing them");
       }
-      if (first + per_bank < n) job.start([&build, b, next = first + per_bank] { build(int(b ^ 1), next); });
-      for (size_t k = 0; k < std::min(per_bank, n - first); ++k) write_frame(views[b][k]);
+      const bool more = first + per_bank < n;
+      if (more && overlap) job.start([&build, b, next = first + per_bank] { build(int(b ^ 1), next); });
+      for (size_t k = 0; k < std::min(per_bank, n - first); ++k) write_pushed(views[b][k]);
       job.wait();
+      if (more && !overlap) build(int(b ^ 1), first + per_bank);
     }
-    write_frame(writer.push_done(r, node, step, uint32_t(n)));
+    write_pushed(writer.push_done(r, node, step, uint32_t(n)));
+  }
+
+  // A push the coordinator refused mid-way (an Error frame, then it closes) shows
+  // here as a failed write: read the Error, if it came, so the node learns why.
+  void write_pushed(const FrameView& v) {
+    try {
+      write_frame(v);
+    } catch (const Transient&) {
+      try {
+        read_frame(kMaxFrameBytes, 1.0);
+      } catch (const Refused&) {
+        throw;
+      } catch (const std::exception&) {
+      }
+      throw;
+    }
   }
 
   void receive_result(float* params, SyncStats& st) {

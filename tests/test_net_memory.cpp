@@ -3,7 +3,8 @@
 // separate process (this test binary re-executed on a hidden test case) so that its
 // peak RSS (VmHWM) is its own. It holds θ, one fp32 accumulator, and for the lossy
 // codecs the download residual and the encoded round result; the bounds below are
-// what that costs plus the process's own ~0.15× at this size, so a second model-sized
+// what that costs plus the process's own ~0.15–0.3× at this size (binary, one decoded
+// chunk, per-thread scratch, the state file written every round), so a second model-sized
 // buffer (the old double accumulator, a decoded copy) fails the test. Issue 14's goal
 // of 1.5× is not met: see bench/RESULTS.md.
 #include <doctest/doctest.h>
@@ -13,6 +14,7 @@
 #include <sys/wait.h>
 
 #include <cstdio>
+#include <filesystem>
 #include <fstream>
 
 #include "net_test_util.hpp"
@@ -63,17 +65,28 @@ TEST_CASE("net child: memory coordinator process" * doctest::skip()) {
   const char* codec = std::getenv("SPES_NET_MEM_CODEC");
   const char* port = std::getenv("SPES_NET_MEM_PORT");
   if (!codec || !port) return;
+  Config cfg = memory_config(codec, uint16_t(std::atoi(port)));
+  // Every round is persisted before it is published: to RAM (/dev/shm) when there is
+  // one, so the test measures the coordinator, not the disk; shmem is not its RSS.
+  const std::filesystem::path shm = "/dev/shm";
+  cfg.spes.state_dir = ((std::filesystem::is_directory(shm) ? shm : std::filesystem::temp_directory_path()) /
+                        ("spes-test-memory-" + std::to_string(::getpid())))
+                           .string();
   CoordinatorOptions opt;
   opt.log = false;
   opt.handle_signals = true;
-  Coordinator c(test_coordinator_params(memory_config(codec, uint16_t(std::atoi(port)))), opt);
-  c.run();
+  opt.fresh = true;
+  {
+    Coordinator c(test_coordinator_params(cfg), opt);
+    c.run();
+  }
+  std::filesystem::remove_all(cfg.spes.state_dir);
 }
 
 TEST_CASE("coordinator memory: peak RSS per codec at 31M parameters") {
   // Bounds in model fp32 bytes: θ + accumulator (2) [+ residual (1) + round result (bf16 0.5, int8 0.26)].
   const std::vector<std::pair<std::string, double>> bounds = {
-      {"fp32", 2.35}, {"bf16", 3.9}, {"int8", 3.65}, {"sparse", 3.4}};
+      {"fp32", 2.4}, {"bf16", 4.1}, {"int8", 3.85}, {"sparse", 3.6}};
   for (const auto& [codec, bound] : bounds) {
     CAPTURE(codec);
     const uint16_t port = any_free_port();
