@@ -6,7 +6,8 @@
 //     the coordinator (a separate process) peak RSS over the model's fp32 bytes;
 //  2. 4 nodes x 2 experts (SPES ownership): bytes per node per round next to what
 //     the SPES reference sends (fp32 trained params up + full fp32 model down).
-//   bench_sync [--rounds N] [--small]   (--small: a ~10M-parameter model, for a quick look)
+//   bench_sync [--rounds N] [--small] [--codecs] [--only CODEC]   (--small: a ~16M-parameter
+//   model, for a quick look; --codecs: only part 0; --only: one codec)
 #include <signal.h>
 #include <spawn.h>
 #include <sys/socket.h>
@@ -119,7 +120,7 @@ int coordinator_child(char** argv) {
   net::CoordinatorParams p = coordinator_params(c);
   p.secret = "bench";
   net::CoordinatorOptions o;
-  o.log = false;
+  o.log = std::getenv("SPES_BENCH_LOG") != nullptr;  // the coordinator's round log (merge ms) on stderr
   o.handle_signals = true;
   o.fresh = true;
   net::Coordinator co(std::move(p), o);
@@ -206,10 +207,13 @@ void codec_speed(const char* name, int threads) {
 int main(int argc, char** argv) {
   if (argc >= 6 && !std::strcmp(argv[1], "--coordinator")) return coordinator_child(argv);
   int rounds = 3;
-  bool small = false;
+  bool small = false, codecs_only = false;
+  std::vector<const char*> codecs = {"fp32", "bf16", "int8", "sparse"};
   for (int i = 1; i < argc; ++i) {
     if (!std::strcmp(argv[i], "--rounds") && i + 1 < argc) rounds = std::max(1, std::atoi(argv[++i]));
     else if (!std::strcmp(argv[i], "--small")) small = true;
+    else if (!std::strcmp(argv[i], "--codecs")) codecs_only = true;
+    else if (!std::strcmp(argv[i], "--only") && i + 1 < argc) codecs = {argv[++i]};
   }
   const char* self = "/proc/self/exe";
   char self_path[4096];
@@ -227,15 +231,16 @@ int main(int argc, char** argv) {
   // ---- 0. the codecs alone --------------------------------------------------------
   std::printf("\ncodecs alone: GB/s of fp32 θ (1M-element chunks, best of 3)\n%-6s %7s %12s %12s\n", "codec", "threads",
               "encode GB/s", "apply GB/s");
-  for (const char* codec : {"fp32", "bf16", "int8", "sparse"})
+  for (const char* codec : codecs)
     for (int threads : {1, 2}) codec_speed(codec, threads);
+  if (codecs_only) return 0;
 
   // ---- 1. one node owning everything -------------------------------------------
   std::printf("\n1 node owning every expert: push %.0fM + merge + pull %.0fM (best round)\n", layout.total / 1e6,
               layout.total / 1e6);
   std::printf("%-6s %9s %9s %8s %7s %10s %7s %14s   %s\n", "codec", "up MB", "down MB", "seconds", "GB/s", "raw TCP s",
               "ratio", "coord RSS/model", "push / merge / pull ms");
-  for (const char* codec : {"fp32", "bf16", "int8", "sparse"}) {
+  for (const char* codec : codecs) {
     const uint16_t port = free_port();
     const Config c = bench_config(codec, 1, small, port);
     const pid_t pid = spawn_coordinator(self, codec, 1, small, port);
@@ -271,7 +276,7 @@ int main(int argc, char** argv) {
   std::printf("\n4 nodes x 2 experts (SPES): bytes per node per round vs the SPES reference\n");
   std::printf("%-6s %9s %9s %9s %11s %7s %8s\n", "codec", "up MB", "down MB", "total MB", "SPES ref MB", "ratio",
               "seconds");
-  for (const char* codec : {"fp32", "bf16", "int8", "sparse"}) {
+  for (const char* codec : codecs) {
     const uint16_t port = free_port();
     const Config c = bench_config(codec, 4, small, port);
     const pid_t pid = spawn_coordinator(self, codec, 4, small, port);

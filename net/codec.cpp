@@ -41,34 +41,8 @@ inline float canonical_scale(float s) { return float_of(bits_of(s) & ~0x7Fu); }
 // A scale no encoder produces (127·s would overflow, or it is negative/NaN).
 inline bool bad_scale(float s) { return !(s >= 0.0f && s <= 1e36f); }
 
-inline int8_t quantise(float x, float scale) {
-  const float q = std::nearbyint(x / scale);
-  return static_cast<int8_t>(std::clamp(q, -127.0f, 127.0f));
-}
-
 // int8 layout: [n_blocks fp32 scales][n int8 values].
 inline int64_t n_blocks(int64_t n) { return (n + kInt8Block - 1) / kInt8Block; }
-
-// Quantises x[0, n) into one int8 payload; dq (may be null) receives the decoded values.
-void int8_encode(const float* x, int64_t n, uint8_t* out, float* dq) {
-  const int64_t nb = n_blocks(n);
-  auto* q = reinterpret_cast<int8_t*>(out + 4 * nb);
-  for (int64_t b = 0; b < nb; ++b) {
-    const int64_t i0 = b * kInt8Block, i1 = std::min(n, i0 + kInt8Block);
-    float amax = 0.0f;
-    for (int64_t i = i0; i < i1; ++i) amax = std::max(amax, std::fabs(x[i]));
-    const float s = int8_scale(amax);
-    std::memcpy(out + 4 * b, &s, 4);
-    if (s == 0.0f) {
-      for (int64_t i = i0; i < i1; ++i) q[i] = 0;
-      if (dq) std::fill(dq + i0, dq + i1, 0.0f);
-      continue;
-    }
-    for (int64_t i = i0; i < i1; ++i) q[i] = quantise(x[i], s);
-    if (dq)
-      for (int64_t i = i0; i < i1; ++i) dq[i] = float(q[i]) * s;
-  }
-}
 
 bool all_finite(const float* x, int64_t n) {
   // Branch-free OR of "exponent all ones" so the loop vectorises.
@@ -143,7 +117,7 @@ bool encode_slice(Codec c, const float* params, const float* base, const float* 
   for (int64_t j0 = i0; j0 < i1; j0 += kInt8Block) {
     const int64_t m = std::min(kInt8Block, i1 - j0);
     for (int64_t i = 0; i < m; ++i) {
-      const float d = params[j0 + i] - base[j0 + i];
+      const float d = base ? params[j0 + i] - base[j0 + i] : params[j0 + i];
       x[i] = residual_in ? d + residual_in[j0 + i] : d;
     }
     if (!all_finite(x, m)) return false;
@@ -156,15 +130,17 @@ bool encode_slice(Codec c, const float* params, const float* base, const float* 
       }
     } else {
       // Scales first, values after; block j0/kInt8Block of the payload is this one.
-      float amax = 0.0f;
-      for (int64_t i = 0; i < m; ++i) amax = std::max(amax, std::fabs(x[i]));
-      const float s = int8_scale(amax);
+      // Loops written to vectorise: |x| ordered by its bits (x is finite), the codes
+      // through int32, and a zero scale (|x| < 1e-30) divides by 1, which rounds to 0.
+      uint32_t amax_bits = 0;
+      for (int64_t i = 0; i < m; ++i) amax_bits = std::max(amax_bits, bits_of(x[i]) & 0x7FFFFFFFu);
+      const float s = int8_scale(float_of(amax_bits));
       std::memcpy(out + 4 * (j0 / kInt8Block), &s, 4);
+      const float divisor = s == 0.0f ? 1.0f : s;
+      int32_t qi[kInt8Block];
+      for (int64_t i = 0; i < m; ++i) qi[i] = int32_t(std::min(127.0f, std::max(-127.0f, std::nearbyint(x[i] / divisor))));
       auto* q = reinterpret_cast<int8_t*>(out + 4 * nb) + j0;
-      for (int64_t i = 0; i < m; ++i) {
-        q[i] = s == 0.0f ? int8_t(0) : quantise(x[i], s);
-        dq[i] = float(q[i]) * s;
-      }
+      for (int64_t i = 0; i < m; ++i) q[i] = int8_t(qi[i]), dq[i] = float(qi[i]) * s;
     }
     if (residual_out)
       for (int64_t i = 0; i < m; ++i) residual_out[j0 + i] = x[i] - dq[i];
@@ -193,6 +169,7 @@ bool decode_slice(Codec c, const uint8_t* in, int64_t n, int64_t i0, int64_t i1,
       }
       return true;
     }
+    case Codec::sparse: break;  // not sliced: see for_each_sparse
   }
   return false;
 }
@@ -253,32 +230,12 @@ bool encode_update(Codec c, const float* params, const float* base, const float*
   return ok;
 }
 
-void encode_delta(Codec c, const float* x, int64_t n, uint8_t* out, float* residual_out) {
-  switch (c) {
-    case Codec::sparse:
-      sparse_encode(x, nullptr, nullptr, residual_out, n, out);
-      return;
-    case Codec::fp32:
-      std::memcpy(out, x, size_t(n) * 4);
-      if (residual_out) std::fill(residual_out, residual_out + n, 0.0f);
-      return;
-    case Codec::bf16:
-      for (int64_t i = 0; i < n; ++i) {
-        const uint16_t b = to_bf16(x[i]);
-        std::memcpy(out + 2 * i, &b, 2);
-        if (residual_out) residual_out[i] = x[i] - from_bf16(b);
-      }
-      return;
-    case Codec::int8: {
-      if (!residual_out) {
-        int8_encode(x, n, out, nullptr);
-        return;
-      }
-      int8_encode(x, n, out, residual_out);  // residual_out first holds the decoded values
-      for (int64_t i = 0; i < n; ++i) residual_out[i] = x[i] - residual_out[i];
-      return;
-    }
+bool encode_delta(Codec c, const float* x, int64_t n, uint8_t* out, float* residual_out) {
+  if (c == Codec::fp32) {
+    if (residual_out) std::fill(residual_out, residual_out + n, 0.0f);
+    return encode_update(c, x, nullptr, nullptr, nullptr, n, out);
   }
+  return encode_update(c, x, nullptr, nullptr, residual_out, n, out);  // base null: x is the delta
 }
 
 bool decode(Codec c, const uint8_t* in, int64_t n, float* out, int threads) {
@@ -317,15 +274,15 @@ bool payload_valid(Codec c, const uint8_t* in, int64_t n) {
   return false;
 }
 
-void accumulate(Codec c, const uint8_t* in, int64_t n, float* acc, bool first, float scale, int threads) {
+void accumulate(Codec c, const uint8_t* in, int64_t n, float* acc, bool first, int threads, float scale) {
   if (c == Codec::sparse) {
     if (first) std::fill(acc, acc + n, 0.0f);
-    for_each_sparse(in, n, [acc, scale](int64_t i, float v) { acc[i] += scale * v; });
+    for_each_sparse(in, n, [acc, scale](int64_t i, float v) { acc[i] += v * scale; });
     return;
   }
   over_slices(n, threads, [&](int64_t i0, int64_t i1) {
-    if (first) decode_slice(c, in, n, i0, i1, [acc, scale](int64_t i, float v) { acc[i] = scale * v; });
-    else decode_slice(c, in, n, i0, i1, [acc, scale](int64_t i, float v) { acc[i] += scale * v; });
+    if (first) decode_slice(c, in, n, i0, i1, [acc, scale](int64_t i, float v) { acc[i] = v * scale; });
+    else decode_slice(c, in, n, i0, i1, [acc, scale](int64_t i, float v) { acc[i] += v * scale; });
   });
 }
 

@@ -47,8 +47,8 @@ bool encode_update(Codec c, const float* params, const float* base, const float*
                    float* residual_out, int64_t n, uint8_t* out, int threads = 1);
 
 // Quantises a delta x (no error feedback; the coordinator keeps its own residual).
-// residual_out (may be null) = x − decoded(out).
-void encode_delta(Codec c, const float* x, int64_t n, uint8_t* out, float* residual_out);
+// residual_out (may be null) = x − decoded(out). False when x is not finite.
+bool encode_delta(Codec c, const float* x, int64_t n, uint8_t* out, float* residual_out);
 
 // Decodes a delta payload into out (n floats). Returns false when the payload is
 // malformed (non-finite value or scale, negative scale). fp32: out = the values.
@@ -58,9 +58,9 @@ bool decode(Codec c, const uint8_t* in, int64_t n, float* out, int threads = 1);
 bool payload_valid(Codec c, const uint8_t* in, int64_t n);
 
 // The coordinator's streaming sum: acc = scale·decoded (first contribution) or
-// acc += scale·decoded; scale is a power of two (exact). The payload must be valid
-// (payload_valid): nothing is checked here.
-void accumulate(Codec c, const uint8_t* in, int64_t n, float* acc, bool first, float scale, int threads = 1);
+// acc += scale·decoded (scale: a power of two, see net/streaming_merge.hpp).
+// The payload must be valid (payload_valid): nothing is checked here.
+void accumulate(Codec c, const uint8_t* in, int64_t n, float* acc, bool first, int threads = 1, float scale = 1.0f);
 
 // Applies a decoded payload to a base: fp32 → x = values; lossy → x = base + delta.
 // x may alias base. Returns false on a malformed payload (x then undefined).

@@ -16,6 +16,7 @@
 #include <cstdio>
 #include <mutex>
 #include <ostream>
+#include <thread>
 
 #include "engine/base/error.hpp"
 #include "model/expert_merge.hpp"
@@ -93,7 +94,8 @@ struct Coordinator::Impl final : SessionHandler {
   GlobalState state;  // θ as of the completed round
   StreamingMerge merge;
   RoundMachine rounds;
-  std::vector<float> push_delta;  // one decoded lossy chunk, for the finiteness check only
+  std::vector<float> delta_scratch;  // lossy codecs: one decoded push, for the overflow check
+  int merge_threads = int(std::max(1u, std::thread::hardware_concurrency()));
 
   asio::io_context io;
   asio::steady_timer round_timer{io};
@@ -141,8 +143,9 @@ Coordinator::Impl::Impl(CoordinatorParams params, CoordinatorOptions o)
                   log),
       state(persistence.open(p.layout.total, opt.fresh, p.init_theta,
                              p.init_source.empty() ? "seed " + std::to_string(p.seed) : p.init_source)),
-      merge(grid, p.codec, int(p.nodes.size())),
+      merge(grid, p.codec, 0, p.n_nodes),
       rounds(round_rules(p, grid), state.round, log.sink()),
+      delta_scratch(codec_is_lossy(p.codec) ? size_t(opt.chunk_elems) : 0),
       server(io, handshake_rules(p, opt), grid, state, *this, log,
              opt.max_connections > 0 ? opt.max_connections : 4 * p.n_nodes + 16) {
   // Bind: without a secret only loopback, unless allow_insecure.
@@ -164,6 +167,7 @@ Coordinator::Impl::Impl(CoordinatorParams params, CoordinatorOptions o)
   stats_.round = state.round;
   stats_.step = state.step;
   stats_.state_hash = state.hash;
+  state.chunk_round.assign(grid.chunks.size(), state.round);
 }
 
 // Round-level checks of a push (state machine); a stale one counts as a late push.
@@ -209,13 +213,13 @@ void Coordinator::Impl::on_push_chunk(Session& s, const wire::PushChunk* m) {
 
 // A push that would make θ non-finite is refused before this chunk reaches the
 // merge; the node is dropped and the round goes on as for a missing node (its
-// chunks merged so far passed this same check). fp32 carries values that
-// payload_valid has found finite; net/finite_guard.hpp says what is checked later.
+// chunks merged so far passed this same check). fp32 carries values that decode()
+// has found finite, and their mean is finite: net/finite_guard.hpp says why.
 bool Coordinator::Impl::check_finite_update(Session& s, const GridChunk& ch, const uint8_t* payload) {
   if (p.codec == Codec::fp32) return true;
-  push_delta.resize(size_t(ch.size()));
-  decode(p.codec, payload, ch.size(), push_delta.data());
-  const int64_t i = first_overflow(state.theta.data() + ch.begin, push_delta.data(), ch.size());
+  float* v = delta_scratch.data();  // the decoded Δ, one chunk
+  decode(p.codec, payload, ch.size(), v, merge_threads);
+  const int64_t i = first_overflow(state.theta.data() + ch.begin, v, ch.size());
   if (i < 0) return true;
   const std::string why = "node " + std::to_string(s.node_id()) + ": push for round " +
                           std::to_string(rounds.open_round()) + " would make θ non-finite in [" +
@@ -273,6 +277,7 @@ void Coordinator::Impl::close_round(const RoundClose& rc) {
   state.round = r;
   state.step = step;
   state.hash = pub->hash;
+  for (int c : pub->chunks) state.chunk_round[size_t(c)] = r;
   const double merge_ms = std::chrono::duration<double, std::milli>(Clock::now() - t0).count();
   log("round %" PRId64 " merged: step %" PRId64 ", %d participant(s)%s%s, alpha %.4g, %zu of %zu chunks changed, "
       "%.1f ms, state %s",

@@ -138,9 +138,9 @@ FrameView FrameWriter::round_done(int64_t round, int64_t step, uint32_t chunks, 
   return finish(wire::Message_RoundDone, m.Union());
 }
 
-FrameView FrameWriter::snapshot_request() {
+FrameView FrameWriter::snapshot_request(int64_t since_round) {
   b_.Clear();
-  return finish(wire::Message_SnapshotRequest, wire::CreateSnapshotRequest(b_).Union());
+  return finish(wire::Message_SnapshotRequest, wire::CreateSnapshotRequest(b_, since_round).Union());
 }
 
 FrameView FrameWriter::snapshot_done(int64_t round, int64_t step, uint32_t chunks, uint64_t state_hash) {

@@ -113,7 +113,7 @@ class FrameWriter {
   FrameView push_done(int64_t round, int32_t node_id, int64_t step, uint32_t chunks);
   FrameView round_done(int64_t round, int64_t step, uint32_t chunks, uint64_t state_hash,
                        int32_t participants, double merge_alpha);
-  FrameView snapshot_request();
+  FrameView snapshot_request(int64_t since_round = -1);  // -1: every chunk
   FrameView snapshot_done(int64_t round, int64_t step, uint32_t chunks, uint64_t state_hash);
 
   template <class Fill>

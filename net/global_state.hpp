@@ -23,6 +23,9 @@ struct GlobalState {
   std::vector<float> outer_momentum; // nesterov outer optimizer (net/outer_optimizer); else empty
   int64_t round = 0, step = 0;       // the completed round and its step
   uint64_t hash = 0;                 // state hash of θ
+  // The round each grid chunk last changed in (changed-only snapshots). Not persisted:
+  // after a restart every chunk counts as changed in the resumed round.
+  std::vector<int64_t> chunk_round;
 };
 
 struct PersistRules {

@@ -96,10 +96,17 @@ void Session::dispatch(const wire::Envelope* env) {
       snapshot_queued_ = true;
       srv_.handler_.on_snapshot(*this);
       ++srv_.counters_.snapshots;
-      srv_.log_("%s: sending a snapshot of round %" PRId64, who().c_str(), srv_.state_.round);
+      srv_.log_("%s: sending a snapshot of round %" PRId64 " (since round %" PRId64 ")", who().c_str(),
+                srv_.state_.round, env->msg_as_SnapshotRequest()->since_round());
       OutJob j;
       j.kind = OutJob::snapshot;
       j.theta_round = srv_.state_.round;
+      // Changed-only: the chunks changed after the round the node says it holds (it
+      // checks the state hash at the end and asks for everything if it was wrong).
+      const int64_t since = env->msg_as_SnapshotRequest()->since_round();
+      const bool partial = since >= 0 && since <= srv_.state_.round;
+      for (size_t c = 0; c < srv_.grid_.chunks.size(); ++c)
+        if (!partial || srv_.state_.chunk_round[c] > since) j.chunks.push_back(int(c));
       outq_.push_back(std::move(j));
       return pump();
     }
@@ -242,15 +249,15 @@ bool Session::next_frame(OutJob& j, FrameView* v) {
       return false;
     }
     case OutJob::snapshot: {
-      if (j.next < grid.chunks.size()) {
-        const GridChunk& c = grid.chunks[j.next];
+      if (j.next < j.chunks.size()) {
+        const GridChunk& c = grid.chunks[size_t(j.chunks[j.next])];
         const float* src = g.theta.data() + c.begin;
         *v = writer_.snapshot_chunk(g.round, c.begin, c.end,
                                     [&](uint8_t* dst) { std::memcpy(dst, src, size_t(c.size()) * 4); });
         return true;
       }
-      if (j.next == grid.chunks.size()) {
-        *v = writer_.snapshot_done(g.round, g.step, uint32_t(grid.chunks.size()), g.hash);
+      if (j.next == j.chunks.size()) {
+        *v = writer_.snapshot_done(g.round, g.step, uint32_t(j.chunks.size()), g.hash);
         return true;
       }
       return false;

@@ -83,6 +83,7 @@ class Session : public std::enable_shared_from_this<Session> {
     OwnedFrame owned;                        // kind frame
     std::shared_ptr<const Publication> pub;  // kind publication
     int64_t theta_round = 0;                 // θ must still be this round's (fp32 results and snapshots)
+    std::vector<int> chunks;                 // kind snapshot: the grid chunks it sends
     size_t next = 0;                         // frames of the job sent so far
     bool cut = false;                        // drop the rest once the frame in flight is written
   };

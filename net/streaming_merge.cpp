@@ -9,30 +9,20 @@
 
 namespace spes::net {
 
-namespace {
-
-// 2^-s for the smallest s with 2^s ≥ n.
-float inverse_power_of_two_above(int n) {
-  float scale = 1.0f;
-  for (int p = 1; p < n; p *= 2) scale *= 0.5f;
-  return scale;
-}
-
-}  // namespace
-
-StreamingMerge::StreamingMerge(const ChunkGrid& grid, Codec codec, int max_contributors, int threads)
+StreamingMerge::StreamingMerge(const ChunkGrid& grid, Codec codec, int threads, int max_contributors)
     : grid_(grid),
       codec_(codec),
       threads_(threads > 0 ? threads : int(std::max(1u, std::thread::hardware_concurrency()))),
-      scale_(inverse_power_of_two_above(max_contributors)),
       acc_(size_t(grid.total)),
-      count_(grid.chunks.size(), 0) {}
+      count_(grid.chunks.size(), 0) {
+  while (sum_scale_ * float(max_contributors) > 1.0f) sum_scale_ *= 0.5f;
+}
 
 void StreamingMerge::begin_round() { std::fill(count_.begin(), count_.end(), 0); }
 
 void StreamingMerge::add(int c, const uint8_t* payload) {
   const GridChunk& ch = grid_.chunks[size_t(c)];
-  accumulate(codec_, payload, ch.size(), acc_.data() + ch.begin, count_[c]++ == 0, scale_, threads_);
+  accumulate(codec_, payload, ch.size(), acc_.data() + ch.begin, count_[c]++ == 0, threads_, sum_scale_);
 }
 
 std::vector<bool> StreamingMerge::close(const float* theta, const ParamLayout& layout, double merge_alpha,
@@ -47,13 +37,12 @@ std::vector<bool> StreamingMerge::close(const float* theta, const ParamLayout& l
     const float* t = theta + ch.begin;
     const int64_t n = ch.size();
     if (count_[c] > 0) {
-      // acc = 2^-s · Σ contributions: unscale and divide in double (exact for one
-      // contributor, one rounding otherwise), then θ_old + mean Δ for deltas.
-      const double unscale = 1.0 / (double(scale_) * double(count_[c]));
-      if (deltas)
-        for (int64_t i = 0; i < n; ++i) a[i] = float(double(t[i]) + double(a[i]) * unscale);
-      else
-        for (int64_t i = 0; i < n; ++i) a[i] = float(double(a[i]) * unscale);
+      // The mean = (scaled sum / k) · 2^s: the same bits as sum / k (see the header).
+      const float k = float(count_[c]), unscale = 1.0f / sum_scale_;
+      for (int64_t i = 0; i < n; ++i) {
+        const float mean = (count_[c] > 1 ? a[i] / k : a[i]) * unscale;
+        a[i] = deltas ? t[i] + mean : mean;
+      }
       changed_c[c] = 1;
     } else if (merging && ch.segment > 0) {
       std::memcpy(a, t, size_t(n) * 4);

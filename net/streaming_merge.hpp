@@ -8,8 +8,11 @@
 // over its participating owners, and a chunk nobody delivered keeps its value. One
 // contributor gives back its value bit for bit; two add commutatively; with three or
 // more the fp32 sum depends on arrival order by a rounding (every node still gets
-// the coordinator's one result, so hashes agree). Contributions are pre-scaled by a
-// power of two so that the sum of finite values never overflows. The outer optimizer
+// the coordinator's one result, so hashes agree). Contributions are summed scaled by
+// 2^-s, 2^s ≥ the most contributors a chunk can have, so the sum never overflows
+// where the mean is a float (net/finite_guard.hpp's argument); a power of two
+// changes no rounding (outside the subnormal range), so the mean is the one of the
+// unscaled sum. The outer optimizer
 // (net/outer_optimizer) then steps the contributed chunks, and the expert-merging
 // warm-up (model/expert_merge) runs on the result.
 #pragma once
@@ -26,9 +29,9 @@ namespace spes::net {
 // Accumulates one round's pushes chunk by chunk (see the file comment).
 class StreamingMerge {
  public:
-  // max_contributors: the most pushes a chunk can receive in a round (the number of
-  // nodes); threads: for decoding a chunk (0 = every core).
-  StreamingMerge(const ChunkGrid& grid, Codec codec, int max_contributors, int threads = 0);
+  // threads: for decoding a chunk (0 = every core); max_contributors: nodes that may
+  // push one chunk (n_nodes).
+  StreamingMerge(const ChunkGrid& grid, Codec codec, int threads = 0, int max_contributors = 1);
 
   void begin_round();
   // One node's push of chunk c, already checked with payload_valid.
@@ -49,10 +52,7 @@ class StreamingMerge {
   const ChunkGrid& grid_;
   Codec codec_;
   int threads_;
-  // Contributions are added pre-scaled by 2^-s, 2^s ≥ max_contributors: exact (a power
-  // of two), and the sum of finite floats then cannot overflow, so the mean of
-  // finite values stays finite (net/finite_guard.hpp).
-  float scale_;
+  float sum_scale_ = 1.0f;  // 2^-s, see the file comment
   std::vector<float> acc_;
   int64_t outer_skipped_ = 0;
   std::vector<int> count_;

@@ -268,9 +268,15 @@ struct SyncClient::Impl {
                    "to an older θ; restart the coordinator from this run's state, or start a new run (no --resume)");
   }
 
+  // Changed-only when params still hold θ of our round outside the owned ranges (and
+  // sync_base inside): the coordinator then sends only the chunks changed since, so
+  // the experts of nodes that missed rounds do not travel. A wrong guess shows in the
+  // state hash; force_snapshot stays set, so the next attempt asks for everything.
   void snapshot(float* params, SyncStats& st) {
     refuse_reset_if_ahead();
-    write_frame(writer.snapshot_request());
+    const bool partial = !force_snapshot;  // after a failed snapshot it stays set: everything next time
+    write_frame(writer.snapshot_request(partial ? round : -1));
+    if (partial) scatter_owned(base.data(), params);  // θ of our round: the local work is dropped
     force_snapshot = true;  // params are overwritten from here on
     uint32_t got = 0;
     for (;;) {
@@ -288,7 +294,7 @@ struct SyncClient::Impl {
       if (env->msg_type() != wire::Message_SnapshotDone) throw Transient("unexpected message during a snapshot");
       const auto* d = env->msg_as_SnapshotDone();
       const uint64_t h = state_hash(params, layout.total);
-      if (got != grid.chunks.size() || d->chunks() != got || h != d->state_hash())
+      if ((!partial && got != grid.chunks.size()) || d->chunks() != got || h != d->state_hash())
         throw Transient("snapshot incomplete or its hash does not match");
       round = d->round();
       gather_owned(params, base.data());
@@ -297,16 +303,19 @@ struct SyncClient::Impl {
       st.round = round;
       st.state_hash = h;
       st.resynced = true;
-      log("resynced from a snapshot of round %" PRId64 " (state %s)", round, hash_hex(h).c_str());
+      log("resynced from a snapshot of round %" PRId64 " (%u of %zu chunks, state %s)", round, got,
+          grid.chunks.size(), hash_hex(h).c_str());
       return;
     }
   }
 
   // Encodes the owned chunks on `threads` threads, one chunk each, a bank of frames
   // ahead of the socket: the workers build bank b^1 while this thread sends bank b.
+  // Small chunks (tests, tiny models) are encoded inline: a thread costs more than them.
   void push(const float* params, int64_t step) {
     const int64_t r = round + 1;
-    const size_t n = owned_chunks.size(), per_bank = size_t(threads);
+    const bool overlap = grid.chunk_elems >= (int64_t(1) << 16) && threads > 1;
+    const size_t n = owned_chunks.size(), per_bank = overlap ? size_t(threads) : 1;
     std::array<std::vector<FrameView>, 2> views{std::vector<FrameView>(per_bank), std::vector<FrameView>(per_bank)};
     std::atomic<int64_t> bad{-1};  // a chunk with non-finite parameters
     auto build = [&](int b, size_t first) {
@@ -341,11 +350,29 @@ struct SyncClient::Impl {
         throw NetError("node " + std::to_string(node) + ": non-finite parameters in [" + std::to_string(c.begin) +
                        ", " + std::to_string(c.end) + ") at step " + std::to_string(step) + "; not pushing them");
       }
-      if (first + per_bank < n) job.start([&build, b, next = first + per_bank] { build(int(b ^ 1), next); });
-      for (size_t k = 0; k < std::min(per_bank, n - first); ++k) write_frame(views[b][k]);
+      const bool more = first + per_bank < n;
+      if (more && overlap) job.start([&build, b, next = first + per_bank] { build(int(b ^ 1), next); });
+      for (size_t k = 0; k < std::min(per_bank, n - first); ++k) write_pushed(views[b][k]);
       job.wait();
+      if (more && !overlap) build(int(b ^ 1), first + per_bank);
     }
-    write_frame(writer.push_done(r, node, step, uint32_t(n)));
+    write_pushed(writer.push_done(r, node, step, uint32_t(n)));
+  }
+
+  // A push the coordinator refused mid-way (an Error frame, then it closes) shows
+  // here as a failed write: read the Error, if it came, so the node learns why.
+  void write_pushed(const FrameView& v) {
+    try {
+      write_frame(v);
+    } catch (const Transient&) {
+      try {
+        read_frame(kMaxFrameBytes, 1.0);
+      } catch (const Refused&) {
+        throw;
+      } catch (const std::exception&) {
+      }
+      throw;
+    }
   }
 
   void receive_result(float* params, SyncStats& st) {

@@ -169,8 +169,8 @@ TEST_CASE("codec: encode, decode, apply and accumulate on several threads equal 
       REQUIRE(apply_update(c, out1.data(), n, a1.data(), a1.data(), 1));
       REQUIRE(apply_update(c, out1.data(), n, aT.data(), aT.data(), threads));
       CHECK(std::memcmp(a1.data(), aT.data(), a1.size() * 4) == 0);
-      accumulate(c, out1.data(), n, s1.data(), false, 1.0f, 1);
-      accumulate(c, out1.data(), n, sT.data(), false, 1.0f, threads);
+      accumulate(c, out1.data(), n, s1.data(), false, 1);
+      accumulate(c, out1.data(), n, sT.data(), false, threads);
       CHECK(std::memcmp(s1.data(), sT.data(), s1.size() * 4) == 0);
       for (int64_t i = 0; i < n; i += 9973) CHECK(s1[size_t(i)] == base[size_t(i)] + d1[size_t(i)]);
     }
@@ -207,7 +207,7 @@ TEST_CASE("codec sparse: top-k of |x|, what was sent round-trips exactly, ≤ 1/
   // The coordinator's apply and accumulate see the same decoded values.
   std::vector<float> applied(static_cast<size_t>(n)), acc(size_t(n), 1.0f);
   REQUIRE(apply_update(Codec::sparse, buf.data(), n, base.data(), applied.data()));
-  accumulate(Codec::sparse, buf.data(), n, acc.data(), true, 1.0f);
+  accumulate(Codec::sparse, buf.data(), n, acc.data(), true);
   CHECK(std::memcmp(applied.data(), dec.data(), dec.size() * 4) == 0);
   CHECK(std::memcmp(acc.data(), dec.data(), dec.size() * 4) == 0);
 }

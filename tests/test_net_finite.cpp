@@ -114,8 +114,7 @@ TEST_CASE("finite: a merged update that is not finite is not applied nor publish
     s.theta[3] = -3.0e38f;
     s.down_residual.assign(s.theta.size(), 0.0f);
     std::vector<float> target(s.theta.size(), 2.0f);
-    // fp32: an accumulator that overflowed; lossy: Δ = 6e38 is not a float.
-    target[3] = codec == Codec::fp32 ? std::numeric_limits<float>::infinity() : 3.0e38f;
+    target[3] = codec == Codec::fp32 ? INFINITY : 3.0e38f;  // fp32: not finite; lossy: Δ = 6e38 is not a float
     const std::vector<float> before = s.theta;
     const auto pub = build_publication(codec, grid, {true, true}, target.data(), s, 1, 5, 2, 0);
     CHECK(pub->refused == std::vector<int>{0});

@@ -155,7 +155,7 @@ TEST_CASE("merge: streaming fp32 mean: exact for one contributor, commutative fo
   for (int p = 0; p < 5; ++p) v.push_back(random_theta(L, 100 + p));
   const int c_shared = 0, c_pair = 1, c_solo = int(g.chunks.size()) - 1, c_none = int(g.chunks.size()) - 2;
   auto run = [&](std::vector<int> order) {
-    StreamingMerge sm(g, Codec::fp32, 5, 2);
+    StreamingMerge sm(g, Codec::fp32, 2, 5);
     sm.begin_round();
     for (int p : order) sm.add(c_shared, bytes_of(v[p].data() + g.chunks[c_shared].begin));
     for (int p : {order[0] % 2, 1 - order[0] % 2}) sm.add(c_pair, bytes_of(v[p].data() + g.chunks[c_pair].begin));
@@ -184,7 +184,7 @@ TEST_CASE("merge: streaming fp32 mean: exact for one contributor, commutative fo
   const GridChunk& o = g.chunks[c_solo];
   CHECK(std::equal(a.begin() + o.begin, a.begin() + o.end, v[3].begin() + o.begin));  // bitwise its value
   // Lossy codecs accumulate deltas: θ_old + Δ for one contributor, θ_old + mean Δ for two.
-  StreamingMerge sm(g, Codec::bf16, 5, 1);
+  StreamingMerge sm(g, Codec::bf16, 1, 5);
   sm.begin_round();
   std::vector<uint8_t> half(size_t(s.size()) * 2, 0), quarter(size_t(s.size()) * 2, 0);
   for (int64_t i = 0; i < s.size(); ++i) half[size_t(2 * i + 1)] = 0x3F, quarter[size_t(2 * i + 1)] = 0x3E;  // 0.5, 0.125

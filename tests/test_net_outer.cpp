@@ -62,8 +62,9 @@ void check_nodes_hold(const std::vector<std::unique_ptr<TestNode>>& nodes, const
 TEST_CASE("outer: average with lr 1 is today's merge bit for bit; lr 0.5 is half the step") {
   for (double lr : {1.0, 0.5}) {
     CAPTURE(lr);
-    // Two nodes: two contributions add commutatively in the coordinator's fp32
-    // accumulator, so the expected mean does not depend on arrival order.
+    // Two nodes: the coordinator's fp32 sum of two values equals the double sum
+    // rounded once, so the reference below holds bit for bit (with more contributors
+    // the sum rounds in arrival order: net/streaming_merge.hpp).
     Config cfg = tiny_config(2, "fp32");
     cfg.spes.outer_optimizer = "average";
     cfg.spes.outer_lr = lr;
@@ -92,7 +93,7 @@ TEST_CASE("outer: nesterov over 3 rounds, an expert missing and coordinator rest
   cfg.spes.state_dir = temp_dir("outer");
   const OuterOptimizer o{OuterKind::nesterov, 0.7, 0.9};
   CoordinatorOptions first;
-  first.fresh = true;  // a run's first start
+  first.fresh = true;  // a new run in this state_dir
   auto co = std::make_unique<CoordThread>(cfg, first);
   CoordinatorOptions opt;
   opt.port = co->port();

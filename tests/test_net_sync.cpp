@@ -272,6 +272,59 @@ TEST_CASE("faults: a late push gets 'stale round' and the node resyncs from a sn
   CHECK(st[0].participants == 2);
 }
 
+TEST_CASE("changed-only download: a missing node's experts do not travel, and it catches up on what changed") {
+  Config cfg = tiny_config(4, "fp32");
+  cfg.spes.min_nodes = 3;
+  cfg.spes.round_timeout_s = 0.3;
+  CoordThread co(cfg);
+  std::vector<std::unique_ptr<TestNode>> nodes;
+  for (int p = 0; p < 4; ++p) nodes.push_back(std::make_unique<TestNode>(cfg, p, co.address()));
+  const auto st1 = sync_all(nodes);  // round 1: everyone
+  check_all_equal(nodes, st1, co);
+  const ChunkGrid grid = make_grid(nodes[0]->layout, cfg.model.n_experts, 1024);
+  auto frame_bytes = [&](const std::vector<int>& chunks) {  // RoundChunk/SnapshotChunk frames: 4 B a value + < 160 B
+    int64_t values = 0;
+    for (int c : chunks) values += grid.chunks[size_t(c)].size();
+    return std::make_pair(values * 4, int64_t(chunks.size()) * 160);
+  };
+  std::vector<int> node3_experts, others;
+  for (size_t c = 0; c < grid.chunks.size(); ++c) {
+    const bool n3 = nodes[3]->own.space.packed_offset({grid.chunks[c].begin, grid.chunks[c].end}) >= 0 &&
+                    grid.chunks[c].segment > 0;
+    (n3 ? node3_experts : others).push_back(int(c));
+  }
+  REQUIRE(!node3_experts.empty());
+
+  // Round 2 without node 3: closes on the timeout; the others download everything but its experts.
+  std::vector<std::unique_ptr<TestNode>> three;
+  for (int p = 0; p < 3; ++p) three.push_back(std::move(nodes[size_t(p)]));
+  const auto st2 = sync_all(three);
+  CHECK(st2[0].participants == 3);
+  const auto [payload2, overhead2] = frame_bytes(others);
+  MESSAGE("round 2 without node 3: " << st2[0].bytes_down << " bytes down per node; round 1: " << st1[0].bytes_down
+                                     << "; node 3's experts: " << frame_bytes(node3_experts).first << " bytes");
+  for (const auto& s : st2) {
+    CHECK(s.bytes_down >= payload2);
+    CHECK(s.bytes_down <= payload2 + overhead2 + 256);
+  }
+  for (int p = 0; p < 3; ++p) nodes[size_t(p)] = std::move(three[size_t(p)]);
+
+  // Node 3 comes back: its late push is refused, and it downloads only what changed after
+  // its round (round 2's changes: not its own experts), then is bit-identical again.
+  nodes[3]->train();
+  const SyncStats s3 = nodes[3]->sync();
+  CHECK(s3.resynced);
+  CHECK(s3.round == 2);
+  CHECK(s3.state_hash == co.c->stats().state_hash);
+  CHECK(std::memcmp(nodes[3]->params.data(), nodes[0]->params.data(), nodes[0]->params.size() * 4) == 0);
+  MESSAGE("node 3 catching up: " << s3.bytes_down << " bytes down (a full snapshot: "
+                                 << frame_bytes(others).first + frame_bytes(node3_experts).first << " bytes of values)");
+  CHECK(s3.bytes_down <= payload2 + overhead2 + 1024);  // + the refusal, Welcome and SnapshotDone
+  const auto st3 = sync_all(nodes);  // round 3: all four again
+  CHECK(st3[0].participants == 4);
+  check_all_equal(nodes, st3, co);
+}
+
 TEST_CASE("faults: coordinator restart (in-process) -> nodes continue, no round lost") {
   Config cfg = tiny_config(2, "int8");
   cfg.spes.state_dir = temp_dir("restart");

@@ -1,0 +1,123 @@
+// The coordinator's memory (issue 14): its peak RSS over a round, as a multiple of the
+// model's fp32 bytes, at a moderate size (31M parameters). The coordinator runs as a
+// separate process (this test binary re-executed on a hidden test case) so that its
+// peak RSS (VmHWM) is its own. It holds θ, one fp32 accumulator, and for the lossy
+// codecs the download residual and the encoded round result; the bounds below are
+// what that costs plus the process's own ~0.15–0.3× at this size (binary, one decoded
+// chunk, per-thread scratch, the state file written every round), so a second model-sized
+// buffer (the old double accumulator, a decoded copy) fails the test. Issue 14's goal
+// of 1.5× is not met: see bench/RESULTS.md.
+#include <doctest/doctest.h>
+
+#include <signal.h>
+#include <spawn.h>
+#include <sys/wait.h>
+
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+
+#include "net_test_util.hpp"
+
+extern char** environ;
+
+using namespace spes;
+using namespace spes::net;
+using namespace spes::net::testing;
+
+namespace {
+
+Config memory_config(const std::string& codec, uint16_t port) {
+  Config c = tiny_config(1, codec, "all");
+  c.model.vocab_size = 8192;
+  c.model.d_model = 512;
+  c.model.n_layers = 4;
+  c.model.n_heads = 8;
+  c.model.n_kv_heads = 8;
+  c.model.n_experts = 8;
+  c.model.expert_hidden = 384;
+  c.spes.coordinator = "127.0.0.1:" + std::to_string(port);
+  return c;
+}
+
+uint16_t any_free_port() {
+  int fd = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  sockaddr_in a{};
+  a.sin_family = AF_INET;
+  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  ::bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof a);
+  socklen_t len = sizeof a;
+  ::getsockname(fd, reinterpret_cast<sockaddr*>(&a), &len);
+  ::close(fd);
+  return ntohs(a.sin_port);
+}
+
+long peak_rss_kib(pid_t pid) {
+  std::ifstream f("/proc/" + std::to_string(pid) + "/status");
+  for (std::string line; std::getline(f, line);)
+    if (line.rfind("VmHWM:", 0) == 0) return std::atol(line.c_str() + 6);
+  return 0;
+}
+
+}  // namespace
+
+TEST_CASE("net child: memory coordinator process" * doctest::skip()) {
+  const char* codec = std::getenv("SPES_NET_MEM_CODEC");
+  const char* port = std::getenv("SPES_NET_MEM_PORT");
+  if (!codec || !port) return;
+  Config cfg = memory_config(codec, uint16_t(std::atoi(port)));
+  // Every round is persisted before it is published: to RAM (/dev/shm) when there is
+  // one, so the test measures the coordinator, not the disk; shmem is not its RSS.
+  const std::filesystem::path shm = "/dev/shm";
+  cfg.spes.state_dir = ((std::filesystem::is_directory(shm) ? shm : std::filesystem::temp_directory_path()) /
+                        ("spes-test-memory-" + std::to_string(::getpid())))
+                           .string();
+  CoordinatorOptions opt;
+  opt.log = false;
+  opt.handle_signals = true;
+  opt.fresh = true;
+  {
+    Coordinator c(test_coordinator_params(cfg), opt);
+    c.run();
+  }
+  std::filesystem::remove_all(cfg.spes.state_dir);
+}
+
+TEST_CASE("coordinator memory: peak RSS per codec at 31M parameters") {
+  // Bounds in model fp32 bytes: θ + accumulator (2) [+ residual (1) + round result (bf16 0.5, int8 0.26)].
+  const std::vector<std::pair<std::string, double>> bounds = {
+      {"fp32", 2.4}, {"bf16", 4.1}, {"int8", 3.85}, {"sparse", 3.6}};
+  for (const auto& [codec, bound] : bounds) {
+    CAPTURE(codec);
+    const uint16_t port = any_free_port();
+    const Config cfg = memory_config(codec, port);
+    std::vector<std::string> env_s = {"SPES_NET_MEM_CODEC=" + codec, "SPES_NET_MEM_PORT=" + std::to_string(port)};
+    std::vector<char*> envp;
+    for (char** e = environ; *e; ++e) envp.push_back(*e);
+    for (auto& s : env_s) envp.push_back(s.data());
+    envp.push_back(nullptr);
+    std::string a0 = "spes_tests", a1 = "--no-skip=true", a2 = "--test-case=net child: memory coordinator process",
+                a3 = "--no-version=true", a4 = "--minimal=true";
+    char* argv[] = {a0.data(), a1.data(), a2.data(), a3.data(), a4.data(), nullptr};
+    pid_t pid = -1;
+    REQUIRE(posix_spawn(&pid, "/proc/self/exe", nullptr, nullptr, argv, envp.data()) == 0);
+    REQUIRE(wait_until([&] {
+      RawConn c;
+      return c.connect(port);
+    }, 30));
+    TestNode node(cfg, 0, "127.0.0.1:" + std::to_string(port));
+    for (int r = 1; r <= 2; ++r) {
+      node.train(1);
+      CHECK(node.sync().round == r);
+    }
+    const double model_bytes = double(node.layout.total) * 4;
+    const double ratio = double(peak_rss_kib(pid)) * 1024 / model_bytes;
+    ::kill(pid, SIGTERM);
+    int st = 0;
+    ::waitpid(pid, &st, 0);
+    MESSAGE(codec << ": coordinator peak RSS " << ratio << " x the model (" << model_bytes / 1e6 << " MB), bound "
+                  << bound);
+    CHECK(ratio > 1.0);  // it holds θ at least: the measurement is real
+    CHECK(ratio <= bound);
+  }
+}
