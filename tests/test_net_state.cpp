@@ -2,7 +2,11 @@
 // --fresh a missing or unreadable state file refuses to start (no silent reset of
 // every node to the seed); a node ahead of the coordinator refuses to be reset to
 // an older θ; a round's step comes from the schedule, never from a node's word.
+// Before, the coordinator started from the seed, the nodes took its snapshot, and α
+// followed the highest step a node claimed.
 #include <doctest/doctest.h>
+
+#include <sys/wait.h>
 
 #include <fstream>
 
@@ -105,4 +109,24 @@ TEST_CASE("state: the coordinator owns the step; a node reporting a wrong or bac
     CHECK(st[0].state_hash == co.c->stats().state_hash);
   }
   CHECK(co.c->stats().csv_rows.find("\n3,15,2,") != std::string::npos);
+}
+
+TEST_CASE("state: `spes-engine coordinator` without a state and without --fresh exits 1 with one line") {
+  test::TempDir dir("coordinator-no-state");
+  const Config c = test::small_config(dir.path, {"spes.n_nodes=2", "spes.sync_steps=2", "spes.coordinator=\"127.0.0.1:29999\"",
+                                                 "spes.state_dir=\"" + (dir / "coordinator") + "\""});
+  const std::string config = dir / "c.toml";
+  std::ofstream(config) << config_to_toml(c);
+  const std::string cmd = std::string(SPES_ENGINE_BIN) + " coordinator " + config + " > " + (dir / "out") + " 2> " +
+                          (dir / "err");
+  const int status = std::system(cmd.c_str());
+  REQUIRE(WIFEXITED(status));
+  CHECK(WEXITSTATUS(status) == 1);
+  std::ifstream in(dir / "err");
+  std::vector<std::string> lines;
+  for (std::string l; std::getline(in, l);) lines.push_back(l);
+  REQUIRE(lines.size() == 1);
+  CHECK(lines[0].find(dir / "coordinator/state.bin") != std::string::npos);
+  CHECK(lines[0].find("--fresh") != std::string::npos);
+  CHECK_FALSE(std::filesystem::exists(dir / "coordinator/state.bin"));
 }
