@@ -6,6 +6,9 @@
 //     the coordinator (a separate process) peak RSS over the model's fp32 bytes;
 //  2. 4 nodes x 2 experts (SPES ownership): bytes per node per round next to what
 //     the SPES reference sends (fp32 trained params up + full fp32 model down).
+//  3. transport security, 1 node owning every expert, fp32: round time in plaintext,
+//     with a MAC on every frame (shared secret) and over TLS 1.3, and the handshake
+//     time of each (a tiny model, reconnecting before every round).
 //   bench_sync [--rounds N] [--small] [--codecs] [--only CODEC]   (--small: a ~16M-parameter
 //   model, for a quick look; --codecs: only part 0; --only: one codec)
 #include <signal.h>
@@ -19,6 +22,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <filesystem>
 #include <cstdio>
 #include <cstring>
 #include <filesystem>
@@ -29,6 +33,7 @@
 #include "engine/config.hpp"
 #include "engine/net_sync.hpp"
 #include "model/layout.hpp"
+#include "net/certs.hpp"
 #include "net/codec.hpp"
 #include "net/coordinator.hpp"
 #include "net/sync_client.hpp"
@@ -40,9 +45,11 @@ using Clock = std::chrono::steady_clock;
 
 namespace {
 
-Config bench_config(const std::string& codec, int n_nodes, bool small, uint16_t port) {
+// size: 0 = ~100M parameters, 1 = ~10M (--small), 2 = tiny (handshake timing).
+Config bench_config(const std::string& codec, int n_nodes, int size, uint16_t port) {
   Config c;
   ModelConfig& m = c.model;
+  const bool small = size >= 1;
   m.vocab_size = small ? 4096 : 16384;
   m.d_model = small ? 256 : 768;
   m.n_layers = small ? 4 : 8;
@@ -64,6 +71,7 @@ Config bench_config(const std::string& codec, int n_nodes, bool small, uint16_t 
   // Every round is persisted before it is published: in RAM here, so the bench
   // measures the protocol and the copy, not the disk.
   c.spes.state_dir = "/dev/shm/spes-bench-sync-" + std::to_string(port);
+  if (size == 2) m.vocab_size = 256, m.d_model = 64, m.n_layers = 1, m.n_heads = 2, m.n_kv_heads = 2, m.expert_hidden = 64;
   return c;
 }
 
@@ -102,10 +110,12 @@ bool can_connect(uint16_t port) {
 }
 
 // The coordinator in its own process, so its peak RSS is its own.
-pid_t spawn_coordinator(const char* self, const std::string& codec, int n_nodes, bool small, uint16_t port) {
-  std::string a0 = self, a1 = "--coordinator", a2 = codec, a3 = std::to_string(n_nodes), a4 = small ? "1" : "0",
-              a5 = std::to_string(port);
-  char* argv[] = {a0.data(), a1.data(), a2.data(), a3.data(), a4.data(), a5.data(), nullptr};
+// mode: "plain" (no secret), "mac" (shared secret: frame MACs), "tls" (certificates in `certs`).
+pid_t spawn_coordinator(const char* self, const std::string& codec, int n_nodes, int size, uint16_t port,
+                        const std::string& mode = "mac", const std::string& certs = "-") {
+  std::string a0 = self, a1 = "--coordinator", a2 = codec, a3 = std::to_string(n_nodes), a4 = std::to_string(size),
+              a5 = std::to_string(port), a6 = mode, a7 = certs;
+  char* argv[] = {a0.data(), a1.data(), a2.data(), a3.data(), a4.data(), a5.data(), a6.data(), a7.data(), nullptr};
   pid_t pid = -1;
   if (posix_spawn(&pid, self, nullptr, nullptr, argv, environ) != 0) {
     std::perror("posix_spawn");
@@ -115,10 +125,18 @@ pid_t spawn_coordinator(const char* self, const std::string& codec, int n_nodes,
   return pid;
 }
 
+const char* kSecret = "bench-secret-0123456789";
+
+net::TlsFiles tls_files(const std::string& certs, const std::string& name) {
+  return {certs + "/ca.crt", certs + "/" + name + ".crt", certs + "/" + name + ".key"};
+}
+
 int coordinator_child(char** argv) {
-  const Config c = bench_config(argv[2], std::atoi(argv[3]), std::atoi(argv[4]) != 0, uint16_t(std::atoi(argv[5])));
+  const Config c = bench_config(argv[2], std::atoi(argv[3]), std::atoi(argv[4]), uint16_t(std::atoi(argv[5])));
+  const std::string mode = argv[6];
   net::CoordinatorParams p = coordinator_params(c);
-  p.secret = "bench";
+  p.secret = mode == "plain" ? "" : kSecret;
+  if (mode == "tls") p.tls = tls_files(argv[7], "coordinator");
   net::CoordinatorOptions o;
   o.log = std::getenv("SPES_BENCH_LOG") != nullptr;  // the coordinator's round log (merge ms) on stderr
   o.handle_signals = true;
@@ -202,10 +220,63 @@ void codec_speed(const char* name, int threads) {
   std::fflush(stdout);
 }
 
+// One node owning everything in `mode`: the best round of `rounds` (size 0/1), or
+// the mean round with (reconnect) or without a new connection each time (size 2).
+double mode_round_seconds(const char* self, const std::string& mode, const std::string& certs, int size, int rounds,
+                          bool reconnect) {
+  const uint16_t port = free_port();
+  const Config c = bench_config("fp32", 1, size, port);
+  const ParamLayout layout = make_layout(c.model);
+  std::vector<float> params(size_t(layout.total));
+  init_parameters(params.data(), c.model, layout, c.train.seed);
+  const pid_t pid = spawn_coordinator(self, "fp32", 1, size, port, mode, certs);
+  const Ownership own = make_ownership(c.model, layout, 0, 1, "all", 0);
+  net::SyncClientParams sp = sync_client_params(c, layout, own, params);
+  sp.secret = mode == "plain" ? "" : kSecret;
+  if (mode == "tls") sp.tls = tls_files(certs, "node-0");
+  net::SyncClientOptions o;
+  o.log = false;
+  net::SyncClient client(sp, o);
+  client.sync_round(params.data(), 0);  // connected, warm
+  double best = 1e30, sum = 0;
+  for (int r = 1; r <= rounds; ++r) {
+    perturb(params, own, r);
+    if (reconnect) client.disconnect();
+    const auto t0 = Clock::now();
+    client.sync_round(params.data(), r * 100);
+    const double s = std::chrono::duration<double>(Clock::now() - t0).count();
+    best = std::min(best, s), sum += s;
+  }
+  ::kill(pid, SIGTERM);
+  ::waitpid(pid, nullptr, 0);
+  std::filesystem::remove_all(c.spes.state_dir);
+  return size == 2 ? sum / rounds : best;
+}
+
+void security_modes(const char* self, bool small, int rounds, const ParamLayout& layout, const std::vector<float>&) {
+  const std::string certs = "/tmp/bench_sync_certs_" + std::to_string(::getpid());
+  net::CertRequest req;
+  req.out_dir = certs;
+  net::make_run_certs(req);
+  std::printf("\ntransport security, 1 node owning every expert, fp32 (%.0fM params; best of %d rounds)\n",
+              layout.total / 1e6, rounds);
+  std::printf("%-6s %9s %10s %14s\n", "mode", "round s", "vs plain", "handshake ms");
+  double plain = 0;
+  for (const char* mode : {"plain", "mac", "tls"}) {
+    const double s = mode_round_seconds(self, mode, certs, small ? 1 : 0, rounds, false);
+    if (!std::strcmp(mode, "plain")) plain = s;
+    const int n = 30;
+    const double hs = mode_round_seconds(self, mode, certs, 2, n, true) - mode_round_seconds(self, mode, certs, 2, n, false);
+    std::printf("%-6s %9.3f %10.2f %14.2f\n", mode, s, s / plain, hs * 1e3);
+    std::fflush(stdout);
+  }
+  std::filesystem::remove_all(certs);
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
-  if (argc >= 6 && !std::strcmp(argv[1], "--coordinator")) return coordinator_child(argv);
+  if (argc >= 8 && !std::strcmp(argv[1], "--coordinator")) return coordinator_child(argv);
   int rounds = 3;
   bool small = false, codecs_only = false;
   std::vector<const char*> codecs = {"fp32", "bf16", "int8", "sparse"};
@@ -246,7 +317,7 @@ int main(int argc, char** argv) {
     const pid_t pid = spawn_coordinator(self, codec, 1, small, port);
     const Ownership own = make_ownership(c.model, layout, 0, 1, "all", 0);
     net::SyncClientParams sp = sync_client_params(c, layout, own, init);
-    sp.secret = "bench";
+    sp.secret = "bench-secret-0123456789";
     net::SyncClientOptions o;
     o.log = false;
     net::SyncClient client(sp, o);
@@ -286,7 +357,7 @@ int main(int argc, char** argv) {
     for (int p = 0; p < 4; ++p) {
       owns.push_back(make_ownership(c.model, layout, p, 4, "partitioned", 2));
       net::SyncClientParams sp = sync_client_params(c, layout, owns[p], init);
-      sp.secret = "bench";
+      sp.secret = "bench-secret-0123456789";
       net::SyncClientOptions o;
       o.log = false;
       clients.push_back(std::make_unique<net::SyncClient>(sp, o));
@@ -313,5 +384,6 @@ int main(int argc, char** argv) {
     for (int p = 1; p < 4; ++p)
       if (st[p].state_hash != st[0].state_hash) std::printf("  !! node %d state hash differs\n", p);
   }
+  security_modes(self, small, rounds, layout, init);
   return 0;
 }

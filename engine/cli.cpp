@@ -33,6 +33,7 @@ const Command kCommands[] = {
      "dense checkpoint to an MoE: upcycle --checkpoint DENSE --config MOE.toml --out DIR [--noise X] [--seed S]"},
     {"plot", plot_command,
      "CSV columns as an SVG line plot: plot CSV... --x COL --y COL [--group COL] [--logy] [-o out.svg] [--title T]"},
+    {"certs", certs_command, "the run's CA and TLS certificates: certs CONFIG --out DIR [--host H]... [--days N]"},
 };
 
 void usage(std::FILE* to) {

@@ -23,6 +23,7 @@ int generate_command(const std::vector<std::string>& args);       // cmd_generat
 int plan_command(const std::vector<std::string>& args);           // cmd_plan.cpp
 int upcycle_command(const std::vector<std::string>& args);        // cmd_upcycle.cpp
 int plot_command(const std::vector<std::string>& args);           // cmd_plot.cpp
+int certs_command(const std::vector<std::string>& args);          // cmd_certs.cpp
 
 // The coordinator's --dump-state hook (net::CoordinatorParams::on_round): θ as an HF
 // export in DIR/round-NNNNNNNN at every `every`-th round; empty when dir is "".

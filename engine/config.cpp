@@ -224,6 +224,9 @@ void read_spes(SectionReader r, SpesConfig& s) {
   r.string("codec", s.codec, {"fp32", "bf16", "int8", "sparse"});
   r.string("secret_file", s.secret_file);
   r.boolean("allow_insecure", s.allow_insecure);
+  r.string("tls_ca", s.tls_ca);
+  r.string("tls_cert", s.tls_cert);
+  r.string("tls_key", s.tls_key);
   r.real("round_timeout_s", s.round_timeout_s, 0, INFINITY, true);
   r.integer("min_nodes", s.min_nodes, 1, 1 << 16);
   r.string("state_dir", s.state_dir);
@@ -248,6 +251,8 @@ void read_checkpoint(SectionReader r, CheckpointConfig& c) {
 // Checks that involve several keys; each names every key involved.
 void check_consistency(const Config& c) {
   auto fail = [&](const std::string& msg) { throw ConfigError(c.path + ": " + msg); };
+  if (c.spes.tls_ca.empty() && (!c.spes.tls_cert.empty() || !c.spes.tls_key.empty()))
+    fail("[spes] tls_cert / tls_key need tls_ca (the run's CA certificate, from `spes-engine certs`)");
   const ModelConfig& m = c.model;
   if (m.d_model % m.n_heads != 0)
     fail("[model] d_model = " + std::to_string(m.d_model) + " must be a multiple of n_heads = " +
@@ -353,6 +358,9 @@ Config build_config(toml::value root, const std::string& name, const std::filesy
   c.checkpoint.dir = resolve(base, c.checkpoint.dir);
   c.train.init = resolve(base, c.train.init);
   c.spes.secret_file = resolve(base, c.spes.secret_file);
+  c.spes.tls_ca = resolve(base, c.spes.tls_ca);
+  c.spes.tls_cert = resolve(base, c.spes.tls_cert);
+  c.spes.tls_key = resolve(base, c.spes.tls_key);
   c.spes.state_dir = resolve(base, c.spes.state_dir);
   return c;
 }
@@ -442,7 +450,8 @@ std::string config_to_toml(const Config& c) {
   kv("node_id", s.node_id); kv("n_nodes", s.n_nodes); kv("ownership", s.ownership);
   kv("experts_per_node", s.experts_per_node); kv("sync_steps", s.sync_steps); kv("run_id", s.run_id);
   kv("coordinator", s.coordinator); kv("codec", s.codec); kv("secret_file", s.secret_file);
-  kv("allow_insecure", s.allow_insecure); kv("round_timeout_s", s.round_timeout_s);
+  kv("allow_insecure", s.allow_insecure); kv("tls_ca", s.tls_ca); kv("tls_cert", s.tls_cert);
+  kv("tls_key", s.tls_key); kv("round_timeout_s", s.round_timeout_s);
   kv("min_nodes", s.min_nodes); kv("state_dir", s.state_dir);
   kv("merge_alpha", s.merge_alpha); kv("merge_topk", s.merge_topk); kv("merge_interval", s.merge_interval);
   kv("merge_decay_steps", s.merge_decay_steps); kv("outer_optimizer", s.outer_optimizer);

@@ -59,7 +59,10 @@ struct SpesConfig {
   std::string coordinator = "127.0.0.1:29500";  // host:port the nodes dial / it binds
   std::string codec = "fp32";             // "fp32" | "bf16" | "int8"
   std::string secret_file;                // shared secret for HMAC auth (or env SPES_SECRET)
-  bool allow_insecure = false;            // no secret and a non-loopback bind
+  bool allow_insecure = false;            // no secret, no TLS and a non-loopback address
+  // TLS 1.3 with node certificates (`spes-engine certs`); "" = off. tls_cert and
+  // tls_key default to coordinator.{crt,key} / node-<id>.{crt,key} beside tls_ca.
+  std::string tls_ca, tls_cert, tls_key;
   double round_timeout_s = 600.0;         // close a round with >= min_nodes after this
   int64_t min_nodes = 1;
   std::string state_dir = "coordinator";  // coordinator persistence folder

@@ -1,16 +1,29 @@
 // Config → net parameters, and the trainer's sync hook (see net_sync.hpp).
 #include "engine/net_sync.hpp"
 
+#include <filesystem>
 #include <vector>
 
 #include "engine/checkpoint.hpp"
 #include "engine/init_theta.hpp"
 #include "engine/trainer.hpp"
 #include "net/address.hpp"
+#include "net/certs.hpp"
 
 namespace spes {
 
 namespace {
+
+// [spes] tls_*: the certificate and key default to `name`.{crt,key} beside the CA.
+net::TlsFiles tls_files(const SpesConfig& s, const std::string& name) {
+  net::TlsFiles f;
+  if (s.tls_ca.empty()) return f;
+  const std::filesystem::path dir = std::filesystem::path(s.tls_ca).parent_path();
+  f.ca = s.tls_ca;
+  f.cert = s.tls_cert.empty() ? (dir / (name + ".crt")).string() : s.tls_cert;
+  f.key = s.tls_key.empty() ? (dir / (name + ".key")).string() : s.tls_key;
+  return f;
+}
 
 net::MergeWarmup merge_warmup(const SpesConfig& s) {
   net::MergeWarmup m;
@@ -60,6 +73,7 @@ net::CoordinatorParams coordinator_params(const Config& cfg) {
   p.codec = net::parse_codec(s.codec);
   p.secret = net::load_secret(s.secret_file);
   p.allow_insecure = s.allow_insecure;
+  p.tls = tls_files(s, "coordinator");
   p.address = s.coordinator;
   p.round_timeout_s = s.round_timeout_s;
   p.state_dir = s.state_dir;
@@ -87,6 +101,8 @@ net::SyncClientParams sync_client_params(const Config& cfg, const ParamLayout& l
   p.n_nodes = int(s.n_nodes);
   p.codec = net::parse_codec(s.codec);
   p.secret = net::load_secret(s.secret_file);
+  p.allow_insecure = s.allow_insecure;
+  p.tls = tls_files(s, net::node_cert_name(own.node_id));
   p.coordinator = s.coordinator;
   p.round_timeout_s = s.round_timeout_s;
   p.layout = layout;

@@ -20,10 +20,28 @@ std::string load_secret(const std::string& secret_file) {
     s = ss.str();
     while (!s.empty() && std::isspace(static_cast<unsigned char>(s.back()))) s.pop_back();
     if (s.empty()) throw NetError("secret_file " + secret_file + " is empty");
+    check_secret(s, "secret_file " + secret_file);
     return s;
   }
   if (const char* e = std::getenv("SPES_SECRET")) s = e;
+  check_secret(s, "SPES_SECRET");
   return s;
+}
+
+void check_secret(const std::string& secret, const std::string& where) {
+  if (secret.empty()) return;
+  size_t solid = 0;
+  for (char c : secret) solid += !std::isspace(static_cast<unsigned char>(c));
+  if (solid < kMinSecretBytes)
+    throw NetError(where + ": the shared secret has " + std::to_string(solid) + " non-blank bytes, at least " +
+                   std::to_string(kMinSecretBytes) + " are needed");
+}
+
+void check_insecure(const std::string& role, const std::string& host, bool has_secret, bool has_tls,
+                    bool allow_insecure) {
+  if (has_secret || has_tls || allow_insecure || is_loopback_host(host)) return;
+  throw NetError(role + " " + host + " is not loopback and there is no shared secret (secret_file / SPES_SECRET) "
+                 "and no TLS (tls_ca): refusing plaintext; set one, or [spes] allow_insecure = true on a trusted network");
 }
 
 HostPort parse_host_port(const std::string& s) {

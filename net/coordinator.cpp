@@ -77,10 +77,19 @@ HandshakeRules handshake_rules(const CoordinatorParams& p, const CoordinatorOpti
   h.n_nodes = p.n_nodes;
   h.codec = p.codec;
   h.secret = p.secret;
+  h.tls = p.tls;
   for (const CoordinatorNode& n : p.nodes) h.fingerprints.push_back(n.fingerprint);
   h.chunk_elems = uint32_t(opt.chunk_elems);
-  h.hello_timeout_s = opt.hello_timeout_s;
   return h;
+}
+
+SessionLimits session_limits(const CoordinatorOptions& opt) {
+  SessionLimits l;
+  l.handshake_timeout_s = opt.handshake_timeout_s;
+  l.max_pending = std::max(1, opt.max_pending);
+  l.heartbeat_timeout_s = opt.heartbeat_timeout_s;
+  l.io_timeout_s = opt.io_timeout_s;
+  return l;
 }
 
 }  // namespace
@@ -146,22 +155,19 @@ Coordinator::Impl::Impl(CoordinatorParams params, CoordinatorOptions o)
       merge(grid, p.codec, 0, p.n_nodes),
       rounds(round_rules(p, grid), state.round, log.sink()),
       delta_scratch(codec_is_lossy(p.codec) ? size_t(opt.chunk_elems) : 0),
-      server(io, handshake_rules(p, opt), grid, state, *this, log,
-             opt.max_connections > 0 ? opt.max_connections : 4 * p.n_nodes + 16) {
-  // Bind: without a secret only loopback, unless allow_insecure.
+      server(io, handshake_rules(p, opt), session_limits(opt), grid, state, *this, log) {
+  // Without a secret or TLS only loopback, unless allow_insecure: refuse, never rebind quietly.
   const HostPort hp = parse_host_port(p.address);
   std::string host = hp.host;
   const int port = opt.port >= 0 ? opt.port : hp.port;
-  if (p.secret.empty() && !p.allow_insecure && !is_loopback_host(host)) {
-    log("no shared secret (secret_file / SPES_SECRET): binding loopback only instead of %s "
-        "(set allow_insecure = true to override)", host.c_str());
-    host = "127.0.0.1";
-  }
+  check_secret(p.secret, "coordinator");
+  check_insecure("coordinator bind address", host, !p.secret.empty(), p.tls.on(), p.allow_insecure);
   if (host == "localhost") host = "127.0.0.1";
   bound = server.listen(host, uint16_t(port));
   log("listening on %s:%u (%s, %d nodes, min_nodes %d, round timeout %.0f s, codec %s%s)", host.c_str(),
-      unsigned(bound.port()), p.secret.empty() ? "no secret" : "HMAC auth", p.n_nodes, quorum(p), p.round_timeout_s,
-      codec_name(p.codec), p.secret.empty() ? ", insecure" : "");
+      unsigned(bound.port()),
+      p.tls.on() ? "TLS 1.3, node certificates" : p.secret.empty() ? "no secret" : "HMAC auth, frame MACs", p.n_nodes,
+      quorum(p), p.round_timeout_s, codec_name(p.codec), p.secret.empty() && !p.tls.on() ? ", insecure" : "");
   if (!p.outer.identity())
     log("outer optimizer %s, lr %g, momentum %g", outer_kind_name(p.outer.kind), p.outer.lr, p.outer.momentum);
   stats_.round = state.round;
@@ -371,6 +377,8 @@ CoordinatorStats Coordinator::stats() const {
   st.connections = c.connections;
   st.live_sessions = c.live_sessions;
   st.refused = c.refused;
+  st.busy = c.busy;
+  st.dropped = c.dropped;
   st.snapshots = c.snapshots;
   st.bytes_in = c.bytes_in;
   st.bytes_out = c.bytes_out;

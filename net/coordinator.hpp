@@ -27,6 +27,7 @@
 #include "net/address.hpp"
 #include "net/codec.hpp"
 #include "net/outer_optimizer.hpp"
+#include "net/tls.hpp"
 
 namespace spes::net {
 
@@ -51,7 +52,8 @@ struct CoordinatorParams {
   int64_t min_nodes = 1;                    // quorum once round_timeout_s has passed (clamped to 1..n_nodes)
   Codec codec = Codec::fp32;
   std::string secret;                       // the shared secret itself ("" = none: loopback only)
-  bool allow_insecure = false;              // no secret and a non-loopback bind
+  bool allow_insecure = false;              // no secret, no TLS and a non-loopback bind
+  TlsFiles tls;                             // TLS 1.3: the run's CA, the coordinator's certificate and key (off: empty)
   std::string address = "127.0.0.1:29500";  // "host:port" to bind
   double round_timeout_s = 600;
   std::string state_dir;                    // state.bin lives here
@@ -76,8 +78,10 @@ struct CoordinatorOptions {
   int64_t chunk_elems = 1 << 20;      // payload grid (multiple of kInt8Block, ≤ kMaxChunkElems)
   std::ostream* csv = nullptr;        // one row per round
   bool log = true;                    // transitions and refusals on stderr
-  double hello_timeout_s = 10.0;      // a connection that does not authenticate by then is dropped
-  int max_connections = 0;            // 0 = 4·n_nodes + 16
+  double handshake_timeout_s = 5.0;  // a connection that does not authenticate by then is dropped
+  int max_pending = 16;               // unauthenticated connections (the oldest makes way for a newcomer)
+  double heartbeat_timeout_s = 3.0;   // a node silent this long is dropped and its node id freed
+  double io_timeout_s = 60.0;         // a frame must be read / written within this, or the peer is dropped
   bool handle_signals = false;        // SIGINT/SIGTERM stop the server
   bool fresh = false;                 // a new run: θ from init_theta, persisted at once as round 0 (it
                                       // replaces a state in state_dir); without it the state must load
@@ -90,6 +94,8 @@ struct CoordinatorStats {
   int64_t connections = 0;            // accepted
   int64_t live_sessions = 0;
   int64_t refused = 0;                // connections ended by an Error frame or a bad frame
+  int64_t busy = 0;                   // of which refused for the connection budget
+  int64_t dropped = 0;                // sessions closed by a deadline (heartbeat, read, write)
   int64_t late_pushes = 0;            // pushes refused as "stale round"
   int64_t snapshots = 0;
   int64_t bytes_in = 0, bytes_out = 0;
@@ -108,7 +114,7 @@ class Coordinator {
   Coordinator& operator=(const Coordinator&) = delete;
 
   uint16_t port() const;
-  std::string bind_address() const;  // the address actually bound ("127.0.0.1" without a secret)
+  std::string bind_address() const;  // the address actually bound
   void run();   // serves in the calling thread until stop()
   void stop();  // thread-safe; every published round is on disk already
   CoordinatorStats stats() const;  // thread-safe

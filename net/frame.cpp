@@ -30,13 +30,17 @@ void write_header(uint8_t* out, uint32_t length, uint32_t crc, uint16_t version)
   put32(out + 12, crc);
 }
 
+void set_header_flags(uint8_t* header, uint16_t flags) { put16(header + 6, flags); }
+
 HeaderCheck parse_header(const uint8_t* in, uint32_t max_length, FrameHeader* out) {
   out->version = get16(in + 4);
+  out->flags = get16(in + 6);
   out->length = get32(in + 8);
   out->crc = get32(in + 12);
   if (get32(in) != kMagic) return HeaderCheck::bad_magic;
   if (out->version != kProtocolVersion) return HeaderCheck::bad_version;
   if (out->length > max_length || out->length < 8) return HeaderCheck::too_large;
+  if (out->flags & ~uint16_t(1)) return HeaderCheck::bad_flags;  // only kFlagMac is defined
   return HeaderCheck::ok;
 }
 
@@ -49,6 +53,7 @@ std::string header_problem(HeaderCheck c, const FrameHeader& h, uint32_t max_len
              ", the peer sent " + std::to_string(h.version);
     case HeaderCheck::too_large:
       return "frame length " + std::to_string(h.length) + " outside [8, " + std::to_string(max_length) + "]";
+    case HeaderCheck::bad_flags: return "unknown frame flags " + std::to_string(h.flags);
   }
   return "bad frame header";
 }
@@ -141,6 +146,11 @@ FrameView FrameWriter::round_done(int64_t round, int64_t step, uint32_t chunks, 
 FrameView FrameWriter::snapshot_request(int64_t since_round) {
   b_.Clear();
   return finish(wire::Message_SnapshotRequest, wire::CreateSnapshotRequest(b_, since_round).Union());
+}
+
+FrameView FrameWriter::heartbeat() {
+  b_.Clear();
+  return finish(wire::Message_Heartbeat, wire::CreateHeartbeat(b_).Union());
 }
 
 FrameView FrameWriter::snapshot_done(int64_t round, int64_t step, uint32_t chunks, uint64_t state_hash) {

@@ -3,7 +3,7 @@
 //
 //   offset 0  u32  magic "SPES"
 //          4  u16  protocol version
-//          6  u16  flags (0)
+//          6  u16  flags (0, or kFlagMac: a MAC follows the payload, net/frame_mac.hpp)
 //          8  u32  payload length (≤ the receiver's current cap)
 //         12  u32  CRC32C of the payload
 //
@@ -41,13 +41,15 @@ constexpr size_t kMaxReasonBytes = 512;
 
 struct FrameHeader {
   uint16_t version = 0;
+  uint16_t flags = 0;
   uint32_t length = 0;
   uint32_t crc = 0;
 };
 
-enum class HeaderCheck { ok, bad_magic, bad_version, too_large };
+enum class HeaderCheck { ok, bad_magic, bad_version, too_large, bad_flags };
 
 void write_header(uint8_t* out, uint32_t length, uint32_t crc, uint16_t version = kProtocolVersion);
+void set_header_flags(uint8_t* header, uint16_t flags);
 // Reads the 16 bytes; `max_length` is the receiver's cap in its current state.
 HeaderCheck parse_header(const uint8_t* in, uint32_t max_length, FrameHeader* out);
 std::string header_problem(HeaderCheck c, const FrameHeader& h, uint32_t max_length);
@@ -114,6 +116,7 @@ class FrameWriter {
   FrameView round_done(int64_t round, int64_t step, uint32_t chunks, uint64_t state_hash,
                        int32_t participants, double merge_alpha);
   FrameView snapshot_request(int64_t since_round = -1);  // -1: every chunk
+  FrameView heartbeat();
   FrameView snapshot_done(int64_t round, int64_t step, uint32_t chunks, uint64_t state_hash);
 
   template <class Fill>

@@ -2,7 +2,9 @@
 // switched off as a whole for quiet tests. The pure parts of net/ (the round state
 // machine) take a LineSink instead and never print themselves.
 #pragma once
+#include <chrono>
 #include <cstdarg>
+#include <cstdint>
 #include <functional>
 #include <string>
 #include <utility>
@@ -32,6 +34,32 @@ class LineLog {
  private:
   std::string prefix_;
   bool on_;
+};
+
+// Log lines a peer can trigger at will (refusals): at most `per_window` per
+// window, so a fuzzer or a port scanner cannot flood the log, and the first line
+// of a later window says how many were left out; never silenced for good.
+class RateLimiter {
+ public:
+  using Clock = std::chrono::steady_clock;
+  RateLimiter(int per_window, double window_s)
+      : per_window_(per_window), window_(std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(window_s))) {}
+  // Whether to log this line; *suppressed = lines left out since the last one logged.
+  bool admit(Clock::time_point now, int64_t* suppressed) {
+    if (now - window_start_ >= window_) window_start_ = now, in_window_ = 0;
+    if (in_window_ >= per_window_) return ++suppressed_, false;
+    ++in_window_;
+    *suppressed = suppressed_;
+    suppressed_ = 0;
+    return true;
+  }
+
+ private:
+  int per_window_;
+  Clock::duration window_;
+  Clock::time_point window_start_{};
+  int in_window_ = 0;
+  int64_t suppressed_ = 0;
 };
 
 }  // namespace spes::net

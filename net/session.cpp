@@ -17,9 +17,14 @@ using tcp = asio::ip::tcp;
 // ---- one connection ----------------------------------------------------------
 
 Session::Session(SessionServer& srv, tcp::socket sock)
-    : srv_(srv), sock_(std::move(sock)), writer_(64 * 1024), hello_timer_(srv.io_) {
+    : srv_(srv),
+      stream_(std::move(sock), *srv.tls_ctx_),
+      tls_(srv.rules_.tls.on()),
+      tls_done_(!tls_),
+      writer_(64 * 1024),
+      watchdog_(srv.io_) {
   boost::system::error_code ec;
-  auto ep = sock_.remote_endpoint(ec);
+  auto ep = socket().remote_endpoint(ec);
   peer_ = ec ? "?" : ep.address().to_string() + ":" + std::to_string(ep.port());
 }
 
@@ -28,27 +33,96 @@ std::string Session::who() const {
 }
 
 void Session::start() {
-  tune_socket(sock_);
+  tune_socket(socket());
+  born_ = last_rx_ = Clock::now();
+  watch();
+  if (!tls_) return begin();
+  stream_.async_handshake(ssl::stream_base::server,
+                          [self = shared_from_this()](boost::system::error_code ec) { self->on_tls_handshake(ec); });
+}
+
+void Session::on_tls_handshake(boost::system::error_code ec) {
+  if (state_ != State::handshake) return;
+  if (ec) {
+    srv_.refused(who(), "TLS handshake failed: " + tls_error(ec, stream_));
+    return close();
+  }
+  tls_done_ = true;
+  cert_node_ = peer_node_id(stream_);
+  if (cert_node_ < 0) return fail(wire::ErrorCode_auth, "the certificate names no node (CN node-<id>)");
+  begin();
+}
+
+void Session::begin() {
   random_bytes(nonce_.data(), nonce_.size());
   send(own(writer_.challenge(nonce_)));
-  hello_timer_.expires_after(to_duration(srv_.rules_.hello_timeout_s));
-  hello_timer_.async_wait([self = shared_from_this()](boost::system::error_code e) {
-    if (!e && self->state_ == State::handshake) self->fail(wire::ErrorCode_timeout, "no Hello in time");
-  });
   read_header();
+}
+
+// Every deadline of the session, checked a few times a second: cheaper and
+// simpler than one timer per operation, and a dead peer is noticed within the
+// deadline plus one tick.
+void Session::watch() {
+  watchdog_.expires_after(std::chrono::milliseconds(250));
+  watchdog_.async_wait([self = shared_from_this()](boost::system::error_code e) {
+    if (e || self->state_ == State::closed) return;
+    const SessionLimits& l = self->srv_.limits_;
+    const auto now = Clock::now();
+    const double rx_s = std::chrono::duration<double>(now - self->last_rx_).count();
+    const double tx_s = std::chrono::duration<double>(now - self->write_since_).count();
+    char why[160];
+    if (self->writing_ && tx_s > l.io_timeout_s) {
+      std::snprintf(why, sizeof why, "the peer does not read: a frame not written within %.3g s", l.io_timeout_s);
+      return self->drop(why);
+    }
+    if (self->state_ == State::handshake &&
+        std::chrono::duration<double>(now - self->born_).count() > l.handshake_timeout_s) {
+      if (!self->tls_done_)  // most likely a plaintext node: it waits for a Challenge and reads this instead
+        return self->fail(wire::ErrorCode_auth,
+                          "this coordinator requires TLS: no TLS handshake in time (set [spes] tls_ca)");
+      std::snprintf(why, sizeof why, "no Hello within %.3g s", l.handshake_timeout_s);
+      return self->fail(wire::ErrorCode_timeout, why);
+    }
+    if (self->state_ == State::ready && self->in_frame_ && rx_s > l.io_timeout_s) {
+      std::snprintf(why, sizeof why, "a frame not completed within %.3g s", l.io_timeout_s);
+      return self->drop(why);
+    }
+    if (self->state_ == State::ready && !self->in_frame_ && rx_s > l.heartbeat_timeout_s) {
+      std::snprintf(why, sizeof why, "silent for %.1f s (no heartbeat): node id freed", rx_s);
+      return self->drop(why);
+    }
+    self->watch();
+  });
+}
+
+// A deadline passed: the peer is gone or not reading, so no Error frame (it
+// would not be read either); the socket and its buffers are freed now.
+void Session::drop(const char* why) {
+  ++srv_.counters_.dropped;
+  srv_.log_("%s: %s; dropped", who().c_str(), why);
+  close();
+}
+
+void Session::leave_handshake() {
+  if (!pending_) return;
+  pending_ = false;
+  --srv_.pending_count_;
 }
 
 uint32_t Session::cap() const { return state_ == State::handshake ? kMaxHandshakeFrameBytes : kMaxFrameBytes; }
 
 void Session::read_header() {
-  asio::async_read(sock_, asio::buffer(hdr_), [self = shared_from_this()](boost::system::error_code ec, size_t) {
-    self->on_header(ec);
+  with_stream([&](auto& s) {
+    asio::async_read(s, asio::buffer(hdr_), [self = shared_from_this()](boost::system::error_code ec, size_t) {
+      self->on_header(ec);
+    });
   });
 }
 
 void Session::on_header(boost::system::error_code ec) {
   if (state_ == State::closing || state_ == State::closed) return;
   if (ec) return read_failed(ec, false);
+  last_rx_ = Clock::now();
   srv_.round_bytes_in_ += kHeaderBytes;
   const HeaderCheck hc = parse_header(hdr_.data(), cap(), &header_);
   if (hc != HeaderCheck::ok) {
@@ -56,17 +130,29 @@ void Session::on_header(boost::system::error_code ec) {
     return fail(hc == HeaderCheck::bad_version ? wire::ErrorCode_protocol_version : wire::ErrorCode_bad_frame,
                 header_problem(hc, header_, cap()));
   }
-  asio::async_read(sock_, asio::buffer(payload_.take(header_.length), header_.length),
-                   [self = shared_from_this()](boost::system::error_code e, size_t) { self->on_payload(e); });
+  const bool sealed = mac_.on();
+  if (bool(header_.flags & kFlagMac) != sealed)
+    return fail(wire::ErrorCode_auth, sealed ? "frame without a MAC after the handshake" : "unexpected frame MAC");
+  in_frame_ = true;
+  const size_t n = header_.length + (sealed ? kMacBytes : 0);
+  with_stream([&](auto& s) {
+    asio::async_read(s, asio::buffer(payload_.take(n), n),
+                     [self = shared_from_this()](boost::system::error_code e, size_t) { self->on_payload(e); });
+  });
 }
 
 void Session::on_payload(boost::system::error_code ec) {
   if (state_ == State::closing || state_ == State::closed) return;
   if (ec) return read_failed(ec, true);
+  in_frame_ = false;
+  last_rx_ = Clock::now();
   srv_.round_bytes_in_ += header_.length;
-  srv_.counters_.bytes_in += int64_t(kHeaderBytes + header_.length);
+  srv_.counters_.bytes_in += int64_t(kHeaderBytes + payload_.size());
+  // The MAC before anything of the payload is looked at; CRC32C after, for transport damage.
+  if (mac_.on() && !mac_.open(hdr_.data(), payload_.data(), header_.length, payload_.data() + header_.length))
+    return fail(wire::ErrorCode_auth, "frame MAC mismatch (tampered, replayed or reordered frame)");
   std::string why;
-  const wire::Envelope* env = open_payload(payload_.data(), payload_.size(), header_.crc, &why);
+  const wire::Envelope* env = open_payload(payload_.data(), header_.length, header_.crc, &why);
   if (!env) return fail(wire::ErrorCode_bad_frame, why);
   dispatch(env);
   if (state_ == State::handshake || state_ == State::ready) read_header();
@@ -89,6 +175,7 @@ void Session::dispatch(const wire::Envelope* env) {
     return on_hello(env->msg_as_Hello());
   }
   switch (env->msg_type()) {
+    case wire::Message_Heartbeat: return;  // its arrival reset the read deadline
     case wire::Message_PushChunk: return srv_.handler_.on_push_chunk(*this, env->msg_as_PushChunk());
     case wire::Message_PushDone: return srv_.handler_.on_push_done(*this, env->msg_as_PushDone());
     case wire::Message_SnapshotRequest: {
@@ -100,6 +187,7 @@ void Session::dispatch(const wire::Envelope* env) {
                 srv_.state_.round, env->msg_as_SnapshotRequest()->since_round());
       OutJob j;
       j.kind = OutJob::snapshot;
+      j.sealed = mac_.on();
       j.theta_round = srv_.state_.round;
       // Changed-only: the chunks changed after the round the node says it holds (it
       // checks the state hash at the end and asks for everything if it was wrong).
@@ -143,11 +231,14 @@ void Session::on_hello(const wire::Hello* h) {
     return fail(wire::ErrorCode_codec, std::string("codec mismatch: coordinator uses ") + codec_name(r.codec) +
                                            ", node sent " +
                                            (valid_codec(h->codec()) ? codec_name(Codec(h->codec())) : "unknown"));
+  if (tls_ && id != cert_node_)
+    return fail(wire::ErrorCode_auth, "certificate names node " + std::to_string(cert_node_) + ", Hello claims node " +
+                                          std::to_string(id));
   if (srv_.node_session(id))
     return fail(wire::ErrorCode_duplicate_node, "node " + std::to_string(id) + " is already connected");
   node_id_ = id;
   state_ = State::ready;
-  hello_timer_.cancel();
+  leave_handshake();
   srv_.node_session_[size_t(id)] = shared_from_this();
   member_ = true;
   const GlobalState& g = srv_.state_;
@@ -162,11 +253,16 @@ void Session::on_hello(const wire::Hello* h) {
   srv_.log_("%s joined (its round %" PRId64 ", coordinator round %" PRId64 ", %s)", who().c_str(), h->sync_round(),
             g.round, w.in_sync ? "in sync" : "needs a snapshot");
   send(own(writer_.welcome(w)));
+  // Every frame after Welcome (and after Hello, the node's side) carries a MAC.
+  if (!r.secret.empty() && !tls_)
+    mac_.start(session_key(r.secret, nonce_, std::span<const uint8_t>(h->node_nonce()->data(), kNonceBytes)),
+               FrameMac::coordinator);
 }
 
 void Session::send(OwnedFrame f) {
   OutJob j;
   j.kind = OutJob::frame;
+  j.sealed = mac_.on();
   j.owned = std::move(f);
   outq_.push_back(std::move(j));
   pump();
@@ -175,6 +271,7 @@ void Session::send(OwnedFrame f) {
 void Session::enqueue_publication(std::shared_ptr<const Publication> pub) {
   OutJob j;
   j.kind = OutJob::publication;
+  j.sealed = mac_.on();
   j.pub = std::move(pub);
   j.theta_round = srv_.state_.round;
   outq_.push_back(std::move(j));
@@ -195,6 +292,10 @@ void Session::fail(wire::ErrorCode code, const std::string& reason) {
   } else {
     srv_.refused(who(), reason);
   }
+  if (!tls_done_) {  // no TLS channel yet to carry the Error: it goes in plaintext
+    SessionServer::write_plain_error(socket(), code, reason);
+    return close();
+  }
   // Nothing more after the Error; a frame already in flight is finished first.
   if (writing_ && !outq_.empty()) {
     outq_.erase(outq_.begin() + 1, outq_.end());
@@ -204,13 +305,14 @@ void Session::fail(wire::ErrorCode code, const std::string& reason) {
   }
   OutJob j;
   j.kind = OutJob::frame;
+  j.sealed = mac_.on();
   j.owned = own(writer_.error(code, reason));
   outq_.push_back(std::move(j));
   state_ = State::closing;
+  leave_handshake();
   left();
-  hello_timer_.cancel();
   boost::system::error_code ec;
-  sock_.shutdown(tcp::socket::shutdown_receive, ec);
+  socket().shutdown(tcp::socket::shutdown_receive, ec);
   pump();
 }
 
@@ -287,10 +389,24 @@ void Session::pump() {
       outq_.pop_front();
       continue;
     }
-    writing_ = true;
-    const size_t bytes = v.size();
-    std::array<asio::const_buffer, 2> bufs{asio::buffer(v.header, kHeaderBytes), asio::buffer(v.body, v.body_size)};
-    asio::async_write(sock_, bufs, [self = shared_from_this(), bytes](boost::system::error_code ec, size_t) {
+    return write(v, j.sealed);
+  }
+  if (state_ == State::closing) close();
+}
+
+void Session::write(const FrameView& v, bool sealed) {
+  writing_ = true;
+  write_since_ = Clock::now();
+  std::memcpy(out_hdr_.data(), v.header, kHeaderBytes);
+  if (sealed) {
+    set_header_flags(out_hdr_.data(), kFlagMac);
+    out_mac_ = mac_.seal(out_hdr_.data(), v.body, v.body_size);
+  }
+  const size_t bytes = v.size() + (sealed ? kMacBytes : 0);
+  std::array<asio::const_buffer, 3> bufs{asio::buffer(out_hdr_), asio::buffer(v.body, v.body_size),
+                                         asio::buffer(out_mac_.data(), sealed ? kMacBytes : 0)};
+  with_stream([&](auto& s) {
+    asio::async_write(s, bufs, [self = shared_from_this(), bytes](boost::system::error_code ec, size_t) {
       self->writing_ = false;
       if (ec) {
         if (self->state_ != State::closing && self->state_ != State::closed && ec != asio::error::operation_aborted)
@@ -304,19 +420,19 @@ void Session::pump() {
       }
       self->pump();
     });
-    return;
-  }
-  if (state_ == State::closing) close();
+  });
 }
 
 void Session::close() {
   if (state_ == State::closed) return;
   state_ = State::closed;
+  leave_handshake();
   left();
-  hello_timer_.cancel();
+  watchdog_.cancel();
+  payload_.release();
   boost::system::error_code ec;
-  sock_.shutdown(tcp::socket::shutdown_both, ec);
-  sock_.close(ec);
+  socket().shutdown(tcp::socket::shutdown_both, ec);
+  socket().close(ec);
   outq_.clear();
   auto self = shared_from_this();
   srv_.sessions_.erase(self);
@@ -325,17 +441,17 @@ void Session::close() {
 
 // ---- the server ------------------------------------------------------------------
 
-SessionServer::SessionServer(asio::io_context& io, HandshakeRules rules, const ChunkGrid& grid,
-                             const GlobalState& state, SessionHandler& handler, const LineLog& log,
-                             int max_connections)
+SessionServer::SessionServer(asio::io_context& io, HandshakeRules rules, SessionLimits limits, const ChunkGrid& grid,
+                             const GlobalState& state, SessionHandler& handler, const LineLog& log)
     : io_(io),
       acceptor_(io),
       rules_(std::move(rules)),
+      tls_ctx_(rules_.tls.on() ? tls_context(rules_.tls, true) : plain_context()),
       grid_(grid),
       state_(state),
       handler_(handler),
       log_(log),
-      max_connections_(max_connections),
+      limits_(limits),
       node_session_(size_t(rules_.n_nodes)) {}
 
 tcp::endpoint SessionServer::listen(const std::string& host, uint16_t port) {
@@ -356,21 +472,54 @@ void SessionServer::start() { accept(); }
 void SessionServer::accept() {
   acceptor_.async_accept([this](boost::system::error_code ec, tcp::socket sock) {
     if (stopped_) return;
-    if (!ec) {
-      ++counters_.connections;
-      if (int(sessions_.size()) >= max_connections_) {
-        refused("a connection", "too many connections");
-        boost::system::error_code e;
-        sock.close(e);
-      } else {
-        auto s = std::make_shared<Session>(*this, std::move(sock));
-        sessions_.insert(s);
-        counters_.live_sessions = int64_t(sessions_.size());
-        s->start();
-      }
-    }
+    if (!ec) admit(std::move(sock));
     accept();
   });
+}
+
+// Nodes (at most one session per node id) and unauthenticated connections have
+// separate budgets: a newcomer takes the place of the oldest unauthenticated
+// connection, so idle sockets cannot keep a node out, and a node that connects
+// finishes its handshake in one round trip, long before it could be pushed out.
+void SessionServer::admit(tcp::socket sock) {
+  ++counters_.connections;
+  // Sessions still flushing their Error are bounded too (a flood of refusals).
+  const size_t hard_cap = size_t(rules_.n_nodes) + 2 * size_t(limits_.max_pending) + 16;
+  if (sessions_.size() >= hard_cap) return refuse_busy(sock, "too many connections");
+  while (pending_count_ >= limits_.max_pending && !pending_.empty()) {
+    auto oldest = pending_.front().lock();
+    pending_.pop_front();
+    if (oldest && !oldest->ready() && oldest->pending_) {
+      ++counters_.busy;
+      oldest->fail(wire::ErrorCode_busy, "busy: too many unauthenticated connections; the oldest makes way");
+    }
+  }
+  while (!pending_.empty() && pending_.front().expired()) pending_.pop_front();
+  auto s = std::make_shared<Session>(*this, std::move(sock));
+  sessions_.insert(s);
+  pending_.push_back(s);
+  ++pending_count_;
+  counters_.live_sessions = int64_t(sessions_.size());
+  s->start();
+}
+
+// A busy Error written straight into the socket's (empty) send buffer, then closed:
+// no session, nothing to wait for.
+void SessionServer::refuse_busy(tcp::socket& sock, const std::string& why) {
+  ++counters_.busy;
+  refused("a connection", why);
+  write_plain_error(sock, wire::ErrorCode_busy, "busy: " + why);
+}
+
+void SessionServer::write_plain_error(tcp::socket& sock, wire::ErrorCode code, const std::string& reason) {
+  FrameWriter w(256);
+  const FrameView v = w.error(code, reason);
+  boost::system::error_code e;
+  sock.non_blocking(true, e);
+  std::array<asio::const_buffer, 2> bufs{asio::buffer(v.header, kHeaderBytes), asio::buffer(v.body, v.body_size)};
+  sock.write_some(bufs, e);
+  sock.shutdown(tcp::socket::shutdown_both, e);
+  sock.close(e);
 }
 
 void SessionServer::stop() {
@@ -389,11 +538,12 @@ int64_t SessionServer::take_round_bytes_in() { return std::exchange(round_bytes_
 
 void SessionServer::refused(const std::string& who, const std::string& reason) {
   ++counters_.refused;
-  // Rate-limited: a fuzzer or a port scanner must not flood the log.
-  ++refusal_logs_;
-  if (refusal_logs_ <= 20 || refusal_logs_ % 1000 == 0)
-    log_("refused %s: %s%s", who.c_str(), reason.c_str(),
-         refusal_logs_ == 20 ? " (further refusals logged every 1000th)" : "");
+  int64_t left_out = 0;
+  if (!refusal_log_.admit(RateLimiter::Clock::now(), &left_out)) return;
+  if (left_out > 0)
+    log_("refused %s: %s (%" PRId64 " more refusals not logged)", who.c_str(), reason.c_str(), left_out);
+  else
+    log_("refused %s: %s", who.c_str(), reason.c_str());
 }
 
 }  // namespace spes::net

@@ -10,7 +10,9 @@
 #include <cinttypes>
 #include <cmath>
 #include <cstdio>
+#include <condition_variable>
 #include <cstring>
+#include <mutex>
 #include <random>
 #include <thread>
 #include <utility>
@@ -25,8 +27,10 @@
 #include "net/codec.hpp"
 #include "net/digest.hpp"
 #include "net/frame.hpp"
+#include "net/frame_mac.hpp"
 #include "net/grid.hpp"
 #include "net/line_log.hpp"
+#include "net/tls.hpp"
 
 namespace spes::net {
 
@@ -72,7 +76,15 @@ struct SyncClient::Impl {
 
   // Connection.
   asio::io_context io;
-  tcp::socket sock{io};
+  std::unique_ptr<ssl::context> tls_ctx = p.tls.on() ? tls_context(p.tls, false) : plain_context();
+  std::unique_ptr<TlsStream> stream = std::make_unique<TlsStream>(io, *tls_ctx);  // a fresh one per connection
+  tcp::socket& sock() { return stream->next_layer(); }
+  // Reads and writes go through TLS when it is on, else straight to the socket.
+  template <class F>
+  void with_stream(F&& f) {
+    if (p.tls.on()) f(*stream);
+    else f(sock());
+  }
   bool connected = false;
   int64_t coordinator_round = 0;  // the coordinator's completed round, from its Welcome
   bool force_snapshot = false;  // params no longer hold "θ_old + local work"
@@ -87,6 +99,24 @@ struct SyncClient::Impl {
   std::array<uint8_t, kHeaderBytes> hdr{};
   std::mt19937_64 rng;
   int64_t bytes_up = 0, bytes_down = 0;
+  FrameMac mac;                                  // shared-secret mode, after the handshake
+  std::array<uint8_t, kHeaderBytes> out_hdr{};   // header of the frame being written (kFlagMac set)
+  Digest out_mac{};
+
+  // Heartbeats: every second the node is connected and not writing, so the
+  // coordinator can tell a dead node (silent) from a busy one. While a round
+  // waits, read_frame sends them; between rounds, a thread does. `mu` makes the
+  // two take turns on the socket (sync_round holds it throughout).
+  static constexpr double kHeartbeatS = 1.0;
+  std::mutex mu;
+  std::condition_variable hb_cv;
+  bool hb_stop = false;
+  Clock::time_point last_write{};
+  OwnedFrame hb_frame = own(FrameWriter(64).heartbeat());
+  std::array<uint8_t, kHeaderBytes> hb_hdr{};
+  Digest hb_mac{};
+  bool hb_writing = false;
+  std::thread hb_thread;
 
   Impl(const SyncClientParams& params, SyncClientOptions op)
       : p(params), opt(std::move(op)), addr(parse_host_port(p.coordinator)),
@@ -94,6 +124,9 @@ struct SyncClient::Impl {
     if (int64_t(p.initial_params.size()) != layout.total)
       throw NetError("node " + std::to_string(node) + ": initial θ has " + std::to_string(p.initial_params.size()) +
                      " values, the layout " + std::to_string(layout.total));
+    check_secret(p.secret, "node " + std::to_string(node));
+    check_insecure("node " + std::to_string(node) + ": coordinator", addr.host, !p.secret.empty(), p.tls.on(),
+                   p.allow_insecure);
     if (opt.io_timeout_s <= 0) opt.io_timeout_s = std::max(60.0, p.round_timeout_s + 120.0);
     threads = opt.threads > 0 ? opt.threads : int(std::max(1u, std::thread::hardware_concurrency()));
     for (auto& bank : push_banks) bank.resize(size_t(threads));
@@ -103,6 +136,45 @@ struct SyncClient::Impl {
     if (codec_is_lossy(codec)) residual.assign(base.size(), 0.0f), pending.assign(base.size(), 0.0f);
     std::random_device rd;
     rng.seed((uint64_t(rd()) << 32) ^ rd() ^ uint64_t(node));
+    hb_thread = std::thread([this] { heartbeat_loop(); });
+  }
+
+  ~Impl() {
+    {
+      std::lock_guard<std::mutex> lk(mu);
+      hb_stop = true;
+    }
+    hb_cv.notify_all();
+    hb_thread.join();
+  }
+
+  // Between rounds: a heartbeat each second while connected; a failure just
+  // disconnects (the next round reconnects).
+  void heartbeat_loop() {
+    std::unique_lock<std::mutex> lk(mu);
+    while (!hb_cv.wait_for(lk, to_duration(kHeartbeatS / 2), [&] { return hb_stop; })) {
+      if (!connected || Clock::now() - last_write < to_duration(kHeartbeatS)) continue;
+      try {
+        write_frame(FrameView{hb_frame.bytes.data(), hb_frame.bytes.data() + kHeaderBytes,
+                              hb_frame.bytes.size() - kHeaderBytes},
+                    false);
+      } catch (const std::exception& e) {
+        log("heartbeat failed (%s); reconnecting at the next round", e.what());
+        disconnect();
+      }
+    }
+  }
+
+  // The header (with kFlagMac and the MAC when sealing) of a frame about to be written.
+  std::array<asio::const_buffer, 3> frame_buffers(const FrameView& v, std::array<uint8_t, kHeaderBytes>& hdr_out,
+                                                  Digest& mac_out) {
+    std::memcpy(hdr_out.data(), v.header, kHeaderBytes);
+    if (mac.on()) {
+      set_header_flags(hdr_out.data(), kFlagMac);
+      mac_out = mac.seal(hdr_out.data(), v.body, v.body_size);
+    }
+    return {asio::buffer(hdr_out), asio::buffer(v.body, v.body_size),
+            asio::buffer(mac_out.data(), mac.on() ? kMacBytes : 0)};
   }
 
   void gather_owned(const float* params, float* out) const { space.gather(params, out); }
@@ -122,38 +194,68 @@ struct SyncClient::Impl {
 
   // ---- I/O with deadlines: async operations driven by run_for ----------------
 
+  // `beat`: while waiting (a read), send a heartbeat each second without one.
   template <class Start>
-  void run_op(Start&& start, double timeout_s, const char* what) {
+  void run_op(Start&& start, double timeout_s, const char* what, bool beat = false) {
     boost::system::error_code result = asio::error::would_block;
     start([&](boost::system::error_code ec, auto&&...) { result = ec; });
-    io.restart();
-    io.run_for(to_duration(timeout_s));
-    if (result == asio::error::would_block) {
+    const auto deadline = Clock::now() + to_duration(timeout_s);
+    for (;;) {
+      // Checked before every wait, not only after a slow one: a long stream of
+      // quick reads (a big result or snapshot) must not leave the node silent.
+      if (beat && connected && !hb_writing && Clock::now() - last_write >= to_duration(kHeartbeatS)) {
+        const FrameView v{hb_frame.bytes.data(), hb_frame.bytes.data() + kHeaderBytes,
+                          hb_frame.bytes.size() - kHeaderBytes};
+        hb_writing = true;
+        last_write = Clock::now();
+        with_stream([&](auto& s) {
+          asio::async_write(s, frame_buffers(v, hb_hdr, hb_mac),
+                            [this](boost::system::error_code, size_t) { hb_writing = false; });
+        });
+      }
+      const auto left = deadline - Clock::now();
+      if (left <= Clock::duration::zero()) break;
+      io.restart();
+      io.run_for(std::min<Clock::duration>(left, to_duration(beat ? kHeartbeatS / 2 : timeout_s)));
+      if (result != asio::error::would_block) break;
+    }
+    if (hb_writing) {  // finish the heartbeat in flight: the next frame's MAC follows it
+      io.restart();
+      io.run_for(to_duration(std::min(timeout_s, 5.0)));
+    }
+    if (result == asio::error::would_block || hb_writing) {
       boost::system::error_code ec;
-      sock.close(ec);
+      sock().close(ec);
       io.restart();
       io.run();
       throw Transient(std::string("timeout ") + what);
     }
+    // In TLS 1.3 the coordinator judges this node's certificate after the client's
+    // handshake is done: its verdict arrives as an alert on the first read. Final.
+    if (result && result.category() == asio::error::get_ssl_category())
+      throw Refused(wire::ErrorCode_auth, std::string("TLS error ") + what + ": " + tls_error(result, *stream) +
+                                              " (the coordinator rejected this node's certificate?)");
     if (result) throw Transient(std::string(what) + ": " + result.message());
   }
 
-  void write_frame(const FrameView& v) {
-    std::array<asio::const_buffer, 2> bufs{asio::buffer(v.header, kHeaderBytes), asio::buffer(v.body, v.body_size)};
+  void write_frame(const FrameView& v, bool count = true) {
+    const auto bufs = frame_buffers(v, out_hdr, out_mac);
     try {
-      run_op([&](auto&& h) { asio::async_write(sock, bufs, h); }, opt.io_timeout_s, "sending to the coordinator");
+      run_op([&](auto&& h) { with_stream([&](auto& s) { asio::async_write(s, bufs, h); }); },
+             count ? opt.io_timeout_s : 5.0, "sending to the coordinator");
     } catch (const Transient&) {
       // The coordinator refuses with an Error frame and closes; our next write then
       // fails. Its reason is still in the receive queue: say it rather than retry.
       read_pending_error();
       throw;
     }
-    bytes_up += int64_t(v.size());
+    last_write = Clock::now();
+    if (count) bytes_up += int64_t(v.size() + (mac.on() ? kMacBytes : 0));
   }
 
   // Throws Refused when an Error frame can still be read (briefly); else returns.
   void read_pending_error() {
-    if (!sock.is_open()) return;
+    if (!sock().is_open()) return;
     try {
       read_frame(kMaxFrameBytes, 0.5);
     } catch (const Refused&) {
@@ -162,20 +264,25 @@ struct SyncClient::Impl {
     }
   }
 
-  // Reads one frame; an Error frame becomes Refused.
+  // Reads one frame (heartbeats while waiting for it); an Error frame becomes Refused.
   const wire::Envelope* read_frame(uint32_t cap, double timeout_s) { return read_frame(cap, timeout_s, rx); }
   const wire::Envelope* read_frame(uint32_t cap, double timeout_s, RecvBuffer& rx) {
-    run_op([&](auto&& h) { asio::async_read(sock, asio::buffer(hdr), h); }, timeout_s, "waiting for the coordinator");
+    run_op([&](auto&& h) { with_stream([&](auto& s) { asio::async_read(s, asio::buffer(hdr), h); }); }, timeout_s,
+           "waiting for the coordinator", true);
     FrameHeader fh;
     const HeaderCheck hc = parse_header(hdr.data(), cap, &fh);
     if (hc == HeaderCheck::bad_version) throw Refused(wire::ErrorCode_protocol_version, header_problem(hc, fh, cap));
     if (hc != HeaderCheck::ok) throw Transient("bad frame from the coordinator: " + header_problem(hc, fh, cap));
-    uint8_t* buf = rx.take(fh.length);
-    run_op([&](auto&& h) { asio::async_read(sock, asio::buffer(buf, fh.length), h); }, opt.io_timeout_s,
-           "reading from the coordinator");
-    bytes_down += int64_t(kHeaderBytes + fh.length);
+    if (bool(fh.flags & kFlagMac) != mac.on()) throw Transient("bad frame from the coordinator: MAC flag");
+    const size_t n = fh.length + (mac.on() ? kMacBytes : 0);
+    uint8_t* buf = rx.take(n);
+    run_op([&](auto&& h) { with_stream([&](auto& s) { asio::async_read(s, asio::buffer(buf, n), h); }); },
+           opt.io_timeout_s, "reading from the coordinator", true);
+    bytes_down += int64_t(kHeaderBytes + n);
+    if (mac.on() && !mac.open(hdr.data(), buf, fh.length, buf + fh.length))
+      throw Transient("frame MAC mismatch from the coordinator (tampered, replayed or reordered frame)");
     std::string why;
-    const wire::Envelope* env = open_payload(rx.data(), rx.size(), fh.crc, &why);
+    const wire::Envelope* env = open_payload(buf, fh.length, fh.crc, &why);
     if (!env) throw Transient("bad frame from the coordinator: " + why);
     if (env->msg_type() == wire::Message_Error) {
       const auto* e = env->msg_as_Error();
@@ -186,9 +293,33 @@ struct SyncClient::Impl {
 
   void disconnect() {
     boost::system::error_code ec;
-    sock.shutdown(tcp::socket::shutdown_both, ec);
-    sock.close(ec);
+    sock().shutdown(tcp::socket::shutdown_both, ec);
+    sock().close(ec);
     connected = false;
+    hb_writing = false;
+    mac.stop();
+  }
+
+  // A certificate problem on either side is final (Refused); a connection that
+  // broke or timed out is worth retrying.
+  void tls_handshake() {
+    expect_peer_host(*stream, addr.host);
+    boost::system::error_code result = asio::error::would_block;
+    stream->async_handshake(ssl::stream_base::client, [&](boost::system::error_code ec) { result = ec; });
+    io.restart();
+    io.run_for(to_duration(opt.connect_timeout_s));
+    if (result == asio::error::would_block) {
+      boost::system::error_code ec;
+      sock().close(ec);
+      io.restart();
+      io.run();
+      throw Transient("timeout in the TLS handshake with the coordinator");
+    }
+    if (!result) return;
+    const std::string why = "TLS handshake with the coordinator failed: " + tls_error(result, *stream);
+    if (result.category() == asio::error::get_ssl_category())
+      throw Refused(wire::ErrorCode_auth, why + " (is the coordinator running with TLS, with this run's CA?)");
+    throw Transient(why);
   }
 
   // Connects and authenticates; returns whether the node is in sync.
@@ -198,9 +329,11 @@ struct SyncClient::Impl {
     boost::system::error_code ec;
     auto endpoints = resolver.resolve(addr.host, std::to_string(addr.port), ec);
     if (ec) throw Transient("cannot resolve " + addr.host + ": " + ec.message());
-    run_op([&](auto&& h) { asio::async_connect(sock, endpoints, h); }, opt.connect_timeout_s,
+    stream = std::make_unique<TlsStream>(io, *tls_ctx);
+    run_op([&](auto&& h) { asio::async_connect(sock(), endpoints, h); }, opt.connect_timeout_s,
            ("connecting to " + addr.host + ":" + std::to_string(addr.port)).c_str());
-    tune_socket(sock);
+    tune_socket(sock());
+    if (p.tls.on()) tls_handshake();
 
     const wire::Envelope* env = read_frame(kMaxHandshakeFrameBytes, opt.connect_timeout_s);
     if (env->msg_type() != wire::Message_Challenge) throw Transient("coordinator did not send a Challenge");
@@ -249,6 +382,7 @@ struct SyncClient::Impl {
     }
     connected = true;
     coordinator_round = w->round();
+    if (!p.secret.empty() && !p.tls.on()) mac.start(session_key(p.secret, server_nonce, h.node_nonce), FrameMac::node);
     const bool in_sync = w->in_sync() && !force_snapshot;
     log("connected to %s:%u (coordinator round %" PRId64 ", ours %" PRId64 ", %s)", addr.host.c_str(),
         unsigned(addr.port), w->round(), round, in_sync ? "in sync" : "snapshot needed");
@@ -505,12 +639,16 @@ SyncClient::SyncClient(const SyncClientParams& params, SyncClientOptions opt)
 
 SyncClient::~SyncClient() = default;
 
-SyncStats SyncClient::sync_round(float* params, int64_t step) { return impl_->sync_round(params, step); }
+SyncStats SyncClient::sync_round(float* params, int64_t step) {
+  std::lock_guard<std::mutex> lk(impl_->mu);
+  return impl_->sync_round(params, step);
+}
 
 SyncState SyncClient::state() const { return {impl_->round, impl_->base, impl_->residual}; }
 
 void SyncClient::restore(const SyncState& s) {
   Impl& I = *impl_;
+  std::lock_guard<std::mutex> lk(I.mu);
   I.disconnect();
   I.force_snapshot = false;
   I.round = s.round;
@@ -528,6 +666,9 @@ void SyncClient::restore(const SyncState& s) {
 
 int64_t SyncClient::round() const { return impl_->round; }
 uint64_t SyncClient::base_hash(const float* params) const { return impl_->base_hash(params); }
-void SyncClient::disconnect() { impl_->disconnect(); }
+void SyncClient::disconnect() {
+  std::lock_guard<std::mutex> lk(impl_->mu);
+  impl_->disconnect();
+}
 
 }  // namespace spes::net

@@ -29,6 +29,7 @@
 #include "model/layout.hpp"
 #include "model/owned_space.hpp"
 #include "net/codec.hpp"
+#include "net/tls.hpp"
 
 namespace spes::net {
 
@@ -38,6 +39,8 @@ struct SyncClientParams {
   int n_nodes = 1;
   Codec codec = Codec::fp32;
   std::string secret;                       // the shared secret itself ("" = none)
+  bool allow_insecure = false;              // no secret and no TLS towards a non-loopback coordinator
+  TlsFiles tls;                             // TLS 1.3: the run's CA, this node's certificate and key (off: empty)
   std::string coordinator = "127.0.0.1:29500";  // "host:port" to dial
   double round_timeout_s = 600;             // the coordinator's; bounds how long a round may take
   ParamLayout layout;

@@ -26,6 +26,7 @@
 #include "net/coordinator.hpp"
 #include "net/digest.hpp"
 #include "net/frame.hpp"
+#include "net/frame_mac.hpp"
 #include "net/sync_client.hpp"
 #include "test_util.hpp"
 
@@ -59,7 +60,7 @@ inline Config tiny_config(int n_nodes, const std::string& codec = "fp32", const 
 inline std::string temp_dir(const std::string& name) { return spes::test::temp_dir("net-" + name).string(); }
 
 // The coordinator of a test config, as the program builds it, with the tests' secret.
-inline CoordinatorParams test_coordinator_params(const Config& cfg, const std::string& secret = "test-secret") {
+inline CoordinatorParams test_coordinator_params(const Config& cfg, const std::string& secret = "test-secret-0123456789") {
   CoordinatorParams p = coordinator_params(cfg);
   p.secret = secret;
   return p;
@@ -121,7 +122,7 @@ struct TestNode {
   int64_t step = 0;
 
   TestNode(const Config& c, int node_id, const std::string& address, SyncClientOptions opt = {},
-           const std::string& secret = "test-secret")
+           const std::string& secret = "test-secret-0123456789")
       : cfg(c) {
     cfg.spes.node_id = node_id;
     layout = make_layout(cfg.model);
@@ -167,9 +168,14 @@ inline std::vector<SyncStats> sync_all(std::vector<std::unique_ptr<TestNode>>& n
   return st;
 }
 
-// A raw TCP client for refusal and fuzz tests (plain POSIX, with timeouts).
+// A raw TCP client for refusal and fuzz tests (plain POSIX, with timeouts). Once
+// welcomed in shared-secret mode it seals what it sends (header flag + MAC), as a
+// node does, unless a test writes raw bytes itself.
 struct RawConn {
   int fd = -1;
+  std::string secret = "test-secret-0123456789";
+  std::array<uint8_t, kNonceBytes> server_nonce{}, node_nonce{};  // from the Challenge and the Hello sent
+  FrameMac mac;
   ~RawConn() { close(); }
   bool connect(uint16_t port) {
     fd = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
@@ -195,7 +201,23 @@ struct RawConn {
     }
     return true;
   }
-  bool send_frame(const FrameView& v) { return send_all(v.header, kHeaderBytes) && send_all(v.body, v.body_size); }
+  std::vector<uint8_t> sealed(std::vector<uint8_t> f) {
+    if (!mac.on() || f.size() < kHeaderBytes) return f;
+    set_header_flags(f.data(), kFlagMac);
+    const Digest m = mac.seal(f.data(), f.data() + kHeaderBytes, f.size() - kHeaderBytes);
+    f.insert(f.end(), m.begin(), m.end());
+    return f;
+  }
+  bool send_frame(const FrameView& v) {
+    const auto* env = wire::GetEnvelope(v.body);
+    if (env->msg_type() == wire::Message_Hello && vec_size(env->msg_as_Hello()->node_nonce()) == kNonceBytes)
+      std::memcpy(node_nonce.data(), env->msg_as_Hello()->node_nonce()->data(), kNonceBytes);
+    if (!mac.on()) return send_all(v.header, kHeaderBytes) && send_all(v.body, v.body_size);
+    std::vector<uint8_t> f(v.header, v.header + kHeaderBytes);
+    f.insert(f.end(), v.body, v.body + v.body_size);
+    f = sealed(std::move(f));
+    return send_all(f.data(), f.size());
+  }
   // Reads exactly n bytes; false on close or timeout.
   bool recv_all(void* p, size_t n, double timeout_s) {
     auto* c = static_cast<uint8_t*>(p);
@@ -220,6 +242,11 @@ struct RawConn {
     if (parse_header(h, kMaxFrameBytes, &fh) != HeaderCheck::ok) return false;
     payload.resize(fh.length);
     if (!recv_all(payload.data(), fh.length, timeout_s)) return false;
+    if (fh.flags & kFlagMac) {
+      uint8_t m[kMacBytes];
+      if (!recv_all(m, kMacBytes, timeout_s)) return false;
+      if (mac.on() && !mac.open(h, payload.data(), payload.size(), m)) return false;
+    }
     std::string why;
     return open_payload(payload.data(), payload.size(), fh.crc, &why) != nullptr;
   }
@@ -246,12 +273,13 @@ inline bool read_challenge(RawConn& c, std::array<uint8_t, kNonceBytes>& nonce) 
   if (env->msg_type() != wire::Message_Challenge || vec_size(env->msg_as_Challenge()->nonce()) != kNonceBytes)
     return false;
   std::memcpy(nonce.data(), env->msg_as_Challenge()->nonce()->data(), kNonceBytes);
+  c.server_nonce = nonce;
   return true;
 }
 
 // A correct Hello for node `id` of the tiny config (fields overridable by the caller).
 inline HelloFields make_hello(const Config& cfg, int id, const std::array<uint8_t, kNonceBytes>& nonce,
-                              const std::string& secret = "test-secret") {
+                              const std::string& secret = "test-secret-0123456789") {
   const ParamLayout layout = make_layout(cfg.model);
   const Ownership own =
       make_ownership(cfg.model, layout, id, int(cfg.spes.n_nodes), cfg.spes.ownership, cfg.spes.experts_per_node);
@@ -278,7 +306,10 @@ inline Reply read_reply(RawConn& c) {
   std::vector<uint8_t> p;
   if (!c.read_frame(p)) return r;
   const auto* env = wire::GetEnvelope(p.data());
-  if (env->msg_type() == wire::Message_Welcome) r.welcome = true;
+  if (env->msg_type() == wire::Message_Welcome) {
+    r.welcome = true;
+    if (!c.secret.empty()) c.mac.start(session_key(c.secret, c.server_nonce, c.node_nonce), FrameMac::node);
+  }
   if (env->msg_type() == wire::Message_Error) {
     r.error = true;
     r.code = env->msg_as_Error()->code();

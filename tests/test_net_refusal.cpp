@@ -53,7 +53,7 @@ TEST_CASE("refusals: each mismatch gets an Error with a plain reason; the coordi
   expect_error(hello_reply(co, cfg, [](HelloFields& h, auto&) { h.proof[0] ^= 1; }), wire::ErrorCode_auth,
                "authentication failed");
   expect_error(hello_reply(co, cfg, [&](HelloFields& h, auto& n) {
-                 h.proof = hmac_sha256("wrong-secret", hello_proof_message(n, h.run_id, 0, h.fingerprint));
+                 h.proof = hmac_sha256("wrong-secret-0123456789", hello_proof_message(n, h.run_id, 0, h.fingerprint));
                }),
                wire::ErrorCode_auth, "authentication failed");
   expect_error(hello_reply(co, cfg, [](HelloFields& h, auto&) { h.protocol_version = 2; }),
@@ -62,19 +62,19 @@ TEST_CASE("refusals: each mismatch gets an Error with a plain reason; the coordi
                "protocol version mismatch");
   expect_error(hello_reply(co, cfg, [](HelloFields& h, auto& n) {
                  h.fingerprint ^= 0x100;
-                 h.proof = hmac_sha256("test-secret", hello_proof_message(n, h.run_id, 0, h.fingerprint));
+                 h.proof = hmac_sha256("test-secret-0123456789", hello_proof_message(n, h.run_id, 0, h.fingerprint));
                }),
                wire::ErrorCode_fingerprint, "fingerprint mismatch");
   expect_error(hello_reply(co, cfg, [](HelloFields& h, auto& n) {
                  h.run_id = "another-run";
-                 h.proof = hmac_sha256("test-secret", hello_proof_message(n, h.run_id, 0, h.fingerprint));
+                 h.proof = hmac_sha256("test-secret-0123456789", hello_proof_message(n, h.run_id, 0, h.fingerprint));
                }),
                wire::ErrorCode_run_id, "run id mismatch");
   expect_error(hello_reply(co, cfg, [](HelloFields& h, auto&) { h.codec = Codec::fp32; }), wire::ErrorCode_codec,
                "codec mismatch");
   expect_error(hello_reply(co, cfg, [](HelloFields& h, auto& n) {
                  h.node_id = 9;
-                 h.proof = hmac_sha256("test-secret", hello_proof_message(n, h.run_id, 9, h.fingerprint));
+                 h.proof = hmac_sha256("test-secret-0123456789", hello_proof_message(n, h.run_id, 9, h.fingerprint));
                }),
                wire::ErrorCode_bad_node, "outside this run");
 
@@ -105,7 +105,7 @@ TEST_CASE("refusals: each mismatch gets an Error with a plain reason; the coordi
 
   // SyncClient surfaces a refusal as one clear NetError line.
   {
-    TestNode bad(cfg, 1, co.address(), {}, "wrong-secret");
+    TestNode bad(cfg, 1, co.address(), {}, "wrong-secret-0123456789");
     bad.train();
     CHECK_THROWS_WITH_AS(bad.sync(), doctest::Contains("authentication failed"), NetError);
   }
@@ -152,27 +152,4 @@ TEST_CASE("refusals: a node refuses a coordinator that cannot prove the secret")
   CHECK_THROWS_WITH_AS(node.sync(), doctest::Contains("failed to prove the shared secret"), NetError);
   fake.join();
   ::close(lfd);
-}
-
-TEST_CASE("refusals: without a secret the coordinator binds loopback only, unless allow_insecure") {
-  Config cfg = tiny_config(1);
-  cfg.spes.coordinator = "0.0.0.0:0";
-  cfg.spes.state_dir = temp_dir("refusal-bind");
-  CoordinatorOptions opt;
-  opt.log = false;
-  opt.fresh = true;
-  {
-    Coordinator c(test_coordinator_params(cfg, ""), opt);
-    CHECK(c.bind_address() == "127.0.0.1");
-  }
-  cfg.spes.allow_insecure = true;
-  {
-    Coordinator c(test_coordinator_params(cfg, ""), opt);
-    CHECK(c.bind_address() == "0.0.0.0");
-  }
-  cfg.spes.allow_insecure = false;
-  {
-    Coordinator c(test_coordinator_params(cfg, "s3cret"), opt);
-    CHECK(c.bind_address() == "0.0.0.0");
-  }
 }

@@ -1,0 +1,180 @@
+// TLS 1.3 with node certificates (issue 13): the certificates `spes-engine certs`
+// makes; a round over TLS equals one without; impersonation, a foreign CA, an
+// expired certificate and plaintext against TLS (either way) are refused with a
+// clear reason.
+#include <doctest/doctest.h>
+
+#include <sys/stat.h>
+#include <sys/wait.h>
+
+#include <filesystem>
+#include <fstream>
+#include <random>
+
+#include "engine/base/error.hpp"
+#include "net/certs.hpp"
+#include "net_test_util.hpp"
+
+using namespace spes;
+using namespace spes::net;
+using namespace spes::net::testing;
+
+namespace {
+
+// The run's certificates, made once per process.
+const std::string& run_certs() {
+  static const std::string dir = [] {
+    const std::string d = temp_dir("tls-run");
+    CertRequest r;
+    r.out_dir = d;
+    r.n_nodes = 4;
+    make_run_certs(r);
+    return d;
+  }();
+  return dir;
+}
+
+Config tls_config(int n_nodes) {
+  Config cfg = tiny_config(n_nodes);
+  cfg.spes.tls_ca = run_certs() + "/ca.crt";
+  return cfg;
+}
+
+CoordinatorOptions quiet() {
+  CoordinatorOptions o;
+  o.log = std::getenv("SPES_NET_TEST_LOG") != nullptr;
+  return o;
+}
+
+// Node `id` of cfg presenting the certificate `dir`/`name`.{crt,key} (and dir/ca.crt).
+std::unique_ptr<TestNode> node_with_cert(const Config& cfg, int id, const std::string& address,
+                                         const std::string& dir, const std::string& name) {
+  auto n = std::make_unique<TestNode>(cfg, id, address);
+  SyncClientParams p = sync_client_params(n->cfg, n->layout, n->own, n->params);
+  p.coordinator = address;
+  p.secret = "test-secret-0123456789";
+  p.tls = {dir + "/ca.crt", dir + "/" + name + ".crt", dir + "/" + name + ".key"};
+  SyncClientOptions o;
+  o.backoff_min_s = 0.02, o.backoff_max_s = 0.3, o.retry_for_s = 3, o.log = false;
+  n->client = std::make_unique<SyncClient>(p, o);
+  n->train();
+  return n;
+}
+
+}  // namespace
+
+TEST_CASE("certs: a CA, the coordinator and one certificate per node; keys 0600") {
+  const std::string d = run_certs();
+  for (const char* f : {"ca.crt", "ca.key", "coordinator.crt", "coordinator.key", "node-0.crt", "node-3.key"})
+    CHECK_MESSAGE(std::filesystem::is_regular_file(d + "/" + f), f);
+  struct stat st {};
+  REQUIRE(::stat((d + "/node-0.key").c_str(), &st) == 0);
+  CHECK((st.st_mode & 0777) == 0600);
+  CHECK(node_id_from_name("node-12") == 12);
+  CHECK(node_id_from_name("node-") == -1);
+  CHECK(node_id_from_name("coordinator") == -1);
+  CHECK(node_id_from_name("node-1x") == -1);
+}
+
+TEST_CASE("tls: 4 nodes over TLS reach the same state hashes as without TLS") {
+  std::vector<uint64_t> hashes[2];
+  for (int tls = 0; tls < 2; ++tls) {
+    Config cfg = tls ? tls_config(4) : tiny_config(4);
+    CoordThread co(cfg, quiet());
+    std::vector<std::unique_ptr<TestNode>> nodes;
+    for (int p = 0; p < 4; ++p) nodes.push_back(std::make_unique<TestNode>(cfg, p, co.address()));
+    for (int r = 0; r < 2; ++r) {
+      const auto st = sync_all(nodes);
+      for (const auto& s : st) CHECK(s.state_hash == co.c->stats().state_hash);
+      hashes[tls].push_back(st[0].state_hash);
+    }
+  }
+  CHECK(hashes[0] == hashes[1]);
+}
+
+TEST_CASE("tls: impersonation, a foreign CA, an expired certificate and plaintext are refused with a reason") {
+  const Config cfg = tls_config(2);
+  CoordinatorOptions opt = quiet();
+  opt.handshake_timeout_s = 1;
+  CoordThread co(test_coordinator_params(cfg), opt);
+  const std::string d = run_certs();
+
+  SUBCASE("a valid certificate for node 1 claiming node 0") {
+    auto n = node_with_cert(cfg, 0, co.address(), d, "node-1");
+    CHECK_THROWS_WITH_AS(n->sync(), doctest::Contains("certificate names node 1, Hello claims node 0"), NetError);
+  }
+  SUBCASE("a certificate from another CA") {
+    const std::string other = temp_dir("tls-other-ca");
+    CertRequest r;
+    r.out_dir = other;
+    r.n_nodes = 1;
+    make_run_certs(r);
+    auto n = node_with_cert(cfg, 0, co.address(), other, "node-0");
+    CHECK_THROWS_WITH_AS(n->sync(), doctest::Contains("TLS"), NetError);  // the coordinator's cert is foreign too
+  }
+  SUBCASE("an expired certificate") {
+    const std::string old = temp_dir("tls-expired");
+    std::filesystem::copy_file(d + "/ca.crt", old + "/ca.crt");
+    make_node_cert(d, old, 0, -30, -1);  // valid from 30 days ago until yesterday
+    auto n = node_with_cert(cfg, 0, co.address(), old, "node-0");
+    CHECK_THROWS_WITH_AS(n->sync(), doctest::Contains("TLS"), NetError);
+  }
+  SUBCASE("a plaintext node against the TLS coordinator") {
+    TestNode n(tiny_config(2), 0, co.address());
+    n.train();
+    CHECK_THROWS_WITH_AS(n.sync(), doctest::Contains("requires TLS"), NetError);
+  }
+  CHECK(wait_until([&] { return co.c->stats().refused >= 1; }, 3));
+  // The coordinator keeps serving real nodes.
+  std::vector<std::unique_ptr<TestNode>> nodes;
+  for (int p = 0; p < 2; ++p) nodes.push_back(std::make_unique<TestNode>(cfg, p, co.address()));
+  CHECK(sync_all(nodes)[0].round == 1);
+}
+
+TEST_CASE("tls: a TLS node against a plaintext coordinator is refused with a reason") {
+  CoordThread co(tiny_config(1, "fp32", "all"), quiet());
+  Config cfg = tls_config(1);
+  cfg.spes.ownership = "all";
+  cfg.spes.experts_per_node = 0;
+  auto n = node_with_cert(cfg, 0, co.address(), run_certs(), "node-0");
+  CHECK_THROWS_WITH_AS(n->sync(), doctest::Contains("TLS handshake with the coordinator failed"), NetError);
+}
+
+namespace {
+
+// `spes-engine local` with 4 nodes (sync every 2 steps, 4 steps), optionally over
+// TLS; returns the coordinator's rounds.csv state hashes in order.
+std::vector<std::string> local_run_hashes(const std::string& name, bool tls) {
+  test::TempDir dir(name);
+  std::mt19937 g(std::random_device{}());
+  const int port = 20000 + int(g() % 12000);
+  std::vector<std::string> sets = {"spes.n_nodes=4", "spes.ownership=\"partitioned\"", "spes.sync_steps=2",
+                                   "train.steps=4", "spes.run_id=\"local-tls\"", "spes.round_timeout_s=60",
+                                   "spes.coordinator=\"127.0.0.1:" + std::to_string(port) + "\"",
+                                   "spes.state_dir=\"" + (dir / "coordinator") + "\""};
+  if (tls) sets.push_back("spes.tls_ca=\"" + run_certs() + "/ca.crt\"");
+  const Config c = test::small_config(dir.path, sets);
+  std::ofstream(dir / "local.toml") << config_to_toml(c);
+  const std::string cmd = std::string(SPES_ENGINE_BIN) + " local " + (dir / "local.toml") + " > " +
+                          (dir / "out.csv") + " 2> " + (dir / "err.log");
+  const int status = std::system(cmd.c_str());
+  std::ifstream err(dir / "err.log"), rounds(dir / "coordinator/rounds.csv");
+  std::ostringstream log;
+  log << err.rdbuf();
+  INFO("stderr of local:\n" << log.str());
+  REQUIRE((WIFEXITED(status) && WEXITSTATUS(status) == 0));
+  std::vector<std::string> hashes;
+  std::string line;
+  std::getline(rounds, line);  // header
+  while (std::getline(rounds, line)) hashes.push_back(line.substr(line.rfind(',') + 1));
+  return hashes;
+}
+
+}  // namespace
+
+TEST_CASE("tls: a 4-node `local` run over TLS gives the same state hashes as without") {
+  const auto plain = local_run_hashes("local-plain", false);
+  const auto tls = local_run_hashes("local-tls", true);
+  CHECK(plain.size() == 2);
+  CHECK(plain == tls);
+}
