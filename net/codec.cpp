@@ -286,6 +286,18 @@ void accumulate(Codec c, const uint8_t* in, int64_t n, float* acc, bool first, i
   });
 }
 
+void accumulate(Codec c, const uint8_t* in, int64_t n, double* acc, bool first, int threads) {
+  if (c == Codec::sparse) {
+    if (first) std::fill(acc, acc + n, 0.0);
+    for_each_sparse(in, n, [acc](int64_t i, float v) { acc[i] += double(v); });
+    return;
+  }
+  over_slices(n, threads, [&](int64_t i0, int64_t i1) {
+    if (first) decode_slice(c, in, n, i0, i1, [acc](int64_t i, float v) { acc[i] = double(v); });
+    else decode_slice(c, in, n, i0, i1, [acc](int64_t i, float v) { acc[i] += double(v); });
+  });
+}
+
 bool apply_update(Codec c, const uint8_t* in, int64_t n, const float* base, float* x, int threads) {
   if (!payload_valid(c, in, n)) return false;
   if (c == Codec::sparse) {

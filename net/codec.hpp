@@ -62,6 +62,10 @@ bool payload_valid(Codec c, const uint8_t* in, int64_t n);
 // The payload must be valid (payload_valid): nothing is checked here.
 void accumulate(Codec c, const uint8_t* in, int64_t n, float* acc, bool first, int threads = 1, float scale = 1.0f);
 
+// The same sum in double, unscaled: what a chunk with three or more contributors
+// uses (net/streaming_merge.hpp).
+void accumulate(Codec c, const uint8_t* in, int64_t n, double* acc, bool first, int threads = 1);
+
 // Applies a decoded payload to a base: fp32 → x = values; lossy → x = base + delta.
 // x may alias base. Returns false on a malformed payload (x then undefined).
 bool apply_update(Codec c, const uint8_t* in, int64_t n, const float* base, float* x, int threads = 1);

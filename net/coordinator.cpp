@@ -71,6 +71,15 @@ RoundRules round_rules(const CoordinatorParams& p, const ChunkGrid& grid) {
   return r;
 }
 
+// How many nodes may push each chunk (the merge picks its sum's width by it).
+std::vector<int> chunk_owners(const CoordinatorParams& p, const ChunkGrid& grid) {
+  std::vector<int> owners(grid.chunks.size(), 0);
+  for (const CoordinatorNode& n : p.nodes)
+    for (const Range& range : n.space.ranges())
+      for (int c : grid.chunks_in(range)) ++owners[size_t(c)];
+  return owners;
+}
+
 HandshakeRules handshake_rules(const CoordinatorParams& p, const CoordinatorOptions& opt) {
   HandshakeRules h;
   h.run_id = p.run_id;
@@ -152,7 +161,7 @@ Coordinator::Impl::Impl(CoordinatorParams params, CoordinatorOptions o)
                   log),
       state(persistence.open(p.layout.total, opt.fresh, p.init_theta,
                              p.init_source.empty() ? "seed " + std::to_string(p.seed) : p.init_source)),
-      merge(grid, p.codec, 0, p.n_nodes),
+      merge(grid, p.codec, 0, chunk_owners(p, grid)),
       rounds(round_rules(p, grid), state.round, log.sink()),
       delta_scratch(codec_is_lossy(p.codec) ? size_t(opt.chunk_elems) : 0),
       server(io, handshake_rules(p, opt), session_limits(opt), grid, state, *this, log) {

@@ -9,20 +9,37 @@
 
 namespace spes::net {
 
-StreamingMerge::StreamingMerge(const ChunkGrid& grid, Codec codec, int threads, int max_contributors)
+StreamingMerge::StreamingMerge(const ChunkGrid& grid, Codec codec, int threads, const std::vector<int>& owners)
     : grid_(grid),
       codec_(codec),
       threads_(threads > 0 ? threads : int(std::max(1u, std::thread::hardware_concurrency()))),
       acc_(size_t(grid.total)),
+      wide_at_(grid.chunks.size(), -1),
       count_(grid.chunks.size(), 0) {
-  while (sum_scale_ * float(max_contributors) > 1.0f) sum_scale_ *= 0.5f;
+  int64_t wide = 0;
+  int narrow_max = 1;
+  for (size_t c = 0; c < grid.chunks.size(); ++c) {
+    if (owners.at(c) >= 3) {
+      wide_at_[c] = wide;
+      wide += grid.chunks[c].size();
+    } else {
+      narrow_max = std::max(narrow_max, owners[c]);
+    }
+  }
+  wide_.resize(size_t(wide));
+  while (sum_scale_ * float(narrow_max) > 1.0f) sum_scale_ *= 0.5f;
 }
+
+StreamingMerge::StreamingMerge(const ChunkGrid& grid, Codec codec, int threads, int max_contributors)
+    : StreamingMerge(grid, codec, threads, std::vector<int>(grid.chunks.size(), max_contributors)) {}
 
 void StreamingMerge::begin_round() { std::fill(count_.begin(), count_.end(), 0); }
 
 void StreamingMerge::add(int c, const uint8_t* payload) {
   const GridChunk& ch = grid_.chunks[size_t(c)];
-  accumulate(codec_, payload, ch.size(), acc_.data() + ch.begin, count_[c]++ == 0, threads_, sum_scale_);
+  const bool first = count_[c]++ == 0;
+  if (wide_at_[c] >= 0) accumulate(codec_, payload, ch.size(), wide_.data() + wide_at_[c], first, threads_);
+  else accumulate(codec_, payload, ch.size(), acc_.data() + ch.begin, first, threads_, sum_scale_);
 }
 
 std::vector<bool> StreamingMerge::close(const float* theta, const ParamLayout& layout, double merge_alpha,
@@ -37,11 +54,16 @@ std::vector<bool> StreamingMerge::close(const float* theta, const ParamLayout& l
     const float* t = theta + ch.begin;
     const int64_t n = ch.size();
     if (count_[c] > 0) {
-      // The mean = (scaled sum / k) · 2^s: the same bits as sum / k (see the header).
-      const float k = float(count_[c]), unscale = 1.0f / sum_scale_;
-      for (int64_t i = 0; i < n; ++i) {
-        const float mean = (count_[c] > 1 ? a[i] / k : a[i]) * unscale;
-        a[i] = deltas ? t[i] + mean : mean;
+      if (wide_at_[c] >= 0) {  // the double sum: one rounding, to fp32
+        const double* w = wide_.data() + wide_at_[c];
+        const double k = double(count_[c]);
+        for (int64_t i = 0; i < n; ++i) a[i] = deltas ? float(double(t[i]) + w[i] / k) : float(w[i] / k);
+      } else {  // the mean = (scaled sum / k) · 2^s: the same bits as sum / k
+        const float k = float(count_[c]), unscale = 1.0f / sum_scale_;
+        for (int64_t i = 0; i < n; ++i) {
+          const float mean = (count_[c] > 1 ? a[i] / k : a[i]) * unscale;
+          a[i] = deltas ? t[i] + mean : mean;
+        }
       }
       changed_c[c] = 1;
     } else if (merging && ch.segment > 0) {

@@ -1,20 +1,23 @@
 // The coordinator's merge of one round (DESIGN §1 "Sync round"), streamed: pushes
-// are decoded straight into one fp32 accumulator as they arrive, one chunk at a
-// time, so the coordinator holds θ plus one model-sized accumulator whatever the
-// number of nodes (the SPES reference keeps every upload). The accumulator sums
-// what the codec carries: new values (fp32) or deltas against θ_old (lossy
-// codecs). The mean over a chunk's contributors is the sum / count (fp32) or
-// θ_old + sum / count: shared params average over the participating nodes, expert e
-// over its participating owners, and a chunk nobody delivered keeps its value. One
-// contributor gives back its value bit for bit; two add commutatively; with three or
-// more the fp32 sum depends on arrival order by a rounding (every node still gets
-// the coordinator's one result, so hashes agree). Contributions are summed scaled by
-// 2^-s, 2^s ≥ the most contributors a chunk can have, so the sum never overflows
-// where the mean is a float (net/finite_guard.hpp's argument); a power of two
-// changes no rounding (outside the subnormal range), so the mean is the one of the
-// unscaled sum. The outer optimizer
-// (net/outer_optimizer) then steps the contributed chunks, and the expert-merging
-// warm-up (model/expert_merge) runs on the result.
+// are decoded straight into an accumulator as they arrive, one chunk at a time, so
+// the coordinator holds θ plus at most one model-sized accumulator whatever the
+// number of nodes (the SPES reference keeps every upload). The accumulator sums what
+// the codec carries: new values (fp32) or deltas against θ_old (lossy codecs). The
+// mean over a chunk's contributors is the sum / count (fp32) or θ_old + sum / count:
+// shared params average over the participating nodes, expert e over its
+// participating owners, and a chunk nobody delivered keeps its value.
+//
+// The merge must not depend on arrival order (a run is reproducible, and the same
+// run over TLS or plaintext gives the same hashes), so the sum's width depends on
+// how many nodes may push a chunk: up to two, fp32 (one contributor is its value bit
+// for bit, two add commutatively); three or more (shared params, DiLoCo-style
+// ownership), double (a few fp32 values of similar magnitude add exactly, in any
+// order). A SPES expert has one or two owners, so most of the model sums in fp32.
+// fp32 sums are scaled by 2^-s, 2^s ≥ their contributors, so a sum of finite values
+// never overflows (net/finite_guard.hpp); a power of two changes no rounding outside
+// the subnormal range. The outer optimizer (net/outer_optimizer) then steps the
+// contributed chunks, and the expert-merging warm-up (model/expert_merge) runs on
+// the result.
 #pragma once
 #include <cstdint>
 #include <vector>
@@ -29,8 +32,10 @@ namespace spes::net {
 // Accumulates one round's pushes chunk by chunk (see the file comment).
 class StreamingMerge {
  public:
-  // threads: for decoding a chunk (0 = every core); max_contributors: nodes that may
-  // push one chunk (n_nodes).
+  // threads: for decoding a chunk (0 = every core); owners[c]: how many nodes may
+  // push chunk c.
+  StreamingMerge(const ChunkGrid& grid, Codec codec, int threads, const std::vector<int>& owners);
+  // Every chunk with the same number of possible contributors.
   StreamingMerge(const ChunkGrid& grid, Codec codec, int threads = 0, int max_contributors = 1);
 
   void begin_round();
@@ -52,8 +57,10 @@ class StreamingMerge {
   const ChunkGrid& grid_;
   Codec codec_;
   int threads_;
-  float sum_scale_ = 1.0f;  // 2^-s, see the file comment
-  std::vector<float> acc_;
+  float sum_scale_ = 1.0f;  // 2^-s for the fp32 sums, see the file comment
+  std::vector<float> acc_;  // fp32 sums, then θ_new of every chunk
+  std::vector<double> wide_;  // the double sums of chunks with 3+ owners
+  std::vector<int64_t> wide_at_;  // per chunk: its offset in wide_, or -1
   int64_t outer_skipped_ = 0;
   std::vector<int> count_;
 };
