@@ -51,18 +51,21 @@ CONFIG=$ROOT/configs/tiny.toml
 source "$ROOT/bench/study/lib.sh"
 
 # ---- the budget --------------------------------------------------------------------
-# Full: 300 steps per run (≈2.5M tokens over all nodes; --steps or --scale change it),
-# 12 evals of 4 validation batches; the sync sweep is 5/25/100 steps. Smoke (CI): 8
-# steps of 2 sequences of 64 tokens per node; it checks the plumbing, not the numbers.
+# Full: 300 steps per run (≈2.5M tokens over all nodes), an eval every 25 steps (4
+# validation batches), sync every 25 steps, the sweep 5 and 100. --steps N (a multiple
+# of 60) or --scale N (300·N steps) keep that shape: sync intervals, evals and the
+# merge schedule scale with the steps, so every eval of the base variants follows a
+# sync round and every run ends on one. Smoke (CI): 8 steps of 2 sequences of 64
+# tokens per node; it checks the plumbing, not the numbers.
 NODES=4
 if [ "$SMOKE" = 1 ]; then
   STEPS=8 EVAL_EVERY=2 EVAL_BATCHES=1 WARMUP=2 SYNC=2 SWEEP="1 4" MERGE_INTERVAL=2 MERGE_DECAY=4
   NODE_BATCH=2 SEQ=64
 else
   STEPS=${STEPS:-$((300 * SCALE))}
-  [ $((STEPS % 12)) = 0 ] || die "--steps $STEPS: expected a multiple of 12 (12 evals, ¼ and ½ of the budget among them)"
-  EVAL_EVERY=$((STEPS / 12)) EVAL_BATCHES=4 WARMUP=$((STEPS / 15)) SYNC=25 SWEEP="5 100"
-  MERGE_INTERVAL=50 MERGE_DECAY=$((STEPS / 2)) NODE_BATCH=8 SEQ=256
+  [ $((STEPS % 60)) = 0 ] || die "--steps $STEPS: expected a multiple of 60 (so the sync sweep 5/25/100 of 300 scales to whole steps)"
+  SYNC=$((STEPS / 12)) SWEEP="$((STEPS / 60)) $((STEPS / 3))" EVAL_EVERY=$((STEPS / 12)) EVAL_BATCHES=4
+  WARMUP=$((STEPS / 15)) MERGE_INTERVAL=$((STEPS / 6)) MERGE_DECAY=$((STEPS / 2)) NODE_BATCH=8 SEQ=256
 fi
 BUDGET=$((STEPS * NODES * NODE_BATCH * SEQ))  # total tokens over all nodes
 
