@@ -134,6 +134,21 @@ TEST_CASE("tls: impersonation, a foreign CA, an expired certificate and plaintex
   CHECK(sync_all(nodes)[0].round == 1);
 }
 
+TEST_CASE("tls: a corrupt certificate file is a clear error naming it, before any connection") {
+  const Config cfg = tls_config(2);
+  CoordThread co(test_coordinator_params(cfg), quiet());
+  const std::string d = run_certs();
+  const std::string bad = temp_dir("tls-corrupt");
+  std::filesystem::copy_file(d + "/ca.crt", bad + "/ca.crt");
+  std::filesystem::copy_file(d + "/node-0.key", bad + "/node-0.key");
+  std::ofstream(bad + "/node-0.crt") << "-----BEGIN CERTIFICATE-----\nbm90IGEgY2VydGlmaWNhdGU=\n-----END CERTIFICATE-----\n";
+  const std::string path = bad + "/node-0.crt";
+  CHECK_THROWS_WITH_AS(node_with_cert(cfg, 0, co.address(), bad, "node-0")->sync(), doctest::Contains(path.c_str()),
+                       NetError);
+  CHECK(co.c->stats().refused == 0);  // it never got as far as the coordinator
+  std::filesystem::remove_all(bad);
+}
+
 TEST_CASE("tls: a TLS node against a plaintext coordinator is refused with a reason") {
   CoordThread co(tiny_config(1, "fp32", "all"), quiet());
   Config cfg = tls_config(1);

@@ -199,13 +199,13 @@ TEST_CASE("budget: 200 idle unauthenticated sockets do not slow a 4-node round b
   sync_all(nodes);  // connected, warm
   auto timed_rounds = [&] {
     std::vector<double> t;
-    for (int i = 0; i < 3; ++i) {
+    for (int i = 0; i < 5; ++i) {
       const auto t0 = std::chrono::steady_clock::now();
       sync_all(nodes);
       t.push_back(std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
     }
     std::sort(t.begin(), t.end());
-    return t[1];  // median
+    return t[2];  // median
   };
   const double normal = timed_rounds();
   // Reconnecting nodes must get in too: drop every node's connection first.
@@ -218,8 +218,9 @@ TEST_CASE("budget: 200 idle unauthenticated sockets do not slow a 4-node round b
   CHECK(wait_until([&] { return co.c->stats().connections >= 4 + 200; }));
   const double crowded = timed_rounds();
   MESSAGE("4-node round: " << normal * 1e3 << " ms alone, " << crowded * 1e3 << " ms with 200 idle sockets");
-  // 2x, plus 50 ms for the scheduling noise of a shared 2-core CI machine.
-  CHECK(crowded <= 2 * normal + 0.05);
+  // 2x, plus 100 ms for the scheduling noise of a shared 2-core CI machine (the bug
+  // this guards against cost tens of seconds a round).
+  CHECK(crowded <= 2 * normal + 0.1);
   CHECK(co.c->stats().busy >= 200 - 16);
 }
 
