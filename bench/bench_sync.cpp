@@ -374,8 +374,10 @@ int main(int argc, char** argv) {
 
   // ---- 3. an emulated slow link ------------------------------------------------------
   if (slow_link) {
+    constexpr double kOverlapTrainS = 3.0;  // optimizer steps between two rounds, emulated
     std::printf("\nslow link: 1 node owning every expert through a throttled loopback, one round (the step loop's "
-                "wait at a round)\n%-6s %10s %9s %9s %10s\n", "codec", "link", "up MB", "down MB", "wait s");
+                "wait at a round; overlap: the round runs behind %.0f s of emulated training)\n%-6s %10s %9s %9s %10s %14s\n",
+                kOverlapTrainS, "codec", "link", "up MB", "down MB", "wait s", "overlap wait s");
     for (double mbit : {1000.0, 100.0})
       for (const char* codec : codecs) {
         const uint16_t port = free_port();
@@ -395,7 +397,15 @@ int main(int argc, char** argv) {
           const auto t0 = Clock::now();
           const net::SyncStats st = client.sync_round(params.data(), 100);
           const double s = std::chrono::duration<double>(Clock::now() - t0).count();
-          std::printf("%-6s %5.0f Mbit/s %9.1f %9.1f %10.2f\n", codec, mbit, st.bytes_up / 1e6, st.bytes_down / 1e6, s);
+          // Overlapped: push, "train" for kOverlapTrainS, then apply the round.
+          perturb(params, own, 2);
+          client.start_round(params.data(), 200);
+          std::this_thread::sleep_for(std::chrono::duration<double>(kOverlapTrainS));
+          const auto t1 = Clock::now();
+          client.finish_round(params.data());
+          const double wait = std::chrono::duration<double>(Clock::now() - t1).count();
+          std::printf("%-6s %5.0f Mbit/s %9.1f %9.1f %10.2f %14.2f\n", codec, mbit, st.bytes_up / 1e6, st.bytes_down / 1e6,
+                      s, wait);
           std::fflush(stdout);
           client.disconnect();
           ::kill(pid, SIGTERM);
