@@ -9,8 +9,12 @@
 //  3. transport security, 1 node owning every expert, fp32: round time in plaintext,
 //     with a MAC on every frame (shared secret) and over TLS 1.3, and the handshake
 //     time of each (a tiny model, reconnecting before every round).
-//   bench_sync [--rounds N] [--small] [--codecs] [--only CODEC]   (--small: a ~16M-parameter
-//   model, for a quick look; --codecs: only part 0; --only: one codec)
+//  4. (--slow-link) one node owning every expert through a token-bucket throttled
+//     loopback proxy at 1 Gbit/s and 100 Mbit/s each way: how long the step loop
+//     waits at a round, with rounds overlapped with training or not.
+//   bench_sync [--rounds N] [--small] [--codecs] [--only CODEC] [--slow-link]   (--small: a
+//   ~16M-parameter model, for a quick look; --codecs: only part 0; --only: one codec;
+//   --slow-link: only part 4)
 #include <signal.h>
 #include <spawn.h>
 #include <sys/socket.h>
@@ -273,17 +277,86 @@ void security_modes(const char* self, bool small, int rounds, const ParamLayout&
   std::filesystem::remove_all(certs);
 }
 
+// A loopback TCP proxy to `target_port` whose two directions each pass a token
+// bucket of `bytes_per_s` (the emulated link), for one connection at a time.
+class ThrottledProxy {
+ public:
+  ThrottledProxy(uint16_t target_port, double bytes_per_s) : target_(target_port), rate_(bytes_per_s) {
+    lfd_ = ::socket(AF_INET, SOCK_STREAM, 0);
+    sockaddr_in a{};
+    a.sin_family = AF_INET;
+    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    ::bind(lfd_, reinterpret_cast<sockaddr*>(&a), sizeof a);
+    ::listen(lfd_, 8);
+    socklen_t len = sizeof a;
+    ::getsockname(lfd_, reinterpret_cast<sockaddr*>(&a), &len);
+    port_ = ntohs(a.sin_port);
+    accept_ = std::thread([this] { serve(); });
+  }
+  ~ThrottledProxy() {
+    ::shutdown(lfd_, SHUT_RDWR);
+    ::close(lfd_);
+    accept_.join();
+    for (auto& t : pumps_) t.join();
+  }
+  uint16_t port() const { return port_; }
+
+ private:
+  void serve() {
+    for (;;) {
+      const int in = ::accept(lfd_, nullptr, nullptr);
+      if (in < 0) return;
+      const int out = ::socket(AF_INET, SOCK_STREAM, 0);
+      sockaddr_in a{};
+      a.sin_family = AF_INET;
+      a.sin_port = htons(target_);
+      a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+      if (::connect(out, reinterpret_cast<sockaddr*>(&a), sizeof a) != 0) {
+        ::close(in), ::close(out);
+        continue;
+      }
+      pumps_.emplace_back([this, in, out] { pump(in, out); });
+      pumps_.emplace_back([this, in, out] { pump(out, in); });
+    }
+  }
+  // Forwards from → to, sleeping so that n bytes take n / rate seconds.
+  void pump(int from, int to) {
+    std::vector<uint8_t> buf(64 * 1024);
+    auto next = Clock::now();
+    for (;;) {
+      const ssize_t r = ::recv(from, buf.data(), buf.size(), 0);
+      if (r <= 0) break;
+      next += std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(double(r) / rate_));
+      std::this_thread::sleep_until(next);
+      if (next < Clock::now()) next = Clock::now();  // an idle link does not bank credit
+      for (ssize_t w = 0; w < r;) {
+        const ssize_t k = ::send(to, buf.data() + w, size_t(r - w), MSG_NOSIGNAL);
+        if (k <= 0) return;
+        w += k;
+      }
+    }
+    ::shutdown(to, SHUT_WR);
+  }
+
+  uint16_t target_, port_ = 0;
+  double rate_;
+  int lfd_ = -1;
+  std::thread accept_;
+  std::vector<std::thread> pumps_;
+};
+
 }  // namespace
 
 int main(int argc, char** argv) {
   if (argc >= 8 && !std::strcmp(argv[1], "--coordinator")) return coordinator_child(argv);
   int rounds = 3;
-  bool small = false, codecs_only = false;
+  bool small = false, codecs_only = false, slow_link = false;
   std::vector<const char*> codecs = {"fp32", "bf16", "int8", "sparse"};
   for (int i = 1; i < argc; ++i) {
     if (!std::strcmp(argv[i], "--rounds") && i + 1 < argc) rounds = std::max(1, std::atoi(argv[++i]));
     else if (!std::strcmp(argv[i], "--small")) small = true;
     else if (!std::strcmp(argv[i], "--codecs")) codecs_only = true;
+    else if (!std::strcmp(argv[i], "--slow-link")) slow_link = true;
     else if (!std::strcmp(argv[i], "--only") && i + 1 < argc) codecs = {argv[++i]};
   }
   const char* self = "/proc/self/exe";
@@ -298,6 +371,50 @@ int main(int argc, char** argv) {
               layout.total / 1e6, model_mb, layout.shared_count / 1e6, layout.expert_block / 1e6, rounds);
   std::vector<float> init(size_t(layout.total));
   init_parameters(init.data(), probe.model, layout, probe.train.seed);
+
+  // ---- 3. an emulated slow link ------------------------------------------------------
+  if (slow_link) {
+    constexpr double kOverlapTrainS = 3.0;  // optimizer steps between two rounds, emulated
+    std::printf("\nslow link: 1 node owning every expert through a throttled loopback, one round (the step loop's "
+                "wait at a round; overlap: the round runs behind %.0f s of emulated training)\n%-6s %10s %9s %9s %10s %14s\n",
+                kOverlapTrainS, "codec", "link", "up MB", "down MB", "wait s", "overlap wait s");
+    for (double mbit : {1000.0, 100.0})
+      for (const char* codec : codecs) {
+        const uint16_t port = free_port();
+        const Config c = bench_config(codec, 1, small, port);
+        const pid_t pid = spawn_coordinator(self, codec, 1, small, port);
+        {
+          ThrottledProxy proxy(port, mbit * 1e6 / 8);
+          const Ownership own = make_ownership(c.model, layout, 0, 1, "all", 0);
+          net::SyncClientParams sp = sync_client_params(c, layout, own, init);
+          sp.secret = kSecret;
+          sp.coordinator = "127.0.0.1:" + std::to_string(proxy.port());
+          net::SyncClientOptions o;
+          o.log = false;
+          net::SyncClient client(sp, o);
+          std::vector<float> params = init;
+          perturb(params, own, 1);
+          const auto t0 = Clock::now();
+          const net::SyncStats st = client.sync_round(params.data(), 100);
+          const double s = std::chrono::duration<double>(Clock::now() - t0).count();
+          // Overlapped: push, "train" for kOverlapTrainS, then apply the round.
+          perturb(params, own, 2);
+          client.start_round(params.data(), 200);
+          std::this_thread::sleep_for(std::chrono::duration<double>(kOverlapTrainS));
+          const auto t1 = Clock::now();
+          client.finish_round(params.data());
+          const double wait = std::chrono::duration<double>(Clock::now() - t1).count();
+          std::printf("%-6s %5.0f Mbit/s %9.1f %9.1f %10.2f %14.2f\n", codec, mbit, st.bytes_up / 1e6, st.bytes_down / 1e6,
+                      s, wait);
+          std::fflush(stdout);
+          client.disconnect();
+          ::kill(pid, SIGTERM);
+          ::waitpid(pid, nullptr, 0);
+        }
+        std::filesystem::remove_all(c.spes.state_dir);
+      }
+    return 0;
+  }
 
   // ---- 0. the codecs alone --------------------------------------------------------
   std::printf("\ncodecs alone: GB/s of fp32 θ (1M-element chunks, best of 3)\n%-6s %7s %12s %12s\n", "codec", "threads",

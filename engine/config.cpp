@@ -222,6 +222,7 @@ void read_spes(SectionReader r, SpesConfig& s) {
   r.string("run_id", s.run_id);
   r.string("coordinator", s.coordinator);
   r.string("codec", s.codec, {"fp32", "bf16", "int8", "sparse"});
+  r.boolean("overlap", s.overlap);
   r.string("secret_file", s.secret_file);
   r.boolean("allow_insecure", s.allow_insecure);
   r.string("tls_ca", s.tls_ca);
@@ -449,7 +450,7 @@ std::string config_to_toml(const Config& c) {
   os << "\n[spes]\n";
   kv("node_id", s.node_id); kv("n_nodes", s.n_nodes); kv("ownership", s.ownership);
   kv("experts_per_node", s.experts_per_node); kv("sync_steps", s.sync_steps); kv("run_id", s.run_id);
-  kv("coordinator", s.coordinator); kv("codec", s.codec); kv("secret_file", s.secret_file);
+  kv("coordinator", s.coordinator); kv("codec", s.codec); kv("overlap", s.overlap); kv("secret_file", s.secret_file);
   kv("allow_insecure", s.allow_insecure); kv("tls_ca", s.tls_ca); kv("tls_cert", s.tls_cert);
   kv("tls_key", s.tls_key); kv("round_timeout_s", s.round_timeout_s);
   kv("min_nodes", s.min_nodes); kv("state_dir", s.state_dir);

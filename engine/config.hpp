@@ -57,7 +57,8 @@ struct SpesConfig {
   // --- sync protocol (net/) ---
   std::string run_id = "spes-run";
   std::string coordinator = "127.0.0.1:29500";  // host:port the nodes dial / it binds
-  std::string codec = "fp32";             // "fp32" | "bf16" | "int8"
+  std::string codec = "fp32";             // "fp32" | "bf16" | "int8" | "sparse"
+  bool overlap = false;                   // overlapped rounds: train on while a round is in flight
   std::string secret_file;                // shared secret for HMAC auth (or env SPES_SECRET)
   bool allow_insecure = false;            // no secret, no TLS and a non-loopback address
   // TLS 1.3 with node certificates (`spes-engine certs`); "" = off. tls_cert and

@@ -1,9 +1,12 @@
 // Config → net parameters, and the trainer's sync hook (see net_sync.hpp).
 #include "engine/net_sync.hpp"
 
+#include <chrono>
 #include <filesystem>
+#include <string>
 #include <vector>
 
+#include "engine/base/log.hpp"
 #include "engine/checkpoint.hpp"
 #include "engine/init_theta.hpp"
 #include "engine/trainer.hpp"
@@ -34,19 +37,38 @@ net::MergeWarmup merge_warmup(const SpesConfig& s) {
   return m;
 }
 
+SyncStats engine_stats(const net::SyncStats& s) {
+  SyncStats out;
+  out.round = s.round;
+  out.ms = s.ms;
+  out.bytes_up = s.bytes_up;
+  out.bytes_down = s.bytes_down;
+  out.state_hash = s.state_hash;
+  return out;
+}
+
+double ms_since(std::chrono::steady_clock::time_point t) {
+  return std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t).count();
+}
+
 class NetSyncHook : public SyncHook {
  public:
-  explicit NetSyncHook(const net::SyncClientParams& p) : client_(p) {}
+  NetSyncHook(const net::SyncClientParams& p, bool overlap)
+      : client_(p), overlap_(overlap), prefix_("[node " + std::to_string(p.node_id) + "]") {}
 
+  // Overlapped: apply the round started at the last sync step (waiting only if it
+  // has not arrived in the sync_steps steps since), then push this one and go on.
   SyncStats sync_round(float* params, int64_t step) override {
-    const net::SyncStats s = client_.sync_round(params, step);
+    if (!overlap_) return engine_stats(client_.sync_round(params, step));
     SyncStats out;
-    out.round = s.round;
-    out.ms = s.ms;
-    out.bytes_up = s.bytes_up;
-    out.bytes_down = s.bytes_down;
-    out.state_hash = s.state_hash;
+    if (client_.round_in_flight()) out = finish(params, "");
+    client_.start_round(params, step);
+    started_ = std::chrono::steady_clock::now();
     return out;
+  }
+  bool round_in_flight() const override { return client_.round_in_flight(); }
+  void settle(float* params) override {
+    if (client_.round_in_flight()) finish(params, " (applied early: checkpoint or end of run)");
   }
   void save_state(CheckpointState& s) const override {
     net::SyncState st = client_.state();
@@ -59,7 +81,21 @@ class NetSyncHook : public SyncHook {
   }
 
  private:
+  SyncStats finish(float* params, const char* why) {
+    const auto t0 = std::chrono::steady_clock::now();
+    SyncStats out = engine_stats(client_.finish_round(params));
+    out.wait_ms = ms_since(t0);
+    out.inflight_ms = ms_since(started_);
+    if (out.wait_ms >= 1 || *why)
+      log_line(prefix_.c_str(), "round %lld in flight %.0f ms; the step loop waited %.0f ms for it%s",
+               (long long)out.round, out.inflight_ms, out.wait_ms, why);
+    return out;
+  }
+
   net::SyncClient client_;
+  bool overlap_;
+  std::string prefix_;
+  std::chrono::steady_clock::time_point started_;
 };
 
 }  // namespace
@@ -122,7 +158,7 @@ std::unique_ptr<SyncHook> make_net_sync_hook(const Config& cfg, const ParamLayou
     init_params = init.data();
   }
   return std::make_unique<NetSyncHook>(
-      sync_client_params(cfg, layout, own, std::span<const float>(init_params, size_t(layout.total))));
+      sync_client_params(cfg, layout, own, std::span<const float>(init_params, size_t(layout.total))), cfg.spes.overlap);
 }
 
 }  // namespace spes

@@ -15,6 +15,8 @@ struct SyncStats {
   double ms = 0;
   int64_t bytes_up = 0, bytes_down = 0;
   uint64_t state_hash = 0;  // hash of θ after the round: equal on every node and the coordinator
+  double inflight_ms = 0;   // overlapped rounds: from the push to this step, where it was applied
+  double wait_ms = 0;       // overlapped rounds: how long the step loop waited for it
 };
 
 class SyncHook {
@@ -23,6 +25,10 @@ class SyncHook {
   virtual SyncStats sync_round(float* params, int64_t step) = 0;
   virtual void save_state(CheckpointState& s) const = 0;
   virtual void load_state(const CheckpointState& s, float* params) = 0;
+  // Overlapped rounds: whether one is in flight, and applying it now (before a
+  // checkpoint and at the end of the run).
+  virtual bool round_in_flight() const { return false; }
+  virtual void settle(float*) {}
 };
 
 }  // namespace spes

@@ -104,7 +104,7 @@ void Trainer::set_sync_hook(std::unique_ptr<SyncHook> hook) { sync_ = std::move(
 
 const char* Trainer::csv_header() {
   return "step,tokens,loss,ce,lb,router_z,lm_z,lr,grad_norm,step_ms,tokens_per_s,mfu,expert_load_cv,"
-         "val_ce,sync_round,sync_ms,bytes_up,bytes_down,state_hash";
+         "val_ce,sync_round,sync_ms,bytes_up,bytes_down,sync_inflight_ms,sync_wait_ms,state_hash";
 }
 
 std::string Trainer::node_prefix() const { return "[node " + std::to_string(cfg_.spes.node_id) + "]"; }
@@ -196,12 +196,18 @@ Trainer::StepStats Trainer::train_step(std::ostream& csv) {
   row.addf("%.4f", expert_load_cv(sum.expert_counts, cfg_.model.n_layers, cfg_.model.n_experts)).add(val);
   row.addf("%lld", (long long)sync.round).addf("%.1f", sync.ms);
   row.addf("%lld", (long long)sync.bytes_up).addf("%lld", (long long)sync.bytes_down);
+  row.addf("%.1f", sync.inflight_ms).addf("%.1f", sync.wait_ms);
   row.add(sync.round > 0 ? CsvRow().addf("%016llx", (unsigned long long)sync.state_hash).str() : "");
   csv << row.str() << std::endl;  // flushed: a reader following stdout sees every step
   return {loss, tokens_per_s, val};
 }
 
 void Trainer::save(bool final) {
+  if (sync_ && sync_->round_in_flight()) {  // overlapped rounds: a checkpoint holds a whole round
+    backend_->pull_theta();
+    sync_->settle(backend_->host_theta().data());
+    backend_->push_theta();
+  }
   CheckpointState s;
   s.config_toml = config_to_toml(cfg_);
   s.fingerprint = fingerprint_;

@@ -12,6 +12,7 @@
 #include <cstdio>
 #include <condition_variable>
 #include <cstring>
+#include <exception>
 #include <mutex>
 #include <random>
 #include <thread>
@@ -117,6 +118,13 @@ struct SyncClient::Impl {
   Digest hb_mac{};
   bool hb_writing = false;
   std::thread hb_thread;
+
+  // Overlapped rounds (start_round / finish_round).
+  std::vector<float> inflight;  // θ as pushed, then θ_global of that round
+  std::vector<float> pushed;    // owned space: θ as pushed
+  std::thread inflight_thread;
+  SyncStats inflight_stats;
+  std::exception_ptr inflight_error;
 
   Impl(const SyncClientParams& params, SyncClientOptions op)
       : p(params), opt(std::move(op)), addr(parse_host_port(p.coordinator)),
@@ -637,7 +645,50 @@ struct SyncClient::Impl {
 SyncClient::SyncClient(const SyncClientParams& params, SyncClientOptions opt)
     : impl_(std::make_unique<Impl>(params, std::move(opt))) {}
 
-SyncClient::~SyncClient() = default;
+SyncClient::~SyncClient() {
+  if (impl_->inflight_thread.joinable()) impl_->inflight_thread.join();
+}
+
+void SyncClient::start_round(const float* params, int64_t step) {
+  Impl& I = *impl_;
+  if (I.inflight_thread.joinable()) throw NetError("internal: a sync round is already in flight");
+  I.inflight.assign(params, params + I.layout.total);
+  I.pushed.resize(size_t(I.space.size()));
+  I.gather_owned(params, I.pushed.data());
+  I.inflight_error = nullptr;
+  I.inflight_thread = std::thread([&I, step] {
+    try {
+      I.inflight_stats = I.sync_round(I.inflight.data(), step);
+    } catch (...) {
+      I.inflight_error = std::current_exception();
+    }
+  });
+}
+
+bool SyncClient::round_in_flight() const { return impl_->inflight_thread.joinable(); }
+
+SyncStats SyncClient::finish_round(float* params) {
+  Impl& I = *impl_;
+  I.inflight_thread.join();
+  if (I.inflight_error) std::rethrow_exception(std::exchange(I.inflight_error, nullptr));
+  const float* g = I.inflight.data();
+  if (I.inflight_stats.resynced) {  // a snapshot replaced θ: the local work is dropped
+    std::memcpy(params, g, size_t(I.layout.total) * 4);
+    return I.inflight_stats;
+  }
+  int64_t at = 0;
+  for (const OwnedSegment& s : I.space.segments()) {
+    std::memcpy(params + at, g + at, size_t(s.flat.begin - at) * 4);
+    const float* p = I.pushed.data() + s.packed_begin;
+    for (int64_t i = 0; i < s.flat.size(); ++i) {
+      float& x = params[s.flat.begin + i];
+      x = g[s.flat.begin + i] + (x - p[i]);
+    }
+    at = s.flat.end;
+  }
+  std::memcpy(params + at, g + at, size_t(I.layout.total - at) * 4);
+  return I.inflight_stats;
+}
 
 SyncStats SyncClient::sync_round(float* params, int64_t step) {
   std::lock_guard<std::mutex> lk(impl_->mu);

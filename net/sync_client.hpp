@@ -92,6 +92,17 @@ class SyncClient {
   // for retry_for_s.
   SyncStats sync_round(float* params, int64_t step);
 
+  // Overlapped rounds ([spes] overlap): start_round pushes a copy of params on a
+  // helper thread and returns at once, so the node keeps training; finish_round
+  // waits for that round (if it has not arrived yet) and applies it keeping the
+  // local progress since the push: θ ← θ_global + (θ − θ_pushed) on the owned
+  // ranges, θ ← θ_global elsewhere (after a resync from a snapshot: θ_global).
+  // The returned stats' state_hash is θ_global's, checked against the coordinator.
+  // No other call may run while a round is in flight.
+  void start_round(const float* params, int64_t step);
+  bool round_in_flight() const;
+  SyncStats finish_round(float* params);
+
   SyncState state() const;
   // Resume from a saved state (disconnects). An empty base keeps the current one; a
   // residual of the wrong size (another codec) restarts the error feedback at zero.

@@ -148,6 +148,64 @@ TEST_CASE("sync: one node owning every expert equals local training (fp32, bitwi
   }
 }
 
+TEST_CASE("overlap: one node owning every expert follows θ_global + (θ − θ_pushed) bitwise") {
+  Config cfg = tiny_config(1, "fp32", "all");
+  CoordThread co(cfg);
+  TestNode node(cfg, 0, co.address());
+  for (int r = 1; r <= 3; ++r) {
+    node.train();
+    const std::vector<float> pushed = node.params;
+    node.client->start_round(node.params.data(), node.step);
+    CHECK(node.client->round_in_flight());
+    node.train();  // training goes on while the round is in flight
+    const std::vector<float> local = node.params;
+    const SyncStats s = node.client->finish_round(node.params.data());
+    CHECK_FALSE(node.client->round_in_flight());
+    CHECK(s.round == r);
+    // One node's fp32 push comes back bit for bit: θ_global = θ_pushed, whose hash
+    // the coordinator published.
+    CHECK(s.state_hash == state_hash(pushed.data(), int64_t(pushed.size())));
+    CHECK(s.state_hash == co.c->stats().state_hash);
+    std::vector<float> expect(pushed.size());
+    for (size_t i = 0; i < expect.size(); ++i) expect[i] = pushed[i] + (local[i] - pushed[i]);
+    CHECK(std::memcmp(node.params.data(), expect.data(), expect.size() * 4) == 0);
+  }
+}
+
+TEST_CASE("overlap: frozen parameters take θ_global, owned ones keep the progress since the push") {
+  const Config cfg = tiny_config(2, "fp32");
+  CoordThread co(cfg);
+  std::vector<std::unique_ptr<TestNode>> nodes;
+  for (int p = 0; p < 2; ++p) nodes.push_back(std::make_unique<TestNode>(cfg, p, co.address()));
+  std::vector<std::vector<float>> pushed, local;
+  for (auto& n : nodes) {
+    n->train();
+    pushed.push_back(n->params);
+    n->client->start_round(n->params.data(), n->step);
+    n->train();
+    local.push_back(n->params);
+  }
+  std::vector<SyncStats> st;
+  for (auto& n : nodes) st.push_back(n->client->finish_round(n->params.data()));
+  CHECK(st[0].state_hash == st[1].state_hash);
+  CHECK(st[0].state_hash == co.c->stats().state_hash);
+  // θ_global, element by element (fp32, two nodes: shared = (a + b) / 2, an expert =
+  // its owner's push); then owned: θ_global + (θ − θ_pushed), frozen: θ_global.
+  for (int p = 0; p < 2; ++p) {
+    const TestNode& n = *nodes[size_t(p)];
+    const TestNode& other = *nodes[size_t(1 - p)];
+    int64_t wrong = 0;
+    for (int64_t i = 0; i < n.layout.total; ++i) {
+      const size_t k = size_t(i);
+      const bool mine = n.own.space.packed_index(i) >= 0, theirs = other.own.space.packed_index(i) >= 0;
+      const float g = mine && theirs ? (pushed[0][k] + pushed[1][k]) / 2 : mine ? pushed[size_t(p)][k] : pushed[size_t(1 - p)][k];
+      const float expect = mine ? g + (local[size_t(p)][k] - pushed[size_t(p)][k]) : g;
+      wrong += std::memcmp(&expect, &n.params[k], 4) != 0;
+    }
+    CHECK(wrong == 0);
+  }
+}
+
 TEST_CASE("sync: expert-merging warm-up at merge steps matches the standalone merge") {
   Config cfg = tiny_config(2, "fp32");
   cfg.spes.merge_alpha = 0.5;

@@ -98,7 +98,7 @@ SOLO=("spes.n_nodes=1" "spes.ownership=\"all\"" "train.global_batch=$NODE_BATCH"
 # Each hook: name|overrides on top of the best SPES variant. A hook whose key this
 # engine does not know yet is skipped with a message; set the real key names here
 # when those land.
-HOOKS=("overlap|spes.overlap_rounds=true" "sparse-codec|spes.codec=\"sparse\"")
+HOOKS=("overlap|spes.overlap=true" "sparse-codec|spes.codec=\"sparse\"")
 
 echo "study: $STEPS steps per run, budget $BUDGET tokens over all nodes, seeds $SEEDS, out $OUT" >&2
 start=$(date +%s)
