@@ -57,6 +57,19 @@ inline Config tiny_config(int n_nodes, const std::string& codec = "fp32", const 
   return c;
 }
 
+// A loopback port that was free a moment ago (for a coordinator in another process).
+inline uint16_t free_loopback_port() {
+  int fd = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  sockaddr_in a{};
+  a.sin_family = AF_INET;
+  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  ::bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof a);
+  socklen_t len = sizeof a;
+  ::getsockname(fd, reinterpret_cast<sockaddr*>(&a), &len);
+  ::close(fd);
+  return ntohs(a.sin_port);
+}
+
 inline std::string temp_dir(const std::string& name) { return spes::test::temp_dir("net-" + name).string(); }
 
 // The coordinator of a test config, as the program builds it, with the tests' secret.

@@ -31,18 +31,6 @@ Config restart_config(const std::string& state_dir, uint16_t port) {
   return cfg;
 }
 
-uint16_t free_port() {
-  int fd = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
-  sockaddr_in a{};
-  a.sin_family = AF_INET;
-  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  ::bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof a);
-  socklen_t len = sizeof a;
-  ::getsockname(fd, reinterpret_cast<sockaddr*>(&a), &len);
-  ::close(fd);
-  return ntohs(a.sin_port);
-}
-
 pid_t spawn_coordinator(const std::string& state_dir, uint16_t port, const std::string& csv, bool fresh = false) {
   std::vector<std::string> env_s = {"SPES_NET_CHILD_STATE=" + state_dir, "SPES_NET_CHILD_PORT=" + std::to_string(port),
                                     "SPES_NET_CHILD_CSV=" + csv, std::string("SPES_NET_CHILD_FRESH=") + (fresh ? "1" : "0")};
@@ -91,7 +79,7 @@ TEST_CASE("net child: coordinator process" * doctest::skip()) {
 TEST_CASE("faults: coordinator process SIGKILLed mid-round and restarted -> nodes continue, no round lost") {
   const std::string dir = temp_dir("kill9");
   const std::string csv = dir + "/rounds.csv";
-  const uint16_t port = free_port();
+  const uint16_t port = free_loopback_port();
   const Config cfg = restart_config(dir + "/state", port);
   pid_t pid = spawn_coordinator(cfg.spes.state_dir, port, csv, true);
 
@@ -161,7 +149,7 @@ TEST_CASE("faults: SIGKILL of the coordinator at random points over 20 rounds lo
   // the nodes' θ is the persisted θ.
   const std::string dir = temp_dir("kill9-random");
   const std::string csv = dir + "/rounds.csv";
-  const uint16_t port = free_port();
+  const uint16_t port = free_loopback_port();
   const Config cfg = restart_config(dir + "/state", port);
   pid_t pid = spawn_coordinator(cfg.spes.state_dir, port, csv, true);
   std::vector<std::unique_ptr<TestNode>> nodes;
