@@ -12,9 +12,9 @@
 //  4. (--slow-link) one node owning every expert through a token-bucket throttled
 //     loopback proxy at 1 Gbit/s and 100 Mbit/s each way: how long the step loop
 //     waits at a round, with rounds overlapped with training or not.
-//   bench_sync [--rounds N] [--small] [--codecs] [--only CODEC] [--slow-link]   (--small: a
-//   ~16M-parameter model, for a quick look; --codecs: only part 0; --only: one codec;
-//   --slow-link: only part 4)
+//   bench_sync [--rounds N] [--small] [--codecs] [--only CODEC] [--security] [--slow-link]
+//   (--small: a ~16M-parameter model, for a quick look; --codecs: only part 0; --only:
+//   one codec; --security: only part 3; --slow-link: only part 4)
 #include <signal.h>
 #include <spawn.h>
 #include <sys/socket.h>
@@ -350,13 +350,14 @@ class ThrottledProxy {
 int main(int argc, char** argv) {
   if (argc >= 8 && !std::strcmp(argv[1], "--coordinator")) return coordinator_child(argv);
   int rounds = 3;
-  bool small = false, codecs_only = false, slow_link = false;
+  bool small = false, codecs_only = false, slow_link = false, security_only = false;
   std::vector<const char*> codecs = {"fp32", "bf16", "int8", "sparse"};
   for (int i = 1; i < argc; ++i) {
     if (!std::strcmp(argv[i], "--rounds") && i + 1 < argc) rounds = std::max(1, std::atoi(argv[++i]));
     else if (!std::strcmp(argv[i], "--small")) small = true;
     else if (!std::strcmp(argv[i], "--codecs")) codecs_only = true;
     else if (!std::strcmp(argv[i], "--slow-link")) slow_link = true;
+    else if (!std::strcmp(argv[i], "--security")) security_only = true;
     else if (!std::strcmp(argv[i], "--only") && i + 1 < argc) codecs = {argv[++i]};
   }
   const char* self = "/proc/self/exe";
@@ -372,7 +373,12 @@ int main(int argc, char** argv) {
   std::vector<float> init(size_t(layout.total));
   init_parameters(init.data(), probe.model, layout, probe.train.seed);
 
-  // ---- 3. an emulated slow link ------------------------------------------------------
+  if (security_only) {
+    security_modes(self, small, rounds, layout, init);
+    return 0;
+  }
+
+  // ---- 4. an emulated slow link ------------------------------------------------------
   if (slow_link) {
     constexpr double kOverlapTrainS = 3.0;  // optimizer steps between two rounds, emulated
     std::printf("\nslow link: 1 node owning every expert through a throttled loopback, one round (the step loop's "
