@@ -3,6 +3,7 @@
 // the owned parameters), and a raw POSIX client for refusal and fuzz tests.
 #pragma once
 #include <poll.h>
+#include <spawn.h>
 #include <sys/socket.h>
 #include <netinet/in.h>
 #include <netinet/tcp.h>
@@ -29,6 +30,8 @@
 #include "net/frame_mac.hpp"
 #include "net/sync_client.hpp"
 #include "test_util.hpp"
+
+extern char** environ;
 
 namespace spes::net::testing {
 
@@ -350,6 +353,27 @@ bool wait_until(Pred p, double timeout_s = 10) {
     std::this_thread::sleep_for(std::chrono::milliseconds(5));
   }
   return p();
+}
+
+// Re-runs this test binary as a separate process on one hidden test case (a
+// coordinator whose peak RSS or SIGKILL must be its own), with extra environment
+// variables; returns once it accepts connections on `port`, or fails the test.
+inline pid_t spawn_test_child(const std::string& test_case, std::vector<std::string> env, uint16_t port,
+                              double ready_timeout_s = 10) {
+  std::vector<char*> envp;
+  for (char** e = environ; *e; ++e) envp.push_back(*e);
+  for (auto& s : env) envp.push_back(s.data());
+  envp.push_back(nullptr);
+  std::string a0 = "spes_tests", a1 = "--no-skip=true", a2 = "--test-case=" + test_case, a3 = "--no-version=true",
+              a4 = "--minimal=true";
+  char* argv[] = {a0.data(), a1.data(), a2.data(), a3.data(), a4.data(), nullptr};
+  pid_t pid = -1;
+  REQUIRE(posix_spawn(&pid, "/proc/self/exe", nullptr, nullptr, argv, envp.data()) == 0);
+  REQUIRE(wait_until([&] {
+    RawConn c;
+    return c.connect(port);
+  }, ready_timeout_s));
+  return pid;
 }
 
 }  // namespace spes::net::testing

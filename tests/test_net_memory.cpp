@@ -21,7 +21,6 @@
 
 #include "net_test_util.hpp"
 
-extern char** environ;
 
 using namespace spes;
 using namespace spes::net;
@@ -86,21 +85,10 @@ TEST_CASE("coordinator memory: peak RSS per codec at 31M parameters") {
     const uint16_t port = free_loopback_port();
     const Config cfg = memory_config(codec, port);
     const std::string base_file = temp_dir("memory-base") + "/rss";
-    std::vector<std::string> env_s = {"SPES_NET_MEM_CODEC=" + codec, "SPES_NET_MEM_PORT=" + std::to_string(port),
-                                      "SPES_NET_MEM_BASE=" + base_file};
-    std::vector<char*> envp;
-    for (char** e = environ; *e; ++e) envp.push_back(*e);
-    for (auto& s : env_s) envp.push_back(s.data());
-    envp.push_back(nullptr);
-    std::string a0 = "spes_tests", a1 = "--no-skip=true", a2 = "--test-case=net child: memory coordinator process",
-                a3 = "--no-version=true", a4 = "--minimal=true";
-    char* argv[] = {a0.data(), a1.data(), a2.data(), a3.data(), a4.data(), nullptr};
-    pid_t pid = -1;
-    REQUIRE(posix_spawn(&pid, "/proc/self/exe", nullptr, nullptr, argv, envp.data()) == 0);
-    REQUIRE(wait_until([&] {
-      RawConn c;
-      return c.connect(port);
-    }, 30));
+    const pid_t pid = spawn_test_child("net child: memory coordinator process",
+                                       {"SPES_NET_MEM_CODEC=" + codec, "SPES_NET_MEM_PORT=" + std::to_string(port),
+                                        "SPES_NET_MEM_BASE=" + base_file},
+                                       port, 30);
     TestNode node(cfg, 0, "127.0.0.1:" + std::to_string(port));
     for (int r = 1; r <= 2; ++r) {
       node.train(1);

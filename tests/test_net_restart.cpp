@@ -16,7 +16,6 @@
 #include "net/state_file.hpp"
 #include "net_test_util.hpp"
 
-extern char** environ;
 
 using namespace spes;
 using namespace spes::net;
@@ -32,23 +31,10 @@ Config restart_config(const std::string& state_dir, uint16_t port) {
 }
 
 pid_t spawn_coordinator(const std::string& state_dir, uint16_t port, const std::string& csv, bool fresh = false) {
-  std::vector<std::string> env_s = {"SPES_NET_CHILD_STATE=" + state_dir, "SPES_NET_CHILD_PORT=" + std::to_string(port),
-                                    "SPES_NET_CHILD_CSV=" + csv, std::string("SPES_NET_CHILD_FRESH=") + (fresh ? "1" : "0")};
-  std::vector<char*> envp;
-  for (char** e = environ; *e; ++e) envp.push_back(*e);
-  for (auto& s : env_s) envp.push_back(s.data());
-  envp.push_back(nullptr);
-  std::string a0 = "spes_tests", a1 = "--no-skip=true", a2 = "--test-case=net child: coordinator process",
-              a3 = "--no-version=true", a4 = "--minimal=true";
-  char* argv[] = {a0.data(), a1.data(), a2.data(), a3.data(), a4.data(), nullptr};
-  pid_t pid = -1;
-  REQUIRE(posix_spawn(&pid, "/proc/self/exe", nullptr, nullptr, argv, envp.data()) == 0);
-  // Ready when it accepts connections.
-  REQUIRE(wait_until([&] {
-    RawConn c;
-    return c.connect(port);
-  }));
-  return pid;
+  return spawn_test_child("net child: coordinator process",
+                          {"SPES_NET_CHILD_STATE=" + state_dir, "SPES_NET_CHILD_PORT=" + std::to_string(port),
+                           "SPES_NET_CHILD_CSV=" + csv, std::string("SPES_NET_CHILD_FRESH=") + (fresh ? "1" : "0")},
+                          port);
 }
 
 void kill9(pid_t pid) {
