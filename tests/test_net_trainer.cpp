@@ -47,6 +47,35 @@ struct Server {
   std::string address() const { return "spes.coordinator=\"127.0.0.1:" + std::to_string(c->port()) + "\""; }
 };
 
+// One trainer per csv stream (node id = its index) against `server`, each with the
+// sync hook, run to the end on threads of their own; returns the trainers.
+std::vector<std::unique_ptr<Trainer>> run_synced_nodes(const Server& server, const std::filesystem::path& dir,
+                                                       const std::vector<std::string>& spes,
+                                                       std::vector<std::ostringstream>& csv) {
+  std::vector<std::unique_ptr<Trainer>> nodes;
+  for (size_t p = 0; p < csv.size(); ++p) {
+    auto extra = spes;
+    extra.push_back("spes.node_id=" + std::to_string(p));
+    extra.push_back(server.address());
+    const Config c = trainer_config(dir / ("n" + std::to_string(p)), extra);
+    nodes.push_back(std::make_unique<Trainer>(c));
+    nodes.back()->set_sync_hook(make_net_sync_hook(c, nodes.back()->layout(), nodes.back()->ownership()));
+  }
+  std::vector<std::thread> ts;
+  for (size_t p = 0; p < csv.size(); ++p) ts.emplace_back([&, p] { nodes[p]->run(csv[p], false); });
+  for (auto& t : ts) t.join();
+  return nodes;
+}
+
+// The fields of one CSV line (a trailing comma is an empty last field).
+std::vector<std::string> csv_fields(const std::string& line) {
+  std::vector<std::string> out;
+  std::istringstream is(line);
+  for (std::string f; std::getline(is, f, ',');) out.push_back(f);
+  if (!line.empty() && line.back() == ',') out.push_back("");
+  return out;
+}
+
 }  // namespace
 
 TEST_CASE("trainer + coordinator: one node owning every expert equals local training (fp32, bitwise)") {
@@ -74,40 +103,22 @@ TEST_CASE("trainer + coordinator: two SPES nodes end every round bit-identical (
   const std::vector<std::string> spes = {"spes.codec=\"int8\"", "spes.n_nodes=2", "spes.ownership=\"partitioned\"",
                                          "spes.merge_alpha=0.3", "spes.merge_interval=2", "spes.merge_decay_steps=6"};
   Server server(trainer_config(dir / "c", spes));
-  std::vector<std::unique_ptr<Trainer>> nodes;
   std::vector<std::ostringstream> csv(2);
-  for (int p = 0; p < 2; ++p) {
-    auto extra = spes;
-    extra.push_back("spes.node_id=" + std::to_string(p));
-    extra.push_back(server.address());
-    const Config c = trainer_config(dir / ("n" + std::to_string(p)), extra);
-    nodes.push_back(std::make_unique<Trainer>(c));
-    nodes.back()->set_sync_hook(make_net_sync_hook(c, nodes.back()->layout(), nodes.back()->ownership()));
-  }
-  std::vector<std::thread> ts;
-  for (int p = 0; p < 2; ++p) ts.emplace_back([&, p] { nodes[p]->run(csv[p], false); });
-  for (auto& t : ts) t.join();
+  const auto nodes = run_synced_nodes(server, dir, spes, csv);
   CHECK(server.c->stats().round == 3);
   CHECK(nodes[0]->params() == nodes[1]->params());  // step 6 is a sync step
   CHECK(server.c->stats().state_hash == net::state_hash(nodes[0]->params().data(), int64_t(nodes[0]->params().size())));
   // The sync columns: a round on steps 2, 4, 6 with bytes both ways, and the same
   // state hash on both nodes after every round.
-  auto columns = [](const std::string& line) {
-    std::vector<std::string> out;
-    std::istringstream is(line);
-    for (std::string f; std::getline(is, f, ',');) out.push_back(f);
-    if (!line.empty() && line.back() == ',') out.push_back("");
-    return out;
-  };
   std::vector<std::vector<std::string>> hashes(2);
   for (int p = 0; p < 2; ++p) {
     std::istringstream is(csv[p].str());
     std::string line;
     std::getline(is, line);
-    const auto header = columns(line);
+    const auto header = csv_fields(line);
     const auto col = [&](const char* name) { return size_t(std::find(header.begin(), header.end(), name) - header.begin()); };
     while (std::getline(is, line)) {
-      const auto row = columns(line);
+      const auto row = csv_fields(line);
       REQUIRE(row.size() == header.size());
       if (std::stoll(row[col("sync_round")]) == 0) continue;
       CHECK(std::stoll(row[col("bytes_up")]) > 0);
@@ -162,39 +173,21 @@ TEST_CASE("trainer + coordinator: 4 SPES nodes with overlapped rounds: hashes ag
   const std::vector<std::string> spes = {"spes.codec=\"int8\"", "spes.n_nodes=4", "spes.ownership=\"partitioned\"",
                                          "spes.overlap=true", "train.steps=12"};
   Server server(trainer_config(dir / "c", spes));
-  std::vector<std::unique_ptr<Trainer>> nodes;
   std::vector<std::ostringstream> csv(4);
-  for (int p = 0; p < 4; ++p) {
-    auto extra = spes;
-    extra.push_back("spes.node_id=" + std::to_string(p));
-    extra.push_back(server.address());
-    const Config c = trainer_config(dir / ("n" + std::to_string(p)), extra);
-    nodes.push_back(std::make_unique<Trainer>(c));
-    nodes.back()->set_sync_hook(make_net_sync_hook(c, nodes.back()->layout(), nodes.back()->ownership()));
-  }
-  std::vector<std::thread> ts;
-  for (int p = 0; p < 4; ++p) ts.emplace_back([&, p] { nodes[p]->run(csv[p], false); });
-  for (auto& t : ts) t.join();
+  const auto nodes = run_synced_nodes(server, dir, spes, csv);
   CHECK(server.c->stats().round == 6);  // a round at steps 2, 4, ..., 12
-  auto columns = [](const std::string& line) {
-    std::vector<std::string> out;
-    std::istringstream is(line);
-    for (std::string f; std::getline(is, f, ',');) out.push_back(f);
-    if (!line.empty() && line.back() == ',') out.push_back("");
-    return out;
-  };
   std::vector<std::vector<std::string>> hashes(4);
   for (int p = 0; p < 4; ++p) {
     std::istringstream is(csv[p].str());
     std::string line;
     std::getline(is, line);
-    const auto header = columns(line);
+    const auto header = csv_fields(line);
     const auto col = [&](const char* name) { return size_t(std::find(header.begin(), header.end(), name) - header.begin()); };
     REQUIRE(col("sync_wait_ms") < header.size());
     double first_loss = -1, last_loss = 0;
     int64_t expect_round = 1;
     while (std::getline(is, line)) {
-      const auto row = columns(line);
+      const auto row = csv_fields(line);
       REQUIRE(row.size() == header.size());
       if (first_loss < 0) first_loss = std::stod(row[col("loss")]);
       last_loss = std::stod(row[col("loss")]);
