@@ -138,7 +138,8 @@ struct Coordinator::Impl final : SessionHandler {
   void on_push_done(Session& s, const wire::PushDone* m) override;
 
   bool check_round(Session& s, int64_t r);
-  bool check_finite_update(Session& s, const GridChunk& ch, const uint8_t* payload);
+  bool check_finite_update(Session& s, const GridChunk& ch, const uint8_t* payload, const float** decoded);
+  void refuse_push(Session& s, wire::ErrorCode code, const std::string& why);
   // The open round's step: the completed round's plus sync_steps (= round × sync_steps
   // when the interval never changed). Never a node's word: it drives the warm-up's α.
   int64_t open_round_step() const { return state.step + p.sync_steps; }
@@ -196,64 +197,77 @@ bool Coordinator::Impl::check_round(Session& s, int64_t r) {
 
 void Coordinator::Impl::on_push_chunk(Session& s, const wire::PushChunk* m) {
   const int node = s.node_id();
-  if (m->node_id() != node) return s.fail(wire::ErrorCode_bad_push, "push for another node id");
+  if (m->node_id() != node) return refuse_push(s, wire::ErrorCode_bad_push, "push for another node id");
   if (!check_round(s, m->round())) return;
   if (!valid_codec(m->codec()) || Codec(m->codec()) != p.codec)
-    return s.fail(wire::ErrorCode_codec, "push codec mismatch");
+    return refuse_push(s, wire::ErrorCode_codec, "push codec mismatch");
   const int c = grid.find(m->begin(), m->end());
   if (c < 0 || !rounds.owns(node, c))
-    return s.fail(wire::ErrorCode_bad_push, "push range [" + std::to_string(m->begin()) + ", " +
-                                                std::to_string(m->end()) + ") is not a chunk this node owns");
+    return refuse_push(s, wire::ErrorCode_bad_push, "push range [" + std::to_string(m->begin()) + ", " +
+                                                        std::to_string(m->end()) + ") is not a chunk this node owns");
   const GridChunk& ch = grid.chunks[size_t(c)];
   const size_t n_bytes = vec_size(m->payload());
   const uint8_t* payload = n_bytes ? m->payload()->data() : nullptr;
   if (!payload_size_ok(p.codec, payload, n_bytes, ch.size()))
-    return s.fail(wire::ErrorCode_bad_push, "push payload of " + std::to_string(n_bytes) + " bytes does not fit a " +
-                                                codec_name(p.codec) + " chunk of " + std::to_string(ch.size()) +
-                                                " values");
+    return refuse_push(s, wire::ErrorCode_bad_push,
+                       "push payload of " + std::to_string(n_bytes) + " bytes does not fit a " +
+                           codec_name(p.codec) + " chunk of " + std::to_string(ch.size()) + " values");
   if (crc32c(payload, n_bytes) != m->checksum())
-    return s.fail(wire::ErrorCode_bad_push, "push chunk checksum mismatch");
+    return refuse_push(s, wire::ErrorCode_bad_push, "push chunk checksum mismatch");
   switch (rounds.check_chunk(node, c, m->checksum())) {
     case ChunkCheck::duplicate: return;  // a resend after a reconnect: idempotent
-    case ChunkCheck::conflict: return s.fail(wire::ErrorCode_bad_push, "resent chunk differs from the first push");
+    case ChunkCheck::conflict:
+      return refuse_push(s, wire::ErrorCode_bad_push, "resent chunk differs from the first push");
     case ChunkCheck::fresh: break;
   }
   if (!payload_valid(p.codec, payload, ch.size()))
-    return s.fail(wire::ErrorCode_bad_push, "push payload holds non-finite values");
-  if (!check_finite_update(s, ch, payload)) return;
+    return refuse_push(s, wire::ErrorCode_bad_push,
+                       "node " + std::to_string(node) + ": push for round " + std::to_string(rounds.open_round()) +
+                           " holds non-finite values in [" + std::to_string(ch.begin) + ", " +
+                           std::to_string(ch.end) + "); refused, the round goes on without this node");
+  const float* decoded = nullptr;
+  if (!check_finite_update(s, ch, payload, &decoded)) return;
   const RoundDecision d = rounds.on_chunk(node, c, m->checksum());
   if (d.arm_timer) arm_timer(*d.arm_timer);
-  merge.add(c, payload);
+  merge.add(c, payload, decoded);
 }
 
 // A push that would make θ non-finite is refused before this chunk reaches the
-// merge; the node is dropped and the round goes on as for a missing node (its
-// chunks merged so far passed this same check). fp32 carries values that decode()
-// has found finite, and their mean is finite: net/finite_guard.hpp says why.
-bool Coordinator::Impl::check_finite_update(Session& s, const GridChunk& ch, const uint8_t* payload) {
+// merge, and as a whole: refuse_push withdraws what the node pushed so far this
+// round (net/streaming_merge), the node is dropped and the round goes on as for a
+// missing node. fp32 carries values that payload_valid has found finite, and their
+// mean is finite: net/finite_guard.hpp says why. *decoded: the lossy Δ, decoded
+// once here for the merge too.
+bool Coordinator::Impl::check_finite_update(Session& s, const GridChunk& ch, const uint8_t* payload,
+                                            const float** decoded) {
   if (p.codec == Codec::fp32) return true;
   float* v = delta_scratch.data();  // the decoded Δ, one chunk
   decode(p.codec, payload, ch.size(), v, merge_threads);
+  *decoded = v;
   const int64_t i = first_overflow(state.theta.data() + ch.begin, v, ch.size());
   if (i < 0) return true;
-  const std::string why = "node " + std::to_string(s.node_id()) + ": push for round " +
-                          std::to_string(rounds.open_round()) + " would make θ non-finite in [" +
-                          std::to_string(ch.begin) + ", " + std::to_string(ch.end) + ") (parameter " +
-                          std::to_string(ch.begin + i) + "); refused, the round goes on without this node";
-  log("%s", why.c_str());
-  s.fail(wire::ErrorCode_bad_push, why);
+  refuse_push(s, wire::ErrorCode_bad_push,
+              "node " + std::to_string(s.node_id()) + ": push for round " + std::to_string(rounds.open_round()) +
+                  " would make θ non-finite in [" + std::to_string(ch.begin) + ", " + std::to_string(ch.end) +
+                  ") (parameter " + std::to_string(ch.begin + i) + "); refused, the round goes on without this node");
   return false;
 }
 
+// A bad push is refused as a whole: nothing of it stays in the round's merge.
+void Coordinator::Impl::refuse_push(Session& s, wire::ErrorCode code, const std::string& why) {
+  merge.withdraw(rounds.refuse_push(s.node_id()));
+  s.fail(code, why);
+}
+
 void Coordinator::Impl::on_push_done(Session& s, const wire::PushDone* m) {
-  if (m->node_id() != s.node_id()) return s.fail(wire::ErrorCode_bad_push, "PushDone for another node id");
+  if (m->node_id() != s.node_id()) return refuse_push(s, wire::ErrorCode_bad_push, "PushDone for another node id");
   if (!check_round(s, m->round())) return;
   if (m->step() != open_round_step())  // its word moves nothing: the schedule owns the step
     log("node %d reports step %" PRId64 " for round %" PRId64 "; by the schedule it is step %" PRId64
         " (sync_steps %" PRId64 "): using the schedule",
         s.node_id(), int64_t(m->step()), rounds.open_round(), open_round_step(), p.sync_steps);
   const RoundDecision d = rounds.on_push_done(s.node_id());
-  if (!d.refuse.empty()) return s.fail(wire::ErrorCode_bad_push, d.refuse);
+  if (!d.refuse.empty()) return refuse_push(s, wire::ErrorCode_bad_push, d.refuse);
   if (opt.log && progress.terminal())
     progress.update(strprintf("round %lld collecting: %d of %d nodes pushed", (long long)rounds.open_round(),
                               rounds.done_count(), p.n_nodes));

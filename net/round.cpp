@@ -131,6 +131,21 @@ RoundDecision RoundMachine::on_chunk(int node, int chunk, uint32_t crc) {
   return d;
 }
 
+std::vector<int> RoundMachine::refuse_push(int node) {
+  expect_open("refused push");
+  Node& n = nodes_.at(size_t(node));
+  std::vector<int> out;
+  for (int c = 0; c < rules_.n_chunks; ++c)
+    if (n.got[size_t(c)]) out.push_back(c);
+  std::fill(n.got.begin(), n.got.end(), 0);
+  n.got_n = 0;
+  n.done = false;
+  n.awaiting = 0;
+  log(format("round %" PRId64 ": node %d's push refused as a whole (%zu chunk(s) withdrawn)", completed_ + 1, node,
+             out.size()));
+  return out;
+}
+
 RoundDecision RoundMachine::on_push_done(int node) {
   expect_open("PushDone");
   RoundDecision d;

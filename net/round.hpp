@@ -97,6 +97,11 @@ class RoundMachine {
   // A chunk decoded and accepted into the merge (precondition: check_push ok and
   // check_chunk fresh). The first one of a round starts collecting.
   RoundDecision on_chunk(int node, int chunk, uint32_t crc);
+  // A bad push is refused as a whole: returns the chunks `node` pushed into the open
+  // round (the glue withdraws them from the merge) and forgets them, so that a later
+  // push of this node id in the round (a reconnect, or the real node after a
+  // hostile connection with its credentials) starts afresh.
+  std::vector<int> refuse_push(int node);
   // Precondition: check_push ok. Refused unless every owned chunk arrived; may close.
   RoundDecision on_push_done(int node);
   // The timer armed for `round` fired. Ignored when that round is no longer collecting.

@@ -15,7 +15,9 @@ StreamingMerge::StreamingMerge(const ChunkGrid& grid, Codec codec, int threads, 
       threads_(threads > 0 ? threads : int(std::max(1u, std::thread::hardware_concurrency()))),
       acc_(size_t(grid.total)),
       wide_at_(grid.chunks.size(), -1),
-      count_(grid.chunks.size(), 0) {
+      count_(grid.chunks.size(), 0),
+      owners_(owners),
+      void_(grid.chunks.size(), 0) {
   int64_t wide = 0;
   int narrow_max = 1;
   for (size_t c = 0; c < grid.chunks.size(); ++c) {
@@ -33,17 +35,34 @@ StreamingMerge::StreamingMerge(const ChunkGrid& grid, Codec codec, int threads, 
 StreamingMerge::StreamingMerge(const ChunkGrid& grid, Codec codec, int threads, int max_contributors)
     : StreamingMerge(grid, codec, threads, std::vector<int>(grid.chunks.size(), max_contributors)) {}
 
-void StreamingMerge::begin_round() { std::fill(count_.begin(), count_.end(), 0); }
+void StreamingMerge::begin_round() {
+  std::fill(count_.begin(), count_.end(), 0);
+  std::fill(void_.begin(), void_.end(), 0);
+}
 
-void StreamingMerge::add(int c, const uint8_t* payload) {
+void StreamingMerge::add(int c, const uint8_t* payload, const float* decoded) {
+  if (void_[size_t(c)]) return;
   const GridChunk& ch = grid_.chunks[size_t(c)];
   const bool first = count_[c]++ == 0;
-  if (wide_at_[c] >= 0) accumulate(codec_, payload, ch.size(), wide_.data() + wide_at_[c], first, threads_);
-  else accumulate(codec_, payload, ch.size(), acc_.data() + ch.begin, first, threads_, sum_scale_);
+  // Sparse payloads touch only their entries (a dense add of zeros could turn a -0
+  // sum into +0): only dense codecs take the decoded values.
+  Codec codec = codec_;
+  if (decoded && codec_ != Codec::sparse) payload = reinterpret_cast<const uint8_t*>(decoded), codec = Codec::fp32;
+  if (wide_at_[c] >= 0) accumulate(codec, payload, ch.size(), wide_.data() + wide_at_[c], first, threads_);
+  else accumulate(codec, payload, ch.size(), acc_.data() + ch.begin, first, threads_, sum_scale_);
+}
+
+void StreamingMerge::withdraw(const std::vector<int>& chunks) {
+  for (int c : chunks) {
+    if (owners_.at(size_t(c)) <= 1) count_[size_t(c)] = 0;  // its own sum only: the next add overwrites it
+    else void_[size_t(c)] = 1;
+  }
 }
 
 std::vector<bool> StreamingMerge::close(const float* theta, const ParamLayout& layout, double merge_alpha,
                                         int64_t topk, const OuterOptimizer& outer, float* momentum) {
+  for (size_t c = 0; c < void_.size(); ++c)
+    if (void_[c]) count_[c] = 0;  // keeps θ_old, as a chunk nobody delivered
   std::vector<char> changed_c(grid_.chunks.size(), 0);  // char, not vector<bool>: written by many threads
   const bool merging = merge_alpha > 0 && layout.experts.size() > 0 && !layout.experts[0].empty() &&
                        layout.experts[0].size() > 1;

@@ -39,8 +39,19 @@ class StreamingMerge {
   StreamingMerge(const ChunkGrid& grid, Codec codec, int threads = 0, int max_contributors = 1);
 
   void begin_round();
-  // One node's push of chunk c, already checked with payload_valid.
-  void add(int c, const uint8_t* payload);
+  // One node's push of chunk c, already checked with payload_valid. `decoded`: the
+  // payload already decoded (the coordinator's overflow check did it), so that a
+  // dense lossy chunk is not decoded twice; the sum is the same bits either way.
+  void add(int c, const uint8_t* payload, const float* decoded = nullptr);
+  // A refused push is refused as a whole (issue 13): `chunks`, the ones its node
+  // added this round, leave the merge. A chunk it alone contributed is as if never
+  // pushed (the next add starts it afresh). A chunk that others may push too cannot
+  // be un-summed exactly, so it is voided, whatever has arrived so far (the result
+  // must not depend on arrival order): it keeps θ_old this round and later pushes of
+  // it are ignored. Nothing of the refused push reaches θ, at the price of the
+  // others' contributions to those chunks for one round.
+  void withdraw(const std::vector<int>& chunks);
+  bool voided(int c) const { return void_[size_t(c)] != 0; }
 
   int contributors(int c) const { return count_[c]; }
   // Mean new value of every contributed chunk, then the outer step (momentum: n
@@ -63,6 +74,8 @@ class StreamingMerge {
   std::vector<int64_t> wide_at_;  // per chunk: its offset in wide_, or -1
   int64_t outer_skipped_ = 0;
   std::vector<int> count_;
+  std::vector<int> owners_;    // per chunk: how many nodes may push it
+  std::vector<uint8_t> void_;  // chunks voided by withdraw() this round
 };
 
 }  // namespace spes::net

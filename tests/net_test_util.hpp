@@ -3,7 +3,9 @@
 // the owned parameters), and a raw POSIX client for refusal and fuzz tests.
 #pragma once
 #include <poll.h>
+#include <signal.h>
 #include <spawn.h>
+#include <sys/wait.h>
 #include <sys/socket.h>
 #include <netinet/in.h>
 #include <netinet/tcp.h>
@@ -357,7 +359,8 @@ bool wait_until(Pred p, double timeout_s = 10) {
 
 // Re-runs this test binary as a separate process on one hidden test case (a
 // coordinator whose peak RSS or SIGKILL must be its own), with extra environment
-// variables; returns once it accepts connections on `port`, or fails the test.
+// variables; returns once it accepts connections on `port`, or kills it and fails
+// the test (an orphan would hold ctest's pipe open until its timeout).
 inline pid_t spawn_test_child(const std::string& test_case, std::vector<std::string> env, uint16_t port,
                               double ready_timeout_s = 10) {
   std::vector<char*> envp;
@@ -369,10 +372,16 @@ inline pid_t spawn_test_child(const std::string& test_case, std::vector<std::str
   char* argv[] = {a0.data(), a1.data(), a2.data(), a3.data(), a4.data(), nullptr};
   pid_t pid = -1;
   REQUIRE(posix_spawn(&pid, "/proc/self/exe", nullptr, nullptr, argv, envp.data()) == 0);
-  REQUIRE(wait_until([&] {
+  const bool ready = wait_until([&] {
     RawConn c;
     return c.connect(port);
-  }, ready_timeout_s));
+  }, ready_timeout_s);
+  if (!ready) {
+    ::kill(pid, SIGKILL);
+    ::waitpid(pid, nullptr, 0);
+  }
+  REQUIRE_MESSAGE(ready, "the child process " << test_case << " did not listen on port " << port << " within "
+                                              << ready_timeout_s << " s");
   return pid;
 }
 

@@ -108,6 +108,66 @@ TEST_CASE("finite: two finite pushes whose sum passes the float range are merged
   CHECK(poisoned_rounds("bf16", 2.0e38f) >= 2);  // the accumulator is pre-scaled: the sum cannot overflow
 }
 
+TEST_CASE("finite: a refused push is refused as a whole: nothing it pushed before the bad chunk is merged") {
+  // Node 0 walks one parameter of its own expert (its last chunk) towards +inf;
+  // nodes 1 and 2 are honest. In the round its push is refused, the chunks it
+  // pushed before (the shared block, its expert's first chunks) must not move.
+  Config cfg = tiny_config(3, "bf16");
+  cfg.spes.round_timeout_s = 2;
+  CoordinatorOptions opt;
+  opt.log = std::getenv("SPES_NET_TEST_LOG") != nullptr;
+  CoordThread co(cfg, opt);
+  std::vector<std::unique_ptr<TestNode>> nodes;
+  for (int p = 0; p < 3; ++p) nodes.push_back(std::make_unique<TestNode>(cfg, p, co.address()));
+  const std::vector<Range>& own0 = nodes[0]->own.space.ranges();
+  const int64_t target = own0.back().end - 1;  // the last parameter it pushes
+  const int64_t target_packed = nodes[0]->own.space.packed_index(target);
+  REQUIRE(target_packed == nodes[0]->own.space.size() - 1);
+  for (int r = 1; r <= 6; ++r) {
+    const std::vector<float> before = nodes[2]->params;  // θ of round r − 1 (node 2 is in sync)
+    std::vector<SyncStats> st(3);
+    std::vector<std::string> err(3);
+    std::vector<std::thread> ts;
+    for (int p = 0; p < 3; ++p) {
+      nodes[size_t(p)]->train();
+      if (p == 0) {
+        SyncState s = nodes[0]->client->state();
+        s.residual[size_t(target_packed)] = 1.5e38f;
+        nodes[0]->client->restore(s);
+      }
+      ts.emplace_back([&, p] {
+        try {
+          st[size_t(p)] = nodes[size_t(p)]->sync();
+        } catch (const std::exception& e) {
+          err[size_t(p)] = e.what();
+        }
+      });
+    }
+    for (auto& t : ts) t.join();
+    const std::string honest_errors = err[1] + err[2];
+    REQUIRE_MESSAGE(honest_errors.empty(), honest_errors);
+    if (err[0].empty()) continue;
+    INFO(err[0]);
+    CHECK(err[0].find("node 0: push for round " + std::to_string(r) + " would make θ non-finite") != std::string::npos);
+    CHECK(err[0].find("(parameter " + std::to_string(target) + ")") != std::string::npos);
+    REQUIRE(target >= 1024);  // its bad chunk is not its first: it had pushed others before
+    const std::vector<float>& after = nodes[2]->params;
+    CHECK(st[2].state_hash == co.c->stats().state_hash);
+    // Nothing of node 0's push: every range it owns, the shared block included, is θ_old.
+    int64_t moved = 0;
+    for (const Range& g : own0)
+      for (int64_t i = g.begin; i < g.end; ++i) moved += after[size_t(i)] != before[size_t(i)];
+    CHECK(moved == 0);
+    // Node 1's own expert (pushed by it alone) is merged, unless it was late on a loaded machine.
+    const Range e1 = nodes[1]->own.space.ranges().back();
+    int64_t changed = 0;
+    for (int64_t i = e1.begin; i < e1.end; ++i) changed += after[size_t(i)] != before[size_t(i)];
+    if (!st[1].resynced) CHECK(changed > 0);
+    return;
+  }
+  FAIL("node 0's push was never refused");
+}
+
 TEST_CASE("finite: a merged update that is not finite is not applied nor published") {
   for (Codec codec : {Codec::fp32, Codec::bf16, Codec::int8}) {
     CAPTURE(codec_name(codec));

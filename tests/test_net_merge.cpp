@@ -216,3 +216,50 @@ TEST_CASE("merge-experts: the command on an HF safetensors export equals the dir
                   Error);
   std::filesystem::remove_all(dir);
 }
+
+TEST_CASE("merge: a withdrawn push leaves no trace: its own chunks as never pushed, shared ones voided") {
+  const ModelConfig m = small_model(4);
+  const ParamLayout L = make_layout(m);
+  const ChunkGrid g = make_grid(L, m.n_experts, 256);
+  const auto theta = random_theta(L, 1);
+  std::vector<std::vector<float>> v;
+  for (int p = 0; p < 3; ++p) v.push_back(random_theta(L, 200 + p));
+  const int n = int(g.chunks.size());
+  const int c_shared = 0, c_pair = 1, c_solo_bad = n - 1, c_solo_good = n - 2;
+  std::vector<int> owners(size_t(n), 1);
+  owners[c_shared] = 3, owners[c_pair] = 2;
+  auto at = [&](int p, int c) { return bytes_of(v[size_t(p)].data() + g.chunks[size_t(c)].begin); };
+  // Node 0 is refused after pushing its solo chunk and the shared one; nodes 1 and 2
+  // push before and after the refusal.
+  StreamingMerge sm(g, Codec::fp32, 1, owners);
+  sm.begin_round();
+  sm.add(c_shared, at(1, c_shared));
+  sm.add(c_solo_bad, at(0, c_solo_bad));
+  sm.add(c_shared, at(0, c_shared));
+  sm.add(c_pair, at(0, c_pair));
+  sm.withdraw({c_shared, c_pair, c_solo_bad});
+  CHECK(sm.voided(c_shared));
+  CHECK(sm.voided(c_pair));
+  CHECK_FALSE(sm.voided(c_solo_bad));
+  sm.add(c_shared, at(2, c_shared));  // ignored: the chunk is void this round
+  sm.add(c_pair, at(1, c_pair));
+  sm.add(c_solo_good, at(1, c_solo_good));
+  const auto changed = sm.close(theta.data(), L, 0.0, 4);
+  CHECK_FALSE(changed[c_shared]);  // keep θ_old: nothing of node 0, at the price of nodes 1 and 2
+  CHECK_FALSE(changed[c_pair]);
+  CHECK_FALSE(changed[c_solo_bad]);
+  REQUIRE(changed[c_solo_good]);
+  const GridChunk& o = g.chunks[c_solo_good];
+  CHECK(std::equal(sm.target() + o.begin, sm.target() + o.end, v[1].begin() + o.begin));
+  // A solo chunk withdrawn and then pushed again (the same node, next round's
+  // retry in a test) sums afresh: bitwise the value, nothing of the first push.
+  sm.begin_round();
+  sm.add(c_solo_bad, at(0, c_solo_bad));
+  sm.withdraw({c_solo_bad});
+  sm.add(c_solo_bad, at(2, c_solo_bad));
+  const auto changed2 = sm.close(theta.data(), L, 0.0, 4);
+  REQUIRE(changed2[c_solo_bad]);
+  const GridChunk& b = g.chunks[c_solo_bad];
+  CHECK(std::equal(sm.target() + b.begin, sm.target() + b.end, v[2].begin() + b.begin));
+  CHECK_FALSE(sm.voided(c_shared));  // begin_round cleared it
+}

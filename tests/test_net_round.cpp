@@ -306,3 +306,18 @@ TEST_CASE("round: the glue may not feed pushes between close and publish") {
   f.m.next_round();
   CHECK(f.m.check_push(0, 2).ok());
 }
+
+TEST_CASE("round: a refused push is withdrawn; the node id may push afresh in the round") {
+  Fixture f(3, 1);
+  (void)f.m.on_chunk(0, 0, 11);
+  (void)f.m.on_chunk(0, 1, 12);
+  (void)f.m.on_chunk(1, 0, 13);
+  CHECK(f.m.refuse_push(0) == std::vector<int>{0, 1});
+  CHECK(f.logged("round 1: node 0's push refused as a whole (2 chunk(s) withdrawn)"));
+  CHECK(f.m.refuse_push(0).empty());  // nothing left to withdraw
+  CHECK(f.m.check_push(0, 1).ok());
+  CHECK(f.m.check_chunk(0, 0, 99) == ChunkCheck::fresh);  // its got list is gone: no conflict
+  CHECK(f.m.on_push_done(0).refuse == "PushDone after 0 of 2 chunks");
+  f.push_chunks(0);
+  CHECK(f.m.on_push_done(0).refuse.empty());
+}
