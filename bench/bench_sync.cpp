@@ -4,6 +4,7 @@
 //  1. one node owning every expert: push 100M params + merge + pull, as seconds and
 //     GB/s of wire bytes, next to a raw TCP copy of the same bytes on this machine;
 //     the coordinator (a separate process) peak RSS over the model's fp32 bytes;
+//     parts 1 and 2 run in plaintext (loopback needs no secret): part 3 prices security;
 //  2. 4 nodes x 2 experts (SPES ownership): bytes per node per round next to what
 //     the SPES reference sends (fp32 trained params up + full fp32 model down).
 //  3. transport security, 1 node owning every expert, fp32: round time in plaintext,
@@ -457,10 +458,10 @@ int main(int argc, char** argv) {
   for (const char* codec : codecs) {
     const uint16_t port = free_port();
     const Config c = bench_config(codec, 1, small, port);
-    const pid_t pid = spawn_coordinator(self, codec, 1, small, port);
+    const pid_t pid = spawn_coordinator(self, codec, 1, small, port, "plain");
     const Ownership own = make_ownership(c.model, layout, 0, 1, "all", 0);
     net::SyncClientParams sp = sync_client_params(c, layout, own, init);
-    sp.secret = "bench-secret-0123456789";
+    sp.secret = "";  // plaintext: the codecs and the merge against raw TCP; part 3 adds security
     net::SyncClientOptions o;
     o.log = false;
     net::SyncClient client(sp, o);
@@ -493,14 +494,14 @@ int main(int argc, char** argv) {
   for (const char* codec : codecs) {
     const uint16_t port = free_port();
     const Config c = bench_config(codec, 4, small, port);
-    const pid_t pid = spawn_coordinator(self, codec, 4, small, port);
+    const pid_t pid = spawn_coordinator(self, codec, 4, small, port, "plain");
     std::vector<std::unique_ptr<net::SyncClient>> clients;
     std::vector<Ownership> owns;
     std::vector<std::vector<float>> params;
     for (int p = 0; p < 4; ++p) {
       owns.push_back(make_ownership(c.model, layout, p, 4, "partitioned", 2));
       net::SyncClientParams sp = sync_client_params(c, layout, owns[p], init);
-      sp.secret = "bench-secret-0123456789";
+      sp.secret = "";
       net::SyncClientOptions o;
       o.log = false;
       clients.push_back(std::make_unique<net::SyncClient>(sp, o));
