@@ -3,14 +3,11 @@
 #include <fcntl.h>
 #include <unistd.h>
 
-#include <algorithm>
-#include <atomic>
 #include <cerrno>
 #include <cstring>
 #include <filesystem>
 
 #include "engine/base/error.hpp"
-#include "engine/base/parallel.hpp"
 #include "net/digest.hpp"
 #include "net/finite_guard.hpp"
 
@@ -45,49 +42,33 @@ class Writer {
   ~Writer() {
     if (fd_ >= 0) ::close(fd_);
   }
-  // The copy into the page cache — the slow part: the kernel allocates, clears and
-  // fills every page — runs on every core, 16 MiB slices at their own offsets (a
-  // round is persisted while the nodes wait for it); the CRC, ten times faster,
-  // then runs over the bytes in order. The file's bytes are the same either way.
   void write(const void* p, size_t n) {
-    const auto* c = static_cast<const uint8_t*>(p);
-    constexpr size_t kSlice = size_t(16) << 20;
-    std::atomic<int> err{0};
-    parallel_for(int64_t((n + kSlice - 1) / kSlice), [&](int64_t k) {
-      const size_t b = size_t(k) * kSlice, e = std::min(n, b + kSlice);
-      const int r = pwrite_all(c + b, e - b, off_ + b);
-      if (r) err = r;
-    });
-    if (err) fail(path_, std::string("write failed: ") + std::strerror(err));
-    off_ += n;
     crc_ = crc32c(p, n, crc_);
+    raw(p, n);
+  }
+  void raw(const void* p, size_t n) {
+    const auto* c = static_cast<const uint8_t*>(p);
+    while (n) {
+      const ssize_t w = ::write(fd_, c, std::min<size_t>(n, size_t(1) << 26));
+      if (w < 0) {
+        if (errno == EINTR) continue;
+        fail(path_, std::string("write failed: ") + std::strerror(errno));
+      }
+      c += w;
+      n -= size_t(w);
+    }
   }
   void finish() {
     const uint32_t c = crc_;
-    if (const int r = pwrite_all(reinterpret_cast<const uint8_t*>(&c), 4, off_))
-      fail(path_, std::string("write failed: ") + std::strerror(r));
+    raw(&c, 4);
     if (::fsync(fd_) != 0) fail(path_, std::string("fsync failed: ") + std::strerror(errno));
     if (::close(fd_) != 0) fail(path_, std::string("close failed: ") + std::strerror(errno));
     fd_ = -1;
   }
 
  private:
-  // 0, or the errno of the failed write.
-  int pwrite_all(const uint8_t* c, size_t n, size_t off) const {
-    while (n) {
-      const ssize_t w = ::pwrite(fd_, c, std::min<size_t>(n, size_t(1) << 26), off_t(off));
-      if (w < 0) {
-        if (errno == EINTR) continue;
-        return errno;
-      }
-      c += w, off += size_t(w), n -= size_t(w);
-    }
-    return 0;
-  }
-
   std::string path_;
   int fd_ = -1;
-  size_t off_ = 0;
   uint32_t crc_ = 0;
 };
 
