@@ -24,6 +24,32 @@ namespace {
 
 bool all_finite(const std::vector<float>& x) { return first_non_finite(x.data(), int64_t(x.size())) < 0; }
 
+// Every node trains; nodes [0, hostile) get `huge` into their error-feedback
+// residual at packed index `at` (so the client itself encodes it); then all sync
+// concurrently. st and err: each node's stats and error ("" when it synced).
+void poisoned_sync(std::vector<std::unique_ptr<TestNode>>& nodes, int hostile, int64_t at, float huge,
+                   std::vector<SyncStats>& st, std::vector<std::string>& err) {
+  st.assign(nodes.size(), {});
+  err.assign(nodes.size(), "");
+  std::vector<std::thread> ts;
+  for (size_t p = 0; p < nodes.size(); ++p) {
+    nodes[p]->train();
+    if (int(p) < hostile) {
+      SyncState s = nodes[p]->client->state();
+      s.residual[size_t(at)] = huge;
+      nodes[p]->client->restore(s);
+    }
+    ts.emplace_back([&, p] {
+      try {
+        st[p] = nodes[p]->sync();
+      } catch (const std::exception& e) {
+        err[p] = e.what();
+      }
+    });
+  }
+  for (auto& t : ts) t.join();
+}
+
 // Nodes 0 and 1 push Δ = `huge` at a shared parameter every round (through their
 // error-feedback residual, so the client itself encodes it); node 2 is honest.
 // Rounds go on until the hostile pushes are refused, at the latest after 6; returns
@@ -41,25 +67,9 @@ int poisoned_rounds(const std::string& codec, float huge) {
 
   int refused_round = 0;
   for (int r = 1; r <= 6 && !refused_round; ++r) {
-    std::vector<SyncStats> st(3);
-    std::vector<std::string> err(3);
-    std::vector<std::thread> ts;
-    for (int p = 0; p < 3; ++p) {
-      nodes[size_t(p)]->train();
-      if (p < 2) {
-        SyncState s = nodes[size_t(p)]->client->state();
-        s.residual[size_t(target)] = huge;  // the owned space starts with the shared block
-        nodes[size_t(p)]->client->restore(s);
-      }
-      ts.emplace_back([&, p] {
-        try {
-          st[size_t(p)] = nodes[size_t(p)]->sync();
-        } catch (const std::exception& e) {
-          err[size_t(p)] = e.what();
-        }
-      });
-    }
-    for (auto& t : ts) t.join();
+    std::vector<SyncStats> st;
+    std::vector<std::string> err;
+    poisoned_sync(nodes, 2, target, huge, st, err);  // the owned space starts with the shared block
     REQUIRE_MESSAGE(err[2] == "", err[2]);
     CHECK(st[2].round == r);
     CHECK(all_finite(nodes[2]->params));
@@ -125,25 +135,9 @@ TEST_CASE("finite: a refused push is refused as a whole: nothing it pushed befor
   REQUIRE(target_packed == nodes[0]->own.space.size() - 1);
   for (int r = 1; r <= 6; ++r) {
     const std::vector<float> before = nodes[2]->params;  // θ of round r − 1 (node 2 is in sync)
-    std::vector<SyncStats> st(3);
-    std::vector<std::string> err(3);
-    std::vector<std::thread> ts;
-    for (int p = 0; p < 3; ++p) {
-      nodes[size_t(p)]->train();
-      if (p == 0) {
-        SyncState s = nodes[0]->client->state();
-        s.residual[size_t(target_packed)] = 1.5e38f;
-        nodes[0]->client->restore(s);
-      }
-      ts.emplace_back([&, p] {
-        try {
-          st[size_t(p)] = nodes[size_t(p)]->sync();
-        } catch (const std::exception& e) {
-          err[size_t(p)] = e.what();
-        }
-      });
-    }
-    for (auto& t : ts) t.join();
+    std::vector<SyncStats> st;
+    std::vector<std::string> err;
+    poisoned_sync(nodes, 1, target_packed, 1.5e38f, st, err);
     const std::string honest_errors = err[1] + err[2];
     REQUIRE_MESSAGE(honest_errors.empty(), honest_errors);
     if (err[0].empty()) continue;
