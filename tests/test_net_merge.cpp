@@ -144,15 +144,24 @@ TEST_CASE("merge: α = 0 or a single expert leaves θ unchanged") {
 
 namespace {
 const uint8_t* bytes_of(const float* v) { return reinterpret_cast<const uint8_t*>(v); }
+
+// A 4-expert model on a grid of 256-element chunks, its θ_old, and `nodes` random
+// pushes (seeds seed0, seed0 + 1, ...) for the streaming-merge tests.
+struct StreamingCase {
+  ModelConfig m = small_model(4);
+  ParamLayout L = make_layout(m);
+  ChunkGrid g = make_grid(L, m.n_experts, 256);
+  std::vector<float> theta = random_theta(L, 1);
+  std::vector<std::vector<float>> v;
+  StreamingCase(int nodes, uint64_t seed0) {
+    for (int p = 0; p < nodes; ++p) v.push_back(random_theta(L, seed0 + uint64_t(p)));
+  }
+};
 }  // namespace
 
 TEST_CASE("merge: streaming fp32 mean: exact for one contributor, commutative for two, close for five") {
-  const ModelConfig m = small_model(4);
-  const ParamLayout L = make_layout(m);
-  const ChunkGrid g = make_grid(L, m.n_experts, 256);
-  const auto theta = random_theta(L, 1);
-  std::vector<std::vector<float>> v;
-  for (int p = 0; p < 5; ++p) v.push_back(random_theta(L, 100 + p));
+  const StreamingCase sc(5, 100);
+  const auto& [m, L, g, theta, v] = sc;
   const int c_shared = 0, c_pair = 1, c_solo = int(g.chunks.size()) - 1, c_none = int(g.chunks.size()) - 2;
   auto run = [&](std::vector<int> order) {
     StreamingMerge sm(g, Codec::fp32, 2, 5);
@@ -218,12 +227,8 @@ TEST_CASE("merge-experts: the command on an HF safetensors export equals the dir
 }
 
 TEST_CASE("merge: a withdrawn push leaves no trace: its own chunks as never pushed, shared ones voided") {
-  const ModelConfig m = small_model(4);
-  const ParamLayout L = make_layout(m);
-  const ChunkGrid g = make_grid(L, m.n_experts, 256);
-  const auto theta = random_theta(L, 1);
-  std::vector<std::vector<float>> v;
-  for (int p = 0; p < 3; ++p) v.push_back(random_theta(L, 200 + p));
+  const StreamingCase sc(3, 200);
+  const auto& [m, L, g, theta, v] = sc;
   const int n = int(g.chunks.size());
   const int c_shared = 0, c_pair = 1, c_solo_bad = n - 1, c_solo_good = n - 2;
   std::vector<int> owners(size_t(n), 1);
