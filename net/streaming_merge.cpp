@@ -54,15 +54,13 @@ void StreamingMerge::add(int c, const uint8_t* payload, const float* decoded) {
 
 void StreamingMerge::withdraw(const std::vector<int>& chunks) {
   for (int c : chunks) {
-    if (owners_.at(size_t(c)) <= 1) count_[size_t(c)] = 0;  // its own sum only: the next add overwrites it
-    else void_[size_t(c)] = 1;
+    count_[size_t(c)] = 0;  // as if nothing arrived: a solo chunk's next add starts it afresh
+    if (owners_.at(size_t(c)) > 1) void_[size_t(c)] = 1;  // others' adds to it are dropped this round
   }
 }
 
 std::vector<bool> StreamingMerge::close(const float* theta, const ParamLayout& layout, double merge_alpha,
                                         int64_t topk, const OuterOptimizer& outer, float* momentum) {
-  for (size_t c = 0; c < void_.size(); ++c)
-    if (void_[c]) count_[c] = 0;  // keeps θ_old, as a chunk nobody delivered
   std::vector<char> changed_c(grid_.chunks.size(), 0);  // char, not vector<bool>: written by many threads
   const bool merging = merge_alpha > 0 && layout.experts.size() > 0 && !layout.experts[0].empty() &&
                        layout.experts[0].size() > 1;
