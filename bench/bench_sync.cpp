@@ -80,16 +80,39 @@ Config bench_config(const std::string& codec, int n_nodes, int size, uint16_t po
   return c;
 }
 
-uint16_t free_port() {
-  int fd = ::socket(AF_INET, SOCK_STREAM, 0);
+sockaddr_in loopback_address(uint16_t port) {
   sockaddr_in a{};
   a.sin_family = AF_INET;
+  a.sin_port = htons(port);
   a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  return a;
+}
+
+// A socket bound to a free loopback port (*port), listening when backlog > 0.
+int listen_loopback(int backlog, uint16_t* port) {
+  const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in a = loopback_address(0);
   ::bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof a);
+  if (backlog > 0) ::listen(fd, backlog);
   socklen_t len = sizeof a;
   ::getsockname(fd, reinterpret_cast<sockaddr*>(&a), &len);
+  *port = ntohs(a.sin_port);
+  return fd;
+}
+
+// A socket connected to the loopback `port`, or -1.
+int connect_loopback(uint16_t port) {
+  const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
+  const sockaddr_in a = loopback_address(port);
+  if (::connect(fd, reinterpret_cast<const sockaddr*>(&a), sizeof a) == 0) return fd;
   ::close(fd);
-  return ntohs(a.sin_port);
+  return -1;
+}
+
+uint16_t free_port() {
+  uint16_t port = 0;
+  ::close(listen_loopback(0, &port));
+  return port;
 }
 
 long proc_kib(pid_t pid, const char* key) {
@@ -104,14 +127,9 @@ long proc_kib(pid_t pid, const char* key) {
 }
 
 bool can_connect(uint16_t port) {
-  int fd = ::socket(AF_INET, SOCK_STREAM, 0);
-  sockaddr_in a{};
-  a.sin_family = AF_INET;
-  a.sin_port = htons(port);
-  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  const bool ok = ::connect(fd, reinterpret_cast<sockaddr*>(&a), sizeof a) == 0;
-  ::close(fd);
-  return ok;
+  const int fd = connect_loopback(port);
+  if (fd >= 0) ::close(fd);
+  return fd >= 0;
 }
 
 // The coordinator in its own process, so its peak RSS is its own.
@@ -153,18 +171,11 @@ int coordinator_child(char** argv) {
 
 // A raw TCP copy of `bytes` over loopback (sender thread -> receiver), in seconds.
 double raw_tcp_seconds(int64_t bytes) {
-  int lfd = ::socket(AF_INET, SOCK_STREAM, 0);
-  sockaddr_in a{};
-  a.sin_family = AF_INET;
-  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  ::bind(lfd, reinterpret_cast<sockaddr*>(&a), sizeof a);
-  ::listen(lfd, 1);
-  socklen_t len = sizeof a;
-  ::getsockname(lfd, reinterpret_cast<sockaddr*>(&a), &len);
+  uint16_t port = 0;
+  const int lfd = listen_loopback(1, &port);
   std::vector<uint8_t> src(4 << 20, 0x5A), dst(4 << 20);
-  int cfd = ::socket(AF_INET, SOCK_STREAM, 0);
-  ::connect(cfd, reinterpret_cast<sockaddr*>(&a), sizeof a);
-  int sfd = ::accept(lfd, nullptr, nullptr);
+  const int cfd = connect_loopback(port);
+  const int sfd = ::accept(lfd, nullptr, nullptr);
   const auto t0 = Clock::now();
   std::thread sender([&] {
     int64_t left = bytes;
@@ -230,15 +241,7 @@ void codec_speed(const char* name, int threads) {
 class ThrottledProxy {
  public:
   ThrottledProxy(uint16_t target_port, double bytes_per_s) : target_(target_port), rate_(bytes_per_s) {
-    lfd_ = ::socket(AF_INET, SOCK_STREAM, 0);
-    sockaddr_in a{};
-    a.sin_family = AF_INET;
-    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-    ::bind(lfd_, reinterpret_cast<sockaddr*>(&a), sizeof a);
-    ::listen(lfd_, 8);
-    socklen_t len = sizeof a;
-    ::getsockname(lfd_, reinterpret_cast<sockaddr*>(&a), &len);
-    port_ = ntohs(a.sin_port);
+    lfd_ = listen_loopback(8, &port_);
     accept_ = std::thread([this] { serve(); });
   }
   ~ThrottledProxy() {
@@ -254,13 +257,9 @@ class ThrottledProxy {
     for (;;) {
       const int in = ::accept(lfd_, nullptr, nullptr);
       if (in < 0) return;
-      const int out = ::socket(AF_INET, SOCK_STREAM, 0);
-      sockaddr_in a{};
-      a.sin_family = AF_INET;
-      a.sin_port = htons(target_);
-      a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-      if (::connect(out, reinterpret_cast<sockaddr*>(&a), sizeof a) != 0) {
-        ::close(in), ::close(out);
+      const int out = connect_loopback(target_);
+      if (out < 0) {
+        ::close(in);
         continue;
       }
       pumps_.emplace_back([this, in, out] { pump(in, out); });
