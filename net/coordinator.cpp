@@ -112,7 +112,8 @@ struct Coordinator::Impl final : SessionHandler {
   GlobalState state;  // θ as of the completed round
   StreamingMerge merge;
   RoundMachine rounds;
-  std::vector<float> delta_scratch;  // lossy codecs: one decoded push, for the overflow check
+  std::vector<float> delta_scratch;  // lossy codecs: one decoded push, for the overflow check ...
+  std::vector<float> theta_scratch;  // ... against θ_old of its chunk
   int merge_threads = int(std::max(1u, std::thread::hardware_concurrency()));
 
   asio::io_context io;
@@ -158,13 +159,15 @@ Coordinator::Impl::Impl(CoordinatorParams params, CoordinatorOptions o)
       opt(std::move(o)),
       log("[coordinator]", opt.log),
       grid(make_grid(checked(p, opt).layout, p.n_experts, opt.chunk_elems)),
-      persistence(PersistRules{p.state_dir, p.run_id, p.nodes[0].fingerprint, p.codec, p.outer.has_momentum()},
+      persistence(PersistRules{p.state_dir, p.run_id, p.nodes[0].fingerprint, p.codec, p.layout.total,
+                               p.outer.has_momentum()},
                   log),
-      state(persistence.open(p.layout.total, opt.fresh, p.init_theta,
+      state(persistence.open(opt.fresh, p.init_theta,
                              p.init_source.empty() ? "seed " + std::to_string(p.seed) : p.init_source)),
       merge(grid, p.codec, 0, chunk_owners(p, grid)),
       rounds(round_rules(p, grid), state.round, log.sink()),
       delta_scratch(codec_is_lossy(p.codec) ? size_t(opt.chunk_elems) : 0),
+      theta_scratch(delta_scratch.size()),
       server(io, handshake_rules(p, opt), session_limits(opt), grid, state, *this, log) {
   // Without a secret or TLS only loopback, unless allow_insecure: refuse, never rebind quietly.
   const HostPort hp = parse_host_port(p.address);
@@ -244,7 +247,8 @@ bool Coordinator::Impl::check_finite_update(Session& s, const GridChunk& ch, con
   float* v = delta_scratch.data();  // the decoded Δ, one chunk
   decode(p.codec, payload, ch.size(), v, merge_threads);
   *decoded = v;
-  const int64_t i = first_overflow(state.theta.data() + ch.begin, v, ch.size());
+  state.file->read(Section::theta, ch.begin, ch.size(), theta_scratch.data());
+  const int64_t i = first_overflow(theta_scratch.data(), v, ch.size());
   if (i < 0) return true;
   refuse_push(s, wire::ErrorCode_bad_push,
               "node " + std::to_string(s.node_id()) + ": push for round " + std::to_string(rounds.open_round()) +
@@ -283,42 +287,43 @@ void Coordinator::Impl::arm_timer(int64_t r) {
   });
 }
 
-// merging (here) → publishing → waiting.
+// merging (here) → publishing → waiting. The merge reads the completed round's
+// state file and writes the next one, which is committed before anything is published.
 void Coordinator::Impl::close_round(const RoundClose& rc) {
   round_timer.cancel();
   const auto t0 = Clock::now();
   const int64_t r = rc.round;
   const int64_t step = open_round_step();
   const double alpha = merge_alpha_at(p.merge.alpha, p.merge.interval, p.merge.decay_steps, step);
-  float* momentum = state.outer_momentum.empty() ? nullptr : state.outer_momentum.data();
-  const std::vector<bool> changed = merge.close(state.theta.data(), p.layout, alpha, p.merge.topk, p.outer, momentum);
+  const std::unique_ptr<StateWriter> next = persistence.next(r, step);
+  const std::vector<bool> changed = merge.close(*state.file, *next, p.layout, alpha, p.merge.topk, p.outer);
   if (merge.outer_skipped() > 0)
     log("round %" PRId64 ": the outer step would not be finite in %" PRId64 " chunk(s); they keep θ and momentum", r,
         merge.outer_skipped());
   const std::shared_ptr<Publication> pub =
-      build_publication(p.codec, grid, changed, merge.target(), state, r, step, rc.participants, alpha);
+      build_publication(p.codec, grid, changed, merge.target(), *state.file, *next, persistence.folder(), r, step,
+                        rc.participants, alpha);
   if (!pub->refused.empty()) {
     const GridChunk& first = grid.chunks[size_t(pub->refused[0])];
     log("round %" PRId64 ": the merged update would make θ non-finite in %zu chunk(s), first [%" PRId64 ", %" PRId64
         "); they keep their value",
         r, pub->refused.size(), first.begin, first.end);
   }
-  state.round = r;
-  state.step = step;
-  state.hash = pub->hash;
+  // Write-ahead: durably on disk before anyone can see the round, so a crash at any
+  // instant loses no published round (a failure here stops the coordinator).
+  persistence.commit(*next, state);
+  pub->hash = state.hash;
   for (int c : pub->chunks) state.chunk_round[size_t(c)] = r;
   const double merge_ms = std::chrono::duration<double, std::milli>(Clock::now() - t0).count();
   log("round %" PRId64 " merged: step %" PRId64 ", %d participant(s)%s%s, alpha %.4g, %zu of %zu chunks changed, "
-      "%.1f ms, state %s",
+      "%.1f ms with its persist, state %s",
       r, step, rc.participants, rc.missing.empty() ? "" : ", missing ", rc.missing.c_str(), alpha,
       pub->chunks.size(), grid.chunks.size(), merge_ms, hash_hex(state.hash).c_str());
-
-  // Write-ahead: durably on disk before anyone can see the round, so a crash at any
-  // instant loses no published round (a failure here stops the coordinator).
-  persistence.persist(state);
   if (p.on_round) {
     try {
-      p.on_round(state.theta, r);
+      std::vector<float> theta(size_t(p.layout.total));  // only for the hook (--dump-state), freed at once
+      state.file->read(Section::theta, 0, p.layout.total, theta.data());
+      p.on_round(theta, r);
     } catch (const std::exception& e) {
       log("round %" PRId64 ": on_round hook failed: %s", r, e.what());
     }

@@ -1,5 +1,5 @@
-// The merge coordinator: holds the global θ in fp32 and runs sync rounds
-// (DESIGN §1) over the protocol of net/protocol.fbs. It takes plain values
+// The merge coordinator: keeps the global θ in fp32 (in its state file,
+// net/state_file) and runs sync rounds (DESIGN §1) over the protocol of net/protocol.fbs. It takes plain values
 // (CoordinatorParams); the program builds them from its config
 // (engine/net_sync.hpp) and runs `spes-engine coordinator` (engine/cmd_coordinator.cpp).
 //

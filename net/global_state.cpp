@@ -14,21 +14,35 @@ namespace spes::net {
 StatePersistence::StatePersistence(PersistRules rules, const LineLog& log)
     : rules_(std::move(rules)), log_(log), path_((std::filesystem::path(rules_.state_dir) / "state.bin").string()) {}
 
-GlobalState StatePersistence::open(int64_t n_params, bool fresh, const std::function<void(float*)>& init_theta,
+PersistedState StatePersistence::header(int64_t round, int64_t step) const {
+  PersistedState h;
+  h.run_id = rules_.run_id;
+  h.fingerprint = rules_.fingerprint;
+  h.round = round;
+  h.step = step;
+  h.codec = uint32_t(rules_.codec);
+  h.has_residual = codec_is_lossy(rules_.codec);
+  h.has_momentum = rules_.outer_momentum;
+  return h;
+}
+
+GlobalState StatePersistence::open(bool fresh, const std::function<void(float*)>& init_theta,
                                    const std::string& init_source) {
+  const int64_t n_params = rules_.n_params;
   GlobalState s;
-  s.theta.resize(size_t(n_params));
-  const bool lossy = codec_is_lossy(rules_.codec);
   if (fresh) {
     if (!init_theta) throw NetError("coordinator: no init_theta to start a fresh run from");
     if (std::filesystem::exists(path_)) log_("--fresh: replacing the persisted state in %s", path_.c_str());
-    init_theta(s.theta.data());
-    s.hash = state_hash(s.theta.data(), n_params);
-    if (lossy) s.down_residual.assign(size_t(n_params), 0.0f);
-    if (rules_.outer_momentum) s.outer_momentum.assign(size_t(n_params), 0.0f);
+    // The one moment the coordinator holds a model-sized θ: it goes to the file at once.
+    // A new file's residual and momentum are zeros, their starting values.
+    std::vector<float> theta(static_cast<size_t>(n_params));
+    init_theta(theta.data());
+    const std::unique_ptr<StateWriter> w = next(0, 0);
+    w->write(Section::theta, 0, n_params, theta.data());
+    theta = {};
+    commit(*w, s);  // from now on the run has a state: a restart without --fresh resumes it
     log_("fresh run '%s': θ initialised from %s (%" PRId64 " params), state %s", rules_.run_id.c_str(),
          init_source.c_str(), n_params, hash_hex(s.hash).c_str());
-    persist(s);  // from now on the run has a state: a restart without --fresh resumes it
     return s;
   }
   // Without --fresh the state is the run's memory: starting from the seed instead
@@ -37,48 +51,75 @@ GlobalState StatePersistence::open(int64_t n_params, bool fresh, const std::func
   if (!std::filesystem::exists(path_))
     throw NetError(path_ + ": no coordinator state; the first start of a run needs --fresh (a restart needs the "
                    "state_dir of its run)");
-  PersistedState ps;
   try {
-    ps = load_state_file(path_, s.theta, lossy ? &s.down_residual : nullptr,
-                         rules_.outer_momentum ? &s.outer_momentum : nullptr);
+    if (state_file_format(path_) < 3) convert_legacy();
+    s.file = StateReader::open(path_, n_params);
   } catch (const NetError& e) {
     throw NetError(std::string(e.what()) + restart_hint);
   }
+  const PersistedState ps = s.file->info();  // a copy: conforming below replaces the file
+  check_identity(ps);
+  log_("resumed round %" PRId64 " (step %" PRId64 ") from %s, state %s", ps.round, ps.step, path_.c_str(),
+       hash_hex(ps.state_hash).c_str());
+  // A change of codec or outer optimizer between runs is allowed; say what happens.
+  if (rules_.outer_momentum && !ps.has_momentum)
+    log_("%s holds no outer momentum (saved by an averaging coordinator): it starts at 0", path_.c_str());
+  if (rules_.outer_momentum && ps.has_momentum) log_("outer momentum %s resumed", hash_hex(ps.momentum_hash).c_str());
+  if (!rules_.outer_momentum && ps.has_momentum)
+    log_("%s holds an outer momentum, which outer_optimizer = \"average\" drops", path_.c_str());
+  if (ps.has_residual != codec_is_lossy(rules_.codec) || ps.has_momentum != rules_.outer_momentum) {
+    // Rewritten with this run's sections: θ kept, a new residual or momentum at 0.
+    const std::unique_ptr<StateWriter> w = next(ps.round, ps.step);
+    w->copy(*s.file, Section::theta, 0, n_params);
+    for (Section x : {Section::residual, Section::momentum})
+      if (w->has(x) && s.file->has(x)) w->copy(*s.file, x, 0, n_params);
+    commit(*w, s);
+  }
+  s.round = ps.round;
+  s.step = ps.step;
+  s.hash = ps.state_hash;
+  return s;
+}
+
+void StatePersistence::check_identity(const PersistedState& ps) const {
   if (ps.run_id != rules_.run_id)
     throw NetError(path_ + " belongs to run '" + ps.run_id + "', not '" + rules_.run_id +
                    "' (use another state_dir or run_id)");
   if (ps.fingerprint != rules_.fingerprint)
     throw NetError(path_ + " holds a different model (fingerprint " + hash_hex(ps.fingerprint) + " vs " +
                    hash_hex(rules_.fingerprint) + ")");
-  s.round = ps.round;
-  s.step = ps.step;
-  s.hash = state_hash(s.theta.data(), n_params);
-  if (s.hash != ps.state_hash) throw NetError(path_ + ": state hash does not match its θ" + restart_hint);
-  log_("resumed round %" PRId64 " (step %" PRId64 ") from %s, state %s", s.round, s.step, path_.c_str(),
-       hash_hex(s.hash).c_str());
-  // A change of outer optimizer between runs is allowed; say what happens to the momentum.
-  if (rules_.outer_momentum && !ps.has_momentum)
-    log_("%s holds no outer momentum (saved by an averaging coordinator): it starts at 0", path_.c_str());
-  if (rules_.outer_momentum && ps.has_momentum)
-    log_("outer momentum %s resumed", hash_hex(ps.momentum_hash).c_str());
-  if (!rules_.outer_momentum && ps.has_momentum)
-    log_("%s holds an outer momentum, which outer_optimizer = \"average\" drops", path_.c_str());
-  if (lossy && s.down_residual.empty()) s.down_residual.assign(size_t(n_params), 0.0f);
-  if (rules_.outer_momentum && s.outer_momentum.empty()) s.outer_momentum.assign(size_t(n_params), 0.0f);
-  return s;
 }
 
-void StatePersistence::persist(const GlobalState& s) {
+// A file written before format 3 is read whole (once, at start), checked, and
+// rewritten as format 3 with this run's sections.
+void StatePersistence::convert_legacy() {
+  const int64_t n_params = rules_.n_params;
+  std::vector<float> theta(static_cast<size_t>(n_params)), residual, momentum;
+  const PersistedState ps = load_state_file(path_, theta, &residual, &momentum);
+  check_identity(ps);
+  if (state_hash(theta.data(), n_params) != ps.state_hash) throw NetError(path_ + ": state hash does not match its θ");
+  PersistedState h = header(ps.round, ps.step);
+  if (h.has_residual && residual.empty()) residual.assign(size_t(n_params), 0.0f);
+  if (h.has_momentum && momentum.empty()) momentum.assign(size_t(n_params), 0.0f);
+  save_state_file(path_, h, theta, h.has_residual ? &residual : nullptr, h.has_momentum ? &momentum : nullptr);
+  log_("%s: converted to state file format 3 (random access)", path_.c_str());
+}
+
+std::string StatePersistence::folder() const {
+  const std::filesystem::path p(path_);
+  return p.has_parent_path() ? p.parent_path().string() : ".";
+}
+
+std::unique_ptr<StateWriter> StatePersistence::next(int64_t round, int64_t step) const {
+  return std::make_unique<StateWriter>(path_, header(round, step), rules_.n_params);
+}
+
+void StatePersistence::commit(StateWriter& w, GlobalState& s) {
   const auto t0 = std::chrono::steady_clock::now();
-  PersistedState ps;
-  ps.run_id = rules_.run_id;
-  ps.fingerprint = rules_.fingerprint;
-  ps.round = s.round;
-  ps.step = s.step;
-  ps.state_hash = s.hash;
-  ps.codec = uint32_t(rules_.codec);
-  save_state_file(path_, ps, s.theta, codec_is_lossy(rules_.codec) ? &s.down_residual : nullptr,
-                  rules_.outer_momentum ? &s.outer_momentum : nullptr);
+  s.file = w.commit();
+  s.round = s.file->info().round;
+  s.step = s.file->info().step;
+  s.hash = s.file->info().state_hash;
   log_("round %" PRId64 " persisted to %s (%.0f ms)", s.round, path_.c_str(),
        std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count());
 }

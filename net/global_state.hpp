@@ -1,26 +1,30 @@
 // The coordinator's global state — θ in fp32, the lossy codecs' download residual,
 // the outer optimizer's momentum, the completed round, its step and state hash —
-// and its persistence in state_dir/state.bin (format: net/state_file). Write-ahead
-// (DESIGN §3): every round is durably persisted before it is published, so a crash
-// at any instant loses no round a node has seen. The state is the run's: at start it
-// is loaded (run id, model fingerprint, state hash and finiteness checked) and its
-// absence is an error; only an explicit `fresh` start initialises θ, and persists it
-// at once as round 0.
+// and its persistence in state_dir/state.bin (format: net/state_file). θ, residual
+// and momentum are not held in memory: they are read from the open state file as
+// needed, and each round writes the next file (issue 14: the coordinator in ≤ 1.5×
+// the model). Write-ahead (DESIGN §3): every round is durably persisted before it is
+// published, so a crash at any instant loses no round a node has seen. The state is
+// the run's: at start it is loaded (run id, model fingerprint, state hash and
+// finiteness checked) and its absence is an error; only an explicit `fresh` start
+// initialises θ, and persists it at once as round 0.
 #pragma once
 #include <cstdint>
 #include <functional>
+#include <memory>
 #include <string>
 #include <vector>
 
 #include "net/codec.hpp"
 #include "net/line_log.hpp"
+#include "net/state_file.hpp"
 
 namespace spes::net {
 
 struct GlobalState {
-  std::vector<float> theta;
-  std::vector<float> down_residual;  // lossy codecs: what the download has not carried yet
-  std::vector<float> outer_momentum; // nesterov outer optimizer (net/outer_optimizer); else empty
+  // θ, and for a lossy codec the download residual (what the download has not carried
+  // yet), for the nesterov outer optimizer its momentum: the completed round's file.
+  std::shared_ptr<const StateReader> file;
   int64_t round = 0, step = 0;       // the completed round and its step
   uint64_t hash = 0;                 // state hash of θ
   // The round each grid chunk last changed in (changed-only snapshots). Not persisted:
@@ -33,6 +37,7 @@ struct PersistRules {
   std::string run_id;
   uint64_t fingerprint = 0;  // stored in the file; a different model refuses to load
   Codec codec = Codec::fp32;
+  int64_t n_params = 0;
   bool outer_momentum = false;  // the outer optimizer keeps a momentum (persisted with θ)
 };
 
@@ -44,14 +49,21 @@ class StatePersistence {
   // init_source says what it is, for the log), persisted at once as round 0 (it
   // replaces any state in the folder). Throws NetError, naming the file, when the
   // file is missing, unreadable, another run's, or holds a non-finite value.
-  GlobalState open(int64_t n_params, bool fresh, const std::function<void(float*)>& init_theta,
+  GlobalState open(bool fresh, const std::function<void(float*)>& init_theta,
                    const std::string& init_source);
-  // A round was merged and is about to be published: written, fsynced (file and
-  // folder) and renamed into place before this returns. Throws NetError on failure.
-  void persist(const GlobalState& s);
+  // The state file of round `round` (step `step`), to be filled by the round's close.
+  std::unique_ptr<StateWriter> next(int64_t round, int64_t step) const;
+  // The round was merged and is about to be published: its file is checked, fsynced
+  // (file and folder) and renamed into place before this returns; s takes its round,
+  // step, hash and file. Throws NetError on failure (the old file stays).
+  void commit(StateWriter& w, GlobalState& s);
   const std::string& path() const { return path_; }
+  std::string folder() const;  // where the state file lives (scratch files go there too)
 
  private:
+  PersistedState header(int64_t round, int64_t step) const;
+  void check_identity(const PersistedState& ps) const;  // this run's, this model's
+  void convert_legacy();
   PersistRules rules_;
   const LineLog& log_;
   std::string path_;

@@ -13,9 +13,6 @@
 #pragma once
 #include <cstdint>
 #include <string>
-#include <vector>
-
-#include "net/grid.hpp"
 
 namespace spes::net {
 
@@ -34,12 +31,10 @@ struct OuterOptimizer {
 OuterKind parse_outer_kind(const std::string& s);
 const char* outer_kind_name(OuterKind k);
 
-// One outer step over the chunks with contributors[c] > 0: target holds the merged
-// mean θ_new per element and becomes the stepped θ_new; theta is θ_old; momentum (n
-// params, nesterov only) is updated for those chunks. Chunk by chunk, all or nothing:
-// a chunk whose step would not be finite is left at θ_old with its momentum. Returns
-// how many chunks were left so.
-int64_t outer_step(const OuterOptimizer& o, const ChunkGrid& grid, const std::vector<int>& contributors,
-                   const float* theta, float* target, float* momentum);
+// The outer step of one contributed chunk of n params: target holds the merged mean
+// θ_new and becomes the stepped θ_new; theta is θ_old; momentum (nesterov only, else
+// null) is updated. All or nothing: a chunk whose step would not be finite is left at
+// θ_old (target := theta) with its momentum, and the call returns false.
+bool outer_step_chunk(const OuterOptimizer& o, int64_t n, const float* theta, float* target, float* momentum);
 
 }  // namespace spes::net

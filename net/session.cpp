@@ -330,18 +330,16 @@ bool Session::next_frame(OutJob& j, FrameView* v) {
     case OutJob::publication: {
       const Publication& p = *j.pub;
       if (j.next < p.chunks.size()) {
-        if (!p.frames.empty()) {
-          const OwnedFrame& f = p.frames[j.next];
-          v->header = f.bytes.data();
-          v->body = f.bytes.data() + kHeaderBytes;
-          v->body_size = f.bytes.size() - kHeaderBytes;
-          return true;
-        }
         const GridChunk& c = grid.chunks[size_t(p.chunks[j.next])];
-        ChunkTag t{p.round, p.step, 0, c.begin, c.end, Codec::fp32};
-        const float* src = g.theta.data() + c.begin;
-        *v = writer_.round_chunk(t, size_t(c.size()) * 4,
-                                 [&](uint8_t* dst) { std::memcpy(dst, src, size_t(c.size()) * 4); });
+        const ChunkTag t{p.round, p.step, 0, c.begin, c.end, p.codec};
+        if (p.lossy()) {  // the payload encoded once at round close
+          const int64_t at = p.payload_at[j.next];
+          const size_t bytes = size_t(p.payload_bytes[j.next]);
+          *v = writer_.round_chunk(t, bytes, [&](uint8_t* dst) { p.payloads->read(at, bytes, dst); });
+        } else {  // fp32: θ_new itself, from the committed state file
+          *v = writer_.round_chunk(t, size_t(c.size()) * 4,
+                                   [&](uint8_t* dst) { g.file->read(Section::theta, c.begin, c.size(), dst); });
+        }
         return true;
       }
       if (j.next == p.chunks.size()) {
@@ -353,9 +351,8 @@ bool Session::next_frame(OutJob& j, FrameView* v) {
     case OutJob::snapshot: {
       if (j.next < j.chunks.size()) {
         const GridChunk& c = grid.chunks[size_t(j.chunks[j.next])];
-        const float* src = g.theta.data() + c.begin;
         *v = writer_.snapshot_chunk(g.round, c.begin, c.end,
-                                    [&](uint8_t* dst) { std::memcpy(dst, src, size_t(c.size()) * 4); });
+                                    [&](uint8_t* dst) { g.file->read(Section::theta, c.begin, c.size(), dst); });
         return true;
       }
       if (j.next == j.chunks.size()) {
@@ -374,7 +371,7 @@ void Session::pump() {
     OutJob& j = outq_.front();
     // fp32 results and snapshots are read from θ: if a round closed since the job
     // started, this node is behind and must resync.
-    const bool reads_theta = j.kind == OutJob::snapshot || (j.kind == OutJob::publication && j.pub->frames.empty());
+    const bool reads_theta = j.kind == OutJob::snapshot || (j.kind == OutJob::publication && !j.pub->lossy());
     if (reads_theta && j.theta_round != srv_.state_.round && state_ != State::closing) {
       const bool was_snapshot = j.kind == OutJob::snapshot;
       outq_.pop_front();

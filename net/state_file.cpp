@@ -3,10 +3,12 @@
 #include <fcntl.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cstring>
 #include <filesystem>
 
+#include "engine/base/atomic_file.hpp"
 #include "engine/base/error.hpp"
 #include "net/digest.hpp"
 #include "net/finite_guard.hpp"
@@ -16,14 +18,71 @@ namespace spes::net {
 namespace {
 
 constexpr char kMagic[8] = {'S', 'P', 'E', 'S', 'C', 'O', 'O', 'R'};
-constexpr uint32_t kFormat = 2;  // 2: + the outer momentum (format 1 still loads)
+constexpr uint32_t kFormat = 3;           // 3: random access (1: sequential, 2: + the outer momentum)
+constexpr int64_t kHeaderSize = 4096;     // format 3: the sections start here
+constexpr size_t kMaxRunId = 1024;
+constexpr int64_t kBlockElems = 1 << 20;  // streaming passes read 4 MiB at a time
 
 [[noreturn]] void fail(const std::string& path, const std::string& what) {
   throw NetError("coordinator state " + path + ": " + what);
 }
 
-// Little-endian scalars into a byte header.
-struct Bytes {
+std::string errno_text() { return std::strerror(errno); }
+
+void pread_all(int fd, const std::string& path, void* dst, size_t n, int64_t at) {
+  auto* p = static_cast<uint8_t*>(dst);
+  while (n) {
+    const ssize_t r = ::pread(fd, p, std::min<size_t>(n, size_t(1) << 30), off_t(at));
+    if (r < 0 && errno == EINTR) continue;
+    if (r < 0) fail(path, "read failed: " + errno_text());
+    if (r == 0) fail(path, "truncated");
+    p += r, at += r, n -= size_t(r);
+  }
+}
+
+void pwrite_all(int fd, const std::string& path, const void* src, size_t n, int64_t at) {
+  const auto* p = static_cast<const uint8_t*>(src);
+  while (n) {
+    const ssize_t w = ::pwrite(fd, p, std::min<size_t>(n, size_t(1) << 30), off_t(at));
+    if (w < 0 && errno == EINTR) continue;
+    if (w < 0) fail(path, "write failed: " + errno_text());
+    p += w, at += w, n -= size_t(w);
+  }
+}
+
+const char* section_name(Section s) {
+  switch (s) {
+    case Section::theta: return "θ";
+    case Section::residual: return "download residual";
+    case Section::momentum: return "outer momentum";
+  }
+  return "?";
+}
+
+std::vector<Section> sections_of(const PersistedState& s) {
+  std::vector<Section> v{Section::theta};
+  if (s.has_residual) v.push_back(Section::residual);
+  if (s.has_momentum) v.push_back(Section::momentum);
+  return v;
+}
+
+// Where section s starts: θ first, then the residual and the momentum when present.
+int64_t section_offset(const PersistedState& info, int64_t n, Section s) {
+  int64_t k = 0;
+  for (Section x : sections_of(info)) {
+    if (x == s) return kHeaderSize + k * n * 4;
+    ++k;
+  }
+  throw NetError(std::string("internal: the state file has no ") + section_name(s));
+}
+
+// ---- format 3 header --------------------------------------------------------
+
+struct SectionHashes {
+  uint64_t theta = 0, residual = 0, momentum = 0;
+};
+
+struct HeaderOut {
   std::vector<uint8_t> b;
   template <class T>
   void put(T v) {
@@ -33,67 +92,100 @@ struct Bytes {
   }
 };
 
-class Writer {
- public:
-  Writer(const std::string& path) : path_(path) {
-    fd_ = ::open(path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
-    if (fd_ < 0) fail(path, std::string("cannot create: ") + std::strerror(errno));
-  }
-  ~Writer() {
-    if (fd_ >= 0) ::close(fd_);
-  }
-  void write(const void* p, size_t n) {
-    crc_ = crc32c(p, n, crc_);
-    raw(p, n);
-  }
-  void raw(const void* p, size_t n) {
-    const auto* c = static_cast<const uint8_t*>(p);
-    while (n) {
-      const ssize_t w = ::write(fd_, c, std::min<size_t>(n, size_t(1) << 26));
-      if (w < 0) {
-        if (errno == EINTR) continue;
-        fail(path_, std::string("write failed: ") + std::strerror(errno));
-      }
-      c += w;
-      n -= size_t(w);
-    }
-  }
-  void finish() {
-    const uint32_t c = crc_;
-    raw(&c, 4);
-    if (::fsync(fd_) != 0) fail(path_, std::string("fsync failed: ") + std::strerror(errno));
-    if (::close(fd_) != 0) fail(path_, std::string("close failed: ") + std::strerror(errno));
-    fd_ = -1;
-  }
+std::vector<uint8_t> encode_header(const PersistedState& s, int64_t n, const SectionHashes& h) {
+  HeaderOut o;
+  o.b.insert(o.b.end(), kMagic, kMagic + 8);
+  o.put<uint32_t>(kFormat);
+  o.put<uint32_t>(s.codec);
+  o.put<uint64_t>(s.fingerprint);
+  o.put<int64_t>(s.round);
+  o.put<int64_t>(s.step);
+  o.put<int64_t>(n);
+  o.put<uint64_t>(h.theta);
+  o.put<uint64_t>(h.residual);
+  o.put<uint64_t>(h.momentum);
+  o.put<uint32_t>(s.has_residual ? 1 : 0);
+  o.put<uint32_t>(s.has_momentum ? 1 : 0);
+  o.put<uint32_t>(uint32_t(s.run_id.size()));
+  o.b.insert(o.b.end(), s.run_id.begin(), s.run_id.end());
+  o.b.resize(size_t(kHeaderSize) - 4, 0);
+  o.put<uint32_t>(crc32c(o.b.data(), o.b.size()));
+  return o.b;
+}
 
- private:
-  std::string path_;
-  int fd_ = -1;
-  uint32_t crc_ = 0;
+struct HeaderIn {
+  const uint8_t* p;
+  size_t at = 0;
+  template <class T>
+  T get() {
+    T v;
+    std::memcpy(&v, p + at, sizeof(T));
+    at += sizeof(T);
+    return v;
+  }
 };
 
-class Reader {
- public:
-  Reader(const std::string& path) : path_(path) {
-    fd_ = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
-    if (fd_ < 0) fail(path, std::string("cannot open: ") + std::strerror(errno));
-  }
-  ~Reader() {
-    if (fd_ >= 0) ::close(fd_);
-  }
-  void read(void* p, size_t n) {
-    raw(p, n);
-    crc_ = crc32c(p, n, crc_);
-  }
-  void raw(void* p, size_t n) {
-    auto* c = static_cast<uint8_t*>(p);
-    while (n) {
-      const ssize_t r = ::read(fd_, c, std::min<size_t>(n, size_t(1) << 26));
-      if (r < 0 && errno == EINTR) continue;
-      if (r <= 0) fail(path_, "truncated");
-      c += r;
-      n -= size_t(r);
+PersistedState decode_header(const std::string& path, const uint8_t* b, int64_t* n, SectionHashes* h) {
+  uint32_t crc;
+  std::memcpy(&crc, b + kHeaderSize - 4, 4);
+  if (crc != crc32c(b, size_t(kHeaderSize) - 4)) fail(path, "header checksum mismatch (corrupt file)");
+  HeaderIn in{b, 12};
+  PersistedState s;
+  s.codec = in.get<uint32_t>();
+  s.fingerprint = in.get<uint64_t>();
+  s.round = in.get<int64_t>();
+  s.step = in.get<int64_t>();
+  *n = in.get<int64_t>();
+  h->theta = in.get<uint64_t>();
+  h->residual = in.get<uint64_t>();
+  h->momentum = in.get<uint64_t>();
+  const uint32_t has_residual = in.get<uint32_t>(), has_momentum = in.get<uint32_t>();
+  const uint32_t run_len = in.get<uint32_t>();
+  if (has_residual > 1 || has_momentum > 1 || run_len > kMaxRunId || *n < 0) fail(path, "corrupt header");
+  s.run_id.assign(reinterpret_cast<const char*>(b + in.at), run_len);
+  s.has_residual = has_residual == 1;
+  s.has_momentum = has_momentum == 1;
+  s.state_hash = h->theta;
+  s.momentum_hash = h->momentum;
+  return s;
+}
+
+// One pass over every section: its hash, and the first non-finite value refused
+// with `verb` ("holds" on load, "refusing to persist" before a commit).
+SectionHashes hash_and_check(int fd, const std::string& path, const PersistedState& info, int64_t n,
+                             const char* verb) {
+  SectionHashes h;
+  std::vector<float> block(size_t(std::min(n, kBlockElems)));
+  for (Section s : sections_of(info)) {
+    StateHasher hasher;
+    const int64_t base = section_offset(info, n, s);
+    for (int64_t i = 0; i < n; i += kBlockElems) {
+      const int64_t m = std::min(kBlockElems, n - i);
+      pread_all(fd, path, block.data(), size_t(m) * 4, base + i * 4);
+      const int64_t bad = first_non_finite(block.data(), m);
+      if (bad >= 0)
+        fail(path, std::string(verb) + " a non-finite " + section_name(s) + " (" + std::to_string(block[size_t(bad)]) +
+                       " at parameter " + std::to_string(i + bad) + ")");
+      hasher.update(block.data(), m);
     }
+    (s == Section::theta ? h.theta : s == Section::residual ? h.residual : h.momentum) = hasher.digest();
+  }
+  return h;
+}
+
+// ---- formats 1 and 2: one sequential stream with a trailing CRC32C ------------
+
+class LegacyReader {
+ public:
+  LegacyReader(const std::string& path) : path_(path) {
+    fd_ = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+    if (fd_ < 0) fail(path, "cannot open: " + errno_text());
+  }
+  ~LegacyReader() { ::close(fd_); }
+  void read(void* p, size_t n) {
+    pread_all(fd_, path_, p, n, at_);
+    at_ += int64_t(n);
+    crc_ = crc32c(p, n, crc_);
   }
   template <class T>
   T get() {
@@ -101,75 +193,32 @@ class Reader {
     read(&v, sizeof v);
     return v;
   }
+  uint32_t stored_crc() {
+    uint32_t c;
+    pread_all(fd_, path_, &c, 4, at_);
+    return c;
+  }
   uint32_t crc() const { return crc_; }
 
  private:
   std::string path_;
   int fd_ = -1;
+  int64_t at_ = 0;
   uint32_t crc_ = 0;
 };
 
-// Nothing non-finite is persisted or loaded (net/finite_guard.hpp).
-void check_finite(const std::string& path, const char* what, const std::vector<float>& x, const char* verb) {
+void check_finite(const std::string& path, const char* what, const std::vector<float>& x) {
   const int64_t i = first_non_finite(x.data(), int64_t(x.size()));
   if (i >= 0)
-    fail(path, std::string(verb) + " a non-finite " + what + " (" + std::to_string(x[size_t(i)]) + " at parameter " +
+    fail(path, std::string("holds a non-finite ") + what + " (" + std::to_string(x[size_t(i)]) + " at parameter " +
                    std::to_string(i) + ")");
 }
 
-}  // namespace
-
-void save_state_file(const std::string& path, const PersistedState& s, const std::vector<float>& theta,
-                     const std::vector<float>* residual, const std::vector<float>* momentum) {
-  const std::filesystem::path p(path);
-  std::error_code ec;
-  if (p.has_parent_path()) std::filesystem::create_directories(p.parent_path(), ec);
-  if (ec) fail(path, "cannot create its folder: " + ec.message());
-  check_finite(path, "θ", theta, "refusing to persist");
-  if (residual) check_finite(path, "download residual", *residual, "refusing to persist");
-  if (momentum) check_finite(path, "outer momentum", *momentum, "refusing to persist");
-  const std::string tmp = path + ".tmp";
-  {
-    Bytes h;
-    h.b.insert(h.b.end(), kMagic, kMagic + 8);
-    h.put<uint32_t>(kFormat);
-    h.put<uint32_t>(s.codec);
-    h.put<uint64_t>(s.fingerprint);
-    h.put<int64_t>(s.round);
-    h.put<int64_t>(s.step);
-    h.put<int64_t>(int64_t(theta.size()));
-    h.put<uint64_t>(s.state_hash);
-    h.put<uint32_t>(residual ? 1u : 0u);
-    h.put<uint32_t>(uint32_t(s.run_id.size()));
-    h.b.insert(h.b.end(), s.run_id.begin(), s.run_id.end());
-    h.put<uint32_t>(momentum ? 1u : 0u);
-    h.put<uint64_t>(momentum ? state_hash(momentum->data(), int64_t(momentum->size())) : 0);
-    Writer w(tmp);
-    w.write(h.b.data(), h.b.size());
-    w.write(theta.data(), theta.size() * 4);
-    if (residual) w.write(residual->data(), residual->size() * 4);
-    if (momentum) w.write(momentum->data(), momentum->size() * 4);
-    w.finish();
-  }
-  if (::rename(tmp.c_str(), path.c_str()) != 0) fail(path, std::string("rename failed: ") + std::strerror(errno));
-  const std::string dir = p.has_parent_path() ? p.parent_path().string() : ".";
-  const int dfd = ::open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
-  if (dfd >= 0) {
-    ::fsync(dfd);  // some filesystems refuse folder fsync; the rename is atomic regardless
-    ::close(dfd);
-  }
-}
-
-PersistedState load_state_file(const std::string& path, std::vector<float>& theta, std::vector<float>* residual,
-                               std::vector<float>* momentum) {
-  Reader r(path);
-  char magic[8];
-  r.read(magic, 8);
-  if (std::memcmp(magic, kMagic, 8) != 0) fail(path, "not a coordinator state file");
-  const uint32_t format = r.get<uint32_t>();
-  if (format < 1 || format > kFormat)
-    fail(path, "format version " + std::to_string(format) + " is not one this build reads (1 to " +
-                   std::to_string(kFormat) + "); written by a newer spes-engine?");
+PersistedState load_legacy(const std::string& path, uint32_t format, std::vector<float>& theta,
+                           std::vector<float>* residual, std::vector<float>* momentum) {
+  LegacyReader r(path);
+  r.get<uint64_t>();  // magic, checked by the caller
+  r.get<uint32_t>();  // format
   PersistedState s;
   s.codec = r.get<uint32_t>();
   s.fingerprint = r.get<uint64_t>();
@@ -179,7 +228,7 @@ PersistedState load_state_file(const std::string& path, std::vector<float>& thet
   s.state_hash = r.get<uint64_t>();
   const uint32_t has_residual = r.get<uint32_t>();
   const uint32_t run_len = r.get<uint32_t>();
-  if (run_len > 4096 || has_residual > 1) fail(path, "corrupt header");
+  if (run_len > kMaxRunId || has_residual > 1) fail(path, "corrupt header");
   s.run_id.resize(run_len);
   r.read(s.run_id.data(), run_len);
   if (format >= 2) {
@@ -188,31 +237,177 @@ PersistedState load_state_file(const std::string& path, std::vector<float>& thet
     if (has_momentum > 1) fail(path, "corrupt header");
     s.has_momentum = has_momentum == 1;
   }
+  s.has_residual = has_residual == 1;
   if (n != int64_t(theta.size()))
     fail(path, "holds " + std::to_string(n) + " parameters, the model has " + std::to_string(theta.size()));
   r.read(theta.data(), theta.size() * 4);
-  std::vector<float> res;
-  if (has_residual) {
-    res.resize(theta.size());
-    r.read(res.data(), res.size() * 4);
-  }
-  std::vector<float> mom;
-  if (s.has_momentum) {
-    mom.resize(theta.size());
-    r.read(mom.data(), mom.size() * 4);
-  }
-  const uint32_t expect = r.crc();
-  uint32_t stored;
-  r.raw(&stored, 4);
-  if (stored != expect) fail(path, "checksum mismatch (corrupt file)");
-  check_finite(path, "θ", theta, "holds");
-  if (has_residual) check_finite(path, "download residual", res, "holds");
+  std::vector<float> res(s.has_residual ? theta.size() : 0), mom(s.has_momentum ? theta.size() : 0);
+  r.read(res.data(), res.size() * 4);
+  r.read(mom.data(), mom.size() * 4);
+  if (r.stored_crc() != r.crc()) fail(path, "checksum mismatch (corrupt file)");
+  check_finite(path, "θ", theta);
+  check_finite(path, "download residual", res);
   if (s.has_momentum && state_hash(mom.data(), int64_t(mom.size())) != s.momentum_hash)
     fail(path, "the outer momentum does not match its hash");
-  if (s.has_momentum) check_finite(path, "outer momentum", mom, "holds");
-  if (residual && has_residual) *residual = std::move(res);
+  check_finite(path, "outer momentum", mom);
+  if (residual && s.has_residual) *residual = std::move(res);
   if (momentum && s.has_momentum) *momentum = std::move(mom);
   return s;
+}
+
+// The file's format, refusing what is not a state file or is newer than this build.
+uint32_t checked_format(const std::string& path) {
+  const uint32_t format = state_file_format(path);
+  if (format == 0) fail(path, "not a coordinator state file");
+  if (format > kFormat)
+    fail(path, "format version " + std::to_string(format) + " is not one this build reads (1 to " +
+                   std::to_string(kFormat) + "); written by a newer spes-engine?");
+  return format;
+}
+
+}  // namespace
+
+// ---- StateReader --------------------------------------------------------------
+
+StateReader::StateReader(std::string path, int fd, PersistedState info, int64_t n)
+    : path_(std::move(path)), fd_(fd), info_(std::move(info)), n_(n) {}
+
+StateReader::~StateReader() {
+  if (fd_ >= 0) ::close(fd_);
+}
+
+bool StateReader::has(Section s) const {
+  return s == Section::theta || (s == Section::residual ? info_.has_residual : info_.has_momentum);
+}
+
+std::shared_ptr<const StateReader> StateReader::open(const std::string& path, int64_t n_params) {
+  if (checked_format(path) != kFormat)
+    fail(path, "internal: formats 1 and 2 load with load_state_file, not as a StateReader");
+  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  if (fd < 0) fail(path, "cannot open: " + errno_text());
+  std::shared_ptr<StateReader> r(new StateReader(path, fd, {}, 0));  // owns fd from here
+  std::vector<uint8_t> header(static_cast<size_t>(kHeaderSize));
+  pread_all(fd, path, header.data(), header.size(), 0);
+  SectionHashes stored;
+  int64_t n = 0;
+  r->info_ = decode_header(path, header.data(), &n, &stored);
+  if (n != n_params)
+    fail(path, "holds " + std::to_string(n) + " parameters, the model has " + std::to_string(n_params));
+  r->n_ = n;
+  const int64_t expect = kHeaderSize + int64_t(sections_of(r->info_).size()) * n * 4;
+  const off_t end = ::lseek(fd, 0, SEEK_END);
+  if (end != off_t(expect))
+    fail(path, "is " + std::to_string(end) + " bytes, its header says " + std::to_string(expect) + " (truncated?)");
+  const SectionHashes h = hash_and_check(fd, path, r->info_, n, "holds");
+  if (h.theta != stored.theta) fail(path, "checksum mismatch in θ: state hash does not match (corrupt file)");
+  if (h.residual != stored.residual) fail(path, "checksum mismatch in the download residual (corrupt file)");
+  if (h.momentum != stored.momentum) fail(path, "the outer momentum does not match its hash (corrupt file)");
+  return r;
+}
+
+void StateReader::read(Section s, int64_t begin, int64_t n, void* dst) const {
+  if (begin < 0 || n < 0 || begin + n > n_) fail(path_, "internal: read outside the model");
+  pread_all(fd_, path_, dst, size_t(n) * 4, section_offset(info_, n_, s) + begin * 4);
+}
+
+// ---- StateWriter --------------------------------------------------------------
+
+StateWriter::StateWriter(std::string path, PersistedState info, int64_t n_params)
+    : path_(std::move(path)), tmp_(path_ + ".tmp"), info_(std::move(info)), n_(n_params) {
+  if (info_.run_id.size() > kMaxRunId) fail(path_, "run id longer than " + std::to_string(kMaxRunId) + " bytes");
+  const std::filesystem::path p(path_);
+  std::error_code ec;
+  if (p.has_parent_path()) std::filesystem::create_directories(p.parent_path(), ec);
+  if (ec) fail(path_, "cannot create its folder: " + ec.message());
+  fd_ = ::open(tmp_.c_str(), O_RDWR | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+  if (fd_ < 0) fail(tmp_, "cannot create: " + errno_text());
+  const int64_t bytes = kHeaderSize + int64_t(sections_of(info_).size()) * n_ * 4;
+  if (::ftruncate(fd_, off_t(bytes)) != 0) fail(tmp_, "cannot size to " + std::to_string(bytes) + " bytes: " + errno_text());
+}
+
+StateWriter::~StateWriter() {
+  if (fd_ < 0) return;
+  ::close(fd_);
+  ::unlink(tmp_.c_str());
+}
+
+bool StateWriter::has(Section s) const {
+  return s == Section::theta || (s == Section::residual ? info_.has_residual : info_.has_momentum);
+}
+
+void StateWriter::write(Section s, int64_t begin, int64_t n, const float* src) {
+  if (begin < 0 || n < 0 || begin + n > n_) fail(tmp_, "internal: write outside the model");
+  pwrite_all(fd_, tmp_, src, size_t(n) * 4, section_offset(info_, n_, s) + begin * 4);
+}
+
+void StateWriter::copy(const StateReader& from, Section s, int64_t begin, int64_t n) {
+  thread_local std::vector<float> block;
+  block.resize(size_t(std::min(n, kBlockElems)));
+  for (int64_t i = 0; i < n; i += kBlockElems) {
+    const int64_t m = std::min(kBlockElems, n - i);
+    from.read(s, begin + i, m, block.data());
+    write(s, begin + i, m, block.data());
+  }
+}
+
+std::shared_ptr<const StateReader> StateWriter::commit() {
+  const SectionHashes h = hash_and_check(fd_, tmp_, info_, n_, "refusing to persist");
+  info_.state_hash = h.theta;
+  info_.momentum_hash = h.momentum;
+  const std::vector<uint8_t> header = encode_header(info_, n_, h);
+  pwrite_all(fd_, tmp_, header.data(), header.size(), 0);
+  if (::fsync(fd_) != 0) fail(tmp_, "fsync failed: " + errno_text());
+  if (::rename(tmp_.c_str(), path_.c_str()) != 0) fail(path_, "rename failed: " + errno_text());
+  const std::filesystem::path p(path_);
+  try {
+    fsync_dir(p.has_parent_path() ? p.parent_path().string() : ".");
+  } catch (const std::exception& e) {
+    fail(path_, e.what());
+  }
+  std::shared_ptr<const StateReader> r(new StateReader(path_, fd_, info_, n_));
+  fd_ = -1;  // the reader owns it now
+  return r;
+}
+
+// ---- formats and whole-vector forms -------------------------------------------
+
+uint32_t state_file_format(const std::string& path) {
+  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  if (fd < 0) fail(path, "cannot open: " + errno_text());
+  uint8_t head[12] = {};
+  ssize_t got;
+  do got = ::pread(fd, head, sizeof head, 0);
+  while (got < 0 && errno == EINTR);
+  ::close(fd);
+  if (got != ssize_t(sizeof head) || std::memcmp(head, kMagic, 8) != 0) return 0;
+  uint32_t format;
+  std::memcpy(&format, head + 8, 4);
+  return format;
+}
+
+void save_state_file(const std::string& path, const PersistedState& s, const std::vector<float>& theta,
+                     const std::vector<float>* residual, const std::vector<float>* momentum) {
+  PersistedState info = s;
+  info.has_residual = residual != nullptr;
+  info.has_momentum = momentum != nullptr;
+  const int64_t n = int64_t(theta.size());
+  StateWriter w(path, info, n);
+  w.write(Section::theta, 0, n, theta.data());
+  if (residual) w.write(Section::residual, 0, n, residual->data());
+  if (momentum) w.write(Section::momentum, 0, n, momentum->data());
+  w.commit();
+}
+
+PersistedState load_state_file(const std::string& path, std::vector<float>& theta, std::vector<float>* residual,
+                               std::vector<float>* momentum) {
+  const uint32_t format = checked_format(path);
+  if (format < 3) return load_legacy(path, format, theta, residual, momentum);
+  const auto r = StateReader::open(path, int64_t(theta.size()));
+  const int64_t n = r->size();
+  r->read(Section::theta, 0, n, theta.data());
+  if (residual && r->has(Section::residual)) residual->resize(size_t(n)), r->read(Section::residual, 0, n, residual->data());
+  if (momentum && r->has(Section::momentum)) momentum->resize(size_t(n)), r->read(Section::momentum, 0, n, momentum->data());
+  return r->info();
 }
 
 }  // namespace spes::net

@@ -1,13 +1,22 @@
 // The coordinator's persisted state (spes.state_dir/state.bin): θ, round, step,
 // fingerprint and run id, plus the download residual of a lossy codec and the
-// outer optimizer's momentum (with its own hash, checked on load), so a
-// restarted coordinator resumes the run with no round lost. Written to a temp
-// file, fsynced and renamed into place (a crash leaves the old or the new file,
-// never half of one); a CRC32C over the whole file is checked on load.
-// Format 2 added the momentum; format-1 files (written before outer optimizers,
-// hence by a plain average, which has no momentum) still load, without one.
+// outer optimizer's momentum, so a restarted coordinator resumes the run with no
+// round lost.
+//
+// The file is also where the coordinator's θ lives between rounds (issue 14: a
+// coordinator in ≤ 1.5× the model): it is read back in chunks (pread) to serve
+// snapshots and to merge, so only the merge's accumulator is model-sized in memory.
+// Hence format 3 is random-access: a 4 KiB header, then the sections θ, residual,
+// momentum (n floats each, the last two only when present). A new round's file is
+// written in any order under a temporary name (StateWriter), read back once to hash
+// and check every section, then its header is written, fsynced, and it is renamed
+// into place: a crash leaves the old file or the new one, never half of one. The
+// header has its own CRC32C and a 64-bit hash of each section (θ's is the state
+// hash), all checked on load; nothing non-finite is written or loaded.
+// Formats 1 and 2 (one sequential CRC'd stream, written before format 3) still load.
 #pragma once
 #include <cstdint>
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -17,18 +26,77 @@ struct PersistedState {
   std::string run_id;
   uint64_t fingerprint = 0;
   int64_t round = 0, step = 0;
-  uint64_t state_hash = 0;
+  uint64_t state_hash = 0;     // of θ
   uint32_t codec = 0;
-  bool has_momentum = false;   // set by load_state_file
+  bool has_residual = false;   // set by the reader and the writer
+  bool has_momentum = false;
   uint64_t momentum_hash = 0;  // state_hash of the momentum (0 without one)
 };
 
-// momentum: the outer optimizer's, or null (none); its hash is computed here.
+enum class Section { theta, residual, momentum };
+
+// A verified state file open for reads at any offset (thread-safe). The file may be
+// renamed over or unlinked meanwhile: the open descriptor keeps its contents.
+class StateReader {
+ public:
+  // Checks the header, the size, every section's hash and that every value is
+  // finite (one streaming pass, chunk-sized memory). Formats 1 and 2 are refused
+  // here (state_file_format says which a file is; load_state_file reads them).
+  // Throws NetError naming the file.
+  static std::shared_ptr<const StateReader> open(const std::string& path, int64_t n_params);
+  ~StateReader();
+  StateReader(const StateReader&) = delete;
+  StateReader& operator=(const StateReader&) = delete;
+
+  const PersistedState& info() const { return info_; }
+  int64_t size() const { return n_; }
+  bool has(Section s) const;
+  // n floats of section s from element `begin` into dst (any alignment). Throws NetError.
+  void read(Section s, int64_t begin, int64_t n, void* dst) const;
+
+ private:
+  friend class StateWriter;
+  StateReader(std::string path, int fd, PersistedState info, int64_t n);
+  std::string path_;
+  int fd_ = -1;
+  PersistedState info_;
+  int64_t n_ = 0;
+};
+
+// A new state file for `path`, written at any offsets from any threads, then
+// committed. Destroyed without commit(), the temporary file is removed.
+class StateWriter {
+ public:
+  // info: what the header says (its hashes are computed by commit()).
+  StateWriter(std::string path, PersistedState info, int64_t n_params);
+  ~StateWriter();
+  StateWriter(const StateWriter&) = delete;
+  StateWriter& operator=(const StateWriter&) = delete;
+
+  bool has(Section s) const;
+  void write(Section s, int64_t begin, int64_t n, const float* src);
+  // Copies [begin, begin + n) of section s from another state (the unchanged part of θ).
+  void copy(const StateReader& from, Section s, int64_t begin, int64_t n);
+  // Reads the file back: every section hashed and checked finite (a non-finite
+  // value throws "refusing to persist" and leaves the old file in place); then the
+  // header, fsync, rename over `path`, folder fsync. Returns the new file, open.
+  std::shared_ptr<const StateReader> commit();
+
+ private:
+  std::string path_, tmp_;
+  int fd_ = -1;
+  PersistedState info_;
+  int64_t n_ = 0;
+};
+
+// Which format a state file is (0: not a state file). Throws NetError when unreadable.
+uint32_t state_file_format(const std::string& path);
+
+// Whole-vector forms (tests, format conversion). save: momentum / residual null =
+// none. load: any format; theta must have the model's size; the residual and the
+// momentum are read when the file has them and the pointer is not null.
 void save_state_file(const std::string& path, const PersistedState& s, const std::vector<float>& theta,
                      const std::vector<float>* residual, const std::vector<float>* momentum = nullptr);
-// theta must already have the model's size (a different size is an error). The
-// residual and the momentum are read when the file has them and the pointer is not
-// null (the momentum's hash is checked). Throws NetError.
 PersistedState load_state_file(const std::string& path, std::vector<float>& theta, std::vector<float>* residual,
                                std::vector<float>* momentum = nullptr);
 

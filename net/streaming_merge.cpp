@@ -1,6 +1,7 @@
 #include "net/streaming_merge.hpp"
 
 #include <algorithm>
+#include <atomic>
 #include <cstring>
 #include <thread>
 
@@ -59,39 +60,54 @@ void StreamingMerge::withdraw(const std::vector<int>& chunks) {
   }
 }
 
-std::vector<bool> StreamingMerge::close(const float* theta, const ParamLayout& layout, double merge_alpha,
-                                        int64_t topk, const OuterOptimizer& outer, float* momentum) {
+std::vector<bool> StreamingMerge::close(const StateReader& old, StateWriter& next, const ParamLayout& layout,
+                                        double merge_alpha, int64_t topk, const OuterOptimizer& outer) {
   std::vector<char> changed_c(grid_.chunks.size(), 0);  // char, not vector<bool>: written by many threads
   const bool merging = merge_alpha > 0 && layout.experts.size() > 0 && !layout.experts[0].empty() &&
                        layout.experts[0].size() > 1;
   const bool deltas = codec_is_lossy(codec_);
+  const bool momentum = next.has(Section::momentum);
+  std::atomic<int64_t> skipped{0};
   parallel_for(int64_t(grid_.chunks.size()), [&](int64_t c) {
     const GridChunk& ch = grid_.chunks[size_t(c)];
     float* a = acc_.data() + ch.begin;
-    const float* t = theta + ch.begin;
     const int64_t n = ch.size();
-    if (count_[c] > 0) {
+    const bool contributed = count_[c] > 0;
+    const bool fill = !contributed && merging && ch.segment > 0;
+    const bool stepped = contributed && !outer.identity();
+    // θ_old and the momentum of this chunk, read only when needed (fp32 means need neither).
+    thread_local std::vector<float> t, m;
+    if ((contributed && (deltas || stepped)) || fill) {
+      t.resize(size_t(n));
+      old.read(Section::theta, ch.begin, n, t.data());
+    }
+    if (momentum) {
+      m.resize(size_t(n));
+      old.read(Section::momentum, ch.begin, n, m.data());
+    }
+    if (contributed) {
       if (wide_at_[c] >= 0) {  // the double sum: one rounding, to fp32
         const double* w = wide_.data() + wide_at_[c];
         const double k = double(count_[c]);
-        for (int64_t i = 0; i < n; ++i) a[i] = deltas ? float(double(t[i]) + w[i] / k) : float(w[i] / k);
+        for (int64_t i = 0; i < n; ++i) a[i] = deltas ? float(double(t[size_t(i)]) + w[i] / k) : float(w[i] / k);
       } else {  // the mean = (scaled sum / k) · 2^s: the same bits as sum / k
         const float k = float(count_[c]), unscale = 1.0f / sum_scale_;
         for (int64_t i = 0; i < n; ++i) {
           const float mean = (count_[c] > 1 ? a[i] / k : a[i]) * unscale;
-          a[i] = deltas ? t[i] + mean : mean;
+          a[i] = deltas ? t[size_t(i)] + mean : mean;
         }
       }
       changed_c[c] = 1;
-    } else if (merging && ch.segment > 0) {
-      std::memcpy(a, t, size_t(n) * 4);
+    } else if (fill) {
+      std::memcpy(a, t.data(), size_t(n) * 4);
       changed_c[c] = 1;
     }
+    if (stepped && !outer_step_chunk(outer, n, t.data(), a, momentum ? m.data() : nullptr)) ++skipped;
+    if (momentum) next.write(Section::momentum, ch.begin, n, m.data());
   });
-  std::vector<bool> changed(changed_c.begin(), changed_c.end());
-  outer_skipped_ = outer_step(outer, grid_, count_, theta, acc_.data(), momentum);
+  outer_skipped_ = skipped.load();
   if (merging) merge_experts_flat(acc_.data(), layout, merge_alpha, topk);
-  return changed;
+  return std::vector<bool>(changed_c.begin(), changed_c.end());
 }
 
 }  // namespace spes::net

@@ -1,7 +1,7 @@
 // The coordinator's merge of one round (DESIGN §1 "Sync round"), streamed: pushes
 // are decoded straight into an accumulator as they arrive, one chunk at a time, so
-// the coordinator holds θ plus at most one model-sized accumulator whatever the
-// number of nodes (the SPES reference keeps every upload). The accumulator sums what
+// the coordinator holds one model-sized accumulator (θ is in its state file)
+// whatever the number of nodes (the SPES reference keeps every upload). The accumulator sums what
 // the codec carries: new values (fp32) or deltas against θ_old (lossy codecs). The
 // mean over a chunk's contributors is the sum / count (fp32) or θ_old + sum / count:
 // shared params average over the participating nodes, expert e over its
@@ -26,6 +26,7 @@
 #include "net/codec.hpp"
 #include "net/grid.hpp"
 #include "net/outer_optimizer.hpp"
+#include "net/state_file.hpp"
 
 namespace spes::net {
 
@@ -54,11 +55,13 @@ class StreamingMerge {
   bool voided(int c) const { return void_[size_t(c)] != 0; }
 
   int contributors(int c) const { return count_[c]; }
-  // Mean new value of every contributed chunk, then the outer step (momentum: n
-  // params, nesterov only); with merge_alpha > 0 the uncontributed expert chunks are
-  // filled from θ and the warm-up runs on the result. Returns which chunks changed.
-  std::vector<bool> close(const float* theta, const ParamLayout& layout, double merge_alpha, int64_t topk,
-                          const OuterOptimizer& outer = {}, float* momentum = nullptr);
+  // Mean new value of every contributed chunk (θ_old read chunk by chunk from `old`,
+  // the completed round's state), then the outer step, whose momentum goes into
+  // `next` (every chunk of it, when the state has one); with merge_alpha > 0 the
+  // uncontributed expert chunks are filled from θ_old and the warm-up runs on the
+  // result. Returns which chunks changed.
+  std::vector<bool> close(const StateReader& old, StateWriter& next, const ParamLayout& layout, double merge_alpha,
+                          int64_t topk, const OuterOptimizer& outer = {});
   // θ_new of element i after close() (valid for changed chunks).
   const float* target() const { return acc_.data(); }
   // Chunks the last close() left at θ_old because their outer step was not finite.

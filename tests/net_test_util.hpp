@@ -16,6 +16,7 @@
 #include <chrono>
 #include <cstring>
 #include <filesystem>
+#include <fstream>
 #include <functional>
 #include <memory>
 #include <sstream>
@@ -30,6 +31,7 @@
 #include "net/digest.hpp"
 #include "net/frame.hpp"
 #include "net/frame_mac.hpp"
+#include "net/state_file.hpp"
 #include "net/sync_client.hpp"
 #include "test_util.hpp"
 
@@ -76,6 +78,49 @@ inline uint16_t free_loopback_port() {
 }
 
 inline std::string temp_dir(const std::string& name) { return spes::test::temp_dir("net-" + name).string(); }
+
+// A completed round's state file holding theta (and a residual / momentum when
+// given) and the writer of the next round's, in a temp folder: what the merge and
+// the publication read and write at a round's close.
+struct RoundFiles {
+  std::string dir = temp_dir("round-files");
+  std::shared_ptr<const StateReader> old;
+  std::unique_ptr<StateWriter> next;
+  RoundFiles(const std::vector<float>& theta, const std::vector<float>* residual,
+             const std::vector<float>* momentum = nullptr) {
+    PersistedState h;
+    h.run_id = "round-files";
+    save_state_file(dir + "/state.bin", h, theta, residual, momentum);
+    old = StateReader::open(dir + "/state.bin", int64_t(theta.size()));
+    h.has_residual = residual != nullptr;
+    h.has_momentum = momentum != nullptr;
+    next = std::make_unique<StateWriter>(dir + "/state.bin", h, int64_t(theta.size()));
+  }
+  ~RoundFiles() { std::filesystem::remove_all(dir); }
+  void commit() { old = next->commit(); }  // the next round's file becomes the completed one
+  std::vector<float> read(Section s = Section::theta) const {
+    std::vector<float> v(size_t(old->size()));
+    old->read(s, 0, old->size(), v.data());
+    return v;
+  }
+};
+
+// A state file as format 1 (no momentum fields) or 2 wrote it, before format 3:
+// header, θ, [momentum], CRC32C of all before it. Only to test that they still load.
+inline void write_legacy_state_file(const std::string& path, uint32_t format, const PersistedState& s,
+                                    const std::vector<float>& theta, const std::vector<float>* momentum = nullptr) {
+  std::string b("SPESCOOR");
+  auto put = [&b](auto v) { b.append(reinterpret_cast<const char*>(&v), sizeof v); };
+  put(format), put(s.codec), put(s.fingerprint), put(s.round), put(s.step), put(int64_t(theta.size()));
+  put(state_hash(theta.data(), int64_t(theta.size()))), put(uint32_t(0)), put(uint32_t(s.run_id.size()));
+  b += s.run_id;
+  if (format >= 2) put(uint32_t(momentum ? 1 : 0)), put(momentum ? state_hash(momentum->data(), int64_t(theta.size())) : 0);
+  b.append(reinterpret_cast<const char*>(theta.data()), theta.size() * 4);
+  if (momentum) b.append(reinterpret_cast<const char*>(momentum->data()), momentum->size() * 4);
+  put(crc32c(b.data(), b.size()));
+  std::filesystem::create_directories(std::filesystem::path(path).parent_path());
+  std::ofstream(path, std::ios::binary | std::ios::trunc).write(b.data(), std::streamsize(b.size()));
+}
 
 // The coordinator of a test config, as the program builds it, with the tests' secret.
 inline CoordinatorParams test_coordinator_params(const Config& cfg, const std::string& secret = "test-secret-0123456789") {

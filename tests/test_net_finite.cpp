@@ -169,21 +169,22 @@ TEST_CASE("finite: a merged update that is not finite is not applied nor publish
     layout.total = layout.shared_count = 2 * kInt8Block;
     const ChunkGrid grid = make_grid(layout, 0, kInt8Block);
     REQUIRE(grid.chunks.size() == 2);
-    GlobalState s;
-    s.theta.assign(size_t(layout.total), 1.0f);
-    s.theta[3] = -3.0e38f;
-    s.down_residual.assign(s.theta.size(), 0.0f);
-    std::vector<float> target(s.theta.size(), 2.0f);
+    std::vector<float> theta(size_t(layout.total), 1.0f), residual(theta.size(), 0.0f);
+    theta[3] = -3.0e38f;
+    std::vector<float> target(theta.size(), 2.0f);
     target[3] = codec == Codec::fp32 ? INFINITY : 3.0e38f;  // fp32: not finite; lossy: Δ = 6e38 is not a float
-    const std::vector<float> before = s.theta;
-    const auto pub = build_publication(codec, grid, {true, true}, target.data(), s, 1, 5, 2, 0);
+    RoundFiles files(theta, codec_is_lossy(codec) ? &residual : nullptr);
+    const auto pub = build_publication(codec, grid, {true, true}, target.data(), *files.old, *files.next, files.dir, 1,
+                                       5, 2, 0);
     CHECK(pub->refused == std::vector<int>{0});
     CHECK(pub->chunks == std::vector<int>{1});
-    CHECK(std::equal(s.theta.begin(), s.theta.begin() + kInt8Block, before.begin()));  // chunk 0 kept
-    CHECK(s.theta[kInt8Block] == doctest::Approx(2.0).epsilon(1e-3));                   // chunk 1 applied
-    CHECK(all_finite(s.theta));
-    CHECK(all_finite(s.down_residual));
-    CHECK(pub->hash == state_hash(s.theta.data(), layout.total));
+    files.commit();
+    const std::vector<float> after = files.read();
+    CHECK(std::equal(after.begin(), after.begin() + kInt8Block, theta.begin()));  // chunk 0 kept
+    CHECK(after[kInt8Block] == doctest::Approx(2.0).epsilon(1e-3));              // chunk 1 applied
+    CHECK(all_finite(after));
+    if (codec_is_lossy(codec)) CHECK(all_finite(files.read(Section::residual)));
+    CHECK(files.old->info().state_hash == state_hash(after.data(), layout.total));
   }
 }
 
@@ -205,23 +206,31 @@ TEST_CASE("finite: a state file is never written with, nor loaded from, a non-fi
   CHECK(load_state_file(path, back, nullptr).round == 3);  // the old file is intact
   CHECK(back == theta);
 
-  // A file that holds an inf with a valid checksum (written by an older version or
-  // by hand) is refused on load, naming the file.
+  // A file that holds an inf with valid checksums (written by an older version or by
+  // hand) is refused on load, naming the file: format 2 ...
+  std::vector<float> with_inf = theta;
+  with_inf[7] = INFINITY;
+  write_legacy_state_file(path, 2, ps, with_inf);
+  const std::string want = path + ": holds a non-finite θ";
+  CHECK_THROWS_WITH_AS(load_state_file(path, back, nullptr), doctest::Contains(want.c_str()), NetError);
+  // ... and format 3: the inf patched into θ, θ's hash in the header and the
+  // header's CRC32C (its last 4 of 4096 bytes) made to match.
+  save_state_file(path, ps, theta, nullptr);
   std::vector<uint8_t> bytes;
   {
     std::ifstream in(path, std::ios::binary);
     bytes.assign(std::istreambuf_iterator<char>(in), {});
   }
-  const size_t theta_at = 8 + 4 + 4 + 8 + 8 + 8 + 8 + 8 + 4 + 4 + ps.run_id.size();
-  const float inf = INFINITY;
-  std::memcpy(bytes.data() + theta_at + 4 * 7, &inf, 4);
-  const uint32_t crc = crc32c(bytes.data(), bytes.size() - 4);
-  std::memcpy(bytes.data() + bytes.size() - 4, &crc, 4);
+  REQUIRE(bytes.size() == 4096 + theta.size() * 4);
+  std::memcpy(bytes.data() + 4096, with_inf.data(), with_inf.size() * 4);
+  const uint64_t h = state_hash(with_inf.data(), int64_t(with_inf.size()));
+  std::memcpy(bytes.data() + 48, &h, 8);  // the θ hash field
+  const uint32_t crc = crc32c(bytes.data(), 4092);
+  std::memcpy(bytes.data() + 4092, &crc, 4);
   {
     std::ofstream out(path, std::ios::binary | std::ios::trunc);
     out.write(reinterpret_cast<const char*>(bytes.data()), std::streamsize(bytes.size()));
   }
-  const std::string want = path + ": holds a non-finite θ";
   CHECK_THROWS_WITH_AS(load_state_file(path, back, nullptr), doctest::Contains(want.c_str()), NetError);
   std::filesystem::remove_all(dir);
 }

@@ -1,23 +1,23 @@
 // The coordinator's memory (issue 14): its peak RSS over a round, as a multiple of the
 // model's fp32 bytes, at a moderate size (31M parameters). The coordinator runs as a
 // separate process (this test binary re-executed on a hidden test case) so that its
-// peak RSS (VmHWM) is its own. It holds θ, one fp32 accumulator, and for the lossy
-// codecs the download residual and the encoded round result; the bounds below are
-// what that costs plus ~0.15–0.3× at this size (one decoded chunk, per-thread
-// scratch, the state file written every round), over the process's RSS before the
-// coordinator exists, so a second model-sized buffer (the old double accumulator, a
-// decoded copy) fails the test. Issue 14's goal
-// of 1.5× is not met: see bench/RESULTS.md.
+// peak RSS (VmHWM) is its own, over the process's RSS before the coordinator exists.
+// It holds one fp32 accumulator; θ, the download residual, the outer momentum and the
+// lossy round result live in files (net/state_file, net/publication), read a chunk at
+// a time. The rest is chunk-sized scratch, fixed plus some per core: a second
+// model-sized buffer (θ in memory, a decoded copy, the encoded round result) fails.
 #include <doctest/doctest.h>
 
 #include <signal.h>
 #include <spawn.h>
 #include <sys/wait.h>
 
+#include <cmath>
 #include <cstdio>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <thread>
 
 #include "net_test_util.hpp"
 
@@ -77,9 +77,13 @@ TEST_CASE("net child: memory coordinator process" * doctest::skip()) {
 }
 
 TEST_CASE("coordinator memory: peak RSS per codec at 31M parameters") {
-  // Bounds in model fp32 bytes: θ + accumulator (2) [+ residual (1) + round result (bf16 0.5, int8 0.26)].
+  // Issue 14's goal is 1.5× the model for every codec. Here the chunk-sized scratch is
+  // a large part of a small model: each core beyond two encodes a 4 MiB chunk of a
+  // lossy round with ~16 MiB of scratch of its own, which the bound allows for.
+  const double model_mb = 125.9;
+  const double per_core = 16.0 / model_mb * std::max(0, int(std::thread::hardware_concurrency()) - 2);
   const std::vector<std::pair<std::string, double>> bounds = {
-      {"fp32", 2.4}, {"bf16", 4.1}, {"int8", 3.85}, {"sparse", 3.6}};
+      {"fp32", 1.3 + per_core}, {"bf16", 1.5 + per_core}, {"int8", 1.5 + per_core}, {"sparse", 1.5 + per_core}};
   for (const auto& [codec, bound] : bounds) {
     CAPTURE(codec);
     const uint16_t port = free_loopback_port();
@@ -104,7 +108,8 @@ TEST_CASE("coordinator memory: peak RSS per codec at 31M parameters") {
     ::waitpid(pid, &st, 0);
     MESSAGE(codec << ": coordinator peak RSS " << ratio << " x the model (" << model_bytes / 1e6 << " MB), bound "
                   << bound);
-    CHECK(ratio > 1.0);  // it holds θ at least: the measurement is real
+    CHECK(std::fabs(model_bytes / 1e6 - model_mb) < 0.1);  // the size the bounds are for
+    CHECK(ratio > 1.0);  // it holds the accumulator at least: the measurement is real
     CHECK(ratio <= bound);
   }
 }

@@ -157,6 +157,11 @@ struct StreamingCase {
     for (int p = 0; p < nodes; ++p) v.push_back(random_theta(L, seed0 + uint64_t(p)));
   }
 };
+// close() as the coordinator calls it, with θ_old in a state file.
+std::vector<bool> close_on(StreamingMerge& sm, const std::vector<float>& theta, const ParamLayout& L) {
+  testing::RoundFiles files(theta, nullptr);
+  return sm.close(*files.old, *files.next, L, 0.0, 4);
+}
 }  // namespace
 
 TEST_CASE("merge: streaming fp32 mean: exact for one contributor, commutative for two, close for five") {
@@ -169,7 +174,7 @@ TEST_CASE("merge: streaming fp32 mean: exact for one contributor, commutative fo
     for (int p : order) sm.add(c_shared, bytes_of(v[p].data() + g.chunks[c_shared].begin));
     for (int p : {order[0] % 2, 1 - order[0] % 2}) sm.add(c_pair, bytes_of(v[p].data() + g.chunks[c_pair].begin));
     sm.add(c_solo, bytes_of(v[3].data() + g.chunks[c_solo].begin));
-    const auto changed = sm.close(theta.data(), L, 0.0, 4);
+    const auto changed = close_on(sm, theta, L);
     CHECK(changed[c_shared]);
     CHECK(changed[c_solo]);
     CHECK_FALSE(changed[c_none]);
@@ -202,7 +207,7 @@ TEST_CASE("merge: streaming fp32 mean: exact for one contributor, commutative fo
   sm.add(c_shared, half.data());
   sm.add(c_pair, half.data());
   sm.add(c_pair, quarter.data());
-  sm.close(theta.data(), L, 0.0, 4);
+  close_on(sm, theta, L);
   CHECK(sm.target()[5] == theta[5] + 0.5f);
   CHECK(sm.target()[pr.begin + 3] == theta[size_t(pr.begin + 3)] + (0.5f + 0.125f) / 2);
 }
@@ -249,7 +254,7 @@ TEST_CASE("merge: a withdrawn push leaves no trace: its own chunks as never push
   sm.add(c_shared, at(2, c_shared));  // ignored: the chunk is void this round
   sm.add(c_pair, at(1, c_pair));
   sm.add(c_solo_good, at(1, c_solo_good));
-  const auto changed = sm.close(theta.data(), L, 0.0, 4);
+  const auto changed = close_on(sm, theta, L);
   CHECK_FALSE(changed[c_shared]);  // keep θ_old: nothing of node 0, at the price of nodes 1 and 2
   CHECK_FALSE(changed[c_pair]);
   CHECK_FALSE(changed[c_solo_bad]);
@@ -262,7 +267,7 @@ TEST_CASE("merge: a withdrawn push leaves no trace: its own chunks as never push
   sm.add(c_solo_bad, at(0, c_solo_bad));
   sm.withdraw({c_solo_bad});
   sm.add(c_solo_bad, at(2, c_solo_bad));
-  const auto changed2 = sm.close(theta.data(), L, 0.0, 4);
+  const auto changed2 = close_on(sm, theta, L);
   REQUIRE(changed2[c_solo_bad]);
   const GridChunk& b = g.chunks[c_solo_bad];
   CHECK(std::equal(sm.target() + b.begin, sm.target() + b.end, v[2].begin() + b.begin));

@@ -12,6 +12,7 @@
 #include "engine/base/error.hpp"
 #include "net/outer_optimizer.hpp"
 #include "net/state_file.hpp"
+#include "net/streaming_merge.hpp"
 #include "net_test_util.hpp"
 
 using namespace spes;
@@ -158,24 +159,31 @@ TEST_CASE("outer: a chunk whose step is not finite keeps θ_old and its momentum
   const ParamLayout L = make_layout(mc);
   const ChunkGrid g = make_grid(L, mc.n_experts, 256);
   std::vector<float> theta(size_t(L.total), 1.0f), m(size_t(L.total), 0.25f);
-  std::vector<float> target(size_t(L.total), 2.0f);
-  std::vector<int> contributors(g.chunks.size(), 1);
+  std::vector<float> pushed(size_t(L.total), 2.0f);
   // Chunk 0 overflows (θ −3e38 pulled to +3e38 with lr 5), the others step normally,
-  // chunk 1 had no contributor.
+  // chunk 1 had no contributor. Through the merge's close, reading and writing the
+  // state files as the coordinator does.
   const GridChunk& c0 = g.chunks[0];
-  for (int64_t i = c0.begin; i < c0.end; ++i) theta[size_t(i)] = -3e38f, target[size_t(i)] = 3e38f;
-  contributors[1] = 0;
-  const std::vector<float> m0 = m;
-  CHECK(outer_step({OuterKind::nesterov, 5.0, 0.9}, g, contributors, theta.data(), target.data(), m.data()) == 1);
+  for (int64_t i = c0.begin; i < c0.end; ++i) theta[size_t(i)] = -3e38f, pushed[size_t(i)] = 3e38f;
+  RoundFiles files(theta, nullptr, &m);
+  StreamingMerge sm(g, Codec::fp32, 1, 1);
+  sm.begin_round();
+  for (size_t c = 0; c < g.chunks.size(); ++c)
+    if (c != 1) sm.add(int(c), reinterpret_cast<const uint8_t*>(pushed.data() + g.chunks[c].begin));
+  const std::vector<bool> changed = sm.close(*files.old, *files.next, L, 0.0, 4, {OuterKind::nesterov, 5.0, 0.9});
+  CHECK(sm.outer_skipped() == 1);
+  CHECK_FALSE(changed[1]);
+  files.commit();
+  const std::vector<float> m_after = files.read(Section::momentum);
+  const float* target = sm.target();
   for (int64_t i = c0.begin; i < c0.end; ++i) {
-    CHECK(target[size_t(i)] == -3e38f);
-    CHECK(m[size_t(i)] == m0[size_t(i)]);
+    CHECK(target[i] == -3e38f);
+    CHECK(m_after[size_t(i)] == m[size_t(i)]);
   }
-  CHECK(m[size_t(g.chunks[1].begin)] == 0.25f);
-  CHECK(target[size_t(g.chunks[1].begin)] == 2.0f);
+  CHECK(m_after[size_t(g.chunks[1].begin)] == 0.25f);
   const size_t j = size_t(g.chunks[2].begin);
-  CHECK(m[j] == float(0.9 * 0.25 + 1.0));
-  CHECK(target[j] == float(1.0 + 5.0 * (1.0 + 0.9 * double(m[j]))));
+  CHECK(m_after[j] == float(0.9 * 0.25 + 1.0));
+  CHECK(target[j] == float(1.0 + 5.0 * (1.0 + 0.9 * double(m_after[j]))));
 }
 
 TEST_CASE("outer: state file keeps the momentum; format 1 still loads; a newer format is refused") {
@@ -194,29 +202,28 @@ TEST_CASE("outer: state file keeps the momentum; format 1 still loads; a newer f
   CHECK(back.momentum_hash == state_hash(mom.data(), 100));
   CHECK(same_bits(m2, mom));
 
-  // A format-1 file: the same header without the momentum fields.
-  save_state_file(path, ps, theta, nullptr, nullptr);
-  std::string bytes;
-  {
-    std::ifstream f(path, std::ios::binary);
-    bytes.assign(std::istreambuf_iterator<char>(f), {});
-  }
-  const size_t header = 8 + 4 + 4 + 8 + 8 + 8 + 8 + 8 + 4 + 4 + ps.run_id.size();
-  bytes.erase(header, 12);
-  auto rewrite = [&](uint32_t format) {
-    std::memcpy(bytes.data() + 8, &format, 4);
-    const uint32_t crc = crc32c(bytes.data(), bytes.size() - 4);
-    std::memcpy(bytes.data() + bytes.size() - 4, &crc, 4);
-    std::ofstream(path, std::ios::binary).write(bytes.data(), std::streamsize(bytes.size()));
-  };
-  rewrite(1);
+  // A format-1 file (before the momentum fields) and a format-2 one still load.
+  write_legacy_state_file(path, 1, ps, theta);
   m2.clear();
   back = load_state_file(path, t2, nullptr, &m2);
   CHECK_FALSE(back.has_momentum);
   CHECK(back.round == 3);
   CHECK(m2.empty());
   CHECK(same_bits(t2, theta));
-  rewrite(9);
+  write_legacy_state_file(path, 2, ps, theta, &mom);
+  back = load_state_file(path, t2, nullptr, &m2);
+  CHECK(back.has_momentum);
+  CHECK(same_bits(m2, mom));
+  CHECK(same_bits(t2, theta));
+  // A newer format is refused, naming it.
+  std::string bytes;
+  {
+    std::ifstream f(path, std::ios::binary);
+    bytes.assign(std::istreambuf_iterator<char>(f), {});
+  }
+  const uint32_t format = 9;
+  std::memcpy(bytes.data() + 8, &format, 4);
+  std::ofstream(path, std::ios::binary).write(bytes.data(), std::streamsize(bytes.size()));
   CHECK_THROWS_WITH_AS(load_state_file(path, t2, nullptr, &m2), doctest::Contains("format version 9"), NetError);
   std::filesystem::remove_all(dir);
 }

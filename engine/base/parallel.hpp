@@ -5,6 +5,8 @@
 #include <algorithm>
 #include <atomic>
 #include <cstdint>
+#include <exception>
+#include <mutex>
 #include <thread>
 #include <utility>
 #include <vector>
@@ -12,7 +14,8 @@
 namespace spes {
 
 // Calls f(i) for i in [0, n) on up to max_threads threads (0: hardware_concurrency;
-// dynamic scheduling, one index at a time). f must not throw.
+// dynamic scheduling, one index at a time). If f throws (an I/O error), no new index
+// starts and the first exception is rethrown here once every thread has stopped.
 template <class F>
 void parallel_for(int64_t n, int64_t max_threads, F&& f) {
   const int64_t cores = std::max(1u, std::thread::hardware_concurrency());
@@ -22,13 +25,22 @@ void parallel_for(int64_t n, int64_t max_threads, F&& f) {
     return;
   }
   std::atomic<int64_t> next{0};
+  std::exception_ptr error;
+  std::mutex error_mu;
   auto work = [&] {
-    for (int64_t i; (i = next.fetch_add(1, std::memory_order_relaxed)) < n;) f(i);
+    try {
+      for (int64_t i; (i = next.fetch_add(1, std::memory_order_relaxed)) < n;) f(i);
+    } catch (...) {
+      next.store(n, std::memory_order_relaxed);
+      std::lock_guard<std::mutex> lk(error_mu);
+      if (!error) error = std::current_exception();
+    }
   };
   std::vector<std::thread> pool;
   for (int64_t t = 1; t < threads; ++t) pool.emplace_back(work);
   work();
   for (auto& t : pool) t.join();
+  if (error) std::rethrow_exception(error);
 }
 
 template <class F>
