@@ -55,7 +55,9 @@ class StatePersistence {
   std::unique_ptr<StateWriter> next(int64_t round, int64_t step) const;
   // The round was merged and is about to be published: its file is checked, fsynced
   // (file and folder) and renamed into place before this returns; s takes its round,
-  // step, hash and file. Throws NetError on failure (the old file stays).
+  // step, hash and file. Throws NetError on failure: the old file stays, or (a failed
+  // folder fsync after the rename) the new one is in place but this round is not
+  // published; either way a restart loses no published round.
   void commit(StateWriter& w, GlobalState& s);
   const std::string& path() const { return path_; }
   std::string folder() const;  // where the state file lives (scratch files go there too)

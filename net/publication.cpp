@@ -22,8 +22,8 @@ namespace {
   throw NetError("coordinator spill file in " + dir + ": " + what + ": " + std::strerror(errno));
 }
 
-// A round chunk frame's bytes besides its payload (header, envelope, fields): for
-// the byte counts of the CSV, which need not be exact to the byte.
+// A round chunk frame's bytes besides its payload (header, envelope, fields), an
+// estimate for the byte counts of the CSV (within ~100 bytes per 4 MiB chunk).
 constexpr int64_t kRoundChunkOverhead = int64_t(kHeaderBytes) + 128;
 
 }  // namespace
@@ -57,6 +57,7 @@ void SpillFile::read(int64_t at, size_t n, void* dst) const {
   while (n) {
     const ssize_t r = ::pread(fd_, p, n, off_t(at));
     if (r < 0 && errno == EINTR) continue;
+    if (r == 0) errno = EIO;  // the file is shorter than what was written to it
     if (r <= 0) spill_fail(dir_, "read failed");
     p += r, at += r, n -= size_t(r);
   }

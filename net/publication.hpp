@@ -46,7 +46,7 @@ struct Publication {
   // Lossy codecs: chunk k's payload lies at payload_at[k] in `payloads`, payload_bytes[k] long.
   std::shared_ptr<const SpillFile> payloads;
   std::vector<int64_t> payload_at, payload_bytes;
-  int64_t bytes = 0;               // all frames of the result, RoundDone included
+  int64_t bytes = 0;               // all frames of the result, RoundDone included (estimated framing)
   bool lossy() const { return payloads != nullptr; }
 };
 

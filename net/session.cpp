@@ -381,7 +381,16 @@ void Session::pump() {
       return;
     }
     FrameView v;
-    if (!next_frame(j, &v)) {
+    bool more = false;
+    try {
+      more = next_frame(j, &v);
+    } catch (const NetError& e) {  // the state or spill file could not be read: this node retries later
+      if (j.kind == OutJob::snapshot) snapshot_queued_ = false;
+      outq_.pop_front();
+      srv_.log_("%s: %s", who().c_str(), e.what());
+      return fail(wire::ErrorCode_busy, "the coordinator could not read its state; try again");
+    }
+    if (!more) {
       if (j.kind == OutJob::snapshot) snapshot_queued_ = false;
       outq_.pop_front();
       continue;

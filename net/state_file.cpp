@@ -322,7 +322,13 @@ StateWriter::StateWriter(std::string path, PersistedState info, int64_t n_params
   fd_ = ::open(tmp_.c_str(), O_RDWR | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
   if (fd_ < 0) fail(tmp_, "cannot create: " + errno_text());
   const int64_t bytes = kHeaderSize + int64_t(sections_of(info_).size()) * n_ * 4;
-  if (::ftruncate(fd_, off_t(bytes)) != 0) fail(tmp_, "cannot size to " + std::to_string(bytes) + " bytes: " + errno_text());
+  if (::ftruncate(fd_, off_t(bytes)) != 0) {
+    const std::string why = errno_text();
+    ::close(fd_);
+    ::unlink(tmp_.c_str());
+    fd_ = -1;
+    fail(tmp_, "cannot size to " + std::to_string(bytes) + " bytes: " + why);
+  }
 }
 
 StateWriter::~StateWriter() {
@@ -359,10 +365,10 @@ std::shared_ptr<const StateReader> StateWriter::commit() {
   if (::fsync(fd_) != 0) fail(tmp_, "fsync failed: " + errno_text());
   if (::rename(tmp_.c_str(), path_.c_str()) != 0) fail(path_, "rename failed: " + errno_text());
   const std::filesystem::path p(path_);
-  try {
+  try {  // after the rename: on failure the new file may be in place, not yet durable
     fsync_dir(p.has_parent_path() ? p.parent_path().string() : ".");
   } catch (const std::exception& e) {
-    fail(path_, e.what());
+    fail(path_, std::string(e.what()) + " (after renaming the new state into place)");
   }
   std::shared_ptr<const StateReader> r(new StateReader(path_, fd_, info_, n_));
   fd_ = -1;  // the reader owns it now

@@ -75,7 +75,8 @@ std::vector<bool> StreamingMerge::close(const StateReader& old, StateWriter& nex
     const bool contributed = count_[c] > 0;
     const bool fill = !contributed && merging && ch.segment > 0;
     const bool stepped = contributed && !outer.identity();
-    // θ_old and the momentum of this chunk, read only when needed (fp32 means need neither).
+    // θ_old of this chunk, read only when needed (a plain fp32 mean does not); the
+    // momentum, when the state has one, for every chunk (it is carried to `next`).
     thread_local std::vector<float> t, m;
     if ((contributed && (deltas || stepped)) || fill) {
       t.resize(size_t(n));

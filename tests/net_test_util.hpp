@@ -106,17 +106,22 @@ struct RoundFiles {
 };
 
 // A state file as format 1 (no momentum fields) or 2 wrote it, before format 3:
-// header, θ, [momentum], CRC32C of all before it. Only to test that they still load.
+// header, θ, [residual], [momentum], CRC32C of all before it. Only to test that they
+// still load.
 inline void write_legacy_state_file(const std::string& path, uint32_t format, const PersistedState& s,
-                                    const std::vector<float>& theta, const std::vector<float>* momentum = nullptr) {
+                                    const std::vector<float>& theta, const std::vector<float>* momentum = nullptr,
+                                    const std::vector<float>* residual = nullptr) {
   std::string b("SPESCOOR");
   auto put = [&b](auto v) { b.append(reinterpret_cast<const char*>(&v), sizeof v); };
+  auto floats = [&b](const std::vector<float>& v) { b.append(reinterpret_cast<const char*>(v.data()), v.size() * 4); };
   put(format), put(s.codec), put(s.fingerprint), put(s.round), put(s.step), put(int64_t(theta.size()));
-  put(state_hash(theta.data(), int64_t(theta.size()))), put(uint32_t(0)), put(uint32_t(s.run_id.size()));
+  put(state_hash(theta.data(), int64_t(theta.size()))), put(uint32_t(residual ? 1 : 0));
+  put(uint32_t(s.run_id.size()));
   b += s.run_id;
   if (format >= 2) put(uint32_t(momentum ? 1 : 0)), put(momentum ? state_hash(momentum->data(), int64_t(theta.size())) : 0);
-  b.append(reinterpret_cast<const char*>(theta.data()), theta.size() * 4);
-  if (momentum) b.append(reinterpret_cast<const char*>(momentum->data()), momentum->size() * 4);
+  floats(theta);
+  if (residual) floats(*residual);
+  if (momentum) floats(*momentum);
   put(crc32c(b.data(), b.size()));
   std::filesystem::create_directories(std::filesystem::path(path).parent_path());
   std::ofstream(path, std::ios::binary | std::ios::trunc).write(b.data(), std::streamsize(b.size()));

@@ -8,10 +8,12 @@
 
 #include <sys/wait.h>
 
+#include <cstring>
 #include <fstream>
 
 #include "engine/base/error.hpp"
 #include "model/expert_merge.hpp"
+#include "net/global_state.hpp"
 #include "net_test_util.hpp"
 
 using namespace spes;
@@ -129,4 +131,40 @@ TEST_CASE("state: `spes-engine coordinator` without a state and without --fresh 
   CHECK(lines[0].find(dir / "coordinator/state.bin") != std::string::npos);
   CHECK(lines[0].find("--fresh") != std::string::npos);
   CHECK_FALSE(std::filesystem::exists(dir / "coordinator/state.bin"));
+}
+
+TEST_CASE("state: a format-2 state of a lossy run with a momentum is converted at start, bit for bit") {
+  const std::string dir = temp_dir("state-convert");
+  const int64_t n = 3000;
+  const size_t count = static_cast<size_t>(n);
+  std::vector<float> theta(count), residual(count), momentum(count);
+  for (int64_t i = 0; i < n; ++i)
+    theta[size_t(i)] = noise(1, 0, uint64_t(i)), residual[size_t(i)] = noise(2, 0, uint64_t(i)) * 1e-3f,
+    momentum[size_t(i)] = noise(3, 0, uint64_t(i));
+  PersistedState old;
+  old.run_id = "convert";
+  old.fingerprint = 77;
+  old.round = 12;
+  old.step = 120;
+  old.codec = uint32_t(Codec::int8);
+  write_legacy_state_file(dir + "/state.bin", 2, old, theta, &momentum, &residual);
+  const LineLog log("[test]", false);
+  StatePersistence persistence(PersistRules{dir, "convert", 77, Codec::int8, n, true}, log);
+  const GlobalState s = persistence.open(false, nullptr, "");
+  CHECK(state_file_format(dir + "/state.bin") == 3);
+  CHECK(s.round == 12);
+  CHECK(s.step == 120);
+  CHECK(s.hash == state_hash(theta.data(), n));
+  for (auto [section, want] : {std::pair{Section::theta, &theta}, std::pair{Section::residual, &residual},
+                               std::pair{Section::momentum, &momentum}}) {
+    std::vector<float> got(count);
+    s.file->read(section, 0, n, got.data());
+    CHECK(std::memcmp(got.data(), want->data(), size_t(n) * 4) == 0);
+  }
+  // Another run's file is refused before anything is rewritten.
+  write_legacy_state_file(dir + "/state.bin", 2, old, theta, &momentum, &residual);
+  StatePersistence other(PersistRules{dir, "another-run", 77, Codec::int8, n, true}, log);
+  CHECK_THROWS_WITH_AS(other.open(false, nullptr, ""), doctest::Contains("belongs to run 'convert'"), NetError);
+  CHECK(state_file_format(dir + "/state.bin") == 2);
+  std::filesystem::remove_all(dir);
 }
