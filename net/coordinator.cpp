@@ -307,14 +307,17 @@ void Coordinator::Impl::close_round(const RoundClose& rc) {
   const int64_t r = rc.round;
   const int64_t step = open_round_step();
   const double alpha = merge_alpha_at(p.merge.alpha, p.merge.interval, p.merge.decay_steps, step);
+  auto ms_since = [](Clock::time_point t) { return std::chrono::duration<double, std::milli>(Clock::now() - t).count(); };
   const std::unique_ptr<StateWriter> next = persistence.next(r, step);
   const std::vector<bool> changed = merge.close(*state.file, *next, p.layout, alpha, p.merge.topk, p.outer);
+  const double mean_ms = ms_since(t0);
   if (merge.outer_skipped() > 0)
     log("round %" PRId64 ": the outer step would not be finite in %" PRId64 " chunk(s); they keep θ and momentum", r,
         merge.outer_skipped());
   const std::shared_ptr<Publication> pub =
       build_publication(p.codec, grid, changed, merge.target(), *state.file, *next, persistence.folder(), r, step,
                         rc.participants, alpha);
+  const double result_ms = ms_since(t0) - mean_ms;
   if (!pub->refused.empty()) {
     const GridChunk& first = grid.chunks[size_t(pub->refused[0])];
     log("round %" PRId64 ": the merged update would make θ non-finite in %zu chunk(s), first [%" PRId64 ", %" PRId64
@@ -326,11 +329,12 @@ void Coordinator::Impl::close_round(const RoundClose& rc) {
   persistence.commit(*next, state);
   pub->hash = state.hash;
   for (int c : pub->chunks) state.chunk_round[size_t(c)] = r;
-  const double merge_ms = std::chrono::duration<double, std::milli>(Clock::now() - t0).count();
+  const double merge_ms = ms_since(t0);
   log("round %" PRId64 " merged: step %" PRId64 ", %d participant(s)%s%s, alpha %.4g, %zu of %zu chunks changed, "
-      "%.1f ms with its persist, state %s",
+      "%.1f ms (mean %.0f, result %.0f, persist %.0f), state %s",
       r, step, rc.participants, rc.missing.empty() ? "" : ", missing ", rc.missing.c_str(), alpha,
-      pub->chunks.size(), grid.chunks.size(), merge_ms, hash_hex(state.hash).c_str());
+      pub->chunks.size(), grid.chunks.size(), merge_ms, mean_ms, result_ms, merge_ms - mean_ms - result_ms,
+      hash_hex(state.hash).c_str());
   if (p.on_round) {
     try {
       std::vector<float> theta(size_t(p.layout.total));  // only for the hook (--dump-state), freed at once

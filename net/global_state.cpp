@@ -34,11 +34,12 @@ GlobalState StatePersistence::open(bool fresh, const std::function<void(float*)>
     if (!init_theta) throw NetError("coordinator: no init_theta to start a fresh run from");
     if (std::filesystem::exists(path_)) log_("--fresh: replacing the persisted state in %s", path_.c_str());
     // The one moment the coordinator holds a model-sized θ: it goes to the file at once.
-    // A new file's residual and momentum are zeros, their starting values.
     std::vector<float> theta(static_cast<size_t>(n_params));
     init_theta(theta.data());
     const std::unique_ptr<StateWriter> w = next(0, 0);
     w->write(Section::theta, 0, n_params, theta.data());
+    for (Section x : {Section::residual, Section::momentum})
+      if (w->has(x)) w->zero(x);
     theta = {};
     commit(*w, s);  // from now on the run has a state: a restart without --fresh resumes it
     log_("fresh run '%s': θ initialised from %s (%" PRId64 " params), state %s", rules_.run_id.c_str(),
@@ -71,8 +72,10 @@ GlobalState StatePersistence::open(bool fresh, const std::function<void(float*)>
     // Rewritten with this run's sections: θ kept, a new residual or momentum at 0.
     const std::unique_ptr<StateWriter> w = next(ps.round, ps.step);
     w->copy(*s.file, Section::theta, 0, n_params);
-    for (Section x : {Section::residual, Section::momentum})
+    for (Section x : {Section::residual, Section::momentum}) {
       if (w->has(x) && s.file->has(x)) w->copy(*s.file, x, 0, n_params);
+      else if (w->has(x)) w->zero(x);
+    }
     commit(*w, s);
   }
   s.round = ps.round;

@@ -43,6 +43,7 @@ SpillFile::~SpillFile() {
 }
 
 void SpillFile::write(int64_t at, const void* src, size_t n) {
+  std::lock_guard<std::mutex> lk(write_mu_);
   const auto* p = static_cast<const uint8_t*>(src);
   while (n) {
     const ssize_t w = ::pwrite(fd_, p, n, off_t(at));

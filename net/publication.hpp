@@ -10,6 +10,7 @@
 #pragma once
 #include <cstdint>
 #include <memory>
+#include <mutex>
 #include <string>
 #include <vector>
 
@@ -33,6 +34,7 @@ class SpillFile {
  private:
   std::string dir_;
   int fd_ = -1;
+  std::mutex write_mu_;  // one write at a time (see StateWriter)
 };
 
 struct Publication {

@@ -313,28 +313,29 @@ void StateReader::read(Section s, int64_t begin, int64_t n, void* dst) const {
 // ---- StateWriter --------------------------------------------------------------
 
 StateWriter::StateWriter(std::string path, PersistedState info, int64_t n_params)
-    : path_(std::move(path)), tmp_(path_ + ".tmp"), info_(std::move(info)), n_(n_params) {
+    : path_(std::move(path)), tmp_(path_ + ".next"), info_(std::move(info)), n_(n_params) {
   if (info_.run_id.size() > kMaxRunId) fail(path_, "run id longer than " + std::to_string(kMaxRunId) + " bytes");
   const std::filesystem::path p(path_);
   std::error_code ec;
   if (p.has_parent_path()) std::filesystem::create_directories(p.parent_path(), ec);
   if (ec) fail(path_, "cannot create its folder: " + ec.message());
-  fd_ = ::open(tmp_.c_str(), O_RDWR | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+  // Not truncated: the previous round's file is overwritten in place (see the header).
+  fd_ = ::open(tmp_.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0644);
   if (fd_ < 0) fail(tmp_, "cannot create: " + errno_text());
   const int64_t bytes = kHeaderSize + int64_t(sections_of(info_).size()) * n_ * 4;
   if (::ftruncate(fd_, off_t(bytes)) != 0) {
     const std::string why = errno_text();
     ::close(fd_);
-    ::unlink(tmp_.c_str());
     fd_ = -1;
     fail(tmp_, "cannot size to " + std::to_string(bytes) + " bytes: " + why);
   }
+  // Allocated up front from this thread: a full disk fails here, not mid-round, and
+  // the writers' threads find the pages there (best effort: not every filesystem can).
+  (void)::fallocate(fd_, 0, 0, off_t(bytes));
 }
 
 StateWriter::~StateWriter() {
-  if (fd_ < 0) return;
-  ::close(fd_);
-  ::unlink(tmp_.c_str());
+  if (fd_ >= 0) ::close(fd_);
 }
 
 bool StateWriter::has(Section s) const {
@@ -343,7 +344,13 @@ bool StateWriter::has(Section s) const {
 
 void StateWriter::write(Section s, int64_t begin, int64_t n, const float* src) {
   if (begin < 0 || n < 0 || begin + n > n_) fail(tmp_, "internal: write outside the model");
+  std::lock_guard<std::mutex> lk(write_mu_);
   pwrite_all(fd_, tmp_, src, size_t(n) * 4, section_offset(info_, n_, s) + begin * 4);
+}
+
+void StateWriter::zero(Section s) {
+  const std::vector<float> zeros(size_t(std::min(n_, kBlockElems)), 0.0f);
+  for (int64_t i = 0; i < n_; i += kBlockElems) write(s, i, std::min(kBlockElems, n_ - i), zeros.data());
 }
 
 void StateWriter::copy(const StateReader& from, Section s, int64_t begin, int64_t n) {
@@ -363,7 +370,11 @@ std::shared_ptr<const StateReader> StateWriter::commit() {
   const std::vector<uint8_t> header = encode_header(info_, n_, h);
   pwrite_all(fd_, tmp_, header.data(), header.size(), 0);
   if (::fsync(fd_) != 0) fail(tmp_, "fsync failed: " + errno_text());
-  if (::rename(tmp_.c_str(), path_.c_str()) != 0) fail(path_, "rename failed: " + errno_text());
+  // Swap the two files in one step: `path` is the new state, the old one becomes the
+  // next round's scratch. The first state, or a filesystem without the exchange, renames.
+  if (::renameat2(AT_FDCWD, tmp_.c_str(), AT_FDCWD, path_.c_str(), RENAME_EXCHANGE) != 0 &&
+      ::rename(tmp_.c_str(), path_.c_str()) != 0)
+    fail(path_, "rename failed: " + errno_text());
   const std::filesystem::path p(path_);
   try {  // after the rename: on failure the new file may be in place, not yet durable
     fsync_dir(p.has_parent_path() ? p.parent_path().string() : ".");

@@ -13,10 +13,16 @@
 // into place: a crash leaves the old file or the new one, never half of one. The
 // header has its own CRC32C and a 64-bit hash of each section (θ's is the state
 // hash), all checked on load; nothing non-finite is written or loaded.
+// The temporary file is state.bin.next, and a commit swaps it with state.bin
+// (renameat2 RENAME_EXCHANGE, atomic): the previous state then lies in .next and is
+// overwritten in place by the next round. Reusing its pages halves the cost of a
+// persist on tmpfs (fresh pages are allocated, cleared and later freed by the kernel,
+// and stall when two threads write them).
 // Formats 1 and 2 (one sequential CRC'd stream, written before format 3) still load.
 #pragma once
 #include <cstdint>
 #include <memory>
+#include <mutex>
 #include <string>
 #include <vector>
 
@@ -35,8 +41,8 @@ struct PersistedState {
 
 enum class Section { theta, residual, momentum };
 
-// A verified state file open for reads at any offset (thread-safe). The file may be
-// renamed over or unlinked meanwhile: the open descriptor keeps its contents.
+// A verified state file open for reads at any offset (thread-safe). Valid until the
+// second commit after it (which overwrites the file, renamed to .next by the first).
 class StateReader {
  public:
   // Checks the header, the size, every section's hash and that every value is
@@ -64,7 +70,8 @@ class StateReader {
 };
 
 // A new state file for `path`, written at any offsets from any threads, then
-// committed. Destroyed without commit(), the temporary file is removed.
+// committed. Every element of every section must be written (write, zero or copy):
+// the file is reused, so what is not written holds an older round's bytes.
 class StateWriter {
  public:
   // info: what the header says (its hashes are computed by commit()).
@@ -75,6 +82,7 @@ class StateWriter {
 
   bool has(Section s) const;
   void write(Section s, int64_t begin, int64_t n, const float* src);
+  void zero(Section s);  // the whole section (a new residual or momentum starts at 0)
   // Copies [begin, begin + n) of section s from another state (the unchanged part of θ).
   void copy(const StateReader& from, Section s, int64_t begin, int64_t n);
   // Reads the file back: every section hashed and checked finite (a non-finite
@@ -87,6 +95,9 @@ class StateWriter {
   int fd_ = -1;
   PersistedState info_;
   int64_t n_ = 0;
+  // One write at a time: the kernel serialises writes to a file anyway (the inode
+  // lock), and threads that meet there spin on it instead of sleeping.
+  std::mutex write_mu_;
 };
 
 // Which format a state file is (0: not a state file). Throws NetError when unreadable.
