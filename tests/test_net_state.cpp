@@ -8,12 +8,16 @@
 
 #include <sys/wait.h>
 
+#include <cmath>
 #include <cstring>
 #include <fstream>
 
 #include "engine/base/error.hpp"
 #include "model/expert_merge.hpp"
+#include "net/finite_guard.hpp"
 #include "net/global_state.hpp"
+#include "net/publication.hpp"
+#include "net/streaming_merge.hpp"
 #include "net_test_util.hpp"
 
 using namespace spes;
@@ -167,4 +171,48 @@ TEST_CASE("state: a format-2 state of a lossy run with a momentum is converted a
   CHECK_THROWS_WITH_AS(other.open(false, nullptr, ""), doctest::Contains("belongs to run 'convert'"), NetError);
   CHECK(state_file_format(dir + "/state.bin") == 2);
   std::filesystem::remove_all(dir);
+}
+
+TEST_CASE("state: a round's close writes every element of the next file (a NaN-filled .next leaves no trace)") {
+  // The next state file is the previous round's, overwritten in place: whatever a
+  // close did not write would survive from an older round. Filled with NaN first, it
+  // must commit (the read-back refuses any NaN) with untouched chunks bit for bit.
+  const ModelConfig mc = tiny_config(1).model;
+  const ParamLayout L = make_layout(mc);
+  const ChunkGrid g = make_grid(L, mc.n_experts, 256);
+  const size_t count = static_cast<size_t>(L.total);
+  std::vector<float> theta(count), residual(count), momentum(count);
+  for (size_t i = 0; i < count; ++i)
+    theta[i] = noise(1, 0, i), residual[i] = noise(2, 0, i) * 1e-3f, momentum[i] = noise(3, 0, i) * 1e-2f;
+  RoundFiles files(theta, &residual, &momentum);
+  {
+    const std::vector<float> nan(3 * count, std::nanf(""));
+    std::fstream f(files.dir + "/state.bin.next", std::ios::in | std::ios::out | std::ios::binary);
+    f.seekp(4096);
+    f.write(reinterpret_cast<const char*>(nan.data()), std::streamsize(nan.size() * 4));
+  }
+  StreamingMerge sm(g, Codec::int8, 1, 1);
+  sm.begin_round();
+  const int skipped = 1;
+  for (size_t c = 0; c < g.chunks.size(); ++c) {
+    if (int(c) == skipped) continue;
+    const GridChunk& ch = g.chunks[c];
+    std::vector<float> delta(size_t(ch.size()));
+    for (int64_t i = 0; i < ch.size(); ++i) delta[size_t(i)] = noise(4, c, uint64_t(i)) * 1e-2f;
+    std::vector<uint8_t> payload(encoded_bytes(Codec::int8, ch.size()));
+    REQUIRE(encode_delta(Codec::int8, delta.data(), ch.size(), payload.data(), nullptr));
+    sm.add(int(c), payload.data());
+  }
+  const std::vector<bool> changed = sm.close(*files.old, *files.next, L, 0.0, 4, {OuterKind::nesterov, 0.7, 0.9});
+  const auto pub = build_publication(Codec::int8, g, changed, sm.target(), *files.old, *files.next, files.dir, 1, 1, 1, 0);
+  CHECK(pub->refused.empty());
+  REQUIRE_NOTHROW(files.commit());
+  const GridChunk& u = g.chunks[skipped];
+  for (auto [section, old] : {std::pair{Section::theta, &theta}, std::pair{Section::residual, &residual},
+                              std::pair{Section::momentum, &momentum}}) {
+    const std::vector<float> now = files.read(section);
+    CHECK(std::memcmp(now.data() + u.begin, old->data() + u.begin, size_t(u.size()) * 4) == 0);
+    CHECK(first_non_finite(now.data(), int64_t(now.size())) < 0);
+    CHECK(std::memcmp(now.data(), old->data(), count * 4) != 0);  // the other chunks did move
+  }
 }
