@@ -27,7 +27,6 @@
 
 #include <algorithm>
 #include <chrono>
-#include <filesystem>
 #include <cstdio>
 #include <cstring>
 #include <filesystem>
@@ -37,6 +36,7 @@
 
 #include "engine/config.hpp"
 #include "engine/net_sync.hpp"
+#include "engine/openmp_env.hpp"
 #include "model/layout.hpp"
 #include "net/certs.hpp"
 #include "net/codec.hpp"
@@ -368,6 +368,7 @@ void security_modes(const char* self, bool small, int rounds, const ParamLayout&
 }  // namespace
 
 int main(int argc, char** argv) {
+  default_to_short_openmp_spin(argv);  // as spes-engine does: idle OpenMP threads must not spin through a round
   if (argc >= 8 && !std::strcmp(argv[1], "--coordinator")) return coordinator_child(argv);
   int rounds = 3;
   bool small = false, codecs_only = false, slow_link = false, security_only = false;
