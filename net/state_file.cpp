@@ -329,9 +329,6 @@ StateWriter::StateWriter(std::string path, PersistedState info, int64_t n_params
     fd_ = -1;
     fail(tmp_, "cannot size to " + std::to_string(bytes) + " bytes: " + why);
   }
-  // Allocated up front from this thread: a full disk fails here, not mid-round, and
-  // the writers' threads find the pages there (best effort: not every filesystem can).
-  (void)::fallocate(fd_, 0, 0, off_t(bytes));
 }
 
 StateWriter::~StateWriter() {
