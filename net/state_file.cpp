@@ -10,6 +10,7 @@
 
 #include "engine/base/atomic_file.hpp"
 #include "engine/base/error.hpp"
+#include "engine/base/parallel.hpp"
 #include "net/digest.hpp"
 #include "net/finite_guard.hpp"
 
@@ -154,9 +155,11 @@ PersistedState decode_header(const std::string& path, const uint8_t* b, int64_t*
 // with `verb` ("holds" on load, "refusing to persist" before a commit).
 SectionHashes hash_and_check(int fd, const std::string& path, const PersistedState& info, int64_t n,
                              const char* verb) {
-  SectionHashes h;
-  std::vector<float> block(size_t(std::min(n, kBlockElems)));
-  for (Section s : sections_of(info)) {
+  const std::vector<Section> sections = sections_of(info);
+  std::vector<uint64_t> digest(sections.size());
+  parallel_for(int64_t(sections.size()), [&](int64_t k) {  // one thread per section
+    const Section s = sections[size_t(k)];
+    std::vector<float> block(size_t(std::min(n, kBlockElems)));
     StateHasher hasher;
     const int64_t base = section_offset(info, n, s);
     for (int64_t i = 0; i < n; i += kBlockElems) {
@@ -168,8 +171,11 @@ SectionHashes hash_and_check(int fd, const std::string& path, const PersistedSta
                        " at parameter " + std::to_string(i + bad) + ")");
       hasher.update(block.data(), m);
     }
-    (s == Section::theta ? h.theta : s == Section::residual ? h.residual : h.momentum) = hasher.digest();
-  }
+    digest[size_t(k)] = hasher.digest();
+  });
+  SectionHashes h;
+  for (size_t k = 0; k < sections.size(); ++k)
+    (sections[k] == Section::theta ? h.theta : sections[k] == Section::residual ? h.residual : h.momentum) = digest[k];
   return h;
 }
 
