@@ -54,18 +54,6 @@ const CoordinatorParams& checked(const CoordinatorParams& p, const CoordinatorOp
   return p;
 }
 
-// A round writes the next state file chunk by chunk: the chunks must tile the model.
-ChunkGrid tiling(ChunkGrid grid, const CoordinatorParams& p) {
-  int64_t covered = 0;
-  for (const GridChunk& ch : grid.chunks)
-    if (ch.begin == covered) covered = ch.end;
-  if (covered != p.layout.total)
-    throw NetError("coordinator: the payload grid covers " + std::to_string(covered) + " of " +
-                   std::to_string(p.layout.total) + " parameters (n_experts " + std::to_string(p.n_experts) +
-                   " does not match the layout?)");
-  return grid;
-}
-
 int quorum(const CoordinatorParams& p) { return int(std::clamp<int64_t>(p.min_nodes, 1, p.n_nodes)); }
 
 RoundRules round_rules(const CoordinatorParams& p, const ChunkGrid& grid) {
@@ -170,7 +158,7 @@ Coordinator::Impl::Impl(CoordinatorParams params, CoordinatorOptions o)
     : p(std::move(params)),
       opt(std::move(o)),
       log("[coordinator]", opt.log),
-      grid(tiling(make_grid(checked(p, opt).layout, p.n_experts, opt.chunk_elems), p)),
+      grid(make_grid(checked(p, opt).layout, p.n_experts, opt.chunk_elems)),
       persistence(PersistRules{p.state_dir, p.run_id, p.nodes[0].fingerprint, p.codec, p.layout.total,
                                p.outer.has_momentum()},
                   log),

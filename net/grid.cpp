@@ -1,6 +1,9 @@
 #include "net/grid.hpp"
 
 #include <algorithm>
+#include <string>
+
+#include "engine/base/error.hpp"
 
 namespace spes::net {
 
@@ -14,6 +17,14 @@ ChunkGrid make_grid(const ParamLayout& layout, int64_t n_experts, int64_t chunk_
   cut(0, layout.shared_count, 0);
   for (int64_t e = 0; e < n_experts; ++e)
     cut(layout.expert_begin(int(e)), layout.expert_begin(int(e)) + layout.expert_block, int(1 + e));
+  // Every parameter in exactly one chunk: pushes, merges and the coordinator's state
+  // file go chunk by chunk, so a parameter outside the grid would be lost silently.
+  int64_t covered = 0;
+  for (const GridChunk& ch : g.chunks)
+    if (ch.begin == covered) covered = ch.end;
+  if (covered != layout.total)
+    throw NetError("the payload grid covers " + std::to_string(covered) + " of " + std::to_string(layout.total) +
+                   " parameters (n_experts " + std::to_string(n_experts) + " does not match the layout?)");
   return g;
 }
 

@@ -29,6 +29,7 @@ struct ChunkGrid {
   std::vector<int> chunks_in(const Range& r) const;
 };
 
+// Throws NetError when the segments do not cover the layout (n_experts does not match it).
 ChunkGrid make_grid(const ParamLayout& layout, int64_t n_experts, int64_t chunk_elems);
 
 }  // namespace spes::net

@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <cmath>
 #include <random>
+#include <utility>
 #include <vector>
 
 #include "engine/base/error.hpp"
@@ -272,4 +273,14 @@ TEST_CASE("merge: a withdrawn push leaves no trace: its own chunks as never push
   const GridChunk& b = g.chunks[c_solo_bad];
   CHECK(std::equal(sm.target() + b.begin, sm.target() + b.end, v[2].begin() + b.begin));
   CHECK_FALSE(sm.voided(c_shared));  // begin_round cleared it
+}
+
+TEST_CASE("grid: the chunks tile the model; an expert count that does not match the layout is refused") {
+  const ModelConfig m = small_model(4);
+  const ParamLayout L = make_layout(m);
+  const ChunkGrid g = make_grid(L, m.n_experts, 256);
+  int64_t at = 0;
+  for (const GridChunk& c : g.chunks) CHECK(c.begin == std::exchange(at, c.end));
+  CHECK(at == L.total);
+  CHECK_THROWS_WITH_AS(make_grid(L, m.n_experts - 1, 256), doctest::Contains("n_experts 3 does not match"), NetError);
 }
