@@ -11,6 +11,7 @@
 
 #include "engine/base/error.hpp"
 #include "engine/base/parallel.hpp"
+#include "net/file_io.hpp"
 #include "net/finite_guard.hpp"
 #include "net/frame.hpp"
 
@@ -44,24 +45,11 @@ SpillFile::~SpillFile() {
 
 void SpillFile::write(int64_t at, const void* src, size_t n) {
   std::lock_guard<std::mutex> lk(write_mu_);
-  const auto* p = static_cast<const uint8_t*>(src);
-  while (n) {
-    const ssize_t w = ::pwrite(fd_, p, n, off_t(at));
-    if (w < 0 && errno == EINTR) continue;
-    if (w < 0) spill_fail(dir_, "write failed");
-    p += w, at += w, n -= size_t(w);
-  }
+  pwrite_exact(fd_, "coordinator spill file in " + dir_, src, n, at);
 }
 
 void SpillFile::read(int64_t at, size_t n, void* dst) const {
-  auto* p = static_cast<uint8_t*>(dst);
-  while (n) {
-    const ssize_t r = ::pread(fd_, p, n, off_t(at));
-    if (r < 0 && errno == EINTR) continue;
-    if (r == 0) errno = EIO;  // the file is shorter than what was written to it
-    if (r <= 0) spill_fail(dir_, "read failed");
-    p += r, at += r, n -= size_t(r);
-  }
+  pread_exact(fd_, "coordinator spill file in " + dir_, dst, n, at);
 }
 
 std::shared_ptr<Publication> build_publication(Codec codec, const ChunkGrid& grid, const std::vector<bool>& changed,

@@ -12,6 +12,7 @@
 #include "engine/base/error.hpp"
 #include "engine/base/parallel.hpp"
 #include "net/digest.hpp"
+#include "net/file_io.hpp"
 #include "net/finite_guard.hpp"
 
 namespace spes::net {
@@ -24,32 +25,12 @@ constexpr int64_t kHeaderSize = 4096;     // format 3: the sections start here
 constexpr size_t kMaxRunId = 1024;
 constexpr int64_t kBlockElems = 1 << 20;  // streaming passes read 4 MiB at a time
 
-[[noreturn]] void fail(const std::string& path, const std::string& what) {
-  throw NetError("coordinator state " + path + ": " + what);
-}
+// What the state file's errors name.
+std::string label(const std::string& path) { return "coordinator state " + path; }
+
+[[noreturn]] void fail(const std::string& path, const std::string& what) { throw NetError(label(path) + ": " + what); }
 
 std::string errno_text() { return std::strerror(errno); }
-
-void pread_all(int fd, const std::string& path, void* dst, size_t n, int64_t at) {
-  auto* p = static_cast<uint8_t*>(dst);
-  while (n) {
-    const ssize_t r = ::pread(fd, p, std::min<size_t>(n, size_t(1) << 30), off_t(at));
-    if (r < 0 && errno == EINTR) continue;
-    if (r < 0) fail(path, "read failed: " + errno_text());
-    if (r == 0) fail(path, "truncated");
-    p += r, at += r, n -= size_t(r);
-  }
-}
-
-void pwrite_all(int fd, const std::string& path, const void* src, size_t n, int64_t at) {
-  const auto* p = static_cast<const uint8_t*>(src);
-  while (n) {
-    const ssize_t w = ::pwrite(fd, p, std::min<size_t>(n, size_t(1) << 30), off_t(at));
-    if (w < 0 && errno == EINTR) continue;
-    if (w < 0) fail(path, "write failed: " + errno_text());
-    p += w, at += w, n -= size_t(w);
-  }
-}
 
 const char* section_name(Section s) {
   switch (s) {
@@ -75,6 +56,10 @@ int64_t section_offset(const PersistedState& info, int64_t n, Section s) {
     ++k;
   }
   throw NetError(std::string("internal: the state file has no ") + section_name(s));
+}
+
+bool holds(const PersistedState& info, Section s) {
+  return s == Section::theta || (s == Section::residual ? info.has_residual : info.has_momentum);
 }
 
 // ---- format 3 header --------------------------------------------------------
@@ -164,7 +149,7 @@ SectionHashes hash_and_check(int fd, const std::string& path, const PersistedSta
     const int64_t base = section_offset(info, n, s);
     for (int64_t i = 0; i < n; i += kBlockElems) {
       const int64_t m = std::min(kBlockElems, n - i);
-      pread_all(fd, path, block.data(), size_t(m) * 4, base + i * 4);
+      pread_exact(fd, label(path), block.data(), size_t(m) * 4, base + i * 4);
       const int64_t bad = first_non_finite(block.data(), m);
       if (bad >= 0)
         fail(path, std::string(verb) + " a non-finite " + section_name(s) + " (" + std::to_string(block[size_t(bad)]) +
@@ -189,7 +174,7 @@ class LegacyReader {
   }
   ~LegacyReader() { ::close(fd_); }
   void read(void* p, size_t n) {
-    pread_all(fd_, path_, p, n, at_);
+    pread_exact(fd_, label(path_), p, n, at_);
     at_ += int64_t(n);
     crc_ = crc32c(p, n, crc_);
   }
@@ -201,7 +186,7 @@ class LegacyReader {
   }
   uint32_t stored_crc() {
     uint32_t c;
-    pread_all(fd_, path_, &c, 4, at_);
+    pread_exact(fd_, label(path_), &c, 4, at_);
     return c;
   }
   uint32_t crc() const { return crc_; }
@@ -282,9 +267,7 @@ StateReader::~StateReader() {
   if (fd_ >= 0) ::close(fd_);
 }
 
-bool StateReader::has(Section s) const {
-  return s == Section::theta || (s == Section::residual ? info_.has_residual : info_.has_momentum);
-}
+bool StateReader::has(Section s) const { return holds(info_, s); }
 
 std::shared_ptr<const StateReader> StateReader::open(const std::string& path, int64_t n_params) {
   if (checked_format(path) != kFormat)
@@ -293,7 +276,7 @@ std::shared_ptr<const StateReader> StateReader::open(const std::string& path, in
   if (fd < 0) fail(path, "cannot open: " + errno_text());
   std::shared_ptr<StateReader> r(new StateReader(path, fd, {}, 0));  // owns fd from here
   std::vector<uint8_t> header(static_cast<size_t>(kHeaderSize));
-  pread_all(fd, path, header.data(), header.size(), 0);
+  pread_exact(fd, label(path), header.data(), header.size(), 0);
   SectionHashes stored;
   int64_t n = 0;
   r->info_ = decode_header(path, header.data(), &n, &stored);
@@ -313,7 +296,7 @@ std::shared_ptr<const StateReader> StateReader::open(const std::string& path, in
 
 void StateReader::read(Section s, int64_t begin, int64_t n, void* dst) const {
   if (begin < 0 || n < 0 || begin + n > n_) fail(path_, "internal: read outside the model");
-  pread_all(fd_, path_, dst, size_t(n) * 4, section_offset(info_, n_, s) + begin * 4);
+  pread_exact(fd_, label(path_), dst, size_t(n) * 4, section_offset(info_, n_, s) + begin * 4);
 }
 
 // ---- StateWriter --------------------------------------------------------------
@@ -341,14 +324,12 @@ StateWriter::~StateWriter() {
   if (fd_ >= 0) ::close(fd_);
 }
 
-bool StateWriter::has(Section s) const {
-  return s == Section::theta || (s == Section::residual ? info_.has_residual : info_.has_momentum);
-}
+bool StateWriter::has(Section s) const { return holds(info_, s); }
 
 void StateWriter::write(Section s, int64_t begin, int64_t n, const float* src) {
   if (begin < 0 || n < 0 || begin + n > n_) fail(tmp_, "internal: write outside the model");
   std::lock_guard<std::mutex> lk(write_mu_);
-  pwrite_all(fd_, tmp_, src, size_t(n) * 4, section_offset(info_, n_, s) + begin * 4);
+  pwrite_exact(fd_, label(tmp_), src, size_t(n) * 4, section_offset(info_, n_, s) + begin * 4);
 }
 
 void StateWriter::zero(Section s) {
@@ -371,7 +352,7 @@ std::shared_ptr<const StateReader> StateWriter::commit() {
   info_.state_hash = h.theta;
   info_.momentum_hash = h.momentum;
   const std::vector<uint8_t> header = encode_header(info_, n_, h);
-  pwrite_all(fd_, tmp_, header.data(), header.size(), 0);
+  pwrite_exact(fd_, label(tmp_), header.data(), header.size(), 0);
   if (::fsync(fd_) != 0) fail(tmp_, "fsync failed: " + errno_text());
   // Swap the two files in one step: `path` is the new state, the old one becomes the
   // next round's scratch. The first state, or a filesystem without the exchange, renames.
