@@ -308,7 +308,12 @@ bool cluster_supported(int dev, size_t smem) {
   cudaLaunchAttribute attr{};
   cudaLaunchConfig_t cfg = cluster_config(1, smem, nullptr, &attr);
   int clusters = 0;
-  cuda_check(cudaOccupancyMaxActiveClusters(&clusters, ce_cluster_kernel, &cfg));
+  // A device or driver may refuse the query itself (MIG or MPS set-ups): that means
+  // "no clusters here", and the per-row kernel runs, rather than a failed step.
+  if (cudaOccupancyMaxActiveClusters(&clusters, ce_cluster_kernel, &cfg) != cudaSuccess) {
+    (void)cudaGetLastError();  // the refusal is not a sticky error: clear it
+    clusters = 0;
+  }
   return d.fits.emplace(smem, clusters > 0).first->second;
 }
 

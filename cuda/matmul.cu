@@ -78,6 +78,13 @@ const Gemm::Plan& Gemm::plan(const Key& key) {
   cublas_check(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES, &al_b, sizeof al_b));
   cublas_check(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, &al_d, sizeof al_d));
   cublas_check(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES, &al_d, sizeof al_d));
+  // Split-K partial sums are added in fp32: a bf16 output may not be reduced in its
+  // own type (OUTPUT_TYPE) nor in place (INPLACE adds in the output's type too).
+  const uint32_t reduction = static_cast<DType>(key[8]) == DType::f32
+                                 ? CUBLASLT_REDUCTION_SCHEME_INPLACE | CUBLASLT_REDUCTION_SCHEME_COMPUTE_TYPE
+                                 : CUBLASLT_REDUCTION_SCHEME_COMPUTE_TYPE;
+  cublas_check(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_REDUCTION_SCHEME_MASK, &reduction,
+                                                    sizeof reduction));
 
   cublasLtMatmulHeuristicResult_t result{};
   int found = 0;

@@ -620,6 +620,14 @@ void MoeLayer::upload_pointer_arrays(cudaStream_t stream) {
   cuda_check(cudaEventRecord(ptrs_uploaded_, stream));
 }
 
+namespace {
+// The statuses cuBLAS returns from its argument checks, before any launch.
+bool grouped_refusal(cublasStatus_t status) {
+  return status == CUBLAS_STATUS_NOT_SUPPORTED || status == CUBLAS_STATUS_INVALID_VALUE ||
+         status == CUBLAS_STATUS_ARCH_MISMATCH;
+}
+}  // namespace
+
 void MoeLayer::run_site(cublasHandle_t handle, Site s) {
   const GemmSite& site = sites_[s];
   if (site.ops.empty()) return;
@@ -635,10 +643,18 @@ void MoeLayer::run_site(cublasHandle_t handle, Site s) {
     if (status == CUBLAS_STATUS_SUCCESS) return;
     // Which status a combination the grouped API lacks gets (bf16 A/B with fp32 C, an
     // architecture without grouped kernels) varies with the cuBLAS version:
-    // NOT_SUPPORTED, INVALID_VALUE, ARCH_MISMATCH, … so any refusal sends the site to
-    // the per-expert GEMMs below, for good. cuBLAS checks types and arguments before it
-    // launches anything, so nothing of this call ran and the fallback computes the
-    // whole site (beta = 1 sites included) exactly once.
+    // NOT_SUPPORTED, INVALID_VALUE or ARCH_MISMATCH. Those come from the argument
+    // checks, before anything is launched, so nothing of this call ran and the
+    // per-expert GEMMs below compute the whole site (beta = 1 sites included) exactly
+    // once; the site keeps that path for good, so every step takes the same kernels
+    // (bitwise resume). Any other status (EXECUTION_FAILED, ALLOC_FAILED, …) may
+    // come after some groups ran and added into C: re-running them would count those
+    // gradients twice, so it is an error.
+    if (!grouped_refusal(status)) cublas_check(status);
+    const cudaError_t launch = cudaGetLastError();
+    if (launch != cudaSuccess)
+      throw Error(std::string("cublasGemmGroupedBatchedEx refused the call (") + cublasGetStatusString(status) +
+                  ") after a launch failed: " + cudaGetErrorString(launch));
     grouped_fallback_[s] = true;
     report_grouped_fallback(s, status);
   }

@@ -94,6 +94,10 @@ Runtime::Runtime(int ordinal) {
   cuda_check(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking));
   cublas_check(cublasCreate(&cublas_));
   cublas_check(cublasSetStream(cublas_, stream_));
+  // Split-K partial sums in fp32, never in a bf16 output's type: the model promises
+  // fp32 accumulation (the expert GEMMs run through this handle; cuBLASLt's GEMMs
+  // get the same rule from their reduction-scheme mask in matmul.cu).
+  cublas_check(cublasSetMathMode(cublas_, CUBLAS_MATH_DISALLOW_REDUCED_PRECISION_REDUCTION));
   cublas_check(cublasLtCreate(&cublaslt_));
   lt_workspace_ = DeviceBuffer(kLtWorkspaceBytes, "cuBLASLt workspace");
   if (!aligned(lt_workspace_.get(), 256)) throw Error("cuBLAS workspace is not 256-byte aligned");
