@@ -286,7 +286,7 @@ class Report:
         names = sorted({f.rsplit(".", 1)[0] for f in os.listdir(d) if f.endswith(".cmd")}) if os.path.isdir(d) else []
         cpu_names = {"bench_sync", "bench_train_cpu"}
         names = [n for n in names if (n in cpu_names) == cpu_only]
-        title = "4. CPU benches" if cpu_only else "1b. GPU benches"
+        title = "5. CPU benches" if cpu_only else "1b. GPU benches"
         self.add(f"## {title}", "")
         if not cpu_only:
             self.add("Figures are % of ceilings each bench measures itself (D2D copy GB/s, cuBLAS bf16 GEMM TFLOP/s).", "")
@@ -324,6 +324,52 @@ class Report:
         else:
             skipped = [n for n, st, _ in statuses if st == SKIPPED]
             self.result(title, PASS, f"{len(ran)} ran: {', '.join(ran)}" + (f"; skipped: {', '.join(skipped)}" if skipped else ""))
+
+    # -- 4
+    def sanitize(self):
+        title = "4. compute-sanitizer"
+        self.add(f"## {title}", "")
+        d = os.path.join(self.logs, "sanitize")
+        tool = read(os.path.join(d, "tool")).strip()
+        if not tool or tool == "not found":
+            self.add("compute-sanitizer was not found on this machine.", "")
+            self.result(title, SKIPPED, "compute-sanitizer not found")
+            return
+        bases = sorted({f.rsplit(".", 1)[0] for f in os.listdir(d) if f.endswith(".cmd")})
+        self.add(f"`{tool}` over the CUDA test files (memcheck: out-of-bounds and misaligned accesses, "
+                 "API errors; racecheck: shared-memory hazards). test_gpu_step runs without its 300-step "
+                 "and resume cases.", "")
+        if not bases:
+            self.add("Nothing ran: every test file was skipped, or no time was left.", "")
+            self.result(title, SKIPPED, "no test file ran under the sanitizer")
+            return
+        self.add("| test file | tool | result | summary |", "| --- | --- | --- | --- |")
+        dirty, clean, other, details = [], [], [], []
+        for base in bases:
+            s = Step(os.path.join(d, base))
+            name, tool_name = base.rsplit(".", 1)
+            log = read(os.path.join(d, base + ".log"))
+            summary = next((l.strip("= ").strip() for l in log.splitlines()
+                            if re.search(r"(ERROR|RACECHECK) SUMMARY", l)), "")
+            if s.rc == 86:
+                st = FAIL
+                dirty.append(base)
+                first = [l for l in log.splitlines() if l.startswith("=========")][:40]
+                details += [f"### {name} under {tool_name}", "", "```", *first, "```", ""]
+            elif s.rc == 0:
+                st = PASS
+                clean.append(base)
+            else:
+                st = SKIPPED if not s.ran else "TIMED OUT" if s.timed_out else "TESTS FAILED"
+                other.append(f"{base}: {s.exit_text()}")
+            self.add(f"| {name} | {tool_name} | {st} ({s.exit_text()}) | {cell(summary or '—')} |")
+        self.add("", *details)
+        if dirty:
+            self.result(title, FAIL, f"errors in {', '.join(dirty)}; clean: {len(clean)}")
+        elif clean:
+            self.result(title, PASS, f"{len(clean)} runs clean" + (f"; {'; '.join(other)}" if other else ""))
+        else:
+            self.result(title, SKIPPED, "; ".join(other))
 
     # -- per-kernel share
     def kernel_share(self):
@@ -482,6 +528,7 @@ def main():
     r.benches(cpu_only=False)
     r.train_compare()
     r.spes_round()
+    r.sanitize()
     r.benches(cpu_only=True)
     r.kernel_share()
 
@@ -518,7 +565,7 @@ def main():
     head.append("")
     tail = ["## Logs", "", "`logs.tar.gz` next to this file: `run.log` (the script's progress), `env/` (nvidia-smi, "
             "the libraries found, ldd of every binary), `tests/NAME.out` (doctest XML), `bench/`, `train/`, `spes/` "
-            "(stdout CSV and stderr of every process).", ""]
+            "(stdout CSV and stderr of every process), `sanitize/` (compute-sanitizer logs).", ""]
     with open(out_path, "w", encoding="utf-8") as f:
         f.write("\n".join(head + r.body + tail) + "\n")
     width = max(len(s) for s, _, _ in r.summary)

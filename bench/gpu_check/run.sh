@@ -11,7 +11,9 @@
 #      time, on the CPU, and compares the loss curves;
 #   3. runs a mixed SPES run: coordinator + 4 nodes of configs/tiny.toml, node 0 on
 #      the GPU, nodes 1-3 on the CPU, and checks every round's state hash agrees;
-#   4. runs the CPU benches,
+#   4. reruns the CUDA test files under compute-sanitizer (memcheck, then racecheck;
+#      failed files first) when the machine has it, as long as time is left;
+#   5. runs the CPU benches,
 # then writes OUTDIR/report.md (summary table first) and OUTDIR/logs.tar.gz (every
 # raw log). A failing step is recorded and the script goes on; it exits 0 once the
 # report is written. Nothing is installed; scratch files go to a temp folder.
@@ -22,7 +24,7 @@ HERE=$(cd "$(dirname "$0")" && pwd)
 mkdir -p "$OUTDIR" && OUTDIR=$(cd "$OUTDIR" && pwd)
 WORK=$(mktemp -d "${TMPDIR:-/tmp}/spes-gpu-check.XXXXXX")
 L="$WORK/logs"
-mkdir -p "$L"/{env,tests,bench,train,spes}
+mkdir -p "$L"/{env,tests,bench,train,spes,sanitize}
 BIN="$WORK/bin"
 CFG="$HERE/configs"
 DATA="$HERE/data/tinyshakespeare"
@@ -38,6 +40,8 @@ CPU_BENCHES=" bench_sync bench_train_cpu "
 # Arguments for benches whose defaults point into the source tree (absent here).
 declare -A BENCH_ARGS=([bench_train_cpu]="$CFG/tiny.toml" [bench_sync]="--rounds 2"
   [bench_train_gpu]="--steps 2 --micro-batches 8")
+# Seconds a GPU bench may take (100 unless named): bench_train_gpu times three backends.
+declare -A BENCH_CAP=([bench_train_gpu]=160)
 
 now() { date +%s; }
 elapsed() { echo $(($(now) - T0)); }
@@ -182,7 +186,7 @@ for b in "$BIN"/bench_*; do
   name=$(basename "$b")
   [[ $CPU_BENCHES == *" $name "* ]] && continue
   # shellcheck disable=SC2086  # BENCH_ARGS are words
-  run_step "$L/bench/$name" "$(cap 100 "$D")" "${STDBUF[@]}" "$b" ${BENCH_ARGS[$name]:-}
+  run_step "$L/bench/$name" "$(cap "${BENCH_CAP[$name]:-100}" "$D")" "${STDBUF[@]}" "$b" ${BENCH_ARGS[$name]:-}
   rc=$(rc_of "$L/bench/$name")
   if [[ $rc == 0 ]] && grep -q '^no GPU' "$L/bench/$name.out"; then
     say "bench $name: $(grep -m1 '^no GPU' "$L/bench/$name.out")"
@@ -218,7 +222,7 @@ say "train GPU: exit $(rc_of "$L/train/gpu") $(grep -v '^\s*$' "$L/train/gpu.err
 say "train CPU: exit $(rc_of "$L/train/cpu")$([[ -f $L/train/cpu.stopped ]] && echo " ($(cat "$L/train/cpu.stopped"))")"
 
 # ---- 3. mixed SPES run: coordinator + node 0 on the GPU + nodes 1-3 on the CPU ------------
-D=$(deadline 0.96)
+D=$(deadline 0.88)
 port=$(python3 -c '
 import random, socket
 for _ in range(100):
@@ -269,7 +273,51 @@ for p in "${procs[@]}"; do
   say "SPES $(basename "$p"): exit $(rc_of "$p")$([[ -f $p.stopped ]] && echo " ($(cat "$p.stopped"))")"
 done
 
-# ---- 4. CPU benches ---------------------------------------------------------------------
+# ---- 4. compute-sanitizer over the CUDA test files -------------------------------------
+# Kernels that never ran before can read or write out of bounds, or race in shared
+# memory, and still pass a test by luck; a failed test says what, the sanitizer where
+# (kernel, file:line: the binaries carry -lineinfo). Failed files go first; the
+# whole-step file runs without its long cases (300 steps, resume), which the
+# sanitizer would slow past any cap.
+D=$(deadline 0.97)
+SANITIZER=""
+for c in "$(command -v compute-sanitizer 2>/dev/null)" /usr/local/cuda/bin/compute-sanitizer \
+  /usr/local/cuda/compute-sanitizer/compute-sanitizer /usr/local/cuda-*/bin/compute-sanitizer \
+  /opt/nvidia/*/compute-sanitizer/compute-sanitizer; do
+  [[ -n $c && -x $c ]] && SANITIZER=$c && break
+done
+echo "${SANITIZER:-not found}" > "$L/sanitize/tool"
+if [[ -z $SANITIZER ]]; then
+  say "compute-sanitizer: not found on this machine (skipped)"
+else
+  failed_first=()
+  while IFS= read -r name; do
+    [[ -z $name ]] && continue
+    case $(rc_of "$L/tests/$name") in
+      0) failed_first+=("$name") ;;
+      77) ;;  # skipped (no GPU): the sanitizer would skip it too
+      *) failed_first=("$name" "${failed_first[@]}") ;;
+    esac
+  done < "$HERE/cuda-tests.txt"
+  for tool in memcheck racecheck; do
+    for name in "${failed_first[@]}"; do
+      base="$L/sanitize/$name.$tool"
+      exclude=()
+      [[ $name == test_gpu_step ]] && exclude=(--test-case-exclude='*300 steps*,*resume*')
+      run_step "$base" "$(cap 60 "$D")" "$SANITIZER" --tool "$tool" --error-exitcode 86 --print-limit 20 \
+        --log-file "$base.log" "$BIN/spes_tests" --gpu-file --source-file="*$name.cu" "${exclude[@]}"
+      case $(rc_of "$base") in
+        0) say "$tool $name: clean" ;;
+        86) say "$tool $name: ERRORS: $(grep -m1 -E 'ERROR SUMMARY|RACECHECK SUMMARY' "$base.log" 2>/dev/null)" ;;
+        none) say "$tool $name: not run: $(cat "$base.skipped" 2>/dev/null)" ;;
+        124 | 137) say "$tool $name: timed out after $(cat "$base.timeout")s" ;;
+        *) say "$tool $name: exit $(rc_of "$base") (the tests themselves failed under the sanitizer)" ;;
+      esac
+    done
+  done
+fi
+
+# ---- 5. CPU benches ---------------------------------------------------------------------
 D=$(deadline 1.0)
 for b in "$BIN"/bench_*; do
   name=$(basename "$b")
