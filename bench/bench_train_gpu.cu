@@ -19,7 +19,10 @@
 //     TFLOP/s (GEMMs, attention, MoE: useful FLOPs) or GB/s (memory-bound kernels:
 //     minimum bytes moved, bench/common.cuh's convention). The rows' sum against the
 //     measured step is what launch gaps, the MoE layer's host sync per layer forward,
-//     token copies and loss read-backs cost.
+//     token copies and loss read-backs cost;
+//   - for the all-experts node, the same step through the NCCL data-parallel path at
+//     one rank (issue 16): its overhead over the plain backend (goal ≤ 2%), the
+//     all-reduce of the owned gradients, and that all-reduce projected to 8 GPUs.
 //
 // Usage: bench_train_gpu [--steps N] [--micro-batches N] [--micro-batch N] [--layers N]
 //   --micro-batches: gradient-accumulation micro-batches per step (default: the
@@ -105,14 +108,17 @@ struct StepResult {
 
 // ---- the whole step, through the backend ---------------------------------------------
 
-StepResult time_step(const Config& cfg, const Options& opt, int64_t n_micro) {
+// nccl: the backend is the data-parallel one over NCCL with one rank (GPU 0), as a
+// node with several GPUs runs, instead of the plain GpuBackend.
+StepResult time_step(const Config& cfg, const Options& opt, int64_t n_micro, bool nccl = false) {
   const ParamLayout layout = make_layout(cfg.model);
   const Ownership own = make_ownership(cfg.model, layout, int(cfg.spes.node_id), int(cfg.spes.n_nodes),
                                        cfg.spes.ownership, cfg.spes.experts_per_node);
   const int64_t B = cfg.train.micro_batch, T = cfg.model.seq_len, N = B * T;
   cuda_check(cudaDeviceSynchronize());
   const size_t free0 = free_bytes();
-  std::unique_ptr<TrainBackend> gpu = make_gpu_backend(cfg, layout, own);
+  std::unique_ptr<TrainBackend> gpu =
+      nccl ? make_nccl_data_parallel_backend(cfg, layout, own, {0}) : make_gpu_backend(cfg, layout, own);
   init_parameters(gpu->host_theta().data(), cfg.model, layout, cfg.train.seed);
   gpu->push_theta();
 
@@ -165,7 +171,7 @@ StepResult time_step(const Config& cfg, const Options& opt, int64_t n_micro) {
   r.mfu = gpu->peak_flops() > 0 ? train_flops_per_token(cfg.model) * r.tokens_per_s / gpu->peak_flops() : 0;
   r.taken_bytes = double(free0) - double(min_free);
 
-  const GpuArenaUse arena = gpu_arena_use(*gpu);
+  std::printf("backend: %s\n", gpu->describe().c_str());
   std::printf("step: median %.1f ms of %d (min %.1f, max %.1f); %.0f tokens/step, %.0f tokens/s\n", r.step_ms,
               opt.steps, *std::min_element(step_ms.begin(), step_ms.end()),
               *std::max_element(step_ms.begin(), step_ms.end()), tokens, r.tokens_per_s);
@@ -175,6 +181,8 @@ StepResult time_step(const Config& cfg, const Options& opt, int64_t n_micro) {
               r.fb_ms, (long long)n_micro, r.fb_ms / double(n_micro), r.norm_ms, r.adam_ms);
   std::printf("device memory: %.2f GiB taken (cudaMemGetInfo before the backend and lowest after; %.2f GiB free before)\n",
               gib(r.taken_bytes), gib(double(free0)));
+  if (nccl) return r;  // the memory lines are the plain backend's (its rank's arena)
+  const GpuArenaUse arena = gpu_arena_use(*gpu);
   std::printf("memory plan: total %.2f GiB (arena %.2f GiB, %.2f GiB of it carved)\n",
               gib(double(gpu->memory_report().back().bytes)), gib(double(arena.capacity)), gib(double(arena.used)));
   for (const MemoryLine& l : gpu->memory_report())
@@ -425,6 +433,33 @@ std::vector<Row> time_kernels(const Config& cfg, int64_t n_micro) {
   return rows;
 }
 
+// The NCCL path at one rank against the plain backend: its whole overhead (the
+// rank thread, the all-reduce, the broadcast path) and the all-reduce of the owned
+// gradients alone (in the norm phase: the data-parallel backend reduces there). A
+// one-GPU machine cannot measure G ranks; the G = 8 times are a projection: a ring
+// all-reduce moves 2·(G−1)/G of the gradient bytes through each GPU's link, at the
+// bus bandwidth NCCL reaches on it (assumed, from the link's datasheet figure).
+void report_nccl(const StepResult& plain, const StepResult& dp, int64_t owned) {
+  const double overhead = (dp.step_ms - plain.step_ms) / plain.step_ms;
+  std::printf("NCCL path overhead (1 rank): step %.1f ms vs %.1f ms plain = %+.2f%% (goal <= 2%%)\n", dp.step_ms,
+              plain.step_ms, 100.0 * overhead);
+  const double bytes = double(owned) * 4.0;
+  std::printf("all-reduce of the owned gradients (%.3fB floats, %.2f GB), 1 rank, measured: %.2f ms "
+              "(norm phase %.2f ms vs %.2f ms plain)\n",
+              double(owned) / 1e9, bytes / 1e9, std::max(0.0, dp.norm_ms - plain.norm_ms), dp.norm_ms, plain.norm_ms);
+  struct Link {
+    const char* name;
+    double bus_gbs;
+  };
+  const Link links[] = {{"8 GPUs, NVLink 4 (H100/H200 SXM, 450 GB/s per direction)", 450.0},
+                        {"8 GPUs, PCIe Gen5 x16 only (~50 GB/s per direction)", 50.0}};
+  for (const Link& l : links) {
+    const double ms = 2.0 * 7.0 / 8.0 * bytes / (l.bus_gbs * 1e9) * 1e3;
+    std::printf("  projection, not a measurement: %s: %.1f ms per step = %.1f%% of this step\n", l.name, ms,
+                100.0 * ms / plain.step_ms);
+  }
+}
+
 void print_table(const std::vector<Row>& rows, double step_ms) {
   std::printf("%-44s %9s %10s %10s %8s %16s\n", "kernel (isolated, step shapes)", "calls", "ms/call", "ms/step",
               "% step", "achieved");
@@ -524,6 +559,12 @@ int main(int argc, char** argv) {
       std::fflush(stdout);
       const StepResult r = time_step(cfg, opt, n_micro);  // the backend is gone when this returns
       std::fflush(stdout);
+      if (&node == &nodes[0]) {
+        std::printf("\n-- the same node through the NCCL data-parallel path, 1 rank --\n");
+        const StepResult dp = time_step(cfg, opt, n_micro, true);
+        report_nccl(r, dp, own.space.size());
+        std::fflush(stdout);
+      }
       print_table(time_kernels(cfg, n_micro), r.step_ms);
       std::fflush(stdout);
     }

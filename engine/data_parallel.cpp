@@ -164,7 +164,9 @@ class DataParallelBackend final : public TrainBackend {
   void on_every_rank(const std::function<void(int)>& f) { threads_.run(f, [this] { comm_->abort(); }); }
   void reduce_grads() {
     if (reduced_) return;
-    if (G_ > 1) on_every_rank([&](int r) { comm_->all_reduce_mean(r, ranks_[size_t(r)]->grad_buffer()); });
+    // Also with one rank: the mean of one is itself, and the NCCL path runs (and is
+    // measured) on a one-GPU machine as on eight.
+    on_every_rank([&](int r) { comm_->all_reduce_mean(r, ranks_[size_t(r)]->grad_buffer()); });
     reduced_ = true;
   }
   // Token-weighted means of the loss parts; expert counts summed.

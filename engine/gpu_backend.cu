@@ -22,6 +22,7 @@
 #include "cuda/embedding.cuh"
 #include "cuda/global_norm.cuh"
 #include "cuda/matmul.cuh"
+#include "cuda/norm_common.cuh"
 #include "cuda/rmsnorm.cuh"
 #include "cuda/rope.cuh"
 #include "cuda/runtime.cuh"
@@ -98,6 +99,9 @@ void check_gpu_shape(const Config& cfg) {
   if (m.d_model % 8 || m.kv_dim() % 8) refuse("d_model and the kv width must be multiples of 8 on the GPU");
   if (!m.qk_norm) refuse("qk_norm = false: the GPU's RoPE kernel is fused with the QK-norm");
   if (m.n_experts > 256 || m.top_k > 32) refuse("the GPU router supports at most 256 experts and top_k 32");
+  if (m.d_model > cuda::norm::kMaxChannels || m.kv_dim() > cuda::norm::kMaxChannels)
+    refuse("d_model and the kv width must be at most " + std::to_string(cuda::norm::kMaxChannels) +
+           " on the GPU (its norm kernels keep a row in registers)");
 }
 
 // Dense bf16 tensor-core peak by device name (datasheet, dense), 0 when unknown.
@@ -436,6 +440,12 @@ namespace {
 class NcclCommunicator final : public Communicator {
  public:
   explicit NcclCommunicator(const std::vector<GpuBackend*>& ranks) : comms_(ranks.size()) {
+    // ncclAvg (the mean in one collective) came with NCCL 2.10; the library is the
+    // machine's own, so an older one is named here rather than failing every step.
+    int version = 0;
+    nccl_check(ncclGetVersion(&version));
+    if (version < NCCL_VERSION(2, 10, 0))
+      throw Error("data parallel needs NCCL 2.10 or newer; this machine's libnccl is " + std::to_string(version));
     std::vector<int> devices;
     for (GpuBackend* r : ranks) devices.push_back(r->ordinal()), streams_.push_back(r->stream());
     devices_ = devices;
@@ -454,18 +464,26 @@ class NcclCommunicator final : public Communicator {
   int size() const override { return int(comms_.size()); }
   void all_reduce_mean(int rank, std::span<float> data) override {
     cuda_check(cudaSetDevice(devices_[size_t(rank)]));
+    refuse_if_aborted();
     nccl_check(ncclAllReduce(data.data(), data.data(), data.size(), ncclFloat, ncclAvg, comms_[size_t(rank)],
                              streams_[size_t(rank)]));
     cuda_check(cudaStreamSynchronize(streams_[size_t(rank)]));
   }
   void broadcast(int rank, std::span<std::byte> data, int root) override {
     cuda_check(cudaSetDevice(devices_[size_t(rank)]));
+    refuse_if_aborted();
     nccl_check(ncclBroadcast(data.data(), data.data(), data.size(), ncclUint8, root, comms_[size_t(rank)],
                              streams_[size_t(rank)]));
     cuda_check(cudaStreamSynchronize(streams_[size_t(rank)]));
   }
 
  private:
+  // abort() freed the communicators: a rank that reaches a collective afterwards
+  // (one that had not yet got there, or push_theta's next buffer) gets an Error
+  // instead of using a freed communicator.
+  void refuse_if_aborted() const {
+    if (aborted_) throw Error("data parallel: another rank failed; this collective was not run");
+  }
   std::vector<ncclComm_t> comms_;
   std::vector<int> devices_;
   std::vector<cudaStream_t> streams_;
@@ -500,6 +518,11 @@ std::unique_ptr<TrainBackend> make_gpu_backend(const Config& cfg, const ParamLay
     for (int g = 0; g < use; ++g) devices.push_back(g);
   }
   if (devices.size() <= 1) return std::make_unique<GpuBackend>(cfg, layout, own, devices.empty() ? 0 : devices[0]);
+  return make_nccl_data_parallel_backend(cfg, layout, own, devices);
+}
+
+std::unique_ptr<TrainBackend> make_nccl_data_parallel_backend(const Config& cfg, const ParamLayout& layout,
+                                                              const Ownership& own, const std::vector<int>& devices) {
   const int G = int(devices.size());
   if (cfg.train.micro_batch % G)
     throw ConfigError(cfg.path + ": [train] micro_batch = " + std::to_string(cfg.train.micro_batch) +

@@ -4,6 +4,7 @@
 #pragma once
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "engine/backend.hpp"
 #include "engine/base/error.hpp"
@@ -20,6 +21,11 @@ struct GpuShapeError : ConfigError {
 // Throws GpuShapeError as above, or ConfigError when the config does not fit in the
 // GPU's memory (naming a micro-batch that fits).
 std::unique_ptr<TrainBackend> make_gpu_backend(const Config& cfg, const ParamLayout& layout, const Ownership& own);
+// The node's ranks on `devices` (CUDA ordinals, one thread each) under the
+// data-parallel backend with NCCL: what make_gpu_backend builds for several GPUs,
+// here also for one, so tests and benches run the NCCL path on a one-GPU machine.
+std::unique_ptr<TrainBackend> make_nccl_data_parallel_backend(const Config& cfg, const ParamLayout& layout,
+                                                              const Ownership& own, const std::vector<int>& devices);
 
 // The kernels' own scratch sizes on this device, as the backend plans them: its
 // buffers are plan_gpu_memory(m, layout, own, micro_batch, gpu_kernel_scratch(...)).

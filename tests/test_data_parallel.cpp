@@ -14,9 +14,8 @@
 #include "engine/communicator.hpp"
 #include "engine/cpu_backend.hpp"
 #include "engine/data_parallel.hpp"
-#include "engine/net_sync.hpp"
 #include "engine/trainer.hpp"
-#include "net/coordinator.hpp"
+#include "spes_run_util.hpp"
 #include "test_util.hpp"
 
 using namespace spes;
@@ -102,54 +101,41 @@ TEST_CASE("data parallel: 2 ranks × B/2 give the update of 1 rank × B; ranks s
   CHECK(latest_checkpoint((dir / "ckpt" / "node-1").string()).find("step-00000004") != std::string::npos);
 }
 
+TEST_CASE("data parallel: 1 rank equals the plain backend, bitwise (the one-GPU NCCL path's logic)") {
+  auto dir = test::temp_dir("dp-one");
+  const std::vector<std::string> sets = {"train.steps=3", "spes.n_nodes=2", "spes.node_id=1"};
+  const Config a = test::small_config(dir / "a", sets), b = test::small_config(dir / "b", sets);
+  std::ostringstream csv_plain, csv_one;
+  Trainer plain(a);
+  plain.run(csv_plain, false);
+  std::vector<TrainBackend*> ranks;
+  Trainer one(b, cpu_ranks(b, 1, ranks));  // the gradient "mean" of one rank still runs
+  one.run(csv_one, false);
+  CHECK(one.params() == plain.params());
+}
+
 TEST_CASE("data parallel: a 2-rank node in a 4-node SPES run agrees on every round's state hash") {
   auto dir = test::temp_dir("dp-spes");
   const std::vector<std::string> spes = {"spes.n_nodes=4", "spes.ownership=\"partitioned\"", "spes.sync_steps=2",
                                          "spes.run_id=\"dp-test\"", "spes.round_timeout_s=60", "train.steps=4",
                                          "train.micro_batch=2", "train.global_batch=4",
                                          "spes.state_dir=\"" + (dir / "coordinator").string() + "\""};
-  const Config base = test::small_config(dir / "c", spes);
-  net::CoordinatorParams p = coordinator_params(base);
-  p.secret = "";
-  net::CoordinatorOptions o;
-  o.port = 0;
-  o.log = false;
-  o.fresh = true;  // a new run
-  net::Coordinator coordinator(std::move(p), o);
-  std::thread server([&] { coordinator.run(); });
-  const std::string address = "spes.coordinator=\"127.0.0.1:" + std::to_string(coordinator.port()) + "\"";
-
+  test::InProcessSpes run(test::small_config(dir / "c", spes));
   std::vector<std::unique_ptr<Trainer>> nodes;
   std::vector<TrainBackend*> ranks;
-  std::vector<std::ostringstream> csv(4);
   for (int n = 0; n < 4; ++n) {
     auto extra = spes;
     extra.push_back("spes.node_id=" + std::to_string(n));
-    extra.push_back(address);
+    extra.push_back(run.address_set());
     const Config c = test::small_config(dir / ("n" + std::to_string(n)), extra);
     nodes.push_back(n == 0 ? std::make_unique<Trainer>(c, cpu_ranks(c, 2, ranks)) : std::make_unique<Trainer>(c));
-    nodes.back()->set_sync_hook(make_net_sync_hook(c, nodes.back()->layout(), nodes.back()->ownership(),
-                                                   nodes.back()->theta().data()));
   }
-  std::vector<std::thread> ts;
-  for (int n = 0; n < 4; ++n) ts.emplace_back([&, n] { nodes[size_t(n)]->run(csv[size_t(n)], false); });
-  for (auto& t : ts) t.join();
-  coordinator.stop();
-  server.join();
+  const std::vector<std::string> csv = run.run(nodes);
 
-  // Every node logged the same hash after each of the 2 rounds, equal to the coordinator's last.
-  auto hashes = [](const std::string& text) {
-    std::vector<std::string> out;
-    std::istringstream is(text);
-    std::string line;
-    std::getline(is, line);
-    while (std::getline(is, line))
-      if (line.back() != ',') out.push_back(line.substr(line.rfind(',') + 1));
-    return out;
-  };
-  const auto h0 = hashes(csv[0].str());
+  // Every node logged the same hash after each of the 2 rounds.
+  const auto h0 = test::InProcessSpes::round_hashes(csv[0]);
   CHECK(h0.size() == 2);
-  for (int n = 1; n < 4; ++n) CHECK(hashes(csv[size_t(n)].str()) == h0);
+  for (int n = 1; n < 4; ++n) CHECK(test::InProcessSpes::round_hashes(csv[size_t(n)]) == h0);
   // After the last round both ranks of node 0 hold the merged θ.
   ranks[0]->pull_theta();
   const auto t0 = ranks[0]->host_theta(), t1 = ranks[1]->host_theta();

@@ -51,56 +51,13 @@
 #include "model/gpu/gpu_model.cuh"
 #include "model/layout.hpp"
 #include "tests/gpu_test.hpp"
+#include "tests/gpu_train_util.hpp"
 #include "tests/test_util.hpp"
 
 using namespace spes;
+using test::csv_rows, test::gpu_config, test::loss_columns, test::mean_loss_of_last, test::ownership_of;
 
 namespace {
-
-// The GPU test model on write_token_data tokens in dir (80k tokens, 10% held out).
-Config gpu_config(const std::filesystem::path& dir, const std::vector<std::string>& sets = {}) {
-  const std::string manifest = test::write_token_data(dir, 80000, 256);
-  std::string text = R"([model]
-vocab_size = 256
-d_model = 128
-n_layers = 2
-n_heads = 2
-n_kv_heads = 1
-n_experts = 4
-top_k = 2
-expert_hidden = 128
-seq_len = 64
-qk_norm = true
-init_std = 0.05
-[train]
-device = "cuda"
-gpus = [0]        # one GPU: the tests compare one GpuBackend with the CPU
-seed = 5
-steps = 300
-micro_batch = 4
-global_batch = 8
-threads = 0
-decayed_aux_loss = true
-[optim]
-lr = 3e-3
-warmup_steps = 20
-decay_steps = 300
-grad_clip = 1.0
-[spes]
-n_nodes = 2
-node_id = 1
-ownership = "partitioned"
-[data]
-val_fraction = 0.1
-)";
-  text += "train = \"" + manifest + "\"\n[checkpoint]\ndir = \"" + (dir / "ckpt").string() + "\"\n";
-  return parse_config_text(text, "gpu-step.toml", sets);
-}
-
-Ownership ownership_of(const Config& c, const ParamLayout& layout) {
-  return make_ownership(c.model, layout, int(c.spes.node_id), int(c.spes.n_nodes), c.spes.ownership,
-                        c.spes.experts_per_node);
-}
 
 // Round to nearest even at bf16 precision (what float_to_bf16 does on the device).
 float bf16_round(float x) {
@@ -342,42 +299,6 @@ void compare_one_step(const Config& cfg, const StepTolerances& tol) {
 }
 
 // CSV rows after the header, split on commas.
-std::vector<std::vector<std::string>> csv_rows(const std::string& csv) {
-  std::vector<std::vector<std::string>> rows;
-  std::istringstream is(csv);
-  std::string line;
-  std::getline(is, line);
-  while (std::getline(is, line)) {
-    std::vector<std::string> cells;
-    std::istringstream ls(line);
-    std::string cell;
-    while (std::getline(ls, cell, ',')) cells.push_back(cell);
-    rows.push_back(cells);
-  }
-  return rows;
-}
-
-// step:loss,ce,lb,router_z,lm_z,lr,grad_norm of every row (the columns that must
-// agree between runs; step time and throughput do not).
-std::vector<std::string> loss_columns(const std::string& csv) {
-  std::vector<std::string> out;
-  for (const auto& r : csv_rows(csv)) {
-    REQUIRE(r.size() > 8);
-    std::string s = r[0] + ":";
-    for (int c = 2; c <= 8; ++c) s += r[c] + (c < 8 ? "," : "");
-    out.push_back(s);
-  }
-  return out;
-}
-
-double mean_loss_of_last(const std::string& csv, int n) {
-  const auto rows = csv_rows(csv);
-  REQUIRE(int(rows.size()) >= n);
-  double s = 0;
-  for (int i = int(rows.size()) - n; i < int(rows.size()); ++i) s += std::stod(rows[i][2]);
-  return s / n;
-}
-
 }  // namespace
 
 GPU_TEST_CASE("gpu step: one step equals the CPU's, every token routed to every expert") {

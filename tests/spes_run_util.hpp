@@ -1,0 +1,76 @@
+// A whole SPES run inside the test process: a coordinator on a free loopback port,
+// then one Trainer per node, each on its own thread with the network sync hook, and
+// each round's state hash read back from the nodes' CSV. Used where a node with an
+// unusual backend (data-parallel ranks, a GPU) must agree with ordinary CPU nodes.
+#pragma once
+#include <doctest/doctest.h>
+
+#include <functional>
+#include <memory>
+#include <sstream>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "engine/config.hpp"
+#include "engine/net_sync.hpp"
+#include "engine/trainer.hpp"
+#include "net/coordinator.hpp"
+
+namespace spes::test {
+
+class InProcessSpes {
+ public:
+  // base: the run's config (n_nodes, run_id, state_dir, …); the coordinator starts a
+  // fresh run on a free port.
+  explicit InProcessSpes(const Config& base) {
+    net::CoordinatorParams p = coordinator_params(base);
+    p.secret = "";
+    net::CoordinatorOptions o;
+    o.port = 0;
+    o.log = false;
+    o.fresh = true;
+    coordinator_ = std::make_unique<net::Coordinator>(std::move(p), o);
+    server_ = std::thread([this] { coordinator_->run(); });
+  }
+  ~InProcessSpes() {
+    coordinator_->stop();
+    server_.join();
+  }
+  InProcessSpes(const InProcessSpes&) = delete;
+  InProcessSpes& operator=(const InProcessSpes&) = delete;
+
+  // The --set that points a node's config at this coordinator.
+  std::string address_set() const {
+    return "spes.coordinator=\"127.0.0.1:" + std::to_string(coordinator_->port()) + "\"";
+  }
+
+  // Runs every node to its last step, each on its own thread; returns their CSVs.
+  std::vector<std::string> run(std::vector<std::unique_ptr<Trainer>>& nodes) {
+    for (auto& n : nodes) n->set_sync_hook(make_net_sync_hook(n->config(), n->layout(), n->ownership(), n->theta().data()));
+    std::vector<std::ostringstream> csv(nodes.size());
+    std::vector<std::thread> ts;
+    for (size_t i = 0; i < nodes.size(); ++i) ts.emplace_back([&, i] { nodes[i]->run(csv[i], false); });
+    for (auto& t : ts) t.join();
+    std::vector<std::string> out;
+    for (auto& c : csv) out.push_back(c.str());
+    return out;
+  }
+
+  // The state hash of every row that ended a sync round (the CSV's last column).
+  static std::vector<std::string> round_hashes(const std::string& csv) {
+    std::vector<std::string> out;
+    std::istringstream is(csv);
+    std::string line;
+    std::getline(is, line);  // header
+    while (std::getline(is, line))
+      if (!line.empty() && line.back() != ',') out.push_back(line.substr(line.rfind(',') + 1));
+    return out;
+  }
+
+ private:
+  std::unique_ptr<net::Coordinator> coordinator_;
+  std::thread server_;
+};
+
+}  // namespace spes::test
