@@ -17,8 +17,7 @@ namespace spes::test {
 
 // The GPU test model on write_token_data tokens in dir (80k tokens, 10% held out).
 inline Config gpu_config(const std::filesystem::path& dir, const std::vector<std::string>& sets = {}) {
-  const std::string manifest = test::write_token_data(dir, 80000, 256);
-  std::string text = R"([model]
+  return config_on_tokens(dir, R"([model]
 vocab_size = 256
 d_model = 128
 n_layers = 2
@@ -50,9 +49,8 @@ node_id = 1
 ownership = "partitioned"
 [data]
 val_fraction = 0.1
-)";
-  text += "train = \"" + manifest + "\"\n[checkpoint]\ndir = \"" + (dir / "ckpt").string() + "\"\n";
-  return parse_config_text(text, "gpu-step.toml", sets);
+)",
+                          80000, 256, "gpu-step.toml", sets);
 }
 
 inline Ownership ownership_of(const Config& c, const ParamLayout& layout) {

@@ -40,9 +40,11 @@ class InProcessSpes {
   InProcessSpes(const InProcessSpes&) = delete;
   InProcessSpes& operator=(const InProcessSpes&) = delete;
 
-  // The --set that points a node's config at this coordinator.
-  std::string address_set() const {
-    return "spes.coordinator=\"127.0.0.1:" + std::to_string(coordinator_->port()) + "\"";
+  // The run's --sets for node `id`: its id and this coordinator's address added.
+  std::vector<std::string> node_sets(std::vector<std::string> sets, int id) const {
+    sets.push_back("spes.node_id=" + std::to_string(id));
+    sets.push_back("spes.coordinator=\"127.0.0.1:" + std::to_string(coordinator_->port()) + "\"");
+    return sets;
   }
 
   // Runs every node to its last step, each on its own thread; returns their CSVs.

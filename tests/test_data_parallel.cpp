@@ -124,10 +124,7 @@ TEST_CASE("data parallel: a 2-rank node in a 4-node SPES run agrees on every rou
   std::vector<std::unique_ptr<Trainer>> nodes;
   std::vector<TrainBackend*> ranks;
   for (int n = 0; n < 4; ++n) {
-    auto extra = spes;
-    extra.push_back("spes.node_id=" + std::to_string(n));
-    extra.push_back(run.address_set());
-    const Config c = test::small_config(dir / ("n" + std::to_string(n)), extra);
+    const Config c = test::small_config(dir / ("n" + std::to_string(n)), run.node_sets(spes, n));
     nodes.push_back(n == 0 ? std::make_unique<Trainer>(c, cpu_ranks(c, 2, ranks)) : std::make_unique<Trainer>(c));
   }
   const std::vector<std::string> csv = run.run(nodes);

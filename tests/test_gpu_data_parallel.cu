@@ -60,11 +60,9 @@ GPU_TEST_CASE("nccl data parallel, 1 rank: a GPU node in a 4-node SPES run agree
   test::InProcessSpes run(test::gpu_config(dir / "base", spes));
   std::vector<std::unique_ptr<Trainer>> nodes;
   for (int n = 0; n < 4; ++n) {
-    auto extra = spes;
-    extra.push_back("spes.node_id=" + std::to_string(n));
-    extra.push_back(run.address_set());
-    if (n > 0) extra.push_back("train.device=\"cpu\"");
-    const Config c = test::gpu_config(dir / ("n" + std::to_string(n)), extra);
+    std::vector<std::string> sets = run.node_sets(spes, n);
+    if (n > 0) sets.push_back("train.device=\"cpu\"");
+    const Config c = test::gpu_config(dir / ("n" + std::to_string(n)), sets);
     nodes.push_back(n == 0 ? std::make_unique<Trainer>(c, nccl_one_rank(c)) : std::make_unique<Trainer>(c));
   }
   const std::vector<std::string> csv = run.run(nodes);

@@ -57,12 +57,18 @@ inline std::string write_token_data(const std::filesystem::path& dir, int64_t n,
   return manifest.string();
 }
 
+// A config from `toml` (ending in its [data] table, without `train`) on n tokens of
+// write_token_data() in dir, checkpoints in dir/ckpt; `sets` override.
+inline Config config_on_tokens(const std::filesystem::path& dir, std::string toml, int64_t n, int vocab,
+                               const std::string& name, const std::vector<std::string>& sets) {
+  toml += "train = \"" + write_token_data(dir, n, vocab) + "\"\n[checkpoint]\ndir = \"" + (dir / "ckpt").string() + "\"\n";
+  return parse_config_text(toml, name, sets);
+}
+
 // A config small enough for a training step in milliseconds (GQA, 4 experts top-2),
-// on the CPU (the oracle; GPU tests build their own),
-// on write_token_data() tokens in dir, checkpoints in dir/ckpt; `sets` override.
+// on the CPU (the oracle; GPU tests build their own, tests/gpu_train_util.hpp).
 inline Config small_config(const std::filesystem::path& dir, const std::vector<std::string>& sets = {}) {
-  const std::string manifest = write_token_data(dir, 20000, 64);
-  std::string text = R"([model]
+  return config_on_tokens(dir, R"([model]
 vocab_size = 64
 d_model = 32
 n_layers = 2
@@ -83,9 +89,8 @@ lr = 1e-2
 warmup_steps = 2
 decay_steps = 6
 [data]
-)";
-  text += "train = \"" + manifest + "\"\n[checkpoint]\ndir = \"" + (dir / "ckpt").string() + "\"\n";
-  return parse_config_text(text, "small.toml", sets);
+)",
+                          20000, 64, "small.toml", sets);
 }
 
 }  // namespace spes::test
