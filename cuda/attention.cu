@@ -60,61 +60,13 @@
 
 #include "cuda/check.cuh"
 #include "cuda/common.cuh"
+#include "cuda/ptx.cuh"
 
 namespace spes::cuda {
 namespace {
 
 constexpr float kLog2e = 1.4426950408889634f;
 constexpr float kLn2 = 0.6931471805599453f;
-
-// ---- PTX wrappers -------------------------------------------------------------
-
-__device__ __forceinline__ uint32_t smem_addr(const void* p) {
-  return static_cast<uint32_t>(__cvta_generic_to_shared(p));
-}
-
-// 16-byte global→shared copy that bypasses L1; writes zeros when !pred (src-size 0:
-// nothing is read, but src must still be a valid address, so callers pass row 0).
-__device__ __forceinline__ void cp_async_16(uint32_t dst, const void* src, bool pred) {
-  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(src),
-               "r"(pred ? 16 : 0));
-}
-__device__ __forceinline__ void cp_async_4(uint32_t dst, const void* src, bool pred) {
-  asm volatile("cp.async.ca.shared.global [%0], [%1], 4, %2;\n" ::"r"(dst), "l"(src),
-               "r"(pred ? 4 : 0));
-}
-__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::: "memory"); }
-// Waits until at most N of this thread's committed groups are still in flight.
-template <int N>
-__device__ __forceinline__ void cp_async_wait() {
-  asm volatile("cp.async.wait_group %0;\n" ::"n"(N) : "memory");
-}
-
-__device__ __forceinline__ void ldmatrix_x4(uint32_t (&r)[4], uint32_t addr) {
-  asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];\n"
-               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
-               : "r"(addr));
-}
-__device__ __forceinline__ void ldmatrix_x4_trans(uint32_t (&r)[4], uint32_t addr) {
-  asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0, %1, %2, %3}, [%4];\n"
-               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
-               : "r"(addr));
-}
-
-// c += a·b on one m16n8k16 tile.
-__device__ __forceinline__ void mma_bf16(float (&c)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
-  asm volatile(
-      "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, "
-      "{%8, %9}, {%0, %1, %2, %3};\n"
-      : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
-      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
-}
-
-__device__ __forceinline__ float ex2(float x) {  // 2^x; ex2(-inf) = 0
-  float y;
-  asm("ex2.approx.ftz.f32 %0, %1;\n" : "=f"(y) : "f"(x));
-  return y;
-}
 
 // Two floats → packed bf16x2, `lo` in the low half (the lower column of a fragment pair).
 __device__ __forceinline__ uint32_t pack_bf16(float lo, float hi) {
@@ -263,7 +215,7 @@ __global__ void __launch_bounds__(FwdConfig<D, BM, BN>::kThreads)
   using Cfg = FwdConfig<D, BM, BN>;
   constexpr int S = Cfg::kStride, NT = BN / 8, DT = D / 8, KD = D / 16, KN = BN / 16;
   static_assert(BM % 16 == 0 && BN % 16 == 0 && D % 16 == 0, "tiles are whole mma tiles");
-  extern __shared__ __align__(16) unsigned char smem[];
+  unsigned char* smem = dynamic_smem;
   bf16* sQ = reinterpret_cast<bf16*>(smem);
   bf16* sK = sQ + BM * S;
   bf16* sV = sK + 2 * BN * S;
@@ -422,7 +374,7 @@ __global__ void __launch_bounds__(BwdKvConfig<D, BM, BN>::kThreads)
   using Cfg = BwdKvConfig<D, BM, BN>;
   constexpr int S = Cfg::kStride, NT = BM / 8, DT = D / 8, KD = D / 16, KM = BM / 16;
   static_assert(BM % 16 == 0 && BN % 16 == 0 && D % 16 == 0, "tiles are whole mma tiles");
-  extern __shared__ __align__(16) unsigned char smem[];
+  unsigned char* smem = dynamic_smem;
   bf16* sK = reinterpret_cast<bf16*>(smem);
   bf16* sV = sK + BN * S;
   bf16* sQ = sV + BN * S;       // [2][BM][S]
@@ -555,7 +507,7 @@ __global__ void __launch_bounds__(BwdQConfig<D, BM, BN>::kThreads)
   using Cfg = BwdQConfig<D, BM, BN>;
   constexpr int S = Cfg::kStride, NT = BN / 8, DT = D / 8, KD = D / 16, KN = BN / 16;
   static_assert(BM % 16 == 0 && BN % 16 == 0 && D % 16 == 0, "tiles are whole mma tiles");
-  extern __shared__ __align__(16) unsigned char smem[];
+  unsigned char* smem = dynamic_smem;
   bf16* sQ = reinterpret_cast<bf16*>(smem);
   bf16* sdO = sQ + BM * S;
   bf16* sK = sdO + BM * S;     // [2][BN][S]
@@ -718,7 +670,7 @@ void forward_impl(bf16* out, float* lse, const bf16* q, const bf16* k, const bf1
   allow_smem("attention_forward", kernel, Cfg::kSmem);
   const float scale_log2 = kLog2e / sqrtf(static_cast<float>(D));
   const dim3 grid((T + BM - 1) / BM, H, B);
-  kernel<<<grid, Cfg::kThreads, Cfg::kSmem, stream>>>(out, lse, q, k, v, T, H, H / Hkv, scale_log2);
+  launch(kernel, grid, Cfg::kThreads, Cfg::kSmem, stream, out, lse, q, k, v, T, H, H / Hkv, scale_log2);
   cuda_check_launch();
 }
 
@@ -733,8 +685,8 @@ void backward_impl(bf16* dq, bf16* dk, bf16* dv, const bf16* dout, const bf16* q
   const int64_t n_rows = int64_t(B) * T * H;
   constexpr int kDsumThreads = 256;
   const int64_t dsum_blocks = (n_rows * 32 + kDsumThreads - 1) / kDsumThreads;
-  attention_backward_dsum_kernel<<<static_cast<unsigned>(dsum_blocks), kDsumThreads, 0, stream>>>(
-      dsum, dout, out, n_rows, T, H, D);
+  launch(attention_backward_dsum_kernel, static_cast<unsigned>(dsum_blocks), kDsumThreads, 0, stream, dsum, dout, out,
+         n_rows, T, H, D);
   cuda_check_launch();
 
   {
@@ -743,8 +695,8 @@ void backward_impl(bf16* dq, bf16* dk, bf16* dv, const bf16* dout, const bf16* q
     auto kernel = attention_backward_dkv_kernel<D, BM, BN>;
     allow_smem("attention_backward", kernel, Cfg::kSmem);
     const dim3 grid((T + BN - 1) / BN, Hkv, B);
-    kernel<<<grid, Cfg::kThreads, Cfg::kSmem, stream>>>(dk, dv, q, k, v, dout, lse, dsum, T, H, group, scale,
-                                                        scale_log2);
+    launch(kernel, grid, Cfg::kThreads, Cfg::kSmem, stream, dk, dv, q, k, v, dout, lse, dsum, T, H, group, scale,
+           scale_log2);
     cuda_check_launch();
   }
   {
@@ -753,8 +705,8 @@ void backward_impl(bf16* dq, bf16* dk, bf16* dv, const bf16* dout, const bf16* q
     auto kernel = attention_backward_dq_kernel<D, BM, BN>;
     allow_smem("attention_backward", kernel, Cfg::kSmem);
     const dim3 grid((T + BM - 1) / BM, H, B);
-    kernel<<<grid, Cfg::kThreads, Cfg::kSmem, stream>>>(dq, q, k, v, dout, lse, dsum, T, H, group, scale,
-                                                        scale_log2);
+    launch(kernel, grid, Cfg::kThreads, Cfg::kSmem, stream, dq, q, k, v, dout, lse, dsum, T, H, group, scale,
+           scale_log2);
     cuda_check_launch();
   }
 }

@@ -3,6 +3,7 @@
 #pragma once
 #include <doctest/doctest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <random>
@@ -54,6 +55,17 @@ inline double rel_error(const float* out, const float* ref, int64_t n) {
     double err_ = ::spes::test::rel_error((out), (ref), (n));                               \
     MESSAGE(name << ": rel err " << err_ << " (tol " << (tol) << ")");                      \
     CHECK_MESSAGE(err_ <= (tol), name << ": rel err " << err_ << " > tol " << (tol));         \
+  } while (0)
+
+// Every value finite and at most `bound` in magnitude (outputs that must be zero up
+// to rounding, where a relative error has no scale).
+#define CHECK_MAX_ABS(name, out, n, bound)                                                  \
+  do {                                                                                      \
+    double max_ = 0;                                                                        \
+    for (int64_t i_ = 0; i_ < (n); ++i_)                                                    \
+      max_ = std::isfinite((out)[i_]) ? std::max(max_, std::fabs(double((out)[i_]))) : INFINITY; \
+    MESSAGE(name << ": max |value| " << max_ << " (bound " << (bound) << ")");             \
+    CHECK_MESSAGE(max_ <= (bound), name << ": max |value| " << max_ << " > " << (bound));   \
   } while (0)
 
 // `call` throws spes::Error whose message contains `text` (launcher argument checks).

@@ -62,8 +62,16 @@ void check_attention(const Shape& s) {
                     n_dv = "dv " + tag;
   CHECK_REL(n_out, out_g.data(), out_ref.data(), nq, 2e-2);
   CHECK_REL(n_lse, lse_g.data(), lse_ref.data(), nl, 1e-3);
-  CHECK_REL(n_dq, dq_g.data(), dq_ref.data(), nq, 2e-2);
-  CHECK_REL(n_dk, dk_g.data(), dk_ref.data(), nkv, 2e-2);
+  if (T > 1) {
+    CHECK_REL(n_dq, dq_g.data(), dq_ref.data(), nq, 2e-2);
+    CHECK_REL(n_dk, dk_g.data(), dk_ref.data(), nkv, 2e-2);
+  } else {
+    // One key: its probability is 1 whatever the scores, so dq and dk are zero and
+    // both sides hold only rounding (dO·v − dO·O with O in bf16): a relative error
+    // against that noise means nothing. Bound it absolutely instead.
+    CHECK_MAX_ABS(n_dq, dq_g.data(), nq, 5e-2);
+    CHECK_MAX_ABS(n_dk, dk_g.data(), nkv, 5e-2);
+  }
   CHECK_REL(n_dv, dv_g.data(), dv_ref.data(), nkv, 2e-2);
 
   // Determinism: same inputs, freshly poisoned outputs → the same bits.

@@ -1,0 +1,596 @@
+// The emulator's runtime (see emu.hpp): fibers and the per-CTA scheduler, barriers
+// and warp collectives, cp.async, launch, and the few CUDA runtime calls the
+// attention launchers make. This executable does not link libcudart: a call to any
+// other runtime function fails to link, so the emulated surface is exactly the one
+// the kernels use.
+#include "tests/emu/emu.hpp"
+
+#include <algorithm>
+#include <atomic>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <map>
+#include <memory>
+#include <thread>
+#include <vector>
+
+#include "cuda/check.cuh"
+#include "tests/emu/builtins.hpp"
+
+thread_local uint3 threadIdx;
+thread_local uint3 blockIdx;
+thread_local dim3 blockDim;
+thread_local dim3 gridDim;
+
+namespace emu {
+
+thread_local unsigned char* dynamic_smem = nullptr;
+
+void fail(const std::string& what) {
+  std::fprintf(stderr, "EMU: %s\n", what.c_str());
+  std::fflush(stderr);
+  std::abort();
+}
+
+namespace {
+
+constexpr unsigned kWarpSize = 32;
+constexpr size_t kDefaultSmemLimit = 48 * 1024;  // without cudaFuncSetAttribute
+constexpr int kSmemOptinLimit = 227 * 1024;       // sm_90's cudaDevAttrMaxSharedMemoryPerBlockOptin
+constexpr unsigned kMaxThreadsPerBlock = 1024;
+constexpr unsigned kMaxWorkers = 8;
+// Canary bytes past each allocation, wide enough that an overrun lands in them, not
+// in the heap: a store_rows without its T guard writes up to 15 rows of H·D bf16
+// past a tensor (30 KB at H = 8, D = 128).
+constexpr size_t kSmemCanaryBytes = 1024;
+constexpr size_t kGlobalCanaryBytes = 64 * 1024;
+constexpr unsigned char kCanary = 0xA5;
+constexpr unsigned char kPoison = 0xFF;  // NaN as fp32 and as bf16
+// A fiber's deepest stack measured 4 KB (-O3) and 5 KB (-O0); the rest is margin,
+// checked by a canary word at the stack's low end.
+constexpr size_t kFiberStackWords = 8 * 1024;  // 64 KB
+constexpr uint64_t kStackCanary = 0x5a5a5a5a5a5a5a5aull;
+
+Landing g_landing = Landing::at_wait;
+// cudaFuncSetAttribute(kernel, MaxDynamicSharedMemorySize, bytes), per kernel.
+std::map<const void*, int> g_smem_optin;
+
+struct Range {
+  uintptr_t begin;
+  size_t bytes;
+};
+// Changed only between launches (GlobalBuffer), read by the workers during one.
+std::vector<Range> g_global_buffers;
+
+bool in_global_buffer(const void* p, size_t bytes) {
+  const auto a = reinterpret_cast<uintptr_t>(p);
+  return std::any_of(g_global_buffers.begin(), g_global_buffers.end(),
+                     [&](const Range& r) { return a >= r.begin && a + bytes <= r.begin + r.bytes; });
+}
+
+std::string str(const dim3& d) {
+  char s[48];
+  std::snprintf(s, sizeof s, "(%u,%u,%u)", d.x, d.y, d.z);
+  return s;
+}
+
+// ---- fiber switch ----------------------------------------------------------------
+// swapcontext saves and restores the signal mask, a system call per switch, which
+// was 90 % of the emulator's time. This switch keeps only what the SysV x86-64 ABI
+// has a callee preserve: rbx, rbp, r12-r15, the MXCSR and the x87 control word. It
+// pushes them on the current stack, stores the stack pointer in *from, loads `to`
+// and pops the other side's. (No shadow-stack support: Linux leaves it off unless a
+// program asks for it.)
+#if !defined(__x86_64__)
+#error "the emulator's fiber switch is x86-64 assembly"
+#endif
+extern "C" void emu_switch_fiber(void** from, void* to);
+asm(R"(
+  .text
+  .globl emu_switch_fiber
+  .type emu_switch_fiber, @function
+emu_switch_fiber:
+  pushq %rbp
+  pushq %rbx
+  pushq %r12
+  pushq %r13
+  pushq %r14
+  pushq %r15
+  subq $8, %rsp
+  stmxcsr (%rsp)
+  fnstcw 4(%rsp)
+  movq %rsp, (%rdi)
+  movq %rsi, %rsp
+  ldmxcsr (%rsp)
+  fldcw 4(%rsp)
+  addq $8, %rsp
+  popq %r15
+  popq %r14
+  popq %r13
+  popq %r12
+  popq %rbx
+  popq %rbp
+  ret
+  .size emu_switch_fiber, .-emu_switch_fiber
+)");
+
+// ---- CTA state -----------------------------------------------------------------
+
+struct Copy {
+  uint32_t dst;
+  const void* src;
+  int size, src_size;
+  uint64_t group;
+};
+
+struct Fiber {  // one CUDA thread
+  void* stack_pointer = nullptr;  // while switched out
+  bool exited = false;
+  const char* waiting_at = "";  // for the deadlock report
+  std::vector<Copy> in_flight;  // cp.async issued and not landed, in issue order
+  uint64_t committed_groups = 0;  // also the number of the open group
+};
+
+enum class Collective : uint8_t { syncwarp, ldmatrix, ldmatrix_trans, mma, shfl };
+
+const char* name(Collective c) {
+  switch (c) {
+    case Collective::syncwarp: return "__syncwarp";
+    case Collective::ldmatrix: return "ldmatrix";
+    case Collective::ldmatrix_trans: return "ldmatrix.trans";
+    case Collective::mma: return "mma";
+    case Collective::shfl: return "shfl";
+  }
+  return "?";
+}
+
+// A warp-wide operation: every lane deposits its operands in `in` and arrives; the
+// last to arrive computes all 32 lanes' results into `out`. One barrier suffices:
+// no lane can deposit the next operation's operands before every lane has arrived
+// there, i.e. has read its result of this one.
+struct Warp {
+  unsigned arrived = 0;
+  uint64_t generation = 0;
+  Collective kind[kWarpSize];
+  uint32_t in[kWarpSize][10];
+  uint32_t out[kWarpSize][4];
+};
+
+struct Cta {
+  size_t smem_bytes = 0;
+  std::vector<Fiber> fibers;
+  std::vector<Warp> warps;
+  unsigned current = 0;  // the running fiber
+  unsigned barrier_arrived = 0;
+  uint64_t barrier_generation = 0;
+  uint64_t progress = 0;  // barriers completed + threads exited: the deadlock check
+  void* scheduler_stack_pointer = nullptr;
+  const std::function<void()>* body = nullptr;
+};
+
+thread_local Cta* t_cta = nullptr;
+
+Fiber& this_fiber() { return t_cta->fibers[t_cta->current]; }
+
+void yield(const char* waiting_at) {
+  Fiber& f = this_fiber();
+  f.waiting_at = waiting_at;
+  emu_switch_fiber(&f.stack_pointer, t_cta->scheduler_stack_pointer);
+}
+
+[[noreturn]] void fiber_main() {
+  (*t_cta->body)();
+  this_fiber().exited = true;
+  ++t_cta->progress;
+  yield("exit");
+  fail("a fiber resumed after its thread exited");
+}
+
+// A fresh fiber's stack, laid out as if fiber_main's first instruction had called
+// emu_switch_fiber: the saved registers (zero), the current MXCSR and x87 control
+// word, fiber_main as the return address, and above it the fake return address of
+// fiber_main itself, which puts the stack pointer at fiber_main's entry where the ABI
+// wants it (8 below a 16-byte boundary). Returns the stack pointer to switch to.
+void* prepare_stack(uint64_t* stack, size_t words) {
+  uint32_t mxcsr;
+  uint16_t x87_control;
+  asm volatile("stmxcsr %0" : "=m"(mxcsr));
+  asm volatile("fnstcw %0" : "=m"(x87_control));
+  uint64_t* top = stack + words;  // 16-byte aligned
+  top[-1] = 0;
+  top[-2] = reinterpret_cast<uint64_t>(&fiber_main);
+  std::fill(top - 8, top - 2, 0);  // rbp, rbx, r12-r15
+  top[-9] = mxcsr | uint64_t(x87_control) << 32;
+  return top - 9;
+}
+
+unsigned char* shared_bytes(uint32_t addr, size_t bytes, const char* what) {
+  if (size_t(addr) + bytes > t_cta->smem_bytes)
+    fail(std::string(what) + ": shared bytes [" + std::to_string(addr) + ", " + std::to_string(addr + bytes) +
+         ") outside the " + std::to_string(t_cta->smem_bytes) + "-byte dynamic allocation");
+  return dynamic_smem + addr;
+}
+
+void require_aligned(uint64_t address, unsigned alignment, const char* what) {
+  if (address % alignment != 0)
+    fail(std::string(what) + ": address " + std::to_string(address) + " not " + std::to_string(alignment) +
+         "-byte aligned");
+}
+
+// ---- warp collectives ------------------------------------------------------------
+
+template <class Compute>
+void arrive_and_wait(Warp& w, unsigned lane, Collective kind, Compute&& compute) {
+  w.kind[lane] = kind;
+  const uint64_t generation = w.generation;
+  if (++w.arrived < kWarpSize) {
+    while (w.generation == generation) yield(name(kind));
+    return;
+  }
+  for (unsigned l = 0; l < kWarpSize; ++l)
+    if (w.kind[l] != kind)
+      fail("warp " + std::to_string(t_cta->current / kWarpSize) + " diverged: lane " + std::to_string(l) +
+           " at " + name(w.kind[l]) + ", lane " + std::to_string(lane) + " at " + name(kind));
+  compute(w);
+  w.arrived = 0;
+  ++w.generation;
+  ++t_cta->progress;
+}
+
+struct Lane {
+  Warp& warp;
+  unsigned lane;
+};
+Lane this_lane() { return {t_cta->warps[t_cta->current / kWarpSize], t_cta->current % kWarpSize}; }
+
+// ldmatrix.sync.aligned.m8n8.x4[.trans].shared.b16 (PTX ISA): lanes 8i..8i+7 give
+// the addresses of the 8 rows (16 bytes each) of matrix i; register i of lane l
+// receives two elements of matrix i, g = l/4, t = l%4:
+//   plain:  (row g, col 2t) low half, (row g, col 2t+1) high half;
+//   .trans: (row 2t, col g) low half, (row 2t+1, col g) high half.
+void load_matrices(Warp& w, bool trans) {
+  const unsigned char* rows[kWarpSize];
+  for (unsigned l = 0; l < kWarpSize; ++l) {
+    require_aligned(w.in[l][0], 16, "ldmatrix row");
+    rows[l] = shared_bytes(w.in[l][0], 16, "ldmatrix");
+  }
+  for (unsigned l = 0; l < kWarpSize; ++l) {
+    const unsigned g = l / 4, t = l % 4;
+    for (unsigned i = 0; i < 4; ++i) {
+      uint16_t lo, hi;
+      if (!trans) {
+        std::memcpy(&lo, rows[8 * i + g] + 4 * t, 2);
+        std::memcpy(&hi, rows[8 * i + g] + 4 * t + 2, 2);
+      } else {
+        std::memcpy(&lo, rows[8 * i + 2 * t] + 2 * g, 2);
+        std::memcpy(&hi, rows[8 * i + 2 * t + 1] + 2 * g, 2);
+      }
+      w.out[l][i] = uint32_t(lo) | uint32_t(hi) << 16;
+    }
+  }
+}
+
+float as_float(uint32_t bits) {
+  float f;
+  std::memcpy(&f, &bits, 4);
+  return f;
+}
+// bf16 is the high half of an fp32.
+float low_bf16(uint32_t pair) { return as_float(pair << 16); }
+float high_bf16(uint32_t pair) { return as_float(pair & 0xffff0000u); }
+uint32_t as_bits(float f) {
+  uint32_t bits;
+  std::memcpy(&bits, &f, 4);
+  return bits;
+}
+
+// mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 (PTX ISA fragment tables;
+// g = lane/4, t = lane%4; a bf16 pair holds the lower column (A) or row (B) in its
+// low half):
+//   A 16×16: reg0 = A[g][2t..2t+1], reg1 = A[g+8][2t..2t+1], reg2 = A[g][2t+8..2t+9],
+//            reg3 = A[g+8][2t+8..2t+9]
+//   B 16×8:  reg0 = B[2t..2t+1][g], reg1 = B[2t+8..2t+9][g]
+//   C, D 16×8 fp32: c0, c1 = C[g][2t..2t+1], c2, c3 = C[g+8][2t..2t+1]
+// Products of bf16 are exact in fp32; the sum runs in fp32 in k order (the hardware's
+// order is unspecified). Operands: in[l] = a0..a3, b0, b1, c0..c3.
+void multiply_tiles(Warp& w) {
+  float A[16][16], B[16][8], C[16][8];
+  for (unsigned l = 0; l < kWarpSize; ++l) {
+    const unsigned g = l / 4, t = l % 4;
+    const uint32_t* in = w.in[l];
+    const unsigned a_rows[4] = {g, g + 8, g, g + 8}, a_cols[4] = {2 * t, 2 * t, 2 * t + 8, 2 * t + 8};
+    for (unsigned r = 0; r < 4; ++r) {
+      A[a_rows[r]][a_cols[r]] = low_bf16(in[r]);
+      A[a_rows[r]][a_cols[r] + 1] = high_bf16(in[r]);
+    }
+    for (unsigned r = 0; r < 2; ++r) {
+      B[2 * t + 8 * r][g] = low_bf16(in[4 + r]);
+      B[2 * t + 8 * r + 1][g] = high_bf16(in[4 + r]);
+    }
+    for (unsigned e = 0; e < 4; ++e) C[g + 8 * (e / 2)][2 * t + e % 2] = as_float(in[6 + e]);
+  }
+  for (unsigned m = 0; m < 16; ++m)
+    for (unsigned n = 0; n < 8; ++n) {
+      float sum = C[m][n];
+      for (unsigned k = 0; k < 16; ++k) sum += A[m][k] * B[k][n];
+      C[m][n] = sum;
+    }
+  for (unsigned l = 0; l < kWarpSize; ++l) {
+    const unsigned g = l / 4, t = l % 4;
+    for (unsigned e = 0; e < 4; ++e) w.out[l][e] = as_bits(C[g + 8 * (e / 2)][2 * t + e % 2]);
+  }
+}
+
+// shfl.sync.bfly.b32 (PTX ISA): lane l reads the value of lane l ^ (its lane mask).
+// Operands: in[l] = value low word, value high word, lane mask.
+void exchange_butterfly(Warp& w) {
+  for (unsigned l = 0; l < kWarpSize; ++l) {
+    if (w.in[l][2] >= kWarpSize) fail("shfl.bfly lane mask " + std::to_string(w.in[l][2]) + " ≥ 32");
+    const unsigned source = l ^ w.in[l][2];
+    w.out[l][0] = w.in[source][0];
+    w.out[l][1] = w.in[source][1];
+  }
+}
+
+// ---- cp.async ----------------------------------------------------------------------
+
+// PTX cp.async: src-size bytes are read, the rest of the cp-size destination bytes
+// are written as zeros.
+void land(const Copy& c) {
+  unsigned char* dst = dynamic_smem + c.dst;
+  std::memcpy(dst, c.src, size_t(c.src_size));
+  std::memset(dst + c.src_size, 0, size_t(c.size - c.src_size));
+}
+
+// ---- running a launch ---------------------------------------------------------------
+
+struct Launch {
+  dim3 grid, block;
+  size_t smem_bytes;
+  const std::function<void()>* body;
+};
+
+void check_launch(const void* kernel, const Launch& l) {
+  const uint64_t threads = uint64_t(l.block.x) * l.block.y * l.block.z;
+  if (l.block.y != 1 || l.block.z != 1 || l.block.x == 0 || l.block.x % kWarpSize != 0 ||
+      threads > kMaxThreadsPerBlock)
+    fail("launch: block " + str(l.block) + " (the emulator runs 1-D blocks of whole warps, ≤ 1024 threads)");
+  if (l.grid.x == 0 || l.grid.y == 0 || l.grid.z == 0 || l.grid.x > 0x7fffffffu || l.grid.y > 65535 ||
+      l.grid.z > 65535)
+    fail("launch: grid " + str(l.grid) + " outside CUDA's limits");
+  if (l.smem_bytes > kDefaultSmemLimit) {
+    const auto it = g_smem_optin.find(kernel);
+    if (it == g_smem_optin.end() || size_t(it->second) < l.smem_bytes)
+      fail("launch: " + std::to_string(l.smem_bytes) +
+           " bytes of dynamic shared memory without cudaFuncSetAttribute(MaxDynamicSharedMemorySize)");
+  }
+}
+
+// One OS thread's CTA machinery: fiber stacks and shared memory, reused from CTA to CTA.
+class Worker {
+ public:
+  explicit Worker(const Launch& l) : launch_(l), smem_(l.smem_bytes + kSmemCanaryBytes), stacks_(l.block.x) {
+    for (auto& s : stacks_) s = std::make_unique_for_overwrite<uint64_t[]>(kFiberStackWords);
+  }
+
+  void run(uint3 block_index) {
+    Cta cta;
+    start(cta, block_index);
+    schedule(cta);
+    check_canaries(cta);
+    t_cta = nullptr;
+  }
+
+ private:
+  void start(Cta& cta, uint3 block_index) {
+    std::fill(smem_.begin(), smem_.begin() + launch_.smem_bytes, kPoison);
+    std::fill(smem_.begin() + launch_.smem_bytes, smem_.end(), kCanary);
+    dynamic_smem = smem_.data();
+    blockIdx = block_index;
+    blockDim = launch_.block;
+    gridDim = launch_.grid;
+    cta.smem_bytes = launch_.smem_bytes;
+    cta.body = launch_.body;
+    cta.fibers.resize(launch_.block.x);
+    cta.warps.resize(launch_.block.x / kWarpSize);
+    t_cta = &cta;
+    for (unsigned i = 0; i < launch_.block.x; ++i) {
+      uint64_t* stack = stacks_[i].get();
+      stack[0] = kStackCanary;  // the low end: stacks grow down
+      cta.fibers[i].stack_pointer = prepare_stack(stack, kFiberStackWords);
+    }
+  }
+
+  // Round robin over the live fibers, each running until it waits at a barrier or
+  // exits. A round without progress means every live fiber waits for one that never
+  // comes.
+  void schedule(Cta& cta) {
+    for (;;) {
+      const uint64_t before = cta.progress;
+      bool live = false;
+      for (unsigned i = 0; i < cta.fibers.size(); ++i) {
+        if (cta.fibers[i].exited) continue;
+        live = true;
+        cta.current = i;
+        threadIdx = {i, 0, 0};
+        emu_switch_fiber(&cta.scheduler_stack_pointer, cta.fibers[i].stack_pointer);
+      }
+      if (!live) return;
+      if (cta.progress == before) fail(deadlock_report(cta));
+    }
+  }
+
+  std::string deadlock_report(const Cta& cta) const {
+    std::map<std::string, unsigned> count;
+    for (const Fiber& f : cta.fibers) ++count[f.exited ? "exited" : f.waiting_at];
+    std::string threads;
+    for (const auto& [where, n] : count) threads += (threads.empty() ? "" : ", ") + std::to_string(n) + " at " + where;
+    return "deadlock in CTA " + str(dim3(blockIdx.x, blockIdx.y, blockIdx.z)) + ": no thread can move (" + threads + ")";
+  }
+
+  void check_canaries(const Cta& cta) const {
+    if (std::any_of(smem_.begin() + cta.smem_bytes, smem_.end(), [](unsigned char c) { return c != kCanary; }))
+      fail("shared memory written past the " + std::to_string(cta.smem_bytes) + "-byte dynamic allocation");
+    for (const auto& s : stacks_)
+      if (s[0] != kStackCanary) fail("a fiber overflowed its stack");
+  }
+
+  Launch launch_;
+  std::vector<unsigned char> smem_;
+  std::vector<std::unique_ptr<uint64_t[]>> stacks_;
+};
+
+uint3 block_index(uint64_t i, const dim3& grid) {
+  return {unsigned(i % grid.x), unsigned(i / grid.x % grid.y), unsigned(i / grid.x / grid.y)};
+}
+
+}  // namespace
+
+void set_landing(Landing landing) { g_landing = landing; }
+
+void launch(const void* kernel, dim3 grid, dim3 block, size_t smem_bytes, const std::function<void()>& body) {
+  const Launch l{grid, block, smem_bytes, &body};
+  check_launch(kernel, l);
+  const uint64_t n_ctas = uint64_t(grid.x) * grid.y * grid.z;
+  const unsigned n_workers =
+      unsigned(std::min<uint64_t>({n_ctas, std::max(1u, std::thread::hardware_concurrency()), kMaxWorkers}));
+  std::atomic<uint64_t> next{0};
+  auto work = [&] {
+    Worker worker(l);
+    for (uint64_t i = next++; i < n_ctas; i = next++) worker.run(block_index(i, grid));
+  };
+  std::vector<std::thread> workers;
+  for (unsigned w = 0; w < n_workers; ++w) workers.emplace_back(work);
+  for (auto& w : workers) w.join();
+}
+
+uint32_t shared_address(const void* p) {
+  const auto a = reinterpret_cast<uintptr_t>(p), base = reinterpret_cast<uintptr_t>(dynamic_smem);
+  if (a < base || a > base + t_cta->smem_bytes)
+    fail("__cvta_generic_to_shared of an address outside the CTA's dynamic shared memory");
+  return uint32_t(a - base);
+}
+
+void cp_async(uint32_t dst, const void* src, int size, int src_size) {
+  require_aligned(dst, unsigned(size), "cp.async shared destination");
+  require_aligned(reinterpret_cast<uintptr_t>(src), unsigned(size), "cp.async global source");
+  shared_bytes(dst, size_t(size), "cp.async");
+  if (!in_global_buffer(src, size_t(size))) fail("cp.async: source outside every global buffer");
+  Fiber& f = this_fiber();
+  const Copy c{dst, src, size, src_size, f.committed_groups};
+  if (g_landing == Landing::at_issue)
+    land(c);
+  else
+    f.in_flight.push_back(c);
+}
+
+void cp_async_commit() { ++this_fiber().committed_groups; }
+
+// cp.async.wait_group n (PTX ISA): returns when at most n of the most recent committed
+// groups are pending, so every group older than those has landed.
+void cp_async_wait(int n) {
+  Fiber& f = this_fiber();
+  const uint64_t complete_below = f.committed_groups > uint64_t(n) ? f.committed_groups - uint64_t(n) : 0;
+  auto first_pending = f.in_flight.begin();
+  for (; first_pending != f.in_flight.end() && first_pending->group < complete_below; ++first_pending)
+    land(*first_pending);
+  f.in_flight.erase(f.in_flight.begin(), first_pending);
+}
+
+void ldmatrix_x4(uint32_t (&r)[4], uint32_t addr, bool trans) {
+  auto [w, lane] = this_lane();
+  w.in[lane][0] = addr;
+  arrive_and_wait(w, lane, trans ? Collective::ldmatrix_trans : Collective::ldmatrix,
+                  [trans](Warp& warp) { load_matrices(warp, trans); });
+  std::memcpy(r, w.out[lane], sizeof r);
+}
+
+void mma_m16n8k16_bf16(float (&c)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
+  auto [w, lane] = this_lane();
+  std::memcpy(&w.in[lane][0], a, sizeof a);
+  w.in[lane][4] = b0;
+  w.in[lane][5] = b1;
+  std::memcpy(&w.in[lane][6], c, sizeof c);
+  arrive_and_wait(w, lane, Collective::mma, multiply_tiles);
+  std::memcpy(c, w.out[lane], sizeof c);
+}
+
+uint64_t shfl_xor(uint64_t value, int lane_mask) {
+  auto [w, lane] = this_lane();
+  w.in[lane][0] = uint32_t(value);
+  w.in[lane][1] = uint32_t(value >> 32);
+  w.in[lane][2] = uint32_t(lane_mask);
+  arrive_and_wait(w, lane, Collective::shfl, exchange_butterfly);
+  return w.out[lane][0] | uint64_t(w.out[lane][1]) << 32;
+}
+
+void syncwarp() {
+  auto [w, lane] = this_lane();
+  arrive_and_wait(w, lane, Collective::syncwarp, [](Warp&) {});
+}
+
+void syncthreads() {
+  Cta& cta = *t_cta;
+  const uint64_t generation = cta.barrier_generation;
+  if (++cta.barrier_arrived < cta.fibers.size()) {
+    while (cta.barrier_generation == generation) yield("__syncthreads");
+    return;
+  }
+  cta.barrier_arrived = 0;
+  ++cta.barrier_generation;
+  ++cta.progress;
+}
+
+GlobalBuffer::GlobalBuffer(size_t bytes) : bytes_(bytes) {
+  constexpr size_t kAlignment = 256;  // cudaMalloc's
+  const size_t total = (bytes + kGlobalCanaryBytes + kAlignment - 1) / kAlignment * kAlignment;
+  data_ = static_cast<unsigned char*>(std::aligned_alloc(kAlignment, total));
+  if (data_ == nullptr) fail("out of host memory for a " + std::to_string(bytes) + "-byte buffer");
+  std::memset(data_ + bytes, kCanary, kGlobalCanaryBytes);
+  g_global_buffers.push_back({reinterpret_cast<uintptr_t>(data_), bytes});
+}
+
+GlobalBuffer::~GlobalBuffer() {
+  if (std::any_of(data_ + bytes_, data_ + bytes_ + kGlobalCanaryBytes, [](unsigned char c) { return c != kCanary; }))
+    fail("a kernel wrote past the end of a " + std::to_string(bytes_) + "-byte global buffer");
+  std::erase_if(g_global_buffers, [&](const Range& r) { return r.begin == reinterpret_cast<uintptr_t>(data_); });
+  std::free(data_);
+}
+
+void GlobalBuffer::poison() const { std::memset(data_, kPoison, bytes_); }
+
+}  // namespace emu
+
+// ---- the CUDA runtime calls of the attention launchers ---------------------------
+
+cudaError_t cudaGetDevice(int* device) {
+  *device = 0;
+  return cudaSuccess;
+}
+
+cudaError_t cudaDeviceGetAttribute(int* value, cudaDeviceAttr attr, int device) {
+  if (attr != cudaDevAttrMaxSharedMemoryPerBlockOptin || device != 0)
+    emu::fail("cudaDeviceGetAttribute: only MaxSharedMemoryPerBlockOptin of device 0 is emulated");
+  *value = emu::kSmemOptinLimit;
+  return cudaSuccess;
+}
+
+cudaError_t cudaFuncSetAttribute(const void* func, cudaFuncAttribute attr, int value) {
+  if (attr != cudaFuncAttributeMaxDynamicSharedMemorySize)
+    emu::fail("cudaFuncSetAttribute: only MaxDynamicSharedMemorySize is emulated");
+  if (value < 0 || value > emu::kSmemOptinLimit) return cudaErrorInvalidValue;
+  emu::g_smem_optin[func] = value;
+  return cudaSuccess;
+}
+
+cudaError_t cudaGetLastError() { return cudaSuccess; }
+
+const char* cudaGetErrorString(cudaError_t) { return "error from the emulated CUDA runtime"; }
+
+namespace spes::cuda {
+void throw_cuda_error(const char* what, const char* msg, const char* file, int line) {
+  throw Error(std::string("CUDA error (emulated): ") + what + " failed at " + file + ":" + std::to_string(line) +
+              ": " + msg);
+}
+}  // namespace spes::cuda
