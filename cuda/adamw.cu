@@ -5,6 +5,7 @@
 
 #include "cuda/adamw.cuh"
 #include "cuda/check.cuh"
+#include "cuda/launch.cuh"
 
 namespace spes::cuda {
 
@@ -87,8 +88,8 @@ void adamw_update(float* master, bf16* weights, const float* grad, float* m, flo
                    (weights == nullptr || aligned(weights, 8));
   const int threads = 256;
   const int64_t blocks = ceil_div(ceil_div(n, 4), threads);
-  adamw_kernel<<<static_cast<unsigned>(blocks), threads, 0, stream>>>(master, weights, grad, m, v, n, c, grad_scale,
-                                                                        vec);
+  launch(adamw_kernel, static_cast<unsigned>(blocks), threads, 0, stream, master, weights, grad, m, v, n, c,
+         grad_scale, vec);
   cuda_check_launch();
 }
 

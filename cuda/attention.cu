@@ -215,7 +215,7 @@ __global__ void __launch_bounds__(FwdConfig<D, BM, BN>::kThreads)
   using Cfg = FwdConfig<D, BM, BN>;
   constexpr int S = Cfg::kStride, NT = BN / 8, DT = D / 8, KD = D / 16, KN = BN / 16;
   static_assert(BM % 16 == 0 && BN % 16 == 0 && D % 16 == 0, "tiles are whole mma tiles");
-  unsigned char* smem = dynamic_smem;
+  unsigned char* smem = dynamic_smem<unsigned char>;
   bf16* sQ = reinterpret_cast<bf16*>(smem);
   bf16* sK = sQ + BM * S;
   bf16* sV = sK + 2 * BN * S;
@@ -374,7 +374,7 @@ __global__ void __launch_bounds__(BwdKvConfig<D, BM, BN>::kThreads)
   using Cfg = BwdKvConfig<D, BM, BN>;
   constexpr int S = Cfg::kStride, NT = BM / 8, DT = D / 8, KD = D / 16, KM = BM / 16;
   static_assert(BM % 16 == 0 && BN % 16 == 0 && D % 16 == 0, "tiles are whole mma tiles");
-  unsigned char* smem = dynamic_smem;
+  unsigned char* smem = dynamic_smem<unsigned char>;
   bf16* sK = reinterpret_cast<bf16*>(smem);
   bf16* sV = sK + BN * S;
   bf16* sQ = sV + BN * S;       // [2][BM][S]
@@ -507,7 +507,7 @@ __global__ void __launch_bounds__(BwdQConfig<D, BM, BN>::kThreads)
   using Cfg = BwdQConfig<D, BM, BN>;
   constexpr int S = Cfg::kStride, NT = BN / 8, DT = D / 8, KD = D / 16, KN = BN / 16;
   static_assert(BM % 16 == 0 && BN % 16 == 0 && D % 16 == 0, "tiles are whole mma tiles");
-  unsigned char* smem = dynamic_smem;
+  unsigned char* smem = dynamic_smem<unsigned char>;
   bf16* sQ = reinterpret_cast<bf16*>(smem);
   bf16* sdO = sQ + BM * S;
   bf16* sK = sdO + BM * S;     // [2][BN][S]

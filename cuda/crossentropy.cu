@@ -27,6 +27,7 @@
 
 #include "cuda/check.cuh"
 #include "cuda/crossentropy.cuh"
+#include "cuda/launch.cuh"
 
 namespace cg = cooperative_groups;
 
@@ -355,8 +356,8 @@ void crossentropy_forward_backward(bf16* dlogits, float* losses, float* lse, con
     cuda_check(cudaLaunchKernelEx(&cfg, ce_cluster_kernel, dlogits, losses, lse, logits, targets, V, ld,
                                   cluster_chunk(V), ce_scale, z_scale));
   } else {
-    ce_row_kernel<<<static_cast<unsigned>(N), kRowThreads, 0, stream>>>(dlogits, losses, lse, logits, targets, V,
-                                                                          ld, ce_scale, z_scale);
+    launch(ce_row_kernel, static_cast<unsigned>(N), kRowThreads, 0, stream, dlogits, losses, lse, logits, targets, V,
+           ld, ce_scale, z_scale);
   }
   cuda_check_launch();
 }

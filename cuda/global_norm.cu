@@ -10,6 +10,7 @@
 #include "cuda/check.cuh"
 #include "cuda/common.cuh"
 #include "cuda/global_norm.cuh"
+#include "cuda/launch.cuh"
 
 namespace spes::cuda {
 
@@ -86,12 +87,12 @@ void global_norm_clip(double* norm_sq, float* scale, const GradSpan* spans, int 
   for (int i = 0; i < n_spans; ++i) {
     if (spans[i].n <= 0) continue;
     const int blocks = span_blocks(spans[i].n);
-    sum_squares_kernel<<<blocks, kThreads, 0, stream>>>(partial + count, spans[i].ptr, spans[i].n,
-                                                        aligned(spans[i].ptr, 16));
+    launch(sum_squares_kernel, blocks, kThreads, 0, stream, partial + count, spans[i].ptr, spans[i].n,
+           aligned(spans[i].ptr, 16));
     cuda_check_launch();
     count += blocks;
   }
-  norm_finish_kernel<<<1, kWarp, 0, stream>>>(norm_sq, scale, partial, count, max_norm);
+  launch(norm_finish_kernel, 1, kWarp, 0, stream, norm_sq, scale, partial, count, max_norm);
   cuda_check_launch();
 }
 

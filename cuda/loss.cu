@@ -2,6 +2,7 @@
 
 #include "cuda/check.cuh"
 #include "cuda/common.cuh"
+#include "cuda/launch.cuh"
 
 namespace spes::cuda {
 
@@ -39,7 +40,7 @@ __global__ void __launch_bounds__(kThreads) loss_sums_kernel(double* __restrict_
 
 void loss_sums(double* sums, const float* losses, const float* lse, int64_t n, cudaStream_t stream) {
   require(sums != nullptr && losses != nullptr && lse != nullptr && n >= 0, "loss_sums", "needs buffers and n ≥ 0");
-  loss_sums_kernel<<<1, kThreads, 0, stream>>>(sums, losses, lse, n);
+  launch(loss_sums_kernel, 1, kThreads, 0, stream, sums, losses, lse, n);
   cuda_check_launch();
 }
 

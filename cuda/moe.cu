@@ -27,6 +27,7 @@
 #include <string>
 
 #include "cuda/check.cuh"
+#include "cuda/launch.cuh"
 #include "cuda/moe.cuh"
 #include "cuda/router.cuh"
 #include "cuda/swiglu.cuh"
@@ -55,7 +56,7 @@ int blocks_for_warps(int64_t warps) {
 // shared-memory atomics: the count is exact whatever their order.
 __global__ void dispatch_count_kernel(int32_t* __restrict__ counts, const int32_t* __restrict__ topk_idx,
                                       int64_t NK, int E, int64_t nc) {
-  extern __shared__ int32_t cnt[];
+  int32_t* cnt = dynamic_smem<int32_t>;
   for (int e = threadIdx.x; e < E; e += blockDim.x) cnt[e] = 0;
   __syncthreads();
   const int64_t base = blockIdx.x * kDispatchChunk;
@@ -75,7 +76,7 @@ __global__ void dispatch_count_kernel(int32_t* __restrict__ counts, const int32_
 // gives offsets[E+1].
 __global__ void dispatch_scan_kernel(int32_t* __restrict__ offsets, int32_t* __restrict__ counts, int E,
                                      int64_t nc) {
-  extern __shared__ int32_t total[];  // [E]
+  int32_t* total = dynamic_smem<int32_t>;  // [E]
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, n_warps = blockDim.x >> 5;
   for (int e = warp; e < E; e += n_warps) {
     int32_t* row = counts + e * nc;
@@ -125,7 +126,7 @@ __global__ void dispatch_scatter_kernel(int32_t* __restrict__ slot_token, int32_
                                         const int32_t* __restrict__ offsets,
                                         const int32_t* __restrict__ chunk_rank, int64_t NK, int E,
                                         int K, int64_t nc) {
-  extern __shared__ int32_t sh[];
+  int32_t* sh = dynamic_smem<int32_t>;
   int32_t* running = sh;          // [E]
   int32_t* warp_cnt = sh + E;     // [kWarpsPerBlock][E]
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
@@ -285,14 +286,13 @@ void moe_dispatch_indices(int32_t* offsets, int32_t* slot_token, int32_t* token_
     cuda_check(cudaMemsetAsync(offsets, 0, sizeof(int32_t) * (E + 1), stream));
     return;
   }
-  dispatch_count_kernel<<<static_cast<int>(nc), kThreads, sizeof(int32_t) * E, stream>>>(scratch, topk_idx,
-                                                                                       NK, e, nc);
+  launch(dispatch_count_kernel, static_cast<int>(nc), kThreads, sizeof(int32_t) * E, stream, scratch, topk_idx, NK,
+         e, nc);
   cuda_check_launch();
-  dispatch_scan_kernel<<<1, 1024, sizeof(int32_t) * E, stream>>>(offsets, scratch, e, nc);
+  launch(dispatch_scan_kernel, 1, 1024, sizeof(int32_t) * E, stream, offsets, scratch, e, nc);
   cuda_check_launch();
-  dispatch_scatter_kernel<<<static_cast<int>(nc), kThreads, sizeof(int32_t) * E * (1 + kWarpsPerBlock),
-                            stream>>>(slot_token, token_slot, topk_idx, offsets, scratch, NK, e,
-                                      static_cast<int>(K), nc);
+  launch(dispatch_scatter_kernel, static_cast<int>(nc), kThreads, sizeof(int32_t) * E * (1 + kWarpsPerBlock), stream,
+         slot_token, token_slot, topk_idx, offsets, scratch, NK, e, static_cast<int>(K), nc);
   cuda_check_launch();
 }
 
@@ -305,9 +305,9 @@ void moe_gather_forward(bf16* xe, const bf16* x, const int32_t* slot_token, int6
   require_ptr(x, 2, op, "x");
   require_ptr(slot_token, 4, op, "slot_token");
   if (C % 8 == 0 && aligned16(xe) && aligned16(x))
-    gather_forward_kernel<8><<<blocks_for_warps(S), kThreads, 0, stream>>>(xe, x, slot_token, S, C);
+    launch(gather_forward_kernel<8>, blocks_for_warps(S), kThreads, 0, stream, xe, x, slot_token, S, C);
   else
-    gather_forward_kernel<1><<<blocks_for_warps(S), kThreads, 0, stream>>>(xe, x, slot_token, S, C);
+    launch(gather_forward_kernel<1>, blocks_for_warps(S), kThreads, 0, stream, xe, x, slot_token, S, C);
   cuda_check_launch();
 }
 
@@ -321,9 +321,9 @@ void moe_gather_backward(bf16* dx, const bf16* dxe, const int32_t* token_slot, i
   require_ptr(token_slot, 4, op, "token_slot");
   const int k = static_cast<int>(K);
   if (C % 8 == 0 && aligned16(dx) && aligned16(dxe))
-    gather_backward_kernel<8><<<blocks_for_warps(N), kThreads, 0, stream>>>(dx, dxe, token_slot, N, k, C);
+    launch(gather_backward_kernel<8>, blocks_for_warps(N), kThreads, 0, stream, dx, dxe, token_slot, N, k, C);
   else
-    gather_backward_kernel<1><<<blocks_for_warps(N), kThreads, 0, stream>>>(dx, dxe, token_slot, N, k, C);
+    launch(gather_backward_kernel<1>, blocks_for_warps(N), kThreads, 0, stream, dx, dxe, token_slot, N, k, C);
   cuda_check_launch();
 }
 
@@ -338,9 +338,9 @@ void moe_combine_forward(bf16* out, const bf16* ye, const float* topk_w, const i
   require_ptr(token_slot, 4, op, "token_slot");
   const int k = static_cast<int>(K);
   if (C % 8 == 0 && aligned16(out) && aligned16(ye))
-    combine_forward_kernel<8><<<blocks_for_warps(N), kThreads, 0, stream>>>(out, ye, topk_w, token_slot, N, k, C);
+    launch(combine_forward_kernel<8>, blocks_for_warps(N), kThreads, 0, stream, out, ye, topk_w, token_slot, N, k, C);
   else
-    combine_forward_kernel<1><<<blocks_for_warps(N), kThreads, 0, stream>>>(out, ye, topk_w, token_slot, N, k, C);
+    launch(combine_forward_kernel<1>, blocks_for_warps(N), kThreads, 0, stream, out, ye, topk_w, token_slot, N, k, C);
   cuda_check_launch();
 }
 
@@ -358,11 +358,11 @@ void moe_combine_backward(bf16* dye, float* dtopk_w, const bf16* dout, const bf1
   require_ptr(token_slot, 4, op, "token_slot");
   const int k = static_cast<int>(K);
   if (C % 8 == 0 && aligned16(dye) && aligned16(dout) && aligned16(ye))
-    combine_backward_kernel<8><<<blocks_for_warps(N), kThreads, 0, stream>>>(dye, dtopk_w, dout, ye, topk_w,
-                                                                            token_slot, N, k, C);
+    launch(combine_backward_kernel<8>, blocks_for_warps(N), kThreads, 0, stream, dye, dtopk_w, dout, ye, topk_w,
+           token_slot, N, k, C);
   else
-    combine_backward_kernel<1><<<blocks_for_warps(N), kThreads, 0, stream>>>(dye, dtopk_w, dout, ye, topk_w,
-                                                                            token_slot, N, k, C);
+    launch(combine_backward_kernel<1>, blocks_for_warps(N), kThreads, 0, stream, dye, dtopk_w, dout, ye, topk_w,
+           token_slot, N, k, C);
   cuda_check_launch();
 }
 

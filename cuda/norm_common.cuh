@@ -17,6 +17,7 @@
 
 #include "cuda/check.cuh"
 #include "cuda/common.cuh"
+#include "cuda/launch.cuh"
 
 namespace spes::cuda::norm {
 
@@ -130,8 +131,8 @@ static __global__ void __launch_bounds__(kWarp * kReduceY)
 }
 
 inline void launch_dweight_reduce(float* dweight, const float* partial, int G, int64_t C, cudaStream_t stream) {
-  dweight_reduce_kernel<<<static_cast<unsigned>(ceil_div(C, kWarp)), dim3(kWarp, kReduceY), 0, stream>>>(
-      dweight, partial, G, static_cast<int>(C));
+  launch(dweight_reduce_kernel, static_cast<unsigned>(ceil_div(C, kWarp)), dim3(kWarp, kReduceY), 0, stream, dweight,
+         partial, G, static_cast<int>(C));
   cuda_check_launch();
 }
 

@@ -1,16 +1,16 @@
 // The device seam of the tensor-core kernels (attention.cu): the inline-PTX wrappers,
-// the dynamic shared memory and the <<<>>> launch, the only constructs there that a
-// host C++ compiler cannot take. Kept in one header so that the host emulator
-// (tests/emu/, test_emu_attention) can compile attention.cu unchanged as C++ with
-// its own tests/emu/cuda/ptx.cuh shadowing this file: same names, same signatures,
-// emulated from the PTX ISA. Add a wrapper here and the emulator build fails until
-// it has its twin.
+// which with cuda/launch.cuh (dynamic shared memory, the <<<>>> launch) are the only
+// constructs there that a host C++ compiler cannot take. Kept in one header so that
+// the host emulator (tests/emu/, test_emu_attention) can compile attention.cu
+// unchanged as C++ with its own tests/emu/cuda/ptx.cuh shadowing this file: same
+// names, same signatures, emulated from the PTX ISA. Add a wrapper here and the
+// emulator build fails until it has its twin.
 #pragma once
 #include <cuda_runtime.h>
 
-#include <cstddef>
 #include <cstdint>
-#include <type_traits>
+
+#include "cuda/launch.cuh"
 
 namespace spes::cuda {
 
@@ -61,24 +61,6 @@ __device__ __forceinline__ float ex2(float x) {  // 2^x; ex2(-inf) = 0
   float y;
   asm("ex2.approx.ftz.f32 %0, %1;\n" : "=f"(y) : "f"(x));
   return y;
-}
-
-// ---- dynamic shared memory and launch ------------------------------------------
-
-// The CTA's dynamic shared memory (the launch's smem_bytes); every extern __shared__
-// array names the same base. Declared here, at namespace scope, rather than in each
-// kernel so that the emulator can give each CTA its own; a kernel reads it as
-// `unsigned char* smem = dynamic_smem;`, which compiles to the same PTX as the
-// array declared in the kernel (an accessor function did not: it reordered address
-// arithmetic in the dkv kernel).
-extern __shared__ __align__(16) unsigned char dynamic_smem[];
-
-// kernel<<<grid, block, smem_bytes, stream>>>(args...); the arguments convert to the
-// kernel's parameter types here, as in a call.
-template <typename... Params>
-void launch(void (*kernel)(Params...), dim3 grid, dim3 block, size_t smem_bytes, cudaStream_t stream,
-            std::type_identity_t<Params>... args) {
-  kernel<<<grid, block, smem_bytes, stream>>>(args...);
 }
 
 }  // namespace spes::cuda

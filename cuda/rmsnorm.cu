@@ -6,6 +6,7 @@
 //             + G·C·8 B for the dweight partials (G ≈ resident blocks, ≈1–3 %)
 // Both are single-pass and bandwidth bound: expected ≥ 80 % of D2D copy at
 // 16k×768 / 16k×2048 (not yet measured: no GPU in the session that wrote this).
+#include "cuda/launch.cuh"
 #include "cuda/norm_common.cuh"
 #include "cuda/rmsnorm.cuh"
 
@@ -71,7 +72,7 @@ __global__ void __launch_bounds__(norm::kMaxThreads) rmsnorm_backward_kernel(bf1
                                                                 const bf16* __restrict__ x_in,
                                                                 const bf16* __restrict__ weight,
                                                                 const float* __restrict__ rstd, int64_t N, int C) {
-  extern __shared__ float smem[];  // C floats, for the block's dweight partial
+  float* smem = dynamic_smem<float>;  // C floats, for the block's dweight partial
   __shared__ float scratch[norm::kMaxRowsPerBlock * kWarp];
   const int c8 = C / 8;
   const float inv_c = 1.0f / static_cast<float>(C);
@@ -164,9 +165,9 @@ void rmsnorm_forward(bf16* out, float* rstd, bf16* res_out, const bf16* res_in, 
   const unsigned grid = static_cast<unsigned>(ceil_div(N, l.ty));
   const int c = static_cast<int>(C);
   switch (l.vpt) {
-    case 1: rmsnorm_forward_kernel<1><<<grid, block, 0, stream>>>(out, rstd, res_out, res_in, branch, weight, N, c, eps); break;
-    case 2: rmsnorm_forward_kernel<2><<<grid, block, 0, stream>>>(out, rstd, res_out, res_in, branch, weight, N, c, eps); break;
-    default: rmsnorm_forward_kernel<4><<<grid, block, 0, stream>>>(out, rstd, res_out, res_in, branch, weight, N, c, eps); break;
+    case 1: launch(rmsnorm_forward_kernel<1>, grid, block, 0, stream, out, rstd, res_out, res_in, branch, weight, N, c, eps); break;
+    case 2: launch(rmsnorm_forward_kernel<2>, grid, block, 0, stream, out, rstd, res_out, res_in, branch, weight, N, c, eps); break;
+    default: launch(rmsnorm_forward_kernel<4>, grid, block, 0, stream, out, rstd, res_out, res_in, branch, weight, N, c, eps); break;
   }
   cuda_check_launch();
 }
@@ -199,9 +200,9 @@ void rmsnorm_backward(bf16* dres_out, float* dweight, void* scratch, const bf16*
   const size_t smem = C * sizeof(float);
   const int c = static_cast<int>(C);
   switch (l.vpt) {
-    case 1: rmsnorm_backward_kernel<1><<<G, block, smem, stream>>>(dres_out, partial, dout, dres_in, x, weight, rstd, N, c); break;
-    case 2: rmsnorm_backward_kernel<2><<<G, block, smem, stream>>>(dres_out, partial, dout, dres_in, x, weight, rstd, N, c); break;
-    default: rmsnorm_backward_kernel<4><<<G, block, smem, stream>>>(dres_out, partial, dout, dres_in, x, weight, rstd, N, c); break;
+    case 1: launch(rmsnorm_backward_kernel<1>, G, block, smem, stream, dres_out, partial, dout, dres_in, x, weight, rstd, N, c); break;
+    case 2: launch(rmsnorm_backward_kernel<2>, G, block, smem, stream, dres_out, partial, dout, dres_in, x, weight, rstd, N, c); break;
+    default: launch(rmsnorm_backward_kernel<4>, G, block, smem, stream, dres_out, partial, dout, dres_in, x, weight, rstd, N, c); break;
   }
   cuda_check_launch();
   if (dweight) norm::launch_dweight_reduce(dweight, partial, G, C, stream);

@@ -8,6 +8,7 @@
 // dout and inp, writes dinp (6 B/channel/row) + the dweight partials. Single pass.
 #include <algorithm>
 
+#include "cuda/launch.cuh"
 #include "cuda/norm_common.cuh"
 #include "cuda/rope.cuh"
 
@@ -73,7 +74,7 @@ __global__ void __launch_bounds__(norm::kMaxThreads)
     qknorm_rope_forward_kernel(bf16* out, float* __restrict__ rstd, const bf16* inp, const bf16* __restrict__ weight,
                                const float2* __restrict__ table, int64_t N, int C, int64_t T, int D, float eps,
                                int stride) {
-  extern __shared__ float smem[];
+  float* smem = dynamic_smem<float>;
   __shared__ float scratch[norm::kMaxRowsPerBlock * kWarp];
   float* ys = smem + threadIdx.y * stride;
   const int64_t row = static_cast<int64_t>(blockIdx.x) * blockDim.y + threadIdx.y;
@@ -126,7 +127,7 @@ __global__ void __launch_bounds__(norm::kMaxThreads)
                                 const bf16* __restrict__ inp, const bf16* __restrict__ weight,
                                 const float* __restrict__ rstd, const float2* __restrict__ table, int64_t N, int C,
                                 int64_t T, int D, int stride) {
-  extern __shared__ float smem[];
+  float* smem = dynamic_smem<float>;
   __shared__ float scratch[norm::kMaxRowsPerBlock * kWarp];
   float* ys = smem + threadIdx.y * stride;
   const int c8 = C / 8;
@@ -224,7 +225,8 @@ void rope_table_init(float2* table, int64_t T, int64_t D, double theta, cudaStre
   require(T > 0 && D > 0 && D % 2 == 0 && theta > 0, "rope_table_init", "need T > 0, an even D > 0, theta > 0");
   require_ptr(table, 8, "rope_table_init", "table");
   const int64_t n = T * (D / 2);
-  rope_table_kernel<<<static_cast<unsigned>(ceil_div(n, 256)), 256, 0, stream>>>(table, T, static_cast<int>(D), theta);
+  launch(rope_table_kernel, static_cast<unsigned>(ceil_div(n, 256)), 256, 0, stream, table, T, static_cast<int>(D),
+         theta);
   cuda_check_launch();
 }
 
@@ -246,9 +248,9 @@ void qknorm_rope_forward(bf16* out, float* rstd, const bf16* inp, const bf16* we
   const unsigned grid = static_cast<unsigned>(ceil_div(N, l.ty));
   const int c = static_cast<int>(C), d = static_cast<int>(D);
   switch (l.vpt) {
-    case 1: qknorm_rope_forward_kernel<1><<<grid, block, smem, stream>>>(out, rstd, inp, weight, table, N, c, T, d, eps, stride); break;
-    case 2: qknorm_rope_forward_kernel<2><<<grid, block, smem, stream>>>(out, rstd, inp, weight, table, N, c, T, d, eps, stride); break;
-    default: qknorm_rope_forward_kernel<4><<<grid, block, smem, stream>>>(out, rstd, inp, weight, table, N, c, T, d, eps, stride); break;
+    case 1: launch(qknorm_rope_forward_kernel<1>, grid, block, smem, stream, out, rstd, inp, weight, table, N, c, T, d, eps, stride); break;
+    case 2: launch(qknorm_rope_forward_kernel<2>, grid, block, smem, stream, out, rstd, inp, weight, table, N, c, T, d, eps, stride); break;
+    default: launch(qknorm_rope_forward_kernel<4>, grid, block, smem, stream, out, rstd, inp, weight, table, N, c, T, d, eps, stride); break;
   }
   cuda_check_launch();
 }
@@ -284,9 +286,9 @@ void qknorm_rope_backward(bf16* dinp, float* dweight, void* scratch, const bf16*
   const dim3 block(l.tx, l.ty);
   const int c = static_cast<int>(C), d = static_cast<int>(D);
   switch (l.vpt) {
-    case 1: qknorm_rope_backward_kernel<1><<<G, block, smem, stream>>>(dinp, partial, dout, inp, weight, rstd, table, N, c, T, d, stride); break;
-    case 2: qknorm_rope_backward_kernel<2><<<G, block, smem, stream>>>(dinp, partial, dout, inp, weight, rstd, table, N, c, T, d, stride); break;
-    default: qknorm_rope_backward_kernel<4><<<G, block, smem, stream>>>(dinp, partial, dout, inp, weight, rstd, table, N, c, T, d, stride); break;
+    case 1: launch(qknorm_rope_backward_kernel<1>, G, block, smem, stream, dinp, partial, dout, inp, weight, rstd, table, N, c, T, d, stride); break;
+    case 2: launch(qknorm_rope_backward_kernel<2>, G, block, smem, stream, dinp, partial, dout, inp, weight, rstd, table, N, c, T, d, stride); break;
+    default: launch(qknorm_rope_backward_kernel<4>, G, block, smem, stream, dinp, partial, dout, inp, weight, rstd, table, N, c, T, d, stride); break;
   }
   cuda_check_launch();
   if (dweight) norm::launch_dweight_reduce(dweight, partial, G, C, stream);

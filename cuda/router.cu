@@ -8,6 +8,7 @@
 #include <string>
 
 #include "cuda/check.cuh"
+#include "cuda/launch.cuh"
 #include "cuda/router.cuh"
 
 namespace spes::cuda {
@@ -232,13 +233,13 @@ void launch_router_forward(float* probs, float* lse, int32_t* topk_idx, float* t
   const int blocks = static_cast<int>((W + kWarpsPerBlock - 1) / kWarpsPerBlock);
   const int e = static_cast<int>(E), k = static_cast<int>(K);
   if (E <= 32)
-    router_forward_kernel<1, T><<<blocks, kThreads, 0, stream>>>(probs, lse, topk_idx, topk_w, partials, logits, N, e, k, renorm);
+    launch(router_forward_kernel<1, T>, blocks, kThreads, 0, stream, probs, lse, topk_idx, topk_w, partials, logits, N, e, k, renorm);
   else if (E <= 64)
-    router_forward_kernel<2, T><<<blocks, kThreads, 0, stream>>>(probs, lse, topk_idx, topk_w, partials, logits, N, e, k, renorm);
+    launch(router_forward_kernel<2, T>, blocks, kThreads, 0, stream, probs, lse, topk_idx, topk_w, partials, logits, N, e, k, renorm);
   else if (E <= 128)
-    router_forward_kernel<4, T><<<blocks, kThreads, 0, stream>>>(probs, lse, topk_idx, topk_w, partials, logits, N, e, k, renorm);
+    launch(router_forward_kernel<4, T>, blocks, kThreads, 0, stream, probs, lse, topk_idx, topk_w, partials, logits, N, e, k, renorm);
   else
-    router_forward_kernel<8, T><<<blocks, kThreads, 0, stream>>>(probs, lse, topk_idx, topk_w, partials, logits, N, e, k, renorm);
+    launch(router_forward_kernel<8, T>, blocks, kThreads, 0, stream, probs, lse, topk_idx, topk_w, partials, logits, N, e, k, renorm);
   cuda_check_launch();
 }
 
@@ -251,9 +252,9 @@ void launch_router_backward(TOut* dlogits, const float* dtopk_w, const float* pr
   if (N == 0) return;
   const int blocks = static_cast<int>((N + kWarpsPerBlock - 1) / kWarpsPerBlock);
   const int e = static_cast<int>(E), k = static_cast<int>(K);
-#define SPES_ROUTER_BWD(EPL)                                                                  \
-  router_backward_kernel<EPL, TOut><<<blocks, kThreads, 0, stream>>>(                          \
-      dlogits, dtopk_w, probs, lse, topk_idx, topk_w, lb_dprob, lb_scale, rz_scale, N, e, k, renorm)
+#define SPES_ROUTER_BWD(EPL)                                                                              \
+  launch(router_backward_kernel<EPL, TOut>, blocks, kThreads, 0, stream, dlogits, dtopk_w, probs, lse, topk_idx, \
+         topk_w, lb_dprob, lb_scale, rz_scale, N, e, k, renorm)
   if (E <= 32) SPES_ROUTER_BWD(1);
   else if (E <= 64) SPES_ROUTER_BWD(2);
   else if (E <= 128) SPES_ROUTER_BWD(4);
@@ -283,11 +284,11 @@ void router_aux_forward(float* aux, float* lb_weight, float* partials, const int
   check_shape(N, E, K, "router_aux_forward");
   if (N == 0) return;
   const int64_t W = n_partial_warps(N);
-  router_colsum_kernel<<<static_cast<int>(E + 1), kThreads, 0, stream>>>(partials, W, static_cast<int>(E));
+  launch(router_colsum_kernel, static_cast<int>(E + 1), kThreads, 0, stream, partials, W, static_cast<int>(E));
   cuda_check_launch();
   const double coef = double(E) / (double(K) * double(N) * double(N));
-  router_aux_kernel<<<1, 32, 0, stream>>>(aux, lb_weight, partials + (E + 1) * W, offsets, count_scale, N,
-                                          static_cast<int>(E), static_cast<float>(coef));
+  launch(router_aux_kernel, 1, 32, 0, stream, aux, lb_weight, partials + (E + 1) * W, offsets, count_scale, N,
+         static_cast<int>(E), static_cast<float>(coef));
   cuda_check_launch();
 }
 

@@ -5,6 +5,7 @@
 #include <cstdint>
 
 #include "cuda/check.cuh"
+#include "cuda/launch.cuh"
 #include "cuda/swiglu.cuh"
 
 namespace spes::cuda {
@@ -84,9 +85,9 @@ void swiglu_forward(bf16* h, const bf16* gate, const bf16* up, int64_t rows, int
   require_ptr(up, 2, op, "up");
   const bool vec8 = H % 8 == 0 && ld_in % 8 == 0 && aligned16(h) && aligned16(gate) && aligned16(up);
   if (vec8) {
-    swiglu_forward_kernel<8><<<grid_for(rows * H / 8), kThreads, 0, stream>>>(h, gate, up, rows, H, ld_in);
+    launch(swiglu_forward_kernel<8>, grid_for(rows * H / 8), kThreads, 0, stream, h, gate, up, rows, H, ld_in);
   } else {
-    swiglu_forward_kernel<1><<<grid_for(rows * H), kThreads, 0, stream>>>(h, gate, up, rows, H, ld_in);
+    launch(swiglu_forward_kernel<1>, grid_for(rows * H), kThreads, 0, stream, h, gate, up, rows, H, ld_in);
   }
   cuda_check_launch();
 }
@@ -105,11 +106,11 @@ void swiglu_backward(bf16* dgate, bf16* dup, bf16* h_out, const bf16* dh, const 
   const bool vec8 = H % 8 == 0 && ld_in % 8 == 0 && aligned16(dgate) && aligned16(dup) &&
                     aligned16(h_out) && aligned16(dh) && aligned16(gate) && aligned16(up);
   if (vec8) {
-    swiglu_backward_kernel<8><<<grid_for(rows * H / 8), kThreads, 0, stream>>>(dgate, dup, h_out, dh, gate,
-                                                                              up, rows, H, ld_in);
+    launch(swiglu_backward_kernel<8>, grid_for(rows * H / 8), kThreads, 0, stream, dgate, dup, h_out, dh, gate, up,
+           rows, H, ld_in);
   } else {
-    swiglu_backward_kernel<1><<<grid_for(rows * H), kThreads, 0, stream>>>(dgate, dup, h_out, dh, gate, up,
-                                                                          rows, H, ld_in);
+    launch(swiglu_backward_kernel<1>, grid_for(rows * H), kThreads, 0, stream, dgate, dup, h_out, dh, gate, up, rows,
+           H, ld_in);
   }
   cuda_check_launch();
 }

@@ -1,8 +1,8 @@
 // The emulator's runtime (see emu.hpp): fibers and the per-CTA scheduler, barriers
 // and warp collectives, cp.async, launch, and the few CUDA runtime calls the
-// attention launchers make. This executable does not link libcudart: a call to any
-// other runtime function fails to link, so the emulated surface is exactly the one
-// the kernels use.
+// launchers make. This executable does not link libcudart: a call to any other
+// runtime function fails to link, so the emulated surface is exactly the one the
+// kernels use.
 #include "tests/emu/emu.hpp"
 
 #include <algorithm>
@@ -36,9 +36,17 @@ void fail(const std::string& what) {
 namespace {
 
 constexpr unsigned kWarpSize = 32;
+// Device 0 is an H100 (sm_90; CUDA C programming guide, "Compute Capabilities"; H100
+// SXM5 for the SM count): what the runtime calls below answer and the launches are
+// checked against.
+constexpr int kSms = 132;
 constexpr size_t kDefaultSmemLimit = 48 * 1024;  // without cudaFuncSetAttribute
-constexpr int kSmemOptinLimit = 227 * 1024;       // sm_90's cudaDevAttrMaxSharedMemoryPerBlockOptin
+constexpr int kSmemOptinLimit = 227 * 1024;       // cudaDevAttrMaxSharedMemoryPerBlockOptin
+constexpr size_t kSmemPerSm = 228 * 1024;
+constexpr size_t kSmemReservedPerBlock = 1024;  // by the system, per resident block
 constexpr unsigned kMaxThreadsPerBlock = 1024;
+constexpr int kMaxThreadsPerSm = 2048;
+constexpr int kMaxBlocksPerSm = 32;
 constexpr unsigned kMaxWorkers = 8;
 // Canary bytes past each allocation, wide enough that an overrun lands in them, not
 // in the heap: a store_rows without its T guard writes up to 15 rows of H·D bf16
@@ -53,6 +61,7 @@ constexpr size_t kFiberStackWords = 8 * 1024;  // 64 KB
 constexpr uint64_t kStackCanary = 0x5a5a5a5a5a5a5a5aull;
 
 Landing g_landing = Landing::at_wait;
+Schedule g_schedule = Schedule::round_robin;
 // cudaFuncSetAttribute(kernel, MaxDynamicSharedMemorySize, bytes), per kernel.
 std::map<const void*, int> g_smem_optin;
 
@@ -68,6 +77,8 @@ bool in_global_buffer(const void* p, size_t bytes) {
   return std::any_of(g_global_buffers.begin(), g_global_buffers.end(),
                      [&](const Range& r) { return a >= r.begin && a + bytes <= r.begin + r.bytes; });
 }
+
+unsigned threads_of(const dim3& block) { return block.x * block.y * block.z; }
 
 std::string str(const dim3& d) {
   char s[48];
@@ -132,7 +143,7 @@ struct Fiber {  // one CUDA thread
   uint64_t committed_groups = 0;  // also the number of the open group
 };
 
-enum class Collective : uint8_t { syncwarp, ldmatrix, ldmatrix_trans, mma, shfl };
+enum class Collective : uint8_t { syncwarp, ldmatrix, ldmatrix_trans, mma, shfl_bfly, shfl_up, shfl_idx, match_any };
 
 const char* name(Collective c) {
   switch (c) {
@@ -140,7 +151,10 @@ const char* name(Collective c) {
     case Collective::ldmatrix: return "ldmatrix";
     case Collective::ldmatrix_trans: return "ldmatrix.trans";
     case Collective::mma: return "mma";
-    case Collective::shfl: return "shfl";
+    case Collective::shfl_bfly: return "shfl.bfly";
+    case Collective::shfl_up: return "shfl.up";
+    case Collective::shfl_idx: return "shfl.idx";
+    case Collective::match_any: return "match.any";
   }
   return "?";
 }
@@ -322,14 +336,37 @@ void multiply_tiles(Warp& w) {
   }
 }
 
-// shfl.sync.bfly.b32 (PTX ISA): lane l reads the value of lane l ^ (its lane mask).
-// Operands: in[l] = value low word, value high word, lane mask.
-void exchange_butterfly(Warp& w) {
+// shfl.sync.{bfly,up,idx}.b32 (PTX ISA) over the whole warp (CUDA's width 32): lane l
+// reads the value of lane
+//   bfly: l ^ b (b < 32, its lane mask);
+//   up:   l − b, or keeps its own value where l − b < 0 (b: its delta);
+//   idx:  b mod 32 (b: its source lane; __shfl_sync takes srcLane modulo width).
+// A 64-bit value is two such shuffles. Operands: in[l] = value low word, high word, b.
+void exchange(Warp& w, Collective mode) {
   for (unsigned l = 0; l < kWarpSize; ++l) {
-    if (w.in[l][2] >= kWarpSize) fail("shfl.bfly lane mask " + std::to_string(w.in[l][2]) + " ≥ 32");
-    const unsigned source = l ^ w.in[l][2];
+    const uint32_t b = w.in[l][2];
+    unsigned source = l;
+    if (mode == Collective::shfl_bfly) {
+      if (b >= kWarpSize) fail("shfl.bfly lane mask " + std::to_string(b) + " ≥ 32");
+      source = l ^ b;
+    } else if (mode == Collective::shfl_up) {
+      source = b <= l ? l - b : l;
+    } else {
+      source = b % kWarpSize;
+    }
     w.out[l][0] = w.in[source][0];
     w.out[l][1] = w.in[source][1];
+  }
+}
+
+// match.any.sync.b32/.b64 (PTX ISA): each lane gets the mask of the lanes whose value
+// equals its own. Operands: in[l] = value low word, high word.
+void match_values(Warp& w) {
+  for (unsigned l = 0; l < kWarpSize; ++l) {
+    uint32_t same = 0;
+    for (unsigned m = 0; m < kWarpSize; ++m)
+      if (w.in[m][0] == w.in[l][0] && w.in[m][1] == w.in[l][1]) same |= 1u << m;
+    w.out[l][0] = same;
   }
 }
 
@@ -353,9 +390,8 @@ struct Launch {
 
 void check_launch(const void* kernel, const Launch& l) {
   const uint64_t threads = uint64_t(l.block.x) * l.block.y * l.block.z;
-  if (l.block.y != 1 || l.block.z != 1 || l.block.x == 0 || l.block.x % kWarpSize != 0 ||
-      threads > kMaxThreadsPerBlock)
-    fail("launch: block " + str(l.block) + " (the emulator runs 1-D blocks of whole warps, ≤ 1024 threads)");
+  if (threads == 0 || threads % kWarpSize != 0 || threads > kMaxThreadsPerBlock || l.block.z > 64)
+    fail("launch: block " + str(l.block) + " (the emulator runs blocks of whole warps, ≤ 1024 threads, z ≤ 64)");
   if (l.grid.x == 0 || l.grid.y == 0 || l.grid.z == 0 || l.grid.x > 0x7fffffffu || l.grid.y > 65535 ||
       l.grid.z > 65535)
     fail("launch: grid " + str(l.grid) + " outside CUDA's limits");
@@ -370,7 +406,8 @@ void check_launch(const void* kernel, const Launch& l) {
 // One OS thread's CTA machinery: fiber stacks and shared memory, reused from CTA to CTA.
 class Worker {
  public:
-  explicit Worker(const Launch& l) : launch_(l), smem_(l.smem_bytes + kSmemCanaryBytes), stacks_(l.block.x) {
+  explicit Worker(const Launch& l)
+      : launch_(l), smem_(l.smem_bytes + kSmemCanaryBytes), stacks_(threads_of(l.block)) {
     for (auto& s : stacks_) s = std::make_unique_for_overwrite<uint64_t[]>(kFiberStackWords);
   }
 
@@ -392,33 +429,56 @@ class Worker {
     gridDim = launch_.grid;
     cta.smem_bytes = launch_.smem_bytes;
     cta.body = launch_.body;
-    cta.fibers.resize(launch_.block.x);
-    cta.warps.resize(launch_.block.x / kWarpSize);
+    cta.fibers.resize(stacks_.size());
+    cta.warps.resize(stacks_.size() / kWarpSize);
     t_cta = &cta;
-    for (unsigned i = 0; i < launch_.block.x; ++i) {
+    for (unsigned i = 0; i < stacks_.size(); ++i) {
       uint64_t* stack = stacks_[i].get();
       stack[0] = kStackCanary;  // the low end: stacks grow down
       cta.fibers[i].stack_pointer = prepare_stack(stack, kFiberStackWords);
     }
   }
 
-  // Round robin over the live fibers, each running until it waits at a barrier or
-  // exits. A round without progress means every live fiber waits for one that never
-  // comes.
+  // Rounds over the live fibers (see Schedule), each running until it waits at a
+  // barrier or a warp collective, or exits. A round without progress means every
+  // live fiber waits for one that never comes. Fiber i is the thread of linear index
+  // i (x fastest), so warps are runs of 32 consecutive fibers, as in CUDA.
   void schedule(Cta& cta) {
+    const unsigned n_warps = unsigned(cta.warps.size());
     for (;;) {
       const uint64_t before = cta.progress;
       bool live = false;
-      for (unsigned i = 0; i < cta.fibers.size(); ++i) {
-        if (cta.fibers[i].exited) continue;
-        live = true;
-        cta.current = i;
-        threadIdx = {i, 0, 0};
-        emu_switch_fiber(&cta.scheduler_stack_pointer, cta.fibers[i].stack_pointer);
+      if (g_schedule == Schedule::round_robin) {
+        for (unsigned i = 0; i < cta.fibers.size(); ++i) live |= resume(cta, i);
+      } else {
+        const bool descending = g_schedule == Schedule::warps_descending;
+        for (unsigned k = 0; k < n_warps; ++k) live |= run_warp(cta, descending ? n_warps - 1 - k : k, descending);
       }
       if (!live) return;
       if (cta.progress == before) fail(deadlock_report(cta));
     }
+  }
+
+  // Rounds over warp w's lanes until none moves: all wait at __syncthreads or exited.
+  bool run_warp(Cta& cta, unsigned w, bool descending) {
+    bool live = false;
+    for (;;) {
+      const uint64_t before = cta.progress;
+      bool any = false;
+      for (unsigned k = 0; k < kWarpSize; ++k) any |= resume(cta, w * kWarpSize + (descending ? kWarpSize - 1 - k : k));
+      live |= any;
+      if (!any || cta.progress == before) return live;
+    }
+  }
+
+  // Runs fiber i until it next waits or exits; false if it had exited already.
+  bool resume(Cta& cta, unsigned i) {
+    if (cta.fibers[i].exited) return false;
+    const dim3 b = launch_.block;
+    cta.current = i;
+    threadIdx = {i % b.x, i / b.x % b.y, i / (b.x * b.y)};
+    emu_switch_fiber(&cta.scheduler_stack_pointer, cta.fibers[i].stack_pointer);
+    return true;
   }
 
   std::string deadlock_report(const Cta& cta) const {
@@ -448,6 +508,7 @@ uint3 block_index(uint64_t i, const dim3& grid) {
 }  // namespace
 
 void set_landing(Landing landing) { g_landing = landing; }
+void set_schedule(Schedule schedule) { g_schedule = schedule; }
 
 void launch(const void* kernel, dim3 grid, dim3 block, size_t smem_bytes, const std::function<void()>& body) {
   const Launch l{grid, block, smem_bytes, &body};
@@ -516,13 +577,24 @@ void mma_m16n8k16_bf16(float (&c)[4], const uint32_t (&a)[4], uint32_t b0, uint3
   std::memcpy(c, w.out[lane], sizeof c);
 }
 
-uint64_t shfl_xor(uint64_t value, int lane_mask) {
+uint64_t shuffle(Shuffle mode, uint64_t value, int b) {
+  const Collective kind = mode == Shuffle::bfly ? Collective::shfl_bfly
+                          : mode == Shuffle::up ? Collective::shfl_up
+                                                : Collective::shfl_idx;
   auto [w, lane] = this_lane();
   w.in[lane][0] = uint32_t(value);
   w.in[lane][1] = uint32_t(value >> 32);
-  w.in[lane][2] = uint32_t(lane_mask);
-  arrive_and_wait(w, lane, Collective::shfl, exchange_butterfly);
+  w.in[lane][2] = uint32_t(b);
+  arrive_and_wait(w, lane, kind, [kind](Warp& warp) { exchange(warp, kind); });
   return w.out[lane][0] | uint64_t(w.out[lane][1]) << 32;
+}
+
+uint32_t match_any(uint64_t value) {
+  auto [w, lane] = this_lane();
+  w.in[lane][0] = uint32_t(value);
+  w.in[lane][1] = uint32_t(value >> 32);
+  arrive_and_wait(w, lane, Collective::match_any, match_values);
+  return w.out[lane][0];
 }
 
 void syncwarp() {
@@ -551,7 +623,12 @@ GlobalBuffer::GlobalBuffer(size_t bytes) : bytes_(bytes) {
   g_global_buffers.push_back({reinterpret_cast<uintptr_t>(data_), bytes});
 }
 
+GlobalBuffer::GlobalBuffer(GlobalBuffer&& other) noexcept : data_(other.data_), bytes_(other.bytes_) {
+  other.data_ = nullptr;
+}
+
 GlobalBuffer::~GlobalBuffer() {
+  if (data_ == nullptr) return;  // moved from
   if (std::any_of(data_ + bytes_, data_ + bytes_ + kGlobalCanaryBytes, [](unsigned char c) { return c != kCanary; }))
     fail("a kernel wrote past the end of a " + std::to_string(bytes_) + "-byte global buffer");
   std::erase_if(g_global_buffers, [&](const Range& r) { return r.begin == reinterpret_cast<uintptr_t>(data_); });
@@ -559,10 +636,12 @@ GlobalBuffer::~GlobalBuffer() {
 }
 
 void GlobalBuffer::poison() const { std::memset(data_, kPoison, bytes_); }
+void GlobalBuffer::zero() const { std::memset(data_, 0, bytes_); }
 
 }  // namespace emu
 
-// ---- the CUDA runtime calls of the attention launchers ---------------------------
+// ---- the CUDA runtime calls of the launchers ---------------------------------------
+// Answered for device 0, the H100 above; any other attribute or device fails loudly.
 
 cudaError_t cudaGetDevice(int* device) {
   *device = 0;
@@ -570,9 +649,27 @@ cudaError_t cudaGetDevice(int* device) {
 }
 
 cudaError_t cudaDeviceGetAttribute(int* value, cudaDeviceAttr attr, int device) {
-  if (attr != cudaDevAttrMaxSharedMemoryPerBlockOptin || device != 0)
-    emu::fail("cudaDeviceGetAttribute: only MaxSharedMemoryPerBlockOptin of device 0 is emulated");
-  *value = emu::kSmemOptinLimit;
+  if (device != 0) emu::fail("cudaDeviceGetAttribute: only device 0 is emulated");
+  switch (attr) {
+    case cudaDevAttrMaxSharedMemoryPerBlockOptin: *value = emu::kSmemOptinLimit; break;
+    case cudaDevAttrMultiProcessorCount: *value = emu::kSms; break;
+    case cudaDevAttrComputeCapabilityMajor: *value = 9; break;
+    default: emu::fail("cudaDeviceGetAttribute: attribute " + std::to_string(int(attr)) + " is not emulated");
+  }
+  return cudaSuccess;
+}
+
+// Blocks of blockSize threads and dynamicSMemSize bytes of dynamic shared memory that
+// fit one SM by threads, block slots and shared memory. The kernel's registers and
+// static shared memory are unknown on the host and not counted, so the answer may be
+// above a real H100's; the kernels must be right for any grid that follows from it.
+cudaError_t cudaOccupancyMaxActiveBlocksPerMultiprocessor(int* numBlocks, const void*, int blockSize,
+                                                         size_t dynamicSMemSize) {
+  if (blockSize <= 0 || unsigned(blockSize) > emu::kMaxThreadsPerBlock ||
+      dynamicSMemSize > size_t(emu::kSmemOptinLimit))
+    return cudaErrorInvalidValue;
+  const int by_smem = int(emu::kSmemPerSm / (dynamicSMemSize + emu::kSmemReservedPerBlock));
+  *numBlocks = std::min({emu::kMaxBlocksPerSm, emu::kMaxThreadsPerSm / blockSize, by_smem});
   return cudaSuccess;
 }
 
@@ -584,7 +681,38 @@ cudaError_t cudaFuncSetAttribute(const void* func, cudaFuncAttribute attr, int v
   return cudaSuccess;
 }
 
+// The host build compiles no __CUDA_ARCH__ code: a kernel whose body is guarded by
+// __CUDA_ARCH__ >= 900 (crossentropy.cu's cluster kernel) is empty here, as in a build
+// without sm_90 code, which is what ptxVersion 0 tells its launcher. No static shared
+// memory is reported (its size is unknown here).
+cudaError_t cudaFuncGetAttributes(cudaFuncAttributes* attr, const void* func) {
+  *attr = cudaFuncAttributes{};
+  const auto it = emu::g_smem_optin.find(func);
+  attr->maxDynamicSharedSizeBytes = it != emu::g_smem_optin.end() ? it->second : int(emu::kDefaultSmemLimit);
+  attr->maxThreadsPerBlock = int(emu::kMaxThreadsPerBlock);
+  attr->ptxVersion = 0;
+  attr->binaryVersion = 0;
+  return cudaSuccess;
+}
+
+// Thread-block clusters are not emulated (the only cluster kernel is sm_90 code, see
+// above); its launcher never asks once ptxVersion says so.
+cudaError_t cudaOccupancyMaxActiveClusters(int*, const void*, const cudaLaunchConfig_t*) {
+  emu::fail("cudaOccupancyMaxActiveClusters: thread-block clusters are not emulated");
+}
+cudaError_t cudaLaunchKernelExC(const cudaLaunchConfig_t*, const void*, void**) {
+  emu::fail("cudaLaunchKernelEx: thread-block clusters are not emulated");
+}
+
 cudaError_t cudaGetLastError() { return cudaSuccess; }
+
+// The emulated work is done by the time a launcher returns, so stream order is call
+// order: an asynchronous memset is a memset, of a registered global buffer.
+cudaError_t cudaMemsetAsync(void* ptr, int value, size_t count, cudaStream_t) {
+  if (!emu::in_global_buffer(ptr, count)) emu::fail("cudaMemsetAsync: bytes outside every global buffer");
+  std::memset(ptr, value, count);
+  return cudaSuccess;
+}
 
 const char* cudaGetErrorString(cudaError_t) { return "error from the emulated CUDA runtime"; }
 

@@ -1,7 +1,8 @@
 // A host emulator of the CUDA execution model, just wide enough to run the real
-// source of cuda/attention.cu on a CPU (test_emu_attention): every CTA of a launch
-// runs as blockDim.x cooperative fibers on one OS thread; __syncthreads, __syncwarp
-// and the warp collectives (ldmatrix, mma, shfl) are barriers among those fibers.
+// source of the hand-written kernels of cuda/ on a CPU (the test_emu_* tests): every
+// CTA of a launch runs as one cooperative fiber per thread on one OS thread;
+// __syncthreads, __syncwarp and the warp collectives (ldmatrix, mma, shfl, match)
+// are barriers among those fibers.
 //
 // What it checks, each as one "EMU: ..." line and an abort (a GPU would fault or
 // silently compute garbage; neither can be unwound through the fibers):
@@ -18,8 +19,14 @@
 //     .sync.aligned rule: every thread of the warp executes the same instruction);
 //     __syncthreads: all threads of the CTA; a round in which no fiber can move is
 //     reported as a deadlock (a barrier some thread never reaches);
-//   - launch: block ≤ 1024 threads (1-D only), grid limits, dynamic shared memory
-//     ≤ 227 KB (sm_90) and above 48 KB only after cudaFuncSetAttribute opted in.
+//   - launch: block ≤ 1024 threads in whole warps, grid limits, dynamic shared
+//     memory ≤ 227 KB (sm_90) and above 48 KB only after cudaFuncSetAttribute opted in
+//     (static __shared__ arrays are not counted: their size is unknown here);
+//   - global buffers (GlobalBuffer): a canary past the end, checked when freed.
+// Outside the emulator proper, the kernel files are compiled with
+// -fsanitize=alignment: a vector access (int4, float4, Bf16x8, ...) off the alignment
+// of its type aborts with UBSan's "runtime error: ... misaligned address" line, where
+// a GPU faults with "misaligned address".
 #pragma once
 #include <cuda_runtime.h>
 
@@ -37,6 +44,16 @@ namespace emu {
 enum class Landing { at_wait, at_issue };
 void set_landing(Landing landing);
 
+// The order in which a CTA's threads run between barriers. round_robin: each thread in
+// turn until it waits, so the warps move almost in step. warps_ascending / descending:
+// one warp (its lanes in that order) runs until all of them wait at __syncthreads,
+// then the next: each warp as far ahead of the others as the barriers let it, which
+// shows a missing barrier between warps (a read before another warp's write, or a
+// write over data another warp has yet to read) in one direction or the other. A
+// race-free kernel gives bit-identical results under all three.
+enum class Schedule { round_robin, warps_ascending, warps_descending };
+void set_schedule(Schedule schedule);
+
 // Runs `body` once per thread of each CTA of `grid`; CTAs spread over worker threads.
 // `kernel` identifies the kernel for the dynamic-shared-memory opt-in check.
 void launch(const void* kernel, dim3 grid, dim3 block, size_t smem_bytes, const std::function<void()>& body);
@@ -51,7 +68,9 @@ void cp_async_commit();
 void cp_async_wait(int n);
 void ldmatrix_x4(uint32_t (&r)[4], uint32_t addr, bool trans);
 void mma_m16n8k16_bf16(float (&c)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1);
-uint64_t shfl_xor(uint64_t value, int lane_mask);
+enum class Shuffle { bfly, up, idx };
+uint64_t shuffle(Shuffle mode, uint64_t value, int b);  // the value of another lane
+uint32_t match_any(uint64_t value);                     // the lanes holding the same value
 void syncthreads();
 void syncwarp();
 
@@ -61,13 +80,15 @@ class GlobalBuffer {
  public:
   explicit GlobalBuffer(size_t bytes);
   ~GlobalBuffer();
-  GlobalBuffer(const GlobalBuffer&) = delete;
-  GlobalBuffer& operator=(const GlobalBuffer&) = delete;
+  GlobalBuffer(GlobalBuffer&& other) noexcept;  // other is left empty
+  GlobalBuffer& operator=(GlobalBuffer&&) = delete;
   template <class T>
   T* as() const {
     return reinterpret_cast<T*>(data_);
   }
+  size_t bytes() const { return bytes_; }
   void poison() const;  // all bits set: NaN as fp32 and as bf16
+  void zero() const;
 
  private:
   unsigned char* data_;

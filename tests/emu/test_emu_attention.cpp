@@ -1,4 +1,4 @@
-// The real cuda/attention.cu, compiled unchanged as C++ (attention_emu.cpp) and run
+// The real cuda/attention.cu, compiled unchanged as C++ (CMakeLists.txt) and run
 // on the host emulator (emu.hpp) through its launchers, against a float64 reference
 // of causal GQA attention: the kernels' code is checked on every commit, without a GPU.
 //
@@ -26,7 +26,10 @@
 //   dkv: the T-tail term of need_mask and load_tile's zero-fill both removed: wrong dk
 // Survive, being equivalent: the T-tail term of dkv's or dq's need_mask alone, or the
 // zero-fill alone (a row past T is masked or zero; either keeps it out of every sum).
-#define DOCTEST_CONFIG_IMPLEMENT_WITH_MAIN
+// First: the kernels' headers include cuda/common.cuh, whose device functions call
+// CUDA built-ins.
+#include "tests/emu/builtins.hpp"
+
 #include <doctest/doctest.h>
 
 #include <cuda_bf16.h>
@@ -39,13 +42,11 @@
 
 #include "cuda/attention.cuh"
 #include "tests/emu/emu.hpp"
-#include "tests/gpu_test.hpp"
+#include "tests/emu/emu_test.hpp"
 
 namespace {
 
-using spes::cuda::bf16;
-using spes::test::random_vector;
-using spes::test::rng;
+using namespace spes::test;
 
 struct Shape {
   int64_t B, T, H, Hkv, D;
@@ -59,14 +60,6 @@ struct Shape {
            " Hkv=" + std::to_string(Hkv) + " D=" + std::to_string(D);
   }
 };
-
-float bf16_round(float x) { return __bfloat162float(__float2bfloat16_rn(x)); }
-
-std::vector<float> random_bf16_values(int64_t n, float scale = 1.0f) {
-  std::vector<float> v = random_vector(n, scale);
-  for (float& x : v) x = bf16_round(x);
-  return v;
-}
 
 // What the kernels read and the reference is fed: bf16 values.
 struct Inputs {
@@ -175,20 +168,6 @@ Outputs reference_attention(const Shape& s, const Inputs& in) {
 
 // ---- the emulated kernels -----------------------------------------------------------
 
-void upload_bf16(const emu::GlobalBuffer& dst, const std::vector<float>& values) {
-  for (size_t i = 0; i < values.size(); ++i) dst.as<bf16>()[i] = __float2bfloat16_rn(values[i]);
-}
-
-std::vector<float> download_bf16(const emu::GlobalBuffer& src, int64_t n) {
-  std::vector<float> v(n);
-  for (int64_t i = 0; i < n; ++i) v[i] = __bfloat162float(src.as<bf16>()[i]);
-  return v;
-}
-
-std::vector<float> download_f32(const emu::GlobalBuffer& src, int64_t n) {
-  return {src.as<float>(), src.as<float>() + n};
-}
-
 Outputs emulated_attention(const Shape& s, const Inputs& in, emu::Landing landing) {
   const auto [B, T, H, Hkv, D, q_scale] = s;
   const size_t q_bytes = s.q_elems() * sizeof(bf16), kv_bytes = s.kv_elems() * sizeof(bf16);
@@ -207,7 +186,7 @@ Outputs emulated_attention(const Shape& s, const Inputs& in, emu::Landing landin
   spes::cuda::attention_backward(dq.as<bf16>(), dk.as<bf16>(), dv.as<bf16>(), dout.as<bf16>(), q.as<bf16>(),
                                  k.as<bf16>(), v.as<bf16>(), out.as<bf16>(), lse.as<float>(), scratch.as<void>(), B,
                                  T, H, Hkv, D, nullptr);
-  return {download_bf16(out, s.q_elems()), download_f32(lse, s.rows()), download_bf16(dq, s.q_elems()),
+  return {download_bf16(out, s.q_elems()), download(lse, s.rows()), download_bf16(dq, s.q_elems()),
           download_bf16(dk, s.kv_elems()), download_bf16(dv, s.kv_elems())};
 }
 
@@ -223,10 +202,6 @@ constexpr Tensor kTensors[] = {{"out", &Outputs::out, 2e-2},
                                {"dq", &Outputs::dq, 2e-2},
                                {"dk", &Outputs::dk, 2e-2},
                                {"dv", &Outputs::dv, 2e-2}};
-
-bool same_bits(const std::vector<float>& a, const std::vector<float>& b) {
-  return a.size() == b.size() && std::memcmp(a.data(), b.data(), a.size() * sizeof(float)) == 0;
-}
 
 void check_attention(const Shape& s) {
   INFO(s.tag());

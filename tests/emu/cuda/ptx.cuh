@@ -1,12 +1,12 @@
 // The emulator's twin of cuda/ptx.cuh: same names and signatures, each forwarding to
-// tests/emu/emu.hpp. The emulated attention build puts tests/emu/ first on the
-// include path, so cuda/attention.cu, compiled unchanged, includes this file instead.
+// tests/emu/emu.hpp. The emulated kernels' build puts tests/emu/ first on the include
+// path, so cuda/attention.cu, compiled unchanged, includes this file instead (and
+// through it tests/emu/cuda/launch.cuh).
 #pragma once
 #include <cmath>
-#include <cstddef>
 #include <cstdint>
-#include <type_traits>
 
+#include "cuda/launch.cuh"
 #include "tests/emu/emu.hpp"
 
 namespace spes::cuda {
@@ -33,13 +33,5 @@ inline void mma_bf16(float (&c)[4], const uint32_t (&a)[4], uint32_t b0, uint32_
 // ex2.approx.ftz approximates 2^x to a few ulp and flushes subnormals (PTX ISA);
 // std::exp2 rounds correctly. Both give 0 for -inf, which the masked softmax needs.
 inline float ex2(float x) { return std::exp2(x); }
-
-using emu::dynamic_smem;
-
-template <typename... Params>
-void launch(void (*kernel)(Params...), dim3 grid, dim3 block, size_t smem_bytes, cudaStream_t,
-            std::type_identity_t<Params>... args) {
-  emu::launch(reinterpret_cast<const void*>(kernel), grid, block, smem_bytes, [&] { kernel(args...); });
-}
 
 }  // namespace spes::cuda

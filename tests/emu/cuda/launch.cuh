@@ -1,0 +1,27 @@
+// The emulator's twin of cuda/launch.cuh: same names and signatures, forwarding to
+// tests/emu/emu.hpp. The emulated kernels' build puts tests/emu/ first on the include
+// path, so the kernel files, compiled unchanged, include this file instead.
+#pragma once
+#include <cstddef>
+#include <type_traits>
+
+#include "tests/emu/emu.hpp"
+
+namespace spes::cuda {
+
+// dynamic_smem<T> converts to the running CTA's dynamic shared memory as T*, which is
+// all a kernel does with it (`float* smem = dynamic_smem<float>;`).
+template <typename T>
+struct DynamicSmem {
+  operator T*() const { return reinterpret_cast<T*>(emu::dynamic_smem); }
+};
+template <typename T>
+inline constexpr DynamicSmem<T> dynamic_smem{};
+
+template <typename... Params>
+void launch(void (*kernel)(Params...), dim3 grid, dim3 block, size_t smem_bytes, cudaStream_t,
+            std::type_identity_t<Params>... args) {
+  emu::launch(reinterpret_cast<const void*>(kernel), grid, block, smem_bytes, [&] { kernel(args...); });
+}
+
+}  // namespace spes::cuda
