@@ -9,6 +9,7 @@
 #include "cuda/crossentropy.cuh"
 #include "model/cpu/ops.hpp"
 #include "tests/cuda_test.cuh"
+#include "tests/kernel_cases.hpp"
 
 using namespace spes::cuda;
 using namespace spes::test;
@@ -18,19 +19,6 @@ namespace {
 constexpr double kTolF32 = 1e-5;
 constexpr double kTolBf16 = 1e-2;
 
-// Host logits with row stride ld; the padding is NaN.
-std::vector<float> strided(const std::vector<float>& dense, int64_t N, int64_t V, int64_t ld) {
-  std::vector<float> s(N * ld, NAN);
-  for (int64_t n = 0; n < N; ++n)
-    for (int64_t i = 0; i < V; ++i) s[n * ld + i] = dense[n * V + i];
-  return s;
-}
-std::vector<float> dense_of(const std::vector<float>& s, int64_t N, int64_t V, int64_t ld) {
-  std::vector<float> d(N * V);
-  for (int64_t n = 0; n < N; ++n)
-    for (int64_t i = 0; i < V; ++i) d[n * V + i] = s[n * ld + i];
-  return d;
-}
 
 void check_case(int64_t N, int64_t V, int64_t ld, CeImpl impl, bool in_place) {
   CAPTURE(N);

@@ -30,6 +30,7 @@
 #include "cuda/swiglu.cuh"
 #include "model/cpu/ops.hpp"
 #include "tests/cuda_test.cuh"
+#include "tests/kernel_cases.hpp"
 
 namespace {
 
@@ -250,20 +251,7 @@ GPU_TEST_CASE("cuda router backward: routing weights, LB and z-loss terms, with 
 // ---- dispatch / gather / combine ---------------------------------------------------------
 
 GPU_TEST_CASE("cuda moe dispatch: the CPU's stable expert-major permutation, exactly") {
-  struct Case {
-    int64_t N, E, K;
-    std::vector<int32_t> allowed;  // empty: all experts
-    const char* what;
-  };
-  const Case cases[] = {
-      {3000, 16, 2, {}, "several chunks, last one partial"},
-      {5, 4, 4, {}, "every expert on every token"},
-      {700, 8, 2, {0, 2, 5}, "empty experts"},
-      {2500, 4, 1, {3}, "all tokens on one expert"},
-      {2049, 64, 8, {}, "fine-grained"},
-      {1, 3, 2, {}, "one token"},
-      {4096, 256, 2, {}, "E = 256, exact chunk multiple"},
-  };
+  const std::vector<spes::test::DispatchCase> cases = spes::test::dispatch_cases();
   for (const auto& c : cases) {
     CAPTURE(c.what);
     std::vector<int32_t> allowed = c.allowed;

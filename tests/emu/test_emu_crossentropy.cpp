@@ -46,6 +46,7 @@
 #include "cuda/loss.cuh"
 #include "tests/emu/emu.hpp"
 #include "tests/emu/emu_test.hpp"
+#include "tests/kernel_cases.hpp"
 
 namespace {
 
@@ -81,22 +82,7 @@ Reference reference(const std::vector<float>& logits, const std::vector<int32_t>
   return r;
 }
 
-// Host logits with row stride ld; the padding is NaN.
-std::vector<float> strided(const std::vector<float>& dense, int64_t N, int64_t V, int64_t ld) {
-  std::vector<float> s(N * ld, NAN);
-  for (int64_t n = 0; n < N; ++n)
-    for (int64_t i = 0; i < V; ++i) s[n * ld + i] = dense[n * V + i];
-  return s;
-}
-
-// The first V values of each row (dense), and whether values [from, ld) of every row
-// are still the poison (all bits set).
-std::vector<float> dense_of(const std::vector<float>& s, int64_t N, int64_t V, int64_t ld) {
-  std::vector<float> d(N * V);
-  for (int64_t n = 0; n < N; ++n)
-    for (int64_t i = 0; i < V; ++i) d[n * V + i] = s[n * ld + i];
-  return d;
-}
+// Whether values [from, ld) of every row are still the poison (all bits set).
 bool poisoned(const GlobalBuffer& b, int64_t N, int64_t from, int64_t ld) {
   for (int64_t n = 0; n < N; ++n)
     for (int64_t i = from; i < ld; ++i)

@@ -39,6 +39,7 @@
 #include "model/cpu/ops.hpp"
 #include "tests/emu/emu.hpp"
 #include "tests/emu/emu_test.hpp"
+#include "tests/kernel_cases.hpp"
 
 namespace {
 
@@ -85,22 +86,9 @@ GlobalBuffer uploaded(const std::vector<int32_t>& v) {
 // an exact multiple, one token; empty experts, every token on one expert, every
 // expert on every token; E from 3 to 256.
 TEST_CASE("emulated moe dispatch gives the CPU's stable expert-major permutation, exactly") {
-  struct Case {
-    int64_t N, E, K;
-    std::vector<int32_t> allowed;  // empty: all experts
-    const char* what;
-  };
-  const Case cases[] = {
-      {3000, 16, 2, {}, "several chunks, last one partial"},
-      {5, 4, 4, {}, "every expert on every token"},
-      {700, 8, 2, {0, 2, 5}, "empty experts"},
-      {2500, 4, 1, {3}, "all tokens on one expert"},
-      {2049, 64, 8, {}, "fine-grained"},
-      {1, 3, 2, {}, "one token"},
-      {4096, 256, 2, {}, "E = 256, exact chunk multiple"},
-      {0, 8, 2, {}, "no tokens: offsets all 0"},
-  };
-  for (const Case& c : cases) {
+  std::vector<spes::test::DispatchCase> cases = spes::test::dispatch_cases();
+  cases.push_back({0, 8, 2, {}, "no tokens: offsets all 0"});
+  for (const auto& c : cases) {
     const auto& [N, E, K, allowed, description] = c;
     const std::string what = description;
     INFO(what);
