@@ -651,10 +651,10 @@ void MoeLayer::run_site(cublasHandle_t handle, Site s) {
     // come after some groups ran and added into C: re-running them would count those
     // gradients twice, so it is an error.
     if (!grouped_refusal(status)) cublas_check(status);
-    const cudaError_t launch = cudaGetLastError();
-    if (launch != cudaSuccess)
+    const cudaError_t launch_error = cudaGetLastError();
+    if (launch_error != cudaSuccess)
       throw Error(std::string("cublasGemmGroupedBatchedEx refused the call (") + cublasGetStatusString(status) +
-                  ") after a launch failed: " + cudaGetErrorString(launch));
+                  ") after a launch failed: " + cudaGetErrorString(launch_error));
     grouped_fallback_[s] = true;
     report_grouped_fallback(s, status);
   }

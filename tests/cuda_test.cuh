@@ -11,6 +11,7 @@
 #include "cuda/check.cuh"
 #include "cuda/common.cuh"
 #include "cuda/runtime.cuh"
+#include "tests/bf16_values.hpp"
 #include "tests/gpu_test.hpp"
 
 namespace spes::test {
@@ -23,14 +24,6 @@ inline spes::cuda::Runtime& runtime() {
   return rt;
 }
 inline cudaStream_t stream() { return runtime().stream(); }
-
-inline float bf16_round(float x) { return __bfloat162float(__float2bfloat16_rn(x)); }
-
-// The values a bf16 tensor actually holds: what the CPU reference must be fed.
-inline std::vector<float> rounded_bf16(std::vector<float> v) {
-  for (auto& x : v) x = bf16_round(x);
-  return v;
-}
 
 // Every helper below works on the runtime's stream. That stream is
 // cudaStreamNonBlocking, so work on the legacy default stream (cudaMemset,

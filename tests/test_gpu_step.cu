@@ -50,24 +50,15 @@
 #include "model/gpu_memory.hpp"
 #include "model/gpu/gpu_model.cuh"
 #include "model/layout.hpp"
+#include "tests/bf16_values.hpp"
 #include "tests/gpu_test.hpp"
 #include "tests/gpu_train_util.hpp"
 #include "tests/test_util.hpp"
 
 using namespace spes;
-using test::csv_rows, test::gpu_config, test::loss_columns, test::mean_loss_of_last, test::ownership_of;
+using test::bf16_round, test::csv_rows, test::gpu_config, test::loss_columns, test::mean_loss_of_last, test::ownership_of;
 
 namespace {
-
-// Round to nearest even at bf16 precision (what float_to_bf16 does on the device).
-float bf16_round(float x) {
-  uint32_t u;
-  std::memcpy(&u, &x, 4);
-  u += 0x7FFFu + ((u >> 16) & 1u);
-  u &= 0xFFFF0000u;
-  std::memcpy(&x, &u, 4);
-  return x;
-}
 
 // The seeded init with norm weights spread around 1, rounded to bf16 so both
 // devices compute with exactly the same weights.

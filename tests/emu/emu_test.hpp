@@ -15,6 +15,7 @@
 #include <vector>
 
 #include "cuda/common.cuh"
+#include "tests/bf16_values.hpp"
 #include "tests/emu/emu.hpp"
 #include "tests/gpu_test.hpp"
 
@@ -22,14 +23,10 @@ namespace spes::test {
 
 using spes::cuda::bf16;
 
-inline float bf16_round(float x) { return __bfloat162float(__float2bfloat16_rn(x)); }
-
 // Random normal values (rng(): seed it first), rounded to bf16: what a bf16 tensor
 // holds and the reference must be fed.
 inline std::vector<float> random_bf16_values(int64_t n, float scale = 1.0f) {
-  std::vector<float> v = random_vector(n, scale);
-  for (float& x : v) x = bf16_round(x);
-  return v;
+  return rounded_bf16(random_vector(n, scale));
 }
 
 // An emulated device buffer of n values of T.
