@@ -1,4 +1,5 @@
 #include "cuda/convert.cuh"
+#include "cuda/launch.cuh"
 
 #include "cuda/check.cuh"
 
@@ -34,7 +35,7 @@ void float_to_bf16(bf16* out, const float* in, int64_t n, cudaStream_t stream) {
   const bool vec = aligned(out, 16) && aligned(in, 16);
   const int64_t work = vec ? ceil_div(n, 8) : n;
   const unsigned blocks = unsigned(std::min<int64_t>(ceil_div(work, kThreads), 8192));
-  float_to_bf16_kernel<<<blocks, kThreads, 0, stream>>>(out, in, n, vec);
+  launch(float_to_bf16_kernel, blocks, kThreads, 0, stream, out, in, n, vec);
   cuda_check_launch();
 }
 

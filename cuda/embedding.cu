@@ -15,6 +15,7 @@
 
 #include "cuda/check.cuh"
 #include "cuda/embedding.cuh"
+#include "cuda/launch.cuh"
 
 namespace spes::cuda {
 
@@ -128,8 +129,8 @@ void embedding_forward(bf16* out, const int32_t* tokens, const bf16* table, int6
   if (N == 0) return;
   const int64_t total = N * (C / 8);
   const int threads = 256;
-  embedding_forward_kernel<<<static_cast<unsigned>(ceil_div(total, threads)), threads, 0, stream>>>(
-      out, tokens, table, N, static_cast<int>(C), V);
+  launch(embedding_forward_kernel, static_cast<unsigned>(ceil_div(total, threads)), threads, 0, stream, out, tokens,
+         table, N, static_cast<int>(C), V);
   cuda_check_launch();
 }
 
@@ -155,8 +156,8 @@ void embedding_backward(float* dtable, const bf16* dout, const int32_t* tokens, 
               std::to_string(need) + " bytes");
   Workspace ws = carve(workspace, N, need - 4 * array_bytes(N));
 
-  embedding_keys_kernel<<<static_cast<unsigned>(ceil_div(N, 256)), 256, 0, stream>>>(ws.keys_in, ws.pos_in, tokens,
-                                                                                       N, V);
+  launch(embedding_keys_kernel, static_cast<unsigned>(ceil_div(N, 256)), 256, 0, stream, ws.keys_in, ws.pos_in, tokens,
+         N, V);
   cuda_check_launch();
   size_t temp = ws.temp_bytes;
   cuda_check(cub::DeviceRadixSort::SortPairs(ws.temp, temp, ws.keys_in, ws.keys_out, ws.pos_in, ws.pos_out,
@@ -164,8 +165,8 @@ void embedding_backward(float* dtable, const bf16* dout, const int32_t* tokens, 
   const int c8 = static_cast<int>(C / 8);
   const int threads = static_cast<int>(std::min<int64_t>(128, round_up(c8, kWarp)));
   const dim3 grid(static_cast<unsigned>(N), static_cast<unsigned>(ceil_div(c8, threads)));
-  embedding_backward_kernel<<<grid, threads, 0, stream>>>(dtable, dout, ws.keys_out, ws.pos_out, N,
-                                                          static_cast<int>(C), static_cast<uint32_t>(V));
+  launch(embedding_backward_kernel, grid, threads, 0, stream, dtable, dout, ws.keys_out, ws.pos_out, N,
+         static_cast<int>(C), static_cast<uint32_t>(V));
   cuda_check_launch();
 }
 

@@ -72,12 +72,6 @@ struct Range {
 // Changed only between launches (GlobalBuffer), read by the workers during one.
 std::vector<Range> g_global_buffers;
 
-bool in_global_buffer(const void* p, size_t bytes) {
-  const auto a = reinterpret_cast<uintptr_t>(p);
-  return std::any_of(g_global_buffers.begin(), g_global_buffers.end(),
-                     [&](const Range& r) { return a >= r.begin && a + bytes <= r.begin + r.bytes; });
-}
-
 unsigned threads_of(const dim3& block) { return block.x * block.y * block.z; }
 
 std::string str(const dim3& d) {
@@ -507,6 +501,12 @@ uint3 block_index(uint64_t i, const dim3& grid) {
 
 }  // namespace
 
+bool in_global_buffer(const void* p, size_t bytes) {
+  const auto a = reinterpret_cast<uintptr_t>(p);
+  return std::any_of(g_global_buffers.begin(), g_global_buffers.end(),
+                     [&](const Range& r) { return a >= r.begin && a + bytes <= r.begin + r.bytes; });
+}
+
 void set_landing(Landing landing) { g_landing = landing; }
 void set_schedule(Schedule schedule) { g_schedule = schedule; }
 
@@ -706,19 +706,4 @@ cudaError_t cudaLaunchKernelExC(const cudaLaunchConfig_t*, const void*, void**) 
 
 cudaError_t cudaGetLastError() { return cudaSuccess; }
 
-// The emulated work is done by the time a launcher returns, so stream order is call
-// order: an asynchronous memset is a memset, of a registered global buffer.
-cudaError_t cudaMemsetAsync(void* ptr, int value, size_t count, cudaStream_t) {
-  if (!emu::in_global_buffer(ptr, count)) emu::fail("cudaMemsetAsync: bytes outside every global buffer");
-  std::memset(ptr, value, count);
-  return cudaSuccess;
-}
-
 const char* cudaGetErrorString(cudaError_t) { return "error from the emulated CUDA runtime"; }
-
-namespace spes::cuda {
-void throw_cuda_error(const char* what, const char* msg, const char* file, int line) {
-  throw Error(std::string("CUDA error (emulated): ") + what + " failed at " + file + ":" + std::to_string(line) +
-              ": " + msg);
-}
-}  // namespace spes::cuda

@@ -74,6 +74,9 @@ uint32_t match_any(uint64_t value);                     // the lanes holding the
 void syncthreads();
 void syncwarp();
 
+// Whether [p, p + bytes) lies inside one registered global buffer (a GlobalBuffer).
+bool in_global_buffer(const void* p, size_t bytes);
+
 // A "device" allocation: host memory the kernels may read by cp.async, with a canary
 // past its end that is checked when it is destroyed.
 class GlobalBuffer {

@@ -1,0 +1,259 @@
+// The CUDA runtime calls of the GPU model and backend (cuda/runtime.cu, model/gpu/,
+// engine/gpu_backend.cu), on the host, for the emulated whole-step tests: one
+// emulated H100 (device 0), device memory as emu::GlobalBuffer (bounds-checked,
+// canary past the end), one implicit stream on which every call completes before it
+// returns — except the one asynchrony a correct program must wait for:
+//
+//   A cudaMemcpyAsync from device memory into pinned host memory (cudaMallocHost) may
+//   still be in flight when the call returns; the host sees the bytes only after it
+//   synchronizes (cudaStreamSynchronize, cudaEventSynchronize on a later event,
+//   cudaDeviceSynchronize). Here the destination holds NaN bytes until then, so a
+//   read before the wait shows as a NaN instead of passing by luck. (Into pageable
+//   memory the call returns after the copy, as the runtime documents.)
+//
+// Anything outside that model fails loudly (emu::fail): a copy from or to bytes
+// outside every allocation, a free of a pointer never allocated, a second device.
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <cstdint>
+#include <cstdlib>
+#include <cstring>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <vector>
+
+#include "tests/emu/emu.hpp"
+
+namespace emu {
+namespace {
+
+constexpr size_t kDeviceBytes = size_t(80) << 30;  // an H100 80GB, as cudaMemGetInfo reports
+constexpr unsigned char kInFlight = 0xFF;          // NaN as fp32 and as bf16
+
+std::mutex g_mutex;  // the maps below; data-parallel backends call from several threads
+std::map<const void*, std::unique_ptr<GlobalBuffer>> g_device;  // cudaMalloc
+std::map<const void*, size_t> g_pinned;                          // cudaMallocHost
+size_t g_device_used = 0;
+
+// A device→pinned copy not yet visible to the host: its bytes as the stream read them.
+struct InFlight {
+  uint64_t seq;
+  void* dst;
+  std::vector<unsigned char> bytes;
+};
+std::vector<InFlight> g_in_flight;
+uint64_t g_seq = 0;  // stream position: one per call that enqueues work
+
+bool is_pinned(const void* p, size_t bytes) {
+  const auto a = reinterpret_cast<uintptr_t>(p);
+  return std::any_of(g_pinned.begin(), g_pinned.end(), [&](const auto& kv) {
+    const auto b = reinterpret_cast<uintptr_t>(kv.first);
+    return a >= b && a + bytes <= b + kv.second;
+  });
+}
+
+// The host sees every device→pinned copy enqueued before stream position `seq`.
+void land_before(uint64_t seq) {
+  std::erase_if(g_in_flight, [&](InFlight& f) {
+    if (f.seq >= seq) return false;
+    std::memcpy(f.dst, f.bytes.data(), f.bytes.size());
+    return true;
+  });
+}
+
+void require_device(const void* p, size_t bytes, const std::string& what) {
+  if (bytes != 0 && !in_global_buffer(p, bytes))
+    fail(what + ": " + std::to_string(bytes) + " bytes outside every device allocation");
+}
+
+struct Event {
+  uint64_t seq = 0;  // stream position at cudaEventRecord
+  bool recorded = false;
+};
+
+}  // namespace
+}  // namespace emu
+
+using emu::g_mutex;
+
+// ---- device ------------------------------------------------------------------------
+
+cudaError_t cudaGetDeviceCount(int* count) {
+  *count = 1;
+  return cudaSuccess;
+}
+
+cudaError_t cudaSetDevice(int device) { return device == 0 ? cudaSuccess : cudaErrorInvalidDevice; }
+
+cudaError_t cudaGetDeviceProperties(cudaDeviceProp* prop, int device) {
+  if (device != 0) return cudaErrorInvalidDevice;
+  *prop = cudaDeviceProp{};
+  std::snprintf(prop->name, sizeof prop->name, "NVIDIA H100 80GB HBM3 (emulated)");
+  prop->major = 9;
+  prop->minor = 0;
+  prop->multiProcessorCount = 132;
+  prop->totalGlobalMem = emu::kDeviceBytes;
+  prop->sharedMemPerBlockOptin = 227 * 1024;
+  prop->l2CacheSize = 50 << 20;
+  prop->memoryBusWidth = 5120;
+  return cudaSuccess;
+}
+
+cudaError_t cudaMemGetInfo(size_t* free_bytes, size_t* total_bytes) {
+  std::lock_guard lock(g_mutex);
+  *total_bytes = emu::kDeviceBytes;
+  *free_bytes = emu::kDeviceBytes - emu::g_device_used;
+  return cudaSuccess;
+}
+
+cudaError_t cudaDeviceSynchronize() {
+  std::lock_guard lock(g_mutex);
+  emu::land_before(UINT64_MAX);
+  return cudaSuccess;
+}
+
+// ---- memory --------------------------------------------------------------------------
+
+cudaError_t cudaMalloc(void** ptr, size_t bytes) {
+  std::lock_guard lock(g_mutex);
+  if (bytes > emu::kDeviceBytes - emu::g_device_used) return cudaErrorMemoryAllocation;
+  auto buffer = std::make_unique<emu::GlobalBuffer>(bytes);
+  buffer->poison();  // cudaMalloc'd memory holds garbage: NaN here, so a read before a write shows
+  *ptr = buffer->as<void>();
+  emu::g_device_used += bytes;
+  emu::g_device.emplace(*ptr, std::move(buffer));
+  return cudaSuccess;
+}
+
+cudaError_t cudaFree(void* ptr) {
+  if (ptr == nullptr) return cudaSuccess;
+  std::lock_guard lock(g_mutex);
+  const auto it = emu::g_device.find(ptr);
+  if (it == emu::g_device.end()) emu::fail("cudaFree of a pointer cudaMalloc never returned");
+  emu::g_device_used -= it->second->bytes();
+  emu::g_device.erase(it);  // checks the canary past the end
+  return cudaSuccess;
+}
+
+// Pinned host memory (the typed cudaMallocHost of cuda_runtime.h calls this).
+cudaError_t cudaHostAlloc(void** ptr, size_t bytes, unsigned) {
+  std::lock_guard lock(g_mutex);
+  *ptr = std::aligned_alloc(256, std::max<size_t>(256, (bytes + 255) / 256 * 256));
+  if (*ptr == nullptr) return cudaErrorMemoryAllocation;
+  emu::g_pinned.emplace(*ptr, bytes);
+  return cudaSuccess;
+}
+
+cudaError_t cudaMallocHost(void** ptr, size_t bytes) { return cudaHostAlloc(ptr, bytes, 0); }
+
+cudaError_t cudaFreeHost(void* ptr) {
+  if (ptr == nullptr) return cudaSuccess;
+  std::lock_guard lock(g_mutex);
+  if (emu::g_pinned.erase(ptr) == 0) emu::fail("cudaFreeHost of a pointer cudaMallocHost never returned");
+  std::erase_if(emu::g_in_flight, [&](const emu::InFlight& f) { return f.dst == ptr; });
+  std::free(ptr);
+  return cudaSuccess;
+}
+
+// Checks both ends against the direction, copies (or, device→pinned, defers).
+cudaError_t cudaMemcpyAsync(void* dst, const void* src, size_t bytes, cudaMemcpyKind kind, cudaStream_t) {
+  std::lock_guard lock(g_mutex);
+  ++emu::g_seq;
+  if (bytes == 0) return cudaSuccess;
+  const bool src_device = emu::in_global_buffer(src, bytes), dst_device = emu::in_global_buffer(dst, bytes);
+  switch (kind) {
+    case cudaMemcpyHostToDevice: emu::require_device(dst, bytes, "cudaMemcpyAsync HostToDevice, dst"); break;
+    case cudaMemcpyDeviceToHost: emu::require_device(src, bytes, "cudaMemcpyAsync DeviceToHost, src"); break;
+    case cudaMemcpyDeviceToDevice:
+      emu::require_device(src, bytes, "cudaMemcpyAsync DeviceToDevice, src");
+      emu::require_device(dst, bytes, "cudaMemcpyAsync DeviceToDevice, dst");
+      break;
+    case cudaMemcpyDefault: break;  // unified addressing: either side may be either
+    default: emu::fail("cudaMemcpyAsync: kind " + std::to_string(int(kind)) + " is not emulated");
+  }
+  if (src_device && !dst_device && emu::is_pinned(dst, bytes)) {
+    const auto* s = static_cast<const unsigned char*>(src);
+    emu::g_in_flight.push_back({emu::g_seq, dst, {s, s + bytes}});
+    std::memset(dst, emu::kInFlight, bytes);
+    return cudaSuccess;
+  }
+  std::memmove(dst, src, bytes);
+  return cudaSuccess;
+}
+
+cudaError_t cudaMemcpy(void* dst, const void* src, size_t bytes, cudaMemcpyKind kind) {
+  const cudaError_t e = cudaMemcpyAsync(dst, src, bytes, kind, nullptr);
+  cudaDeviceSynchronize();  // the legacy stream: returns after the copy, and after all earlier work
+  return e;
+}
+
+// The launchers' memsets: call order is stream order (see the file comment).
+cudaError_t cudaMemsetAsync(void* ptr, int value, size_t count, cudaStream_t) {
+  std::lock_guard lock(g_mutex);
+  ++emu::g_seq;
+  emu::require_device(ptr, count, "cudaMemsetAsync");
+  std::memset(ptr, value, count);
+  return cudaSuccess;
+}
+
+cudaError_t cudaMemset2DAsync(void* ptr, size_t pitch, int value, size_t width, size_t height, cudaStream_t) {
+  std::lock_guard lock(g_mutex);
+  ++emu::g_seq;
+  if (width > pitch) return cudaErrorInvalidValue;
+  if (width == 0 || height == 0) return cudaSuccess;
+  auto* p = static_cast<unsigned char*>(ptr);
+  emu::require_device(p, (height - 1) * pitch + width, "cudaMemset2DAsync");
+  for (size_t row = 0; row < height; ++row) std::memset(p + row * pitch, value, width);
+  return cudaSuccess;
+}
+
+// ---- streams and events ------------------------------------------------------------------
+
+cudaError_t cudaStreamCreateWithFlags(cudaStream_t* stream, unsigned) {
+  *stream = reinterpret_cast<cudaStream_t>(new int(0));  // a distinct non-null handle
+  return cudaSuccess;
+}
+
+cudaError_t cudaStreamDestroy(cudaStream_t stream) {
+  delete reinterpret_cast<int*>(stream);
+  return cudaSuccess;
+}
+
+cudaError_t cudaStreamSynchronize(cudaStream_t) { return cudaDeviceSynchronize(); }
+
+cudaError_t cudaEventCreateWithFlags(cudaEvent_t* event, unsigned) {
+  *event = reinterpret_cast<cudaEvent_t>(new emu::Event);
+  return cudaSuccess;
+}
+
+cudaError_t cudaEventCreate(cudaEvent_t* event) { return cudaEventCreateWithFlags(event, 0); }
+
+cudaError_t cudaEventDestroy(cudaEvent_t event) {
+  delete reinterpret_cast<emu::Event*>(event);
+  return cudaSuccess;
+}
+
+cudaError_t cudaEventRecord(cudaEvent_t event, cudaStream_t) {
+  std::lock_guard lock(g_mutex);
+  auto* e = reinterpret_cast<emu::Event*>(event);
+  e->seq = ++emu::g_seq;
+  e->recorded = true;
+  return cudaSuccess;
+}
+
+cudaError_t cudaEventSynchronize(cudaEvent_t event) {
+  std::lock_guard lock(g_mutex);
+  emu::land_before(reinterpret_cast<emu::Event*>(event)->seq);
+  return cudaSuccess;
+}
+
+// No clock on the emulated device: every interval is zero.
+cudaError_t cudaEventElapsedTime(float* ms, cudaEvent_t start, cudaEvent_t end) {
+  if (!reinterpret_cast<emu::Event*>(start)->recorded || !reinterpret_cast<emu::Event*>(end)->recorded)
+    return cudaErrorInvalidResourceHandle;
+  *ms = 0.0f;
+  return cudaSuccess;
+}
