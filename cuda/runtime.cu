@@ -56,7 +56,15 @@ DeviceBuffer& DeviceBuffer::operator=(DeviceBuffer&& o) noexcept {
 
 DeviceArena::DeviceArena(size_t capacity, const std::string& what) : buf_(capacity, what), what_(what) {}
 
+void require_arena_align(size_t align) {
+  if (align == 0 || align > kArenaAlign || (align & (align - 1)) != 0)
+    throw Error("device arena: alignment " + std::to_string(align) + " is not a power of two ≤ " +
+                std::to_string(kArenaAlign) + " (cudaMalloc aligns the arena's base to " +
+                std::to_string(kArenaAlign) + " bytes only)");
+}
+
 void* DeviceArena::alloc_bytes(size_t bytes, size_t align) {
+  require_arena_align(align);
   const size_t start = (used_ + align - 1) / align * align;
   if (start + bytes > buf_.bytes()) {
     throw Error(what_ + ": planned " + format_bytes(buf_.bytes()) + " but allocations reach " +

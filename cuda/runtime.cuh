@@ -52,6 +52,11 @@ class DeviceBuffer {
   size_t bytes_ = 0;
 };
 
+// Arena alignments are offsets from the arena's base, which cudaMalloc aligns to
+// kArenaAlign only: an alignment above that (or not a power of two) would hold for
+// offsets but not for addresses, so it is refused (spes::Error).
+void require_arena_align(size_t align);
+
 // Sizes a DeviceArena: call reserve() in the same order, with the same counts, as
 // the alloc() calls that will follow; bytes() is then exactly the arena size needed.
 class ArenaPlan {
@@ -59,6 +64,7 @@ class ArenaPlan {
   template <class T>
   void reserve(size_t count, size_t align = kArenaAlign) { reserve_bytes(count * sizeof(T), align); }
   void reserve_bytes(size_t bytes, size_t align = kArenaAlign) {
+    require_arena_align(align);
     used_ = (used_ + align - 1) / align * align + bytes;
   }
   size_t bytes() const { return used_; }
@@ -68,7 +74,7 @@ class ArenaPlan {
 };
 
 // A bump allocator over one cudaMalloc of the planned size. Sub-allocations are
-// aligned (default 256 B) and live as long as the arena; reset() rewinds to a
+// aligned (default and at most 256 B) and live as long as the arena; reset() rewinds to a
 // mark (e.g. per-step scratch). Running out is a bug in the plan: it throws.
 class DeviceArena {
  public:

@@ -34,18 +34,23 @@ GPU_TEST_CASE("cuda runtime: arena plan matches allocations, aligned, overflow i
   ArenaPlan plan;
   plan.reserve<float>(3);
   plan.reserve<bf16>(1001);
-  plan.reserve<int32_t>(7, 1024);
+  plan.reserve<int32_t>(7, 16);
   plan.reserve_bytes(1);
+  // The base is only as aligned as cudaMalloc makes it: more than that is refused.
+  CHECK_THROWS_WITH_AS(plan.reserve_bytes(1, 1024), doctest::Contains("≤ 256"), spes::Error);
+  CHECK_THROWS_WITH_AS(plan.reserve_bytes(1, 48), doctest::Contains("power of two"), spes::Error);
   DeviceArena arena(plan.bytes(), "test arena");
   float* a = arena.alloc<float>(3);
   bf16* b = arena.alloc<bf16>(1001);
-  int32_t* c = arena.alloc<int32_t>(7, 1024);
+  int32_t* c = arena.alloc<int32_t>(7, 16);
   void* d = arena.alloc_bytes(1);
   CHECK(arena.used() == plan.bytes());
   CHECK(aligned(a, kArenaAlign));
   CHECK(aligned(b, kArenaAlign));
-  CHECK(aligned(c, 1024));
+  CHECK(aligned(c, 16));
+  CHECK(reinterpret_cast<char*>(c) < reinterpret_cast<char*>(b) + 1001 * sizeof(bf16) + 16);  // packed at 16
   CHECK(aligned(d, kArenaAlign));
+  CHECK_THROWS_WITH_AS(arena.alloc_bytes(1, 512), doctest::Contains("≤ 256"), spes::Error);
   CHECK(reinterpret_cast<char*>(b) >= reinterpret_cast<char*>(a) + 3 * sizeof(float));
   CHECK_THROWS_WITH_AS(arena.alloc<float>(1), doctest::Contains("ArenaPlan"), spes::Error);
   // rewinding reuses the same addresses: no allocation in the step loop
