@@ -522,7 +522,8 @@ std::unique_ptr<TrainBackend> make_gpu_backend(const Config& cfg, const ParamLay
 }
 
 std::unique_ptr<TrainBackend> make_nccl_data_parallel_backend(const Config& cfg, const ParamLayout& layout,
-                                                              const Ownership& own, const std::vector<int>& devices) {
+                                                              const Ownership& own, const std::vector<int>& devices,
+                                                              std::vector<TrainBackend*>* ranks_out) {
   const int G = int(devices.size());
   if (cfg.train.micro_batch % G)
     throw ConfigError(cfg.path + ": [train] micro_batch = " + std::to_string(cfg.train.micro_batch) +
@@ -532,6 +533,7 @@ std::unique_ptr<TrainBackend> make_nccl_data_parallel_backend(const Config& cfg,
   for (int r = 0; r < G; ++r) {
     auto b = std::make_unique<GpuBackend>(cfg, layout, own, devices[size_t(r)], G, r == 0);
     gpus.push_back(b.get());
+    if (ranks_out) ranks_out->push_back(b.get());
     ranks.push_back(std::move(b));
   }
   auto comm = std::make_unique<NcclCommunicator>(gpus);

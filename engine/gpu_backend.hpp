@@ -24,8 +24,11 @@ std::unique_ptr<TrainBackend> make_gpu_backend(const Config& cfg, const ParamLay
 // The node's ranks on `devices` (CUDA ordinals, one thread each) under the
 // data-parallel backend with NCCL: what make_gpu_backend builds for several GPUs,
 // here also for one, so tests and benches run the NCCL path on a one-GPU machine.
+// `ranks`, when given, receives the rank backends (owned by the returned one), for
+// tests that compare the ranks' device state.
 std::unique_ptr<TrainBackend> make_nccl_data_parallel_backend(const Config& cfg, const ParamLayout& layout,
-                                                              const Ownership& own, const std::vector<int>& devices);
+                                                              const Ownership& own, const std::vector<int>& devices,
+                                                              std::vector<TrainBackend*>* ranks = nullptr);
 
 // The kernels' own scratch sizes on this device, as the backend plans them: its
 // buffers are plan_gpu_memory(m, layout, own, micro_batch, gpu_kernel_scratch(...)).

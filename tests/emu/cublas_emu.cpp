@@ -43,6 +43,7 @@ struct cublasContext {
   size_t workspace_bytes = 0;
   cublasPointerMode_t pointer_mode = CUBLAS_POINTER_MODE_HOST;
   cublasMath_t math_mode = CUBLAS_DEFAULT_MATH;
+  int device = 0;  // current at cublasCreate: the handle works on that device only
 };
 struct cublasLtContext {};
 
@@ -190,8 +191,15 @@ void require_known_algo(cublasGemmAlgo_t algo) {
   if (!known) emu::fail("cublasGemmEx: algo " + std::to_string(int(algo)) + " is not emulated");
 }
 
-// alpha and beta (alpha_array, beta_array) are read on the host only in host pointer mode.
-void require_host_pointer_mode(cublasHandle_t handle, const char* api) {
+// Where every GEMM starts: alpha and beta (alpha_array, beta_array) are read on the
+// host only in host pointer mode, and a handle is tied to the device current when it was
+// created (cuBLAS: "the cuBLAS library context is tied to the current CUDA device"),
+// and its kernels go on its stream, which must belong to the calling thread's device.
+void require_usable_handle(cublasHandle_t handle, const char* api) {
+  if (handle->device != emu::current_device())
+    emu::fail(std::string(api) + ": handle of device " + std::to_string(handle->device) + " used while device " +
+              std::to_string(emu::current_device()) + " is current (cudaSetDevice missing on this thread?)");
+  emu::require_current_device(handle->stream, api);
   if (handle->pointer_mode != CUBLAS_POINTER_MODE_HOST)
     emu::fail(std::string(api) + ": CUBLAS_POINTER_MODE_DEVICE (alpha and beta in device memory) is not emulated");
 }
@@ -336,6 +344,7 @@ void require_alignment(const char* name, const void* p, uint64_t promised) {
 cublasStatus_t cublasCreate_v2(cublasHandle_t* handle) {
   if (handle == nullptr) return refuse(CUBLAS_STATUS_INVALID_VALUE, "cublasCreate: handle is NULL");
   *handle = new cublasContext;
+  (*handle)->device = emu::current_device();
   return CUBLAS_STATUS_SUCCESS;
 }
 
@@ -456,7 +465,7 @@ cublasStatus_t cublasGemmEx(cublasHandle_t handle, cublasOperation_t transa, cub
   if (!supported_types(api, computeType, Atype, Btype, Ctype, true))
     return refuse(CUBLAS_STATUS_NOT_SUPPORTED,
                   std::string(api) + ": types not in its table (" + types(Atype, Btype, Ctype) + ")");
-  require_host_pointer_mode(handle, api);
+  require_usable_handle(handle, api);
   if (m == 0 || n == 0) return CUBLAS_STATUS_SUCCESS;
   require_workspace(handle, api);
   const bool ta = transposed(transa), tb = transposed(transb);
@@ -500,7 +509,7 @@ cublasStatus_t cublasGemmGroupedBatchedEx(cublasHandle_t handle, const cublasOpe
   if (!supported_types(api, computeType, Atype, Btype, Ctype, false))
     return refuse(CUBLAS_STATUS_NOT_SUPPORTED,
                   std::string(api) + ": types not in its table (" + types(Atype, Btype, Ctype) + ")");
-  require_host_pointer_mode(handle, api);
+  require_usable_handle(handle, api);
   if (problems == 0) return CUBLAS_STATUS_SUCCESS;
   require_workspace(handle, api);
   require_pointer_array(api, "Aarray", Aarray, problems);
@@ -696,9 +705,10 @@ cublasStatus_t cublasLtMatmul(cublasLtHandle_t lightHandle, cublasLtMatmulDesc_t
                               const void* A, cublasLtMatrixLayout_t Adesc, const void* B, cublasLtMatrixLayout_t Bdesc,
                               const void* beta, const void* C, cublasLtMatrixLayout_t Cdesc, void* D,
                               cublasLtMatrixLayout_t Ddesc, const cublasLtMatmulAlgo_t* algo, void* workspace,
-                              size_t workspaceSizeInBytes, cudaStream_t) {
+                              size_t workspaceSizeInBytes, cudaStream_t stream) {
   const char* api = "cublasLtMatmul";
   if (lightHandle == nullptr) return CUBLAS_STATUS_NOT_INITIALIZED;
+  emu::require_current_device(stream, api);
   if (!computeDesc || !Adesc || !Bdesc || !Cdesc || !Ddesc || !alpha || !beta)
     return refuse(CUBLAS_STATUS_INVALID_VALUE, std::string(api) + ": a descriptor, alpha or beta is NULL");
   const Layout &la = *static_cast<Layout*>(Adesc), &lb = *static_cast<Layout*>(Bdesc),

@@ -12,6 +12,8 @@
 #include <cstring>
 #include <map>
 #include <memory>
+#include <mutex>
+#include <shared_mutex>
 #include <thread>
 #include <vector>
 
@@ -62,14 +64,18 @@ constexpr uint64_t kStackCanary = 0x5a5a5a5a5a5a5a5aull;
 
 Landing g_landing = Landing::at_wait;
 Schedule g_schedule = Schedule::round_robin;
-// cudaFuncSetAttribute(kernel, MaxDynamicSharedMemorySize, bytes), per kernel.
+// cudaFuncSetAttribute(kernel, MaxDynamicSharedMemorySize, bytes), per kernel. The
+// ranks of a data-parallel node launch from their own host threads: locked.
+std::mutex g_smem_optin_mutex;
 std::map<const void*, int> g_smem_optin;
 
 struct Range {
   uintptr_t begin;
   size_t bytes;
 };
-// Changed only between launches (GlobalBuffer), read by the workers during one.
+// Read by every launch's workers, changed by GlobalBuffer (cudaMalloc/cudaFree), which
+// another host thread (a data-parallel rank) may call during a launch: locked.
+std::shared_mutex g_global_buffers_mutex;
 std::vector<Range> g_global_buffers;
 
 unsigned threads_of(const dim3& block) { return block.x * block.y * block.z; }
@@ -390,6 +396,7 @@ void check_launch(const void* kernel, const Launch& l) {
       l.grid.z > 65535)
     fail("launch: grid " + str(l.grid) + " outside CUDA's limits");
   if (l.smem_bytes > kDefaultSmemLimit) {
+    std::lock_guard lock(g_smem_optin_mutex);
     const auto it = g_smem_optin.find(kernel);
     if (it == g_smem_optin.end() || size_t(it->second) < l.smem_bytes)
       fail("launch: " + std::to_string(l.smem_bytes) +
@@ -503,6 +510,7 @@ uint3 block_index(uint64_t i, const dim3& grid) {
 
 bool in_global_buffer(const void* p, size_t bytes) {
   const auto a = reinterpret_cast<uintptr_t>(p);
+  std::shared_lock lock(g_global_buffers_mutex);
   return std::any_of(g_global_buffers.begin(), g_global_buffers.end(),
                      [&](const Range& r) { return a >= r.begin && a + bytes <= r.begin + r.bytes; });
 }
@@ -620,6 +628,7 @@ GlobalBuffer::GlobalBuffer(size_t bytes) : bytes_(bytes) {
   data_ = static_cast<unsigned char*>(std::aligned_alloc(kAlignment, total));
   if (data_ == nullptr) fail("out of host memory for a " + std::to_string(bytes) + "-byte buffer");
   std::memset(data_ + bytes, kCanary, kGlobalCanaryBytes);
+  std::unique_lock lock(g_global_buffers_mutex);
   g_global_buffers.push_back({reinterpret_cast<uintptr_t>(data_), bytes});
 }
 
@@ -631,7 +640,10 @@ GlobalBuffer::~GlobalBuffer() {
   if (data_ == nullptr) return;  // moved from
   if (std::any_of(data_ + bytes_, data_ + bytes_ + kGlobalCanaryBytes, [](unsigned char c) { return c != kCanary; }))
     fail("a kernel wrote past the end of a " + std::to_string(bytes_) + "-byte global buffer");
-  std::erase_if(g_global_buffers, [&](const Range& r) { return r.begin == reinterpret_cast<uintptr_t>(data_); });
+  {
+    std::unique_lock lock(g_global_buffers_mutex);
+    std::erase_if(g_global_buffers, [&](const Range& r) { return r.begin == reinterpret_cast<uintptr_t>(data_); });
+  }
   std::free(data_);
 }
 
@@ -641,15 +653,11 @@ void GlobalBuffer::zero() const { std::memset(data_, 0, bytes_); }
 }  // namespace emu
 
 // ---- the CUDA runtime calls of the launchers ---------------------------------------
-// Answered for device 0, the H100 above; any other attribute or device fails loudly.
-
-cudaError_t cudaGetDevice(int* device) {
-  *device = 0;
-  return cudaSuccess;
-}
+// Answered for the emulated H100s above (tests/emu/runtime_emu.cpp has the rest of
+// the runtime); any other attribute or device fails loudly.
 
 cudaError_t cudaDeviceGetAttribute(int* value, cudaDeviceAttr attr, int device) {
-  if (device != 0) emu::fail("cudaDeviceGetAttribute: only device 0 is emulated");
+  if (device < 0 || device >= emu::kDevices) emu::fail("cudaDeviceGetAttribute: no emulated device " + std::to_string(device));
   switch (attr) {
     case cudaDevAttrMaxSharedMemoryPerBlockOptin: *value = emu::kSmemOptinLimit; break;
     case cudaDevAttrMultiProcessorCount: *value = emu::kSms; break;
@@ -677,6 +685,7 @@ cudaError_t cudaFuncSetAttribute(const void* func, cudaFuncAttribute attr, int v
   if (attr != cudaFuncAttributeMaxDynamicSharedMemorySize)
     emu::fail("cudaFuncSetAttribute: only MaxDynamicSharedMemorySize is emulated");
   if (value < 0 || value > emu::kSmemOptinLimit) return cudaErrorInvalidValue;
+  std::lock_guard lock(emu::g_smem_optin_mutex);
   emu::g_smem_optin[func] = value;
   return cudaSuccess;
 }
@@ -687,6 +696,7 @@ cudaError_t cudaFuncSetAttribute(const void* func, cudaFuncAttribute attr, int v
 // memory is reported (its size is unknown here).
 cudaError_t cudaFuncGetAttributes(cudaFuncAttributes* attr, const void* func) {
   *attr = cudaFuncAttributes{};
+  std::lock_guard lock(emu::g_smem_optin_mutex);
   const auto it = emu::g_smem_optin.find(func);
   attr->maxDynamicSharedSizeBytes = it != emu::g_smem_optin.end() ? it->second : int(emu::kDefaultSmemLimit);
   attr->maxThreadsPerBlock = int(emu::kMaxThreadsPerBlock);

@@ -37,6 +37,9 @@
 
 namespace emu {
 
+// Emulated GPUs, all H100s (so a data-parallel node's NCCL path runs on the host).
+constexpr int kDevices = 2;
+
 [[noreturn]] void fail(const std::string& what);
 
 // When a cp.async's bytes reach shared memory (see above). Both are legal hardware
@@ -73,6 +76,11 @@ uint64_t shuffle(Shuffle mode, uint64_t value, int b);  // the value of another 
 uint32_t match_any(uint64_t value);                     // the lanes holding the same value
 void syncthreads();
 void syncwarp();
+
+// The calling thread's current device (cudaSetDevice), and a check that `stream`
+// belongs to it (tests/emu/runtime_emu.cpp): fails like a launch CUDA would refuse.
+int current_device();
+void require_current_device(cudaStream_t stream, const char* what);
 
 // Whether [p, p + bytes) lies inside one registered global buffer (a GlobalBuffer).
 bool in_global_buffer(const void* p, size_t bytes);

@@ -1,8 +1,9 @@
 // The CUDA runtime calls of the GPU model and backend (cuda/runtime.cu, model/gpu/,
-// engine/gpu_backend.cu), on the host, for the emulated whole-step tests: one
-// emulated H100 (device 0), device memory as emu::GlobalBuffer (bounds-checked,
-// canary past the end), one implicit stream on which every call completes before it
-// returns — except the one asynchrony a correct program must wait for:
+// engine/gpu_backend.cu), on the host, for the emulated whole-step tests: emu::kDevices
+// emulated H100s, the current one per host thread as in CUDA; device memory as
+// emu::GlobalBuffer (bounds-checked, canary past the end, NaN at allocation) and
+// counted per device; every call completes before it returns — except the one
+// asynchrony a correct program must wait for:
 //
 //   A cudaMemcpyAsync from device memory into pinned host memory (cudaMallocHost) may
 //   still be in flight when the call returns; the host sees the bytes only after it
@@ -12,7 +13,8 @@
 //   memory the call returns after the copy, as the runtime documents.)
 //
 // Anything outside that model fails loudly (emu::fail): a copy from or to bytes
-// outside every allocation, a free of a pointer never allocated, a second device.
+// outside every allocation, a free of a pointer never allocated. (All devices' memory
+// is one host address space: a kernel reading another device's buffer is not caught.)
 #include <cuda_runtime.h>
 
 #include <algorithm>
@@ -34,13 +36,19 @@ constexpr size_t kDeviceBytes = size_t(80) << 30;  // an H100 80GB, as cudaMemGe
 constexpr unsigned char kInFlight = 0xFF;          // NaN as fp32 and as bf16
 
 std::mutex g_mutex;  // the maps below; data-parallel backends call from several threads
-std::map<const void*, std::unique_ptr<GlobalBuffer>> g_device;  // cudaMalloc
-std::map<const void*, size_t> g_pinned;                          // cudaMallocHost
-size_t g_device_used = 0;
+struct Allocation {
+  std::unique_ptr<GlobalBuffer> buffer;
+  int device;
+};
+std::map<const void*, Allocation> g_device;  // cudaMalloc
+std::map<const void*, size_t> g_pinned;      // cudaMallocHost
+size_t g_device_used[kDevices] = {};
+thread_local int t_device = 0;  // cudaSetDevice
 
 // A device→pinned copy not yet visible to the host: its bytes as the stream read them.
 struct InFlight {
   uint64_t seq;
+  cudaStream_t stream;
   void* dst;
   std::vector<unsigned char> bytes;
 };
@@ -55,10 +63,11 @@ bool is_pinned(const void* p, size_t bytes) {
   });
 }
 
-// The host sees every device→pinned copy enqueued before stream position `seq`.
-void land_before(uint64_t seq) {
+// The host sees every device→pinned copy enqueued on `stream` (nullptr: any) before
+// position `seq`.
+void land_before(cudaStream_t stream, uint64_t seq) {
   std::erase_if(g_in_flight, [&](InFlight& f) {
-    if (f.seq >= seq) return false;
+    if (f.seq >= seq || (stream != nullptr && f.stream != stream)) return false;
     std::memcpy(f.dst, f.bytes.data(), f.bytes.size());
     return true;
   });
@@ -70,7 +79,8 @@ void require_device(const void* p, size_t bytes, const std::string& what) {
 }
 
 struct Event {
-  uint64_t seq = 0;  // stream position at cudaEventRecord
+  uint64_t seq = 0;  // position at cudaEventRecord
+  cudaStream_t stream = nullptr;
   bool recorded = false;
 };
 
@@ -82,14 +92,23 @@ using emu::g_mutex;
 // ---- device ------------------------------------------------------------------------
 
 cudaError_t cudaGetDeviceCount(int* count) {
-  *count = 1;
+  *count = emu::kDevices;
   return cudaSuccess;
 }
 
-cudaError_t cudaSetDevice(int device) { return device == 0 ? cudaSuccess : cudaErrorInvalidDevice; }
+cudaError_t cudaSetDevice(int device) {
+  if (device < 0 || device >= emu::kDevices) return cudaErrorInvalidDevice;
+  emu::t_device = device;
+  return cudaSuccess;
+}
+
+cudaError_t cudaGetDevice(int* device) {
+  *device = emu::t_device;
+  return cudaSuccess;
+}
 
 cudaError_t cudaGetDeviceProperties(cudaDeviceProp* prop, int device) {
-  if (device != 0) return cudaErrorInvalidDevice;
+  if (device < 0 || device >= emu::kDevices) return cudaErrorInvalidDevice;
   *prop = cudaDeviceProp{};
   std::snprintf(prop->name, sizeof prop->name, "NVIDIA H100 80GB HBM3 (emulated)");
   prop->major = 9;
@@ -105,13 +124,14 @@ cudaError_t cudaGetDeviceProperties(cudaDeviceProp* prop, int device) {
 cudaError_t cudaMemGetInfo(size_t* free_bytes, size_t* total_bytes) {
   std::lock_guard lock(g_mutex);
   *total_bytes = emu::kDeviceBytes;
-  *free_bytes = emu::kDeviceBytes - emu::g_device_used;
+  *free_bytes = emu::kDeviceBytes - emu::g_device_used[emu::t_device];
   return cudaSuccess;
 }
 
+// Every stream's copies, every device's: more than CUDA promises for one device.
 cudaError_t cudaDeviceSynchronize() {
   std::lock_guard lock(g_mutex);
-  emu::land_before(UINT64_MAX);
+  emu::land_before(nullptr, UINT64_MAX);
   return cudaSuccess;
 }
 
@@ -119,12 +139,13 @@ cudaError_t cudaDeviceSynchronize() {
 
 cudaError_t cudaMalloc(void** ptr, size_t bytes) {
   std::lock_guard lock(g_mutex);
-  if (bytes > emu::kDeviceBytes - emu::g_device_used) return cudaErrorMemoryAllocation;
+  const int device = emu::t_device;
+  if (bytes > emu::kDeviceBytes - emu::g_device_used[device]) return cudaErrorMemoryAllocation;
   auto buffer = std::make_unique<emu::GlobalBuffer>(bytes);
   buffer->poison();  // cudaMalloc'd memory holds garbage: NaN here, so a read before a write shows
   *ptr = buffer->as<void>();
-  emu::g_device_used += bytes;
-  emu::g_device.emplace(*ptr, std::move(buffer));
+  emu::g_device_used[device] += bytes;
+  emu::g_device.emplace(*ptr, emu::Allocation{std::move(buffer), device});
   return cudaSuccess;
 }
 
@@ -133,7 +154,7 @@ cudaError_t cudaFree(void* ptr) {
   std::lock_guard lock(g_mutex);
   const auto it = emu::g_device.find(ptr);
   if (it == emu::g_device.end()) emu::fail("cudaFree of a pointer cudaMalloc never returned");
-  emu::g_device_used -= it->second->bytes();
+  emu::g_device_used[it->second.device] -= it->second.buffer->bytes();
   emu::g_device.erase(it);  // checks the canary past the end
   return cudaSuccess;
 }
@@ -159,7 +180,7 @@ cudaError_t cudaFreeHost(void* ptr) {
 }
 
 // Checks both ends against the direction, copies (or, device→pinned, defers).
-cudaError_t cudaMemcpyAsync(void* dst, const void* src, size_t bytes, cudaMemcpyKind kind, cudaStream_t) {
+cudaError_t cudaMemcpyAsync(void* dst, const void* src, size_t bytes, cudaMemcpyKind kind, cudaStream_t stream) {
   std::lock_guard lock(g_mutex);
   ++emu::g_seq;
   if (bytes == 0) return cudaSuccess;
@@ -176,7 +197,8 @@ cudaError_t cudaMemcpyAsync(void* dst, const void* src, size_t bytes, cudaMemcpy
   }
   if (src_device && !dst_device && emu::is_pinned(dst, bytes)) {
     const auto* s = static_cast<const unsigned char*>(src);
-    emu::g_in_flight.push_back({emu::g_seq, dst, {s, s + bytes}});
+    if (stream == nullptr) emu::fail("cudaMemcpyAsync into pinned memory on the legacy stream is not emulated");
+    emu::g_in_flight.push_back({emu::g_seq, stream, dst, {s, s + bytes}});
     std::memset(dst, emu::kInFlight, bytes);
     return cudaSuccess;
   }
@@ -212,8 +234,9 @@ cudaError_t cudaMemset2DAsync(void* ptr, size_t pitch, int value, size_t width, 
 
 // ---- streams and events ------------------------------------------------------------------
 
+// A stream belongs to the device current at its creation.
 cudaError_t cudaStreamCreateWithFlags(cudaStream_t* stream, unsigned) {
-  *stream = reinterpret_cast<cudaStream_t>(new int(0));  // a distinct non-null handle
+  *stream = reinterpret_cast<cudaStream_t>(new int(emu::t_device));
   return cudaSuccess;
 }
 
@@ -222,7 +245,29 @@ cudaError_t cudaStreamDestroy(cudaStream_t stream) {
   return cudaSuccess;
 }
 
-cudaError_t cudaStreamSynchronize(cudaStream_t) { return cudaDeviceSynchronize(); }
+namespace emu {
+
+int current_device() { return t_device; }
+
+// A kernel launch or a library call on a stream of another device than the calling
+// thread's current one: CUDA refuses the launch (invalid resource handle); in a
+// data-parallel node it means a rank thread forgot its cudaSetDevice.
+void require_current_device(cudaStream_t stream, const char* what) {
+  if (stream == nullptr) return;  // the legacy stream: the current device's
+  const int device = *reinterpret_cast<const int*>(stream);
+  if (device != t_device)
+    fail(std::string(what) + " on a stream of device " + std::to_string(device) + " while device " +
+         std::to_string(t_device) + " is current (cudaSetDevice missing on this thread?)");
+}
+
+}  // namespace emu
+
+cudaError_t cudaStreamSynchronize(cudaStream_t stream) {
+  std::lock_guard lock(g_mutex);
+  if (stream == nullptr) emu::land_before(nullptr, UINT64_MAX);  // the legacy stream waits for all
+  else emu::land_before(stream, UINT64_MAX);
+  return cudaSuccess;
+}
 
 cudaError_t cudaEventCreateWithFlags(cudaEvent_t* event, unsigned) {
   *event = reinterpret_cast<cudaEvent_t>(new emu::Event);
@@ -236,17 +281,19 @@ cudaError_t cudaEventDestroy(cudaEvent_t event) {
   return cudaSuccess;
 }
 
-cudaError_t cudaEventRecord(cudaEvent_t event, cudaStream_t) {
+cudaError_t cudaEventRecord(cudaEvent_t event, cudaStream_t stream) {
   std::lock_guard lock(g_mutex);
   auto* e = reinterpret_cast<emu::Event*>(event);
   e->seq = ++emu::g_seq;
+  e->stream = stream;
   e->recorded = true;
   return cudaSuccess;
 }
 
 cudaError_t cudaEventSynchronize(cudaEvent_t event) {
   std::lock_guard lock(g_mutex);
-  emu::land_before(reinterpret_cast<emu::Event*>(event)->seq);
+  const auto* e = reinterpret_cast<emu::Event*>(event);
+  emu::land_before(e->stream, e->seq);
   return cudaSuccess;
 }
 

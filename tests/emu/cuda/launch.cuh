@@ -19,8 +19,9 @@ template <typename T>
 inline constexpr DynamicSmem<T> dynamic_smem{};
 
 template <typename... Params>
-void launch(void (*kernel)(Params...), dim3 grid, dim3 block, size_t smem_bytes, cudaStream_t,
+void launch(void (*kernel)(Params...), dim3 grid, dim3 block, size_t smem_bytes, cudaStream_t stream,
             std::type_identity_t<Params>... args) {
+  emu::require_current_device(stream, "kernel launch");
   emu::launch(reinterpret_cast<const void*>(kernel), grid, block, smem_bytes, [&] { kernel(args...); });
 }
 
