@@ -284,7 +284,8 @@ class Report:
     def benches(self, cpu_only):
         d = os.path.join(self.logs, "bench")
         names = sorted({f.rsplit(".", 1)[0] for f in os.listdir(d) if f.endswith(".cmd")}) if os.path.isdir(d) else []
-        cpu_names = {"bench_sync", "bench_train_cpu", "bench_tokenizer"}
+        with open(os.path.join(self.logs, "cpu_benches")) as f:  # run.sh's CPU_BENCHES
+            cpu_names = set(f.read().split())
         names = [n for n in names if (n in cpu_names) == cpu_only]
         title = "5. CPU benches" if cpu_only else "1b. GPU benches"
         self.add(f"## {title}", "")

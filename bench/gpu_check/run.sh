@@ -37,6 +37,7 @@ GPU_DEVICE=${SPES_CHECK_GPU_DEVICE:-cuda}
 NPROC=$(nproc 2>/dev/null || echo 2)
 # Benches that need no GPU run last (or not at all when time is out).
 CPU_BENCHES=" bench_sync bench_train_cpu bench_tokenizer "
+echo "$CPU_BENCHES" > "$L/cpu_benches"  # report.py splits the benches the same way
 # Arguments for benches whose defaults point into the source tree (absent here).
 declare -A BENCH_ARGS=([bench_train_cpu]="$CFG/tiny.toml" [bench_sync]="--rounds 2"
   [bench_train_gpu]="--steps 2 --micro-batches 8")
