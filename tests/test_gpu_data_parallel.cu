@@ -8,8 +8,6 @@
 // on CPU ranks in test_data_parallel.cpp. Skipped without a GPU.
 #include <doctest/doctest.h>
 
-#include <cmath>
-#include <cstring>
 #include <memory>
 #include <sstream>
 #include <string>
@@ -46,12 +44,6 @@ std::vector<std::vector<std::byte>> device_theta(TrainBackend& rank) {
     cuda_check(cudaMemcpy(out.back().data(), b.data(), b.size(), cudaMemcpyDeviceToHost));
   }
   return out;
-}
-
-double rel_diff(const std::vector<float>& a, const std::vector<float>& b) {
-  double num = 0, den = 0;
-  for (size_t i = 0; i < a.size(); ++i) num += (double(a[i]) - b[i]) * (double(a[i]) - b[i]), den += double(b[i]) * b[i];
-  return std::sqrt(num / den);
 }
 
 }  // namespace
@@ -124,7 +116,9 @@ GPU_TEST_CASE("nccl data parallel, 2 GPUs: 2 ranks x B/2 give the update of 1 GP
   // differs is the order of the sums over tokens (weight gradients, loss means: B/2
   // per rank, then NCCL's mean) and, on a GPU, which GEMM kernel the token count
   // selects (a split over k rounds bf16 activations differently). 1e-3 over 4 steps.
-  const double diff = rel_diff(two.params(), one.params());
+  const std::vector<float> theta_two = two.params(), theta_one = one.params();
+  REQUIRE(theta_two.size() == theta_one.size());
+  const double diff = test::rel_error(theta_two.data(), theta_one.data(), int64_t(theta_one.size()));
   MESSAGE("2 GPUs x 2 sequences vs 1 GPU x 4, after 4 steps: relative theta difference " << diff << " (tol 1e-3)");
   CHECK(diff < 1e-3);
   // Both ranks hold the same fp32 master weights and bf16 compute weights, bit for bit.

@@ -38,12 +38,9 @@ void fail(const std::string& what) {
 namespace {
 
 constexpr unsigned kWarpSize = 32;
-// Device 0 is an H100 (sm_90; CUDA C programming guide, "Compute Capabilities"; H100
-// SXM5 for the SM count): what the runtime calls below answer and the launches are
-// checked against.
-constexpr int kSms = 132;
+// The rest of the H100 (kSms, kSmemOptinLimit in emu.hpp): what the runtime calls
+// below answer and the launches are checked against.
 constexpr size_t kDefaultSmemLimit = 48 * 1024;  // without cudaFuncSetAttribute
-constexpr int kSmemOptinLimit = 227 * 1024;       // cudaDevAttrMaxSharedMemoryPerBlockOptin
 constexpr size_t kSmemPerSm = 228 * 1024;
 constexpr size_t kSmemReservedPerBlock = 1024;  // by the system, per resident block
 constexpr unsigned kMaxThreadsPerBlock = 1024;
@@ -513,6 +510,11 @@ bool in_global_buffer(const void* p, size_t bytes) {
   std::shared_lock lock(g_global_buffers_mutex);
   return std::any_of(g_global_buffers.begin(), g_global_buffers.end(),
                      [&](const Range& r) { return a >= r.begin && a + bytes <= r.begin + r.bytes; });
+}
+
+void require_device(const void* p, size_t bytes, const std::string& what) {
+  if (bytes != 0 && !in_global_buffer(p, bytes))
+    fail(what + ": " + std::to_string(bytes) + " bytes outside every device allocation");
 }
 
 void set_landing(Landing landing) { g_landing = landing; }

@@ -37,8 +37,11 @@
 
 namespace emu {
 
-// Emulated GPUs, all H100s (so a data-parallel node's NCCL path runs on the host).
+// Emulated GPUs, all H100s (so a data-parallel node's NCCL path runs on the host):
+// sm_90 (CUDA C programming guide, "Compute Capabilities"), H100 SXM5's SM count.
 constexpr int kDevices = 2;
+constexpr int kSms = 132;
+constexpr int kSmemOptinLimit = 227 * 1024;  // cudaDevAttrMaxSharedMemoryPerBlockOptin
 
 [[noreturn]] void fail(const std::string& what);
 
@@ -82,8 +85,10 @@ void syncwarp();
 int current_device();
 void require_current_device(cudaStream_t stream, const char* what);
 
-// Whether [p, p + bytes) lies inside one registered global buffer (a GlobalBuffer).
+// Whether [p, p + bytes) lies inside one registered global buffer (a GlobalBuffer);
+// require_device fails (naming `what`) unless it does or bytes is 0.
 bool in_global_buffer(const void* p, size_t bytes);
+void require_device(const void* p, size_t bytes, const std::string& what);
 
 // A "device" allocation: host memory the kernels may read by cp.async, with a canary
 // past its end that is checked when it is destroyed.

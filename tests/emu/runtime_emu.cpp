@@ -73,11 +73,6 @@ void land_before(cudaStream_t stream, uint64_t seq) {
   });
 }
 
-void require_device(const void* p, size_t bytes, const std::string& what) {
-  if (bytes != 0 && !in_global_buffer(p, bytes))
-    fail(what + ": " + std::to_string(bytes) + " bytes outside every device allocation");
-}
-
 struct Event {
   uint64_t seq = 0;  // position at cudaEventRecord
   cudaStream_t stream = nullptr;
@@ -113,9 +108,9 @@ cudaError_t cudaGetDeviceProperties(cudaDeviceProp* prop, int device) {
   std::snprintf(prop->name, sizeof prop->name, "NVIDIA H100 80GB HBM3 (emulated)");
   prop->major = 9;
   prop->minor = 0;
-  prop->multiProcessorCount = 132;
+  prop->multiProcessorCount = emu::kSms;
   prop->totalGlobalMem = emu::kDeviceBytes;
-  prop->sharedMemPerBlockOptin = 227 * 1024;
+  prop->sharedMemPerBlockOptin = emu::kSmemOptinLimit;
   prop->l2CacheSize = 50 << 20;
   prop->memoryBusWidth = 5120;
   return cudaSuccess;
@@ -197,7 +192,6 @@ cudaError_t cudaMemcpyAsync(void* dst, const void* src, size_t bytes, cudaMemcpy
   }
   if (src_device && !dst_device && emu::is_pinned(dst, bytes)) {
     const auto* s = static_cast<const unsigned char*>(src);
-    if (stream == nullptr) emu::fail("cudaMemcpyAsync into pinned memory on the legacy stream is not emulated");
     emu::g_in_flight.push_back({emu::g_seq, stream, dst, {s, s + bytes}});
     std::memset(dst, emu::kInFlight, bytes);
     return cudaSuccess;
@@ -264,8 +258,7 @@ void require_current_device(cudaStream_t stream, const char* what) {
 
 cudaError_t cudaStreamSynchronize(cudaStream_t stream) {
   std::lock_guard lock(g_mutex);
-  if (stream == nullptr) emu::land_before(nullptr, UINT64_MAX);  // the legacy stream waits for all
-  else emu::land_before(stream, UINT64_MAX);
+  emu::land_before(stream, UINT64_MAX);  // the legacy stream (nullptr) waits for all
   return cudaSuccess;
 }
 

@@ -13,6 +13,7 @@
 #include <cstdint>
 #include <cstring>
 #include <numeric>
+#include <string>
 #include <vector>
 
 #include "tests/emu/emu.hpp"
@@ -34,13 +35,13 @@ struct DeviceRadixSort {
         temp_storage_bytes < need)
       return cudaErrorInvalidValue;
     const size_t n = size_t(num_items);
-    const char* what = "cub::DeviceRadixSort::SortPairs: an array outside every device allocation";
-    if (!emu::in_global_buffer(d_temp_storage, need)) emu::fail(what);
+    const std::string api = "cub::DeviceRadixSort::SortPairs, ";
+    emu::require_device(d_temp_storage, need, api + "d_temp_storage");
     if (n == 0) return cudaSuccess;
-    for (const void* p : {static_cast<const void*>(d_keys_in), static_cast<const void*>(d_keys_out)})
-      if (!emu::in_global_buffer(p, n * sizeof(Key))) emu::fail(what);
-    for (const void* p : {static_cast<const void*>(d_values_in), static_cast<const void*>(d_values_out)})
-      if (!emu::in_global_buffer(p, n * sizeof(Value))) emu::fail(what);
+    emu::require_device(d_keys_in, n * sizeof(Key), api + "d_keys_in");
+    emu::require_device(d_keys_out, n * sizeof(Key), api + "d_keys_out");
+    emu::require_device(d_values_in, n * sizeof(Value), api + "d_values_in");
+    emu::require_device(d_values_out, n * sizeof(Value), api + "d_values_out");
 
     const std::vector<Key> keys(d_keys_in, d_keys_in + n);
     const std::vector<Value> values(d_values_in, d_values_in + n);
