@@ -39,4 +39,14 @@ void float_to_bf16(bf16* out, const float* in, int64_t n, cudaStream_t stream) {
   cuda_check_launch();
 }
 
+void float_to_bf16_from_host(bf16* out, const float* host, int64_t n, float* staging, int64_t staging_count,
+                             cudaStream_t stream) {
+  require(staging_count > 0 && staging != nullptr, "float_to_bf16_from_host", "needs a staging buffer");
+  for (int64_t c0 = 0; c0 < n; c0 += staging_count) {
+    const int64_t c = std::min(staging_count, n - c0);
+    cuda_check(cudaMemcpyAsync(staging, host + c0, size_t(c) * sizeof(float), cudaMemcpyHostToDevice, stream));
+    float_to_bf16(out + c0, staging, c, stream);
+  }
+}
+
 }  // namespace spes::cuda

@@ -394,11 +394,7 @@ void GpuBackend::pull_theta() {
 void GpuBackend::push_theta() {
   on_device();
   if (!theta_) throw Error("GpuBackend::push_theta: this rank keeps no host θ (rank 0 does)");
-  for (int64_t c0 = 0; c0 < layout_.total; c0 += staging_count_) {
-    const int64_t n = std::min(staging_count_, layout_.total - c0);
-    cuda_check(cudaMemcpyAsync(staging_, theta_.get() + c0, size_t(n) * sizeof(float), cudaMemcpyHostToDevice, stream_));
-    cuda::float_to_bf16(weights_ + c0, staging_, n, stream_);
-  }
+  cuda::float_to_bf16_from_host(weights_, theta_.get(), layout_.total, staging_, staging_count_, stream_);
   for (const OwnedSegment& seg : own_.space.segments())
     cuda_check(cudaMemcpyAsync(master_ + seg.packed_begin, theta_.get() + seg.flat.begin,
                                size_t(seg.flat.size()) * sizeof(float), cudaMemcpyHostToDevice, stream_));

@@ -1,4 +1,6 @@
 // Device runtime: handles, arena planning/alignment, clear memory errors.
+#include <cublas_v2.h>
+
 #include <string>
 
 #include "cuda/matmul.cuh"
@@ -20,6 +22,12 @@ GPU_TEST_CASE("cuda runtime: device, stream and handles") {
   cudaStream_t bound = nullptr;
   cublas_check(cublasGetStream(rt.cublas(), &bound));
   CHECK(bound == rt.stream());
+  // bf16-output GEMMs (the expert GEMMs' cublasGemmEx) reduce split-k partial sums in
+  // fp32, as the CPU reference and the emulator do: the precision the step tests'
+  // tolerances assume.
+  cublasMath_t math = CUBLAS_DEFAULT_MATH;
+  cublas_check(cublasGetMathMode(rt.cublas(), &math));
+  CHECK((math & CUBLAS_MATH_DISALLOW_REDUCED_PRECISION_REDUCTION) != 0);
   cudaStream_t other = nullptr;
   cuda_check(cudaStreamCreateWithFlags(&other, cudaStreamNonBlocking));
   DevTensor<float> out(16);

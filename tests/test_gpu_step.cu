@@ -144,6 +144,7 @@ void compare_one_step(const Config& cfg, const StepTolerances& tol) {
   TrainBackend* backends[2] = {gpu.get(), &cpu};
   for (int i = 0; i < 2; ++i) {
     TrainBackend& b = *backends[i];
+    b.forward_backward(mb2.x.data(), mb2.y.data(), aux, 0.5f);  // stale gradients for zero_grads to clear
     b.zero_grads();
     LossParts* p = i == 0 ? gp : cp;
     p[0] = b.forward_backward(mb1.x.data(), mb1.y.data(), aux, 0.5f);
@@ -334,6 +335,10 @@ GPU_TEST_CASE("gpu model: chunked lm head with a padded logits stride equals the
   plan.lm_chunk = 96;
   cuda::DeviceArena arena(size_t(plan.arena_bytes()), "chunked lm head test arena");
   GpuBuffers buf(plan, arena);
+  // bf16 logits of a planned chunk (N tokens) at the padded stride: the kernels write
+  // rows of vocab_stride, and a buffer sized by the vocabulary would overrun into the
+  // next buffer of the arena, which no test of values would see.
+  CHECK(buf.bytes("logits") == 2 * N * plan.vocab_stride);
   GpuModel model(cfg.model, layout, own, B, rt, plan, buf);
 
   const std::vector<float> theta = seeded_theta(cfg, layout);  // bf16 values: both devices use the same weights

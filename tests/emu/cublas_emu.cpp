@@ -28,6 +28,7 @@
 
 #include <algorithm>
 #include <cstdint>
+#include <cstdlib>
 #include <cstdio>
 #include <cstring>
 #include <string>
@@ -74,7 +75,10 @@ size_t elem_bytes(cudaDataType t) { return t == CUDA_R_16BF ? sizeof(__nv_bfloat
 // CUDA_R_32F: alpha and beta are floats) with bf16 and fp32 matrices. cublasGemmEx
 // and cublasLtMatmul: Atype = Btype and (Atype, Ctype) one of (16BF, 16BF),
 // (16BF, 32F), (32F, 32F). cublasGemmGroupedBatchedEx: (16BF, 16BF) or (32F, 32F) only,
-// no bf16 in with fp32 out. Other types and compute types (rows cuBLAS has: fp16, int8,
+// no bf16 in with fp32 out — unless SPES_EMU_GROUPED_BF16_F32=1 says this cuBLAS has
+// it (a later version may, and then cuda/moe.cu's weight-gradient sites, fp32 out with
+// beta = 1, run grouped instead of falling back: ctest's emu_test_cuda_moe_grouped_all
+// runs the MoE layer tests that way). Other types and compute types (rows cuBLAS has: fp16, int8,
 // fp64, complex, the _PEDANTIC and _FAST ones) are not emulated.
 bool supported_types(const char* api, cublasComputeType_t compute, cudaDataType a, cudaDataType b, cudaDataType c,
                      bool bf16_in_f32_out) {
@@ -401,6 +405,13 @@ cublasStatus_t cublasSetMathMode(cublasHandle_t handle, cublasMath_t mode) {
   return CUBLAS_STATUS_SUCCESS;
 }
 
+cublasStatus_t cublasGetMathMode(cublasHandle_t handle, cublasMath_t* mode) {
+  if (handle == nullptr) return CUBLAS_STATUS_NOT_INITIALIZED;
+  if (mode == nullptr) return refuse(CUBLAS_STATUS_INVALID_VALUE, "cublasGetMathMode: mode is NULL");
+  *mode = handle->math_mode;
+  return CUBLAS_STATUS_SUCCESS;
+}
+
 cublasStatus_t cublasSetPointerMode_v2(cublasHandle_t handle, cublasPointerMode_t mode) {
   if (handle == nullptr) return CUBLAS_STATUS_NOT_INITIALIZED;
   if (mode != CUBLAS_POINTER_MODE_HOST && mode != CUBLAS_POINTER_MODE_DEVICE)
@@ -506,7 +517,11 @@ cublasStatus_t cublasGemmGroupedBatchedEx(cublasHandle_t handle, const cublasOpe
       return refuse(CUBLAS_STATUS_INVALID_VALUE, std::string(api) + ": group " + std::to_string(g) + ": " + bad);
     problems += group_size[g];
   }
-  if (!supported_types(api, computeType, Atype, Btype, Ctype, false))
+  static const bool bf16_in_f32_out = [] {
+    const char* v = std::getenv("SPES_EMU_GROUPED_BF16_F32");
+    return v != nullptr && std::string(v) == "1";
+  }();
+  if (!supported_types(api, computeType, Atype, Btype, Ctype, bf16_in_f32_out))
     return refuse(CUBLAS_STATUS_NOT_SUPPORTED,
                   std::string(api) + ": types not in its table (" + types(Atype, Btype, Ctype) + ")");
   require_usable_handle(handle, api);
