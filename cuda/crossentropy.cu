@@ -176,10 +176,9 @@ __global__ void __launch_bounds__(kClusterThreads)
     ce_cluster_kernel(bf16* dlogits, float* __restrict__ losses, float* __restrict__ lse_out, const bf16* logits,
                       const int32_t* __restrict__ targets, int64_t V, int64_t ld, int chunk, float ce_scale,
                       float z_scale) {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+#if SPES_SM90_DEVICE_CODE
   cg::cluster_group cluster = cg::this_cluster();
-  extern __shared__ __align__(16) unsigned char smem_raw[];
-  bf16* s_x = reinterpret_cast<bf16*>(smem_raw);
+  bf16* s_x = dynamic_smem<bf16>;
   __shared__ Stat red[kWarp];
   __shared__ Stat s_part;      // this block's partial: read by the whole cluster
   __shared__ Stat s_tot;       // merged row statistics
@@ -353,8 +352,8 @@ void crossentropy_forward_backward(bf16* dlogits, float* losses, float* lse, con
   if (cluster) {
     cudaLaunchAttribute attr{};
     const cudaLaunchConfig_t cfg = cluster_config(N, cluster_smem_bytes(V), stream, &attr);
-    cuda_check(cudaLaunchKernelEx(&cfg, ce_cluster_kernel, dlogits, losses, lse, logits, targets, V, ld,
-                                  cluster_chunk(V), ce_scale, z_scale));
+    cuda_check(launch_ex(cfg, ce_cluster_kernel, dlogits, losses, lse, logits, targets, V, ld, cluster_chunk(V),
+                         ce_scale, z_scale));
   } else {
     launch(ce_row_kernel, static_cast<unsigned>(N), kRowThreads, 0, stream, dlogits, losses, lse, logits, targets, V,
            ld, ce_scale, z_scale);

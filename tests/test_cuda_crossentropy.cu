@@ -1,8 +1,9 @@
 // Fused cross-entropy + z-loss vs cpu::crossentropy_forward / _backward on the
 // same bf16 logits. Tolerances: losses and lse (fp32 math) 1e-5; the bf16
 // gradient 1e-2. Both implementations (sm_90 cluster, row) are checked where the
-// device supports them; rows that are not 16-byte aligned (ld = V odd) and padded
-// rows (ld > V, padding poisoned with NaN: reading it would poison lse) both run.
+// device supports them (an H100, the emulated one of test_emu included); rows that
+// are not 16-byte aligned (ld = V odd) and padded rows (ld > V, padding poisoned with
+// NaN: reading it would poison lse) both run.
 #include <chrono>
 #include <tuple>
 
@@ -78,7 +79,9 @@ GPU_TEST_CASE("cuda crossentropy: fused loss, lse and logit gradient vs cpu") {
 
 GPU_TEST_CASE("cuda crossentropy: automatic choice uses the cluster kernel on sm_90") {
   const bool supported = crossentropy_cluster_supported(151665);
-  MESSAGE("cluster kernel " << (supported ? "supported" : "not supported") << " on " << runtime().info().name);
+  // std::string: doctest prints a const char* as an address.
+  MESSAGE("cluster kernel " << std::string(supported ? "supported" : "not supported") << " on "
+                            << runtime().info().name);
   if (runtime().info().cc_major >= 9) WARN_MESSAGE(supported, "sm_90 device but no cluster kernel: built without sm_90?");
 }
 

@@ -112,8 +112,3 @@ template <class T>
 cudaError_t cudaFuncGetAttributes(cudaFuncAttributes* attr, T* kernel) {
   return ::cudaFuncGetAttributes(attr, reinterpret_cast<const void*>(kernel));
 }
-
-// cooperative_groups.h declares nothing for a host compiler; crossentropy.cu names the
-// namespace, and uses it only in the cluster kernel's sm_90-only body (not compiled
-// here, __CUDA_ARCH__ being undefined).
-namespace cooperative_groups {}

@@ -5,14 +5,19 @@
 // kernels use.
 #include "tests/emu/emu.hpp"
 
+#include <link.h>
+
 #include <algorithm>
 #include <atomic>
+#include <barrier>
+#include <condition_variable>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <map>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <shared_mutex>
 #include <thread>
 #include <vector>
@@ -46,6 +51,11 @@ constexpr size_t kSmemReservedPerBlock = 1024;  // by the system, per resident b
 constexpr unsigned kMaxThreadsPerBlock = 1024;
 constexpr int kMaxThreadsPerSm = 2048;
 constexpr int kMaxBlocksPerSm = 32;
+constexpr unsigned kMaxClusterSize = 8;  // portable (without cudaFuncAttributeNonPortableClusterSizeAllowed)
+// A cluster's CTAs share one GPC. An H100 SXM5's 132 SMs lie in GPCs of different
+// sizes; counted here as 8 GPCs of 16 SMs (the cluster occupancy below).
+constexpr int kGpcs = 8;
+constexpr int kSmsPerGpc = 16;
 constexpr unsigned kMaxWorkers = 8;
 // Canary bytes past each allocation, wide enough that an overrun lands in them, not
 // in the heap: a store_rows without its T guard writes up to 15 rows of H·D bf16
@@ -65,6 +75,14 @@ Schedule g_schedule = Schedule::round_robin;
 // ranks of a data-parallel node launch from their own host threads: locked.
 std::mutex g_smem_optin_mutex;
 std::map<const void*, int> g_smem_optin;
+std::atomic<uint64_t> g_cluster_launches{0};
+
+// cudaFuncAttributeMaxDynamicSharedMemorySize of `kernel`.
+int dynamic_smem_limit(const void* kernel) {
+  std::lock_guard lock(g_smem_optin_mutex);
+  const auto it = g_smem_optin.find(kernel);
+  return it != g_smem_optin.end() ? it->second : int(kDefaultSmemLimit);
+}
 
 struct Range {
   uintptr_t begin;
@@ -168,16 +186,43 @@ struct Warp {
   uint32_t out[kWarpSize][4];
 };
 
+struct Cluster;
+
 struct Cta {
   size_t smem_bytes = 0;
   std::vector<Fiber> fibers;
   std::vector<Warp> warps;
   unsigned current = 0;  // the running fiber
+  unsigned exited = 0;   // fibers whose thread returned
   unsigned barrier_arrived = 0;
   uint64_t barrier_generation = 0;
   uint64_t progress = 0;  // barriers completed + threads exited: the deadlock check
   void* scheduler_stack_pointer = nullptr;
   const std::function<void()>* body = nullptr;
+  // In a cluster launch (else null): this CTA's rank, its fibers waiting at
+  // cluster.sync, and the cluster barriers completed as it last saw them.
+  Cluster* cluster = nullptr;
+  unsigned rank = 0;
+  unsigned cluster_arrived = 0;
+  uint64_t cluster_generation = 0;
+};
+
+// One cluster being run: its CTAs, one per OS thread of a team (run_clusters), and
+// what cluster.sync and map_shared_rank need of one another. Locked: the CTAs run at
+// once (or, in the sequential schedules, hand the turn over from thread to thread).
+struct Cluster {
+  enum class State : uint8_t { running, blocked, finished };  // blocked: at cluster.sync
+  struct Member {
+    unsigned char* smem = nullptr;  // its dynamic shared memory
+    uintptr_t thread_pointer = 0;   // locates its static __shared__ (map_shared_rank)
+    State state = State::running;
+  };
+  std::mutex mutex;
+  std::condition_variable changed;
+  std::vector<Member> members;  // by rank
+  std::vector<unsigned> order;  // sequential schedules: the ranks in turn order; empty: all at once
+  unsigned turn = 0;            // sequential schedules: the rank that runs
+  uint64_t generation = 0;      // cluster barriers completed
 };
 
 thread_local Cta* t_cta = nullptr;
@@ -193,6 +238,7 @@ void yield(const char* waiting_at) {
 [[noreturn]] void fiber_main() {
   (*t_cta->body)();
   this_fiber().exited = true;
+  ++t_cta->exited;
   ++t_cta->progress;
   yield("exit");
   fail("a fiber resumed after its thread exited");
@@ -377,6 +423,98 @@ void land(const Copy& c) {
   std::memset(dst + c.src_size, 0, size_t(c.size - c.src_size));
 }
 
+// ---- thread-block clusters ----------------------------------------------------------
+
+bool may_run(const Cluster& c, unsigned rank) {
+  return c.members[rank].state == Cluster::State::running && (c.order.empty() || c.turn == rank);
+}
+
+// Waits until CTA `rank` may run (in a sequential schedule: until its turn); returns
+// the number of cluster barriers completed so far.
+uint64_t wait_to_run(Cluster& c, unsigned rank) {
+  std::unique_lock lock(c.mutex);
+  c.changed.wait(lock, [&] { return may_run(c, rank); });
+  return c.generation;
+}
+
+// CTA `rank` stops running: blocked (every live thread of it waits at cluster.sync) or
+// finished. Once none runs, the barrier completes for the blocked ones: barrier.cluster
+// waits for the cluster's non-exited threads only (PTX ISA). A sequential schedule
+// then gives the turn to the first running CTA in its order. A blocked CTA returns
+// once it may run again, with the number of barriers completed.
+uint64_t stop(Cluster& c, unsigned rank, Cluster::State state) {
+  using State = Cluster::State;
+  {
+    std::lock_guard lock(c.mutex);
+    c.members[rank].state = state;
+    auto any = [&](State s) {
+      return std::any_of(c.members.begin(), c.members.end(), [s](const Cluster::Member& m) { return m.state == s; });
+    };
+    if (!any(State::running) && any(State::blocked)) {
+      ++c.generation;
+      for (Cluster::Member& m : c.members)
+        if (m.state == State::blocked) m.state = State::running;
+    }
+    const auto next =
+        std::find_if(c.order.begin(), c.order.end(), [&](unsigned r) { return c.members[r].state == State::running; });
+    if (next != c.order.end()) c.turn = *next;
+  }
+  c.changed.notify_all();
+  return state == State::blocked ? wait_to_run(c, rank) : 0;
+}
+
+Cta& cluster_cta(const char* what) {
+  if (t_cta == nullptr || t_cta->cluster == nullptr)
+    fail(std::string(what) +
+         " in a launch without a cluster dimension (an implicit cluster of one CTA is not emulated)");
+  return *t_cta;
+}
+
+// A static __shared__ variable is a thread_local of this executable (builtins.hpp). Its
+// TLS block ends at the thread pointer (x86-64's TLS variant II) and has the same
+// layout in every thread, so the variable's twin in another thread lies at the same
+// offset from that thread's pointer.
+uintptr_t thread_pointer() {
+  uintptr_t tp;
+  asm("movq %%fs:0, %0" : "=r"(tp));  // the thread control block's pointer to itself
+  return tp;
+}
+
+// The size of that block, with its alignment as margin.
+size_t executable_tls_bytes() {
+  static const size_t bytes = [] {
+    size_t b = 0;
+    dl_iterate_phdr(
+        [](dl_phdr_info* info, size_t, void* out) {
+          for (unsigned i = 0; i < info->dlpi_phnum; ++i)
+            if (info->dlpi_phdr[i].p_type == PT_TLS)
+              *static_cast<size_t*>(out) = info->dlpi_phdr[i].p_memsz + info->dlpi_phdr[i].p_align;
+          return 1;  // the first object listed is the executable
+        },
+        &b);
+    return b;
+  }();
+  return bytes;
+}
+
+// The cluster dimension among a launch's attributes, if any; no other attribute is
+// emulated.
+std::optional<dim3> cluster_dimension(const cudaLaunchConfig_t& config) {
+  std::optional<dim3> dims;
+  for (unsigned i = 0; i < config.numAttrs; ++i) {
+    const cudaLaunchAttribute& a = config.attrs[i];
+    if (a.id != cudaLaunchAttributeClusterDimension)
+      fail("launch attribute " + std::to_string(int(a.id)) + " is not emulated");
+    dims = dim3(a.val.clusterDim.x, a.val.clusterDim.y, a.val.clusterDim.z);
+  }
+  return dims;
+}
+
+// 1 to 8 CTAs (the portable limit; the non-portable opt-in is not emulated).
+bool valid_cluster_size(const dim3& dims) {
+  return dims.x >= 1 && dims.y >= 1 && dims.z >= 1 && uint64_t(dims.x) * dims.y * dims.z <= kMaxClusterSize;
+}
+
 // ---- running a launch ---------------------------------------------------------------
 
 struct Launch {
@@ -409,13 +547,22 @@ class Worker {
     for (auto& s : stacks_) s = std::make_unique_for_overwrite<uint64_t[]>(kFiberStackWords);
   }
 
-  void run(uint3 block_index) {
+  // In a cluster launch, as CTA `rank` of `cluster`, on its turn.
+  void run(uint3 block_index, Cluster* cluster = nullptr, unsigned rank = 0) {
     Cta cta;
     start(cta, block_index);
+    if (cluster != nullptr) {
+      cta.cluster = cluster;
+      cta.rank = rank;
+      cta.cluster_generation = wait_to_run(*cluster, rank);
+    }
     schedule(cta);
+    if (cluster != nullptr) stop(*cluster, rank, Cluster::State::finished);
     check_canaries(cta);
     t_cta = nullptr;
   }
+
+  unsigned char* smem() { return smem_.data(); }
 
  private:
   void start(Cta& cta, uint3 block_index) {
@@ -453,8 +600,16 @@ class Worker {
         for (unsigned k = 0; k < n_warps; ++k) live |= run_warp(cta, descending ? n_warps - 1 - k : k, descending);
       }
       if (!live) return;
-      if (cta.progress == before) fail(deadlock_report(cta));
+      if (cta.progress == before) wait_for_cluster(cta);
     }
+  }
+
+  // A round without progress: a deadlock, unless every live thread waits at
+  // cluster.sync, i.e. for the other CTAs of its cluster.
+  void wait_for_cluster(Cta& cta) {
+    if (cta.cluster == nullptr || cta.cluster_arrived != cta.fibers.size() - cta.exited) fail(deadlock_report(cta));
+    cta.cluster_generation = stop(*cta.cluster, cta.rank, Cluster::State::blocked);
+    cta.cluster_arrived = 0;
   }
 
   // Rounds over warp w's lanes until none moves: all wait at __syncthreads or exited.
@@ -503,6 +658,64 @@ uint3 block_index(uint64_t i, const dim3& grid) {
   return {unsigned(i % grid.x), unsigned(i / grid.x % grid.y), unsigned(i / grid.x / grid.y)};
 }
 
+// The OS threads that run a cluster launch's clusters one at a time, one thread per
+// CTA: each CTA of a cluster needs its own (its thread_local static __shared__, its
+// dynamic shared memory), and all of them at once (cluster.sync). The members meet
+// at `start` before each cluster; the last to arrive picks the next one.
+struct Team {
+  struct NextCluster {
+    Team* team;
+    void operator()() noexcept {
+      Team& t = *team;
+      t.index = t.next++;
+      for (Cluster::Member& m : t.cluster.members) m.state = Cluster::State::running;
+      if (!t.cluster.order.empty()) t.cluster.turn = t.cluster.order[0];
+    }
+  };
+  Team(unsigned size, std::atomic<uint64_t>& next_cluster) : next(next_cluster), start(size, NextCluster{this}) {
+    cluster.members.resize(size);
+    for (unsigned r = 0; r < size && g_schedule != Schedule::round_robin; ++r)
+      cluster.order.push_back(g_schedule == Schedule::warps_descending ? size - 1 - r : r);
+  }
+  std::atomic<uint64_t>& next;
+  uint64_t index = 0;  // the cluster being run
+  Cluster cluster;
+  std::barrier<NextCluster> start;
+};
+
+// Clusters of `dims` tile the grid; rank r is the r-th CTA of its cluster, x fastest
+// (%cluster_ctarank).
+uint3 cluster_block_index(uint64_t cluster, unsigned rank, const dim3& clusters, const dim3& dims) {
+  const uint3 c = block_index(cluster, clusters), r = block_index(rank, dims);
+  return {c.x * dims.x + r.x, c.y * dims.y + r.y, c.z * dims.z + r.z};
+}
+
+void run_clusters(const Launch& l, const dim3& dims) {
+  const unsigned size = threads_of(dims);
+  const dim3 clusters(l.grid.x / dims.x, l.grid.y / dims.y, l.grid.z / dims.z);
+  const uint64_t n_clusters = uint64_t(clusters.x) * clusters.y * clusters.z;
+  const unsigned n_teams = unsigned(
+      std::clamp<uint64_t>(std::min(std::thread::hardware_concurrency(), kMaxWorkers) / size, 1, n_clusters));
+  std::atomic<uint64_t> next{0};
+  std::vector<std::unique_ptr<Team>> teams;
+  std::vector<std::thread> threads;
+  for (unsigned t = 0; t < n_teams; ++t) {
+    Team* team = teams.emplace_back(std::make_unique<Team>(size, next)).get();
+    for (unsigned rank = 0; rank < size; ++rank)
+      threads.emplace_back([&, team, rank] {
+        Worker worker(l);
+        team->cluster.members[rank].smem = worker.smem();
+        team->cluster.members[rank].thread_pointer = thread_pointer();
+        for (;;) {
+          team->start.arrive_and_wait();
+          if (team->index >= n_clusters) return;
+          worker.run(cluster_block_index(team->index, rank, clusters, dims), &team->cluster, rank);
+        }
+      });
+  }
+  for (auto& t : threads) t.join();
+}
+
 }  // namespace
 
 bool in_global_buffer(const void* p, size_t bytes) {
@@ -535,6 +748,24 @@ void launch(const void* kernel, dim3 grid, dim3 block, size_t smem_bytes, const 
   for (unsigned w = 0; w < n_workers; ++w) workers.emplace_back(work);
   for (auto& w : workers) w.join();
 }
+
+cudaError_t launch_ex(const void* kernel, const cudaLaunchConfig_t& config, const std::function<void()>& body) {
+  const std::optional<dim3> dims = cluster_dimension(config);
+  if (!dims) {
+    launch(kernel, config.gridDim, config.blockDim, config.dynamicSmemBytes, body);
+    return cudaSuccess;
+  }
+  const dim3 grid = config.gridDim;
+  if (!valid_cluster_size(*dims) || grid.x % dims->x != 0 || grid.y % dims->y != 0 || grid.z % dims->z != 0)
+    return cudaErrorInvalidClusterSize;
+  const Launch l{grid, config.blockDim, config.dynamicSmemBytes, &body};
+  check_launch(kernel, l);
+  ++g_cluster_launches;
+  run_clusters(l, *dims);
+  return cudaSuccess;
+}
+
+uint64_t cluster_launches() { return g_cluster_launches; }
 
 uint32_t shared_address(const void* p) {
   const auto a = reinterpret_cast<uintptr_t>(p), base = reinterpret_cast<uintptr_t>(dynamic_smem);
@@ -610,6 +841,34 @@ uint32_t match_any(uint64_t value) {
 void syncwarp() {
   auto [w, lane] = this_lane();
   arrive_and_wait(w, lane, Collective::syncwarp, [](Warp&) {});
+}
+
+unsigned cluster_block_rank() { return cluster_cta("cluster.block_rank").rank; }
+unsigned cluster_num_blocks() { return unsigned(cluster_cta("cluster.num_blocks").cluster->members.size()); }
+
+void cluster_sync() {
+  Cta& cta = cluster_cta("cluster.sync");
+  const uint64_t generation = cta.cluster_generation;
+  ++cta.cluster_arrived;
+  while (cta.cluster_generation == generation) yield("cluster.sync");
+}
+
+void* map_shared_rank(const void* p, int rank) {
+  const Cta& cta = cluster_cta("map_shared_rank");
+  Cluster& c = *cta.cluster;
+  if (rank < 0 || size_t(rank) >= c.members.size())
+    fail("map_shared_rank: rank " + std::to_string(rank) + " outside the cluster of " +
+         std::to_string(c.members.size()) + " CTAs");
+  std::lock_guard lock(c.mutex);
+  const Cluster::Member& target = c.members[rank];
+  if (target.state == Cluster::State::finished)
+    fail("map_shared_rank: CTA " + std::to_string(rank) +
+         " of the cluster has exited, and its shared memory with it (a cluster.sync before it exits keeps it)");
+  const auto a = reinterpret_cast<uintptr_t>(p), smem = reinterpret_cast<uintptr_t>(dynamic_smem);
+  const uintptr_t tp = thread_pointer();
+  if (a >= smem && a < smem + cta.smem_bytes) return target.smem + (a - smem);
+  if (a < tp && a >= tp - executable_tls_bytes()) return reinterpret_cast<void*>(a - tp + target.thread_pointer);
+  fail("map_shared_rank of an address outside the CTA's shared memory (dynamic, or a static __shared__ variable)");
 }
 
 void syncthreads() {
@@ -692,28 +951,43 @@ cudaError_t cudaFuncSetAttribute(const void* func, cudaFuncAttribute attr, int v
   return cudaSuccess;
 }
 
-// The host build compiles no __CUDA_ARCH__ code: a kernel whose body is guarded by
-// __CUDA_ARCH__ >= 900 (crossentropy.cu's cluster kernel) is empty here, as in a build
-// without sm_90 code, which is what ptxVersion 0 tells its launcher. No static shared
-// memory is reported (its size is unknown here).
+// The kernel files run as their sm_90 code (SPES_SM90_DEVICE_CODE is 1 in the
+// emulator's cuda/launch.cuh), so ptxVersion says sm_90 to the launchers that ask
+// (crossentropy.cu's cluster kernel). No static shared memory is reported (its size
+// is unknown here).
 cudaError_t cudaFuncGetAttributes(cudaFuncAttributes* attr, const void* func) {
   *attr = cudaFuncAttributes{};
-  std::lock_guard lock(emu::g_smem_optin_mutex);
-  const auto it = emu::g_smem_optin.find(func);
-  attr->maxDynamicSharedSizeBytes = it != emu::g_smem_optin.end() ? it->second : int(emu::kDefaultSmemLimit);
+  attr->maxDynamicSharedSizeBytes = emu::dynamic_smem_limit(func);
   attr->maxThreadsPerBlock = int(emu::kMaxThreadsPerBlock);
-  attr->ptxVersion = 0;
-  attr->binaryVersion = 0;
+  attr->ptxVersion = 90;
+  attr->binaryVersion = 90;
   return cudaSuccess;
 }
 
-// Thread-block clusters are not emulated (the only cluster kernel is sm_90 code, see
-// above); its launcher never asks once ptxVersion says so.
-cudaError_t cudaOccupancyMaxActiveClusters(int*, const void*, const cudaLaunchConfig_t*) {
-  emu::fail("cudaOccupancyMaxActiveClusters: thread-block clusters are not emulated");
+// Clusters of the config's cluster dimension that fit at once: a cluster's CTAs share
+// one GPC (kGpcs of kSmsPerGpc SMs), each SM taking as many of them as
+// cudaOccupancyMaxActiveBlocksPerMultiprocessor says (with its caveats). 0 when a
+// CTA's dynamic shared memory is above the kernel's opt-in (the launch would fail).
+cudaError_t cudaOccupancyMaxActiveClusters(int* numClusters, const void* func, const cudaLaunchConfig_t* config) {
+  const std::optional<dim3> dims = emu::cluster_dimension(*config);
+  if (!dims) emu::fail("cudaOccupancyMaxActiveClusters without a cluster dimension is not emulated");
+  if (!emu::valid_cluster_size(*dims)) return cudaErrorInvalidClusterSize;
+  const dim3 b = config->blockDim;
+  int per_sm = 0;
+  if (config->dynamicSmemBytes <= size_t(emu::dynamic_smem_limit(func))) {
+    const cudaError_t e =
+        cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, func, int(b.x * b.y * b.z), config->dynamicSmemBytes);
+    if (e != cudaSuccess) return e;
+  }
+  *numClusters = emu::kGpcs * (emu::kSmsPerGpc * per_sm / int(dims->x * dims->y * dims->z));
+  return cudaSuccess;
 }
+
+// The C entry point of cudaLaunchKernelEx gets the kernel's arguments as void*, with
+// which the emulator cannot call the kernel: launches with attributes go through
+// spes::cuda::launch_ex (cuda/launch.cuh), whose twin keeps their types.
 cudaError_t cudaLaunchKernelExC(const cudaLaunchConfig_t*, const void*, void**) {
-  emu::fail("cudaLaunchKernelEx: thread-block clusters are not emulated");
+  emu::fail("cudaLaunchKernelEx called directly: launch through spes::cuda::launch_ex (cuda/launch.cuh)");
 }
 
 cudaError_t cudaGetLastError() { return cudaSuccess; }

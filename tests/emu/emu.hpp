@@ -22,6 +22,14 @@
 //   - launch: block ≤ 1024 threads in whole warps, grid limits, dynamic shared
 //     memory ≤ 227 KB (sm_90) and above 48 KB only after cudaFuncSetAttribute opted in
 //     (static __shared__ arrays are not counted: their size is unknown here);
+//   - thread-block clusters (launch_ex with a cluster dimension): each cluster's CTAs
+//     run at once, each on its own OS thread; cluster.sync is a barrier over the
+//     cluster's threads (one that cannot reach it is a deadlock, reported as above);
+//     map_shared_rank takes a rank inside the cluster, an address in the caller's
+//     shared memory (static or dynamic), and a CTA that has not exited yet (its
+//     shared memory goes with it). A grid that is not a whole number of clusters, or
+//     a cluster above the portable 8 CTAs, is refused as CUDA refuses it
+//     (cudaErrorInvalidClusterSize);
 //   - global buffers (GlobalBuffer): a canary past the end, checked when freed.
 // Outside the emulator proper, the kernel files are compiled with
 // -fsanitize=alignment: a vector access (int4, float4, Bf16x8, ...) off the alignment
@@ -57,12 +65,24 @@ void set_landing(Landing landing);
 // shows a missing barrier between warps (a read before another warp's write, or a
 // write over data another warp has yet to read) in one direction or the other. A
 // race-free kernel gives bit-identical results under all three.
+// The CTAs of a cluster follow suit: round_robin runs them all at once; the other two
+// run one CTA at a time, in ascending or descending rank, each until it waits at
+// cluster.sync or exits, so that one CTA gets as far ahead of the others as the
+// cluster barriers let it (a read of another CTA's shared memory before it was
+// written, or after that CTA exited, shows every time, not by the OS's timing).
 enum class Schedule { round_robin, warps_ascending, warps_descending };
 void set_schedule(Schedule schedule);
 
 // Runs `body` once per thread of each CTA of `grid`; CTAs spread over worker threads.
 // `kernel` identifies the kernel for the dynamic-shared-memory opt-in check.
 void launch(const void* kernel, dim3 grid, dim3 block, size_t smem_bytes, const std::function<void()>& body);
+
+// A launch with attributes (spes::cuda::launch_ex, cudaLaunchKernelEx): with a cluster
+// dimension, clusters of CTAs as described above; without, as launch(). Returns what
+// CUDA returns for a configuration it refuses; fails on an attribute not emulated.
+cudaError_t launch_ex(const void* kernel, const cudaLaunchConfig_t& config, const std::function<void()>& body);
+// The launches with a cluster dimension so far: which kernel a launcher chose.
+uint64_t cluster_launches();
 
 // The running CTA's dynamic shared memory (thread_local: a CTA lives on one thread).
 extern thread_local unsigned char* dynamic_smem;
@@ -79,6 +99,12 @@ uint64_t shuffle(Shuffle mode, uint64_t value, int b);  // the value of another 
 uint32_t match_any(uint64_t value);                     // the lanes holding the same value
 void syncthreads();
 void syncwarp();
+
+// ---- what the shadow <cooperative_groups.h> calls (cluster launches only) -----
+unsigned cluster_block_rank();
+unsigned cluster_num_blocks();
+void cluster_sync();
+void* map_shared_rank(const void* p, int rank);  // p's twin in CTA `rank` of the cluster
 
 // The calling thread's current device (cudaSetDevice), and a check that `stream`
 // belongs to it (tests/emu/runtime_emu.cpp): fails like a launch CUDA would refuse.

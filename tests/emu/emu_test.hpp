@@ -59,8 +59,9 @@ bool same_bits(const std::vector<T>& a, const std::vector<T>& b) {
 }
 
 // Runs `run` twice more on the same inputs, `outputs` poisoned first, with each warp
-// running ahead of the others (emu::Schedule, ascending then descending warp order),
-// and checks that it writes the bits of the first run: this finds a missing barrier.
+// running ahead of the others (emu::Schedule, ascending then descending warp order;
+// in a cluster launch each CTA of a cluster, too), and checks that it writes the bits
+// of the first run: this finds a missing barrier.
 // The emulator's worker threads also take the CTAs in a different order each time,
 // so it finds results that depend on CTA order (float atomics, a CTA reading what
 // another wrote) as well as any poison left unwritten.

@@ -6,18 +6,20 @@
 // V = 151 665 values puts its lse 1.4e-5 (relative) below the float64 value, while the
 // kernel's merged partial sums land on the float64 value rounded to fp32.
 //
-// Only the row kernel runs here: the cluster kernel's body is sm_90 code
-// (__CUDA_ARCH__ >= 900), absent from a host build, and the emulator has no
-// thread-block clusters; so the automatic choice must pick the row kernel, and asking
-// for the cluster kernel must throw (as on a GPU or build without sm_90).
+// Both kernels run: the row kernel, and the cluster kernel (sm_90 code, which the
+// emulator runs as an H100 would: clusters of 8 CTAs at once, cluster.sync and
+// distributed shared memory, emu.hpp). The emulated H100 supports the cluster kernel
+// for every V here, so the automatic choice must launch it.
 //
 // Tolerances: losses and lse (fp32 math) 1e-6, measured ≤ 8e-8
 // (test_cuda_crossentropy.cu allows a GPU's exp2f 1e-5); the bf16 gradient 1e-2 (one
 // bf16 rounding, ~2e-3). Rows that are not 16-byte aligned (V odd: scalar head and
 // tail around the vectors), padded rows (ld > V, the padding NaN: reading it would
-// poison lse; it must also stay unwritten), in place and forward only. Every output
-// starts as NaN; every call runs twice more with the other warp schedules and must
-// write the same bits (check_rerun_identical).
+// poison lse; it must also stay unwritten), in place and forward only, targets on
+// both sides of the boundary between the cluster kernel's first two slices. Every
+// output starts as NaN; every call runs twice more with the other warp schedules (and
+// the cluster's CTAs one at a time, in ascending then descending rank) and must write
+// the same bits (check_rerun_identical).
 //
 // Inputs are seeded (kSeed) per case: this test runs on every commit.
 //
@@ -26,7 +28,11 @@
 // the vector count rounded up (reads past the row); pass2 missing a target in vector
 // lane 7; pass1 skipping the first tail value; the z-loss term dropped; add8 without
 // its rescale; the target logit read after an in-place gradient pass; one row short;
-// loss_sums: the tree from 256, or without its barrier.
+// loss_sums: the tree from 256, or without its barrier. Cluster kernel: either
+// cluster.sync dropped (EMU "has exited"; partials read before they were written);
+// the target's rank taken as y / chunk + 1 (EMU "rank 8 outside the cluster"); the
+// target logit read from its slice's CTA before the first cluster.sync; the smem pad
+// dropped (UBSan "misaligned address"); the last slice not clipped to V.
 
 // First: the kernels' headers include cuda/common.cuh, whose device functions call
 // CUDA built-ins.
@@ -90,9 +96,18 @@ bool poisoned(const GlobalBuffer& b, int64_t N, int64_t from, int64_t ld) {
   return true;
 }
 
+const char* name(CeImpl impl) {
+  switch (impl) {
+    case CeImpl::row: return "row";
+    case CeImpl::cluster: return "cluster";
+    case CeImpl::automatic: return "automatic";
+  }
+  return "?";
+}
+
 void check_case(int64_t N, int64_t V, int64_t ld, CeImpl impl, bool in_place, ErrorReport& report) {
-  const std::string shape = "N=" + std::to_string(N) + " V=" + std::to_string(V) + " ld=" + std::to_string(ld) +
-                            (impl == CeImpl::row ? " row" : " automatic") + (in_place ? " in place" : "");
+  const std::string shape = "N=" + std::to_string(N) + " V=" + std::to_string(V) + " ld=" + std::to_string(ld) + " " +
+                            name(impl) + (in_place ? " in place" : "");
   INFO(shape);
   rng().seed(kSeed);
   const std::vector<float> logits = random_bf16_values(N * V, 3.0f);
@@ -101,7 +116,10 @@ void check_case(int64_t N, int64_t V, int64_t ld, CeImpl impl, bool in_place, Er
   for (int32_t& t : targets) t = token(rng());
   targets[0] = 0;
   if (N > 1) targets[N - 1] = int32_t(V - 1);
-  if (N > 2) targets[1] = int32_t(std::min<int64_t>(V - 1, (V + 63) / 64 * 8));  // a cluster slice boundary
+  // The first value of the cluster kernel's second slice, and the last of its first.
+  const int64_t chunk = (V + 63) / 64 * 8;
+  if (N > 2) targets[1] = int32_t(std::min<int64_t>(V - 1, chunk));
+  if (N > 3) targets[2] = int32_t(std::min<int64_t>(V - 1, chunk - 1));
   const float ce_scale = 1.0f / float(N), z_scale = 0.3f / float(N);
 
   const Reference ref = reference(logits, targets, N, V, ce_scale, z_scale);
@@ -135,19 +153,27 @@ void check_case(int64_t N, int64_t V, int64_t ld, CeImpl impl, bool in_place, Er
 
 // V from 4 (all scalar, no vector) to 151 665 (Qwen's vocabulary: 148 vectors a
 // thread), odd V (every other row starts off a 16-byte boundary), padded rows.
-TEST_CASE("emulated crossentropy (row kernel) matches a float64 reference") {
+TEST_CASE("emulated crossentropy (row and cluster kernels) matches a float64 reference") {
   const std::tuple<int64_t, int64_t, int64_t> shapes[] = {{7, 1000, 0}, {5, 1001, 0}, {3, 151665, 0}, {4, 151665, 15},
                                                           {2, 13, 3},   {33, 4, 0},   {6, 4104, 9}};  // N, V, padding
-  ErrorReport report;
-  CHECK_FALSE(spes::cuda::crossentropy_cluster_supported(151665));  // no sm_90 code in a host build
-  for (const auto& [N, V, pad] : shapes)
-    for (CeImpl impl : {CeImpl::row, CeImpl::automatic})
+  for (CeImpl impl : {CeImpl::row, CeImpl::cluster}) {
+    ErrorReport report;  // the worst errors of each kernel
+    for (const auto& [N, V, pad] : shapes)
       for (bool in_place : {false, true}) check_case(N, V, V + pad, impl, in_place, report);
-  CHECK_THROWS_WITH_AS(spes::cuda::crossentropy_forward_backward(
-                           nullptr, reinterpret_cast<float*>(0x20000), reinterpret_cast<float*>(0x20000),
-                           reinterpret_cast<bf16*>(0x10000), reinterpret_cast<int32_t*>(0x30000), 4, 100, 100, 1.0f,
-                           0.0f, nullptr, CeImpl::cluster),
-                       doctest::Contains("the cluster kernel needs sm_90+ code"), spes::Error);
+  }
+}
+
+// The emulated H100 runs the cluster kernel for every V (its slice fits shared
+// memory), so the automatic choice must launch it. (Counted: its outputs are those of
+// the row kernel, bit for bit, in these cases.)
+TEST_CASE("emulated crossentropy: the automatic choice is the cluster kernel") {
+  ErrorReport report;
+  for (const auto& [N, V] : {std::pair<int64_t, int64_t>{3, 151665}, {5, 1001}, {33, 4}}) {
+    CHECK_MESSAGE(spes::cuda::crossentropy_cluster_supported(V), "V=" << V << ": no cluster kernel on an H100");
+    const uint64_t launches = emu::cluster_launches();
+    check_case(N, V, V, CeImpl::automatic, false, report);
+    CHECK_MESSAGE(emu::cluster_launches() > launches, "V=" << V << ": the automatic choice ran the row kernel");
+  }
 }
 
 // loss_sums: one block of 1024 threads, each summing i ≡ t (mod 1024) in double, then

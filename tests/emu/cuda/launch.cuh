@@ -7,6 +7,10 @@
 
 #include "tests/emu/emu.hpp"
 
+// The emulator is an H100 that runs the kernels' sm_90 code (clusters among it), and
+// says so to the launchers: cudaFuncGetAttributes reports ptxVersion 90.
+#define SPES_SM90_DEVICE_CODE 1
+
 namespace spes::cuda {
 
 // dynamic_smem<T> converts to the running CTA's dynamic shared memory as T*, which is
@@ -23,6 +27,13 @@ void launch(void (*kernel)(Params...), dim3 grid, dim3 block, size_t smem_bytes,
             std::type_identity_t<Params>... args) {
   emu::require_current_device(stream, "kernel launch");
   emu::launch(reinterpret_cast<const void*>(kernel), grid, block, smem_bytes, [&] { kernel(args...); });
+}
+
+template <typename... Params>
+cudaError_t launch_ex(const cudaLaunchConfig_t& config, void (*kernel)(Params...),
+                      std::type_identity_t<Params>... args) {
+  emu::require_current_device(config.stream, "kernel launch");
+  return emu::launch_ex(reinterpret_cast<const void*>(kernel), config, [&] { kernel(args...); });
 }
 
 }  // namespace spes::cuda
