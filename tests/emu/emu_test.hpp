@@ -6,9 +6,14 @@
 #include "tests/emu/builtins.hpp"
 
 #include <cuda_bf16.h>
+#include <sys/wait.h>
+#include <unistd.h>
 
 #include <cmath>
+#include <csignal>
+#include <cstdio>
 #include <cstring>
+#include <functional>
 #include <initializer_list>
 #include <map>
 #include <string>
@@ -109,5 +114,33 @@ class ErrorReport {
   };
   std::map<std::string, Worst> worst_;
 };
+
+// Runs `body` in a child process, for the checks where the emulator must abort
+// (emu::fail: where a GPU would fault). Returns what the child wrote to stderr, then
+// "[aborted]" if it aborted, "[returned]" if body returned, "[died]" otherwise.
+inline std::string run_in_child(const std::function<void()>& body) {
+  int fds[2];
+  REQUIRE(pipe(fds) == 0);
+  std::fflush(stdout);
+  std::fflush(stderr);
+  const pid_t pid = fork();
+  REQUIRE(pid >= 0);
+  if (pid == 0) {
+    std::signal(SIGABRT, SIG_DFL);  // not doctest's crash report
+    dup2(fds[1], STDERR_FILENO);
+    close(fds[0]);
+    body();
+    _exit(0);
+  }
+  close(fds[1]);
+  std::string out;
+  char buf[512];
+  for (ssize_t r; (r = read(fds[0], buf, sizeof buf)) > 0;) out.append(buf, size_t(r));
+  close(fds[0]);
+  int status = 0;
+  waitpid(pid, &status, 0);
+  if (WIFSIGNALED(status) && WTERMSIG(status) == SIGABRT) return out + "[aborted]";
+  return out + (WIFEXITED(status) && WEXITSTATUS(status) == 0 ? "[returned]" : "[died]");
+}
 
 }  // namespace spes::test

@@ -12,6 +12,13 @@
 //   read before the wait shows as a NaN instead of passing by luck. (Into pageable
 //   memory the call returns after the copy, as the runtime documents.)
 //
+//   The other way, a cudaMemcpyAsync from pinned memory into device memory may read
+//   its source after the call returns, until the host synchronizes as above. Here the
+//   copy lands at once, and the source bytes it read are kept until then: if the host
+//   changed them before the wait (a staging buffer refilled too early), the bytes a
+//   GPU would have copied are unknown, and that is an emu::fail. (From pageable
+//   memory the runtime stages the bytes before returning: free to change.)
+//
 // Anything outside that model fails loudly (emu::fail): a copy from or to bytes
 // outside every allocation, a free of a pointer never allocated. (All devices' memory
 // is one host address space: a kernel reading another device's buffer is not caught.)
@@ -53,6 +60,14 @@ struct InFlight {
   std::vector<unsigned char> bytes;
 };
 std::vector<InFlight> g_in_flight;
+// A pinned→device copy the host has not waited for: its source as the copy read it.
+struct PinnedRead {
+  uint64_t seq;
+  cudaStream_t stream;
+  const void* src;
+  std::vector<unsigned char> bytes;
+};
+std::vector<PinnedRead> g_pinned_reads;
 uint64_t g_seq = 0;  // stream position: one per call that enqueues work
 
 bool is_pinned(const void* p, size_t bytes) {
@@ -65,10 +80,20 @@ bool is_pinned(const void* p, size_t bytes) {
 
 // The host sees every device→pinned copy enqueued on `stream` (nullptr: any) before
 // position `seq`.
+// position `seq`, and every pinned→device copy there is done reading its source
+// (which must still hold the bytes it read).
 void land_before(cudaStream_t stream, uint64_t seq) {
+  auto waited_for = [&](uint64_t at, cudaStream_t on) { return at < seq && (stream == nullptr || on == stream); };
   std::erase_if(g_in_flight, [&](InFlight& f) {
-    if (f.seq >= seq || (stream != nullptr && f.stream != stream)) return false;
+    if (!waited_for(f.seq, f.stream)) return false;
     std::memcpy(f.dst, f.bytes.data(), f.bytes.size());
+    return true;
+  });
+  std::erase_if(g_pinned_reads, [&](const PinnedRead& r) {
+    if (!waited_for(r.seq, r.stream)) return false;
+    if (std::memcmp(r.src, r.bytes.data(), r.bytes.size()) != 0)
+      fail("the pinned source of a host-to-device cudaMemcpyAsync (" + std::to_string(r.bytes.size()) +
+           " bytes) changed before the host waited for the copy: a GPU may have copied the new bytes");
     return true;
   });
 }
@@ -168,8 +193,11 @@ cudaError_t cudaMallocHost(void** ptr, size_t bytes) { return cudaHostAlloc(ptr,
 cudaError_t cudaFreeHost(void* ptr) {
   if (ptr == nullptr) return cudaSuccess;
   std::lock_guard lock(g_mutex);
-  if (emu::g_pinned.erase(ptr) == 0) emu::fail("cudaFreeHost of a pointer cudaMallocHost never returned");
-  std::erase_if(emu::g_in_flight, [&](const emu::InFlight& f) { return f.dst == ptr; });
+  const auto it = emu::g_pinned.find(ptr);
+  if (it == emu::g_pinned.end()) emu::fail("cudaFreeHost of a pointer cudaMallocHost never returned");
+  // cudaFreeHost synchronizes the device first, so copies still reading it finish first.
+  emu::land_before(nullptr, UINT64_MAX);
+  emu::g_pinned.erase(it);
   std::free(ptr);
   return cudaSuccess;
 }
@@ -195,6 +223,10 @@ cudaError_t cudaMemcpyAsync(void* dst, const void* src, size_t bytes, cudaMemcpy
     emu::g_in_flight.push_back({emu::g_seq, stream, dst, {s, s + bytes}});
     std::memset(dst, emu::kInFlight, bytes);
     return cudaSuccess;
+  }
+  if (dst_device && !src_device && emu::is_pinned(src, bytes)) {
+    const auto* s = static_cast<const unsigned char*>(src);
+    emu::g_pinned_reads.push_back({emu::g_seq, stream, src, {s, s + bytes}});
   }
   std::memmove(dst, src, bytes);
   return cudaSuccess;

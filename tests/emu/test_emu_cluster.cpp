@@ -11,12 +11,8 @@
 
 #include <cooperative_groups.h>
 #include <doctest/doctest.h>
-#include <sys/wait.h>
-#include <unistd.h>
 
-#include <csignal>
 #include <cstdio>
-#include <functional>
 #include <string>
 #include <vector>
 
@@ -28,6 +24,7 @@ namespace {
 
 namespace cg = cooperative_groups;
 using emu::GlobalBuffer;
+using spes::test::run_in_child;
 
 constexpr unsigned kThreads = 64;  // two warps a CTA
 constexpr int kFields = 3;         // per thread: its CTA's rank, and a peer's two ids
@@ -121,34 +118,6 @@ void not_shared_kernel(int* out) {
 void deadlock_kernel(int*) {
   if (threadIdx.x != 0) cg::this_cluster().sync();
   __syncthreads();
-}
-
-// Runs `body` in a child process (as test_emu_cublas.cpp does). Returns what the
-// child wrote to stderr, then "[aborted]" if it aborted (emu::fail), "[returned]" if
-// body returned, "[died]" otherwise.
-std::string run_in_child(const std::function<void()>& body) {
-  int fds[2];
-  REQUIRE(pipe(fds) == 0);
-  std::fflush(stdout);
-  std::fflush(stderr);
-  const pid_t pid = fork();
-  REQUIRE(pid >= 0);
-  if (pid == 0) {
-    std::signal(SIGABRT, SIG_DFL);  // not doctest's crash report
-    dup2(fds[1], STDERR_FILENO);
-    close(fds[0]);
-    body();
-    _exit(0);
-  }
-  close(fds[1]);
-  std::string out;
-  char buf[512];
-  for (ssize_t r; (r = read(fds[0], buf, sizeof buf)) > 0;) out.append(buf, size_t(r));
-  close(fds[0]);
-  int status = 0;
-  waitpid(pid, &status, 0);
-  if (WIFSIGNALED(status) && WTERMSIG(status) == SIGABRT) return out + "[aborted]";
-  return out + (WIFEXITED(status) && WEXITSTATUS(status) == 0 ? "[returned]" : "[died]");
 }
 
 bool has(const std::string& text, const std::string& part) { return text.find(part) != std::string::npos; }

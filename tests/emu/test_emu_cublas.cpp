@@ -24,14 +24,10 @@
 #include <cublasLt.h>
 #include <cublas_v2.h>
 #include <doctest/doctest.h>
-#include <sys/wait.h>
-#include <unistd.h>
 
-#include <csignal>
 #include <cstdint>
 #include <cstdio>
 #include <cstring>
-#include <functional>
 #include <string>
 #include <vector>
 
@@ -216,34 +212,6 @@ cublasStatus_t lt_matmul(cublasLtHandle_t lt, const Problem& p, const Stored& A,
   for (cublasLtMatrixLayout_t l : {la, lb, lc, ld}) cublasLtMatrixLayoutDestroy(l);
   cublasLtMatmulDescDestroy(op);
   return s;
-}
-
-// Runs `body` in a child process. Returns what the child wrote to stderr, then
-// "[aborted]" if it aborted (emu::fail: where a GPU would fault), "[returned]" if body
-// returned, "[died]" otherwise.
-std::string run_in_child(const std::function<void()>& body) {
-  int fds[2];
-  REQUIRE(pipe(fds) == 0);
-  std::fflush(stdout);
-  std::fflush(stderr);
-  const pid_t pid = fork();
-  REQUIRE(pid >= 0);
-  if (pid == 0) {
-    std::signal(SIGABRT, SIG_DFL);  // not doctest's crash report
-    dup2(fds[1], STDERR_FILENO);
-    close(fds[0]);
-    body();
-    _exit(0);
-  }
-  close(fds[1]);
-  std::string out;
-  char buf[512];
-  for (ssize_t r; (r = read(fds[0], buf, sizeof buf)) > 0;) out.append(buf, size_t(r));
-  close(fds[0]);
-  int status = 0;
-  waitpid(pid, &status, 0);
-  if (WIFSIGNALED(status) && WTERMSIG(status) == SIGABRT) return out + "[aborted]";
-  return out + (WIFEXITED(status) && WEXITSTATUS(status) == 0 ? "[returned]" : "[died]");
 }
 
 struct Shape {

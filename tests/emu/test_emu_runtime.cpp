@@ -1,0 +1,105 @@
+// The emulated CUDA runtime's one asynchrony (tests/emu/runtime_emu.cpp): copies
+// between device memory and pinned host memory are not done, as far as the host may
+// rely on, until it waits for them. Device → pinned: the bytes arrive at the wait
+// (NaN before it). Pinned → device: the source must hold still until the wait; a
+// staging buffer refilled too early is an abort, as on a GPU it would copy whichever
+// bytes were there when the DMA ran. Pageable memory is synchronous both ways.
+#include "tests/emu/emu_test.hpp"
+
+#include <cuda_runtime.h>
+#include <doctest/doctest.h>
+
+#include <cmath>
+#include <cstring>
+#include <string>
+#include <vector>
+
+namespace {
+
+using spes::test::run_in_child;
+
+bool has(const std::string& text, const std::string& part) { return text.find(part) != std::string::npos; }
+
+struct Fixture {
+  static constexpr int kN = 64;
+  cudaStream_t stream = nullptr;
+  float* device = nullptr;
+  float* pinned = nullptr;
+  Fixture() {
+    REQUIRE(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking) == cudaSuccess);
+    REQUIRE(cudaMalloc(reinterpret_cast<void**>(&device), kN * sizeof(float)) == cudaSuccess);
+    REQUIRE(cudaMallocHost(reinterpret_cast<void**>(&pinned), kN * sizeof(float)) == cudaSuccess);
+    for (int i = 0; i < kN; ++i) pinned[i] = float(i);
+  }
+  ~Fixture() {
+    cudaFreeHost(pinned);
+    cudaFree(device);
+    cudaStreamDestroy(stream);
+  }
+  void to_device() const {
+    REQUIRE(cudaMemcpyAsync(device, pinned, kN * sizeof(float), cudaMemcpyHostToDevice, stream) == cudaSuccess);
+  }
+  void to_pinned() const {
+    REQUIRE(cudaMemcpyAsync(pinned, device, kN * sizeof(float), cudaMemcpyDeviceToHost, stream) == cudaSuccess);
+  }
+};
+
+}  // namespace
+
+TEST_CASE("emulated runtime: a device-to-pinned copy reaches the host at the wait, not before") {
+  Fixture f;
+  f.to_device();
+  REQUIRE(cudaStreamSynchronize(f.stream) == cudaSuccess);
+  std::memset(f.pinned, 0, Fixture::kN * sizeof(float));
+  f.to_pinned();
+  CHECK(std::isnan(f.pinned[5]));  // in flight
+  cudaEvent_t done = nullptr;
+  REQUIRE(cudaEventCreate(&done) == cudaSuccess);
+  REQUIRE(cudaEventRecord(done, f.stream) == cudaSuccess);
+  REQUIRE(cudaEventSynchronize(done) == cudaSuccess);
+  CHECK(f.pinned[5] == 5.0f);
+  cudaEventDestroy(done);
+}
+
+TEST_CASE("emulated runtime: a pinned source may change once the host waited for its copy") {
+  Fixture f;
+  f.to_device();
+  REQUIRE(cudaStreamSynchronize(f.stream) == cudaSuccess);
+  f.pinned[3] = -1.0f;  // refilled after the wait: fine
+  f.to_device();
+  cudaEvent_t done = nullptr;
+  REQUIRE(cudaEventCreate(&done) == cudaSuccess);
+  REQUIRE(cudaEventRecord(done, f.stream) == cudaSuccess);
+  REQUIRE(cudaEventSynchronize(done) == cudaSuccess);  // an event after the copy counts as its wait
+  f.pinned[3] = -2.0f;
+  REQUIRE(cudaStreamSynchronize(f.stream) == cudaSuccess);
+  // Pageable memory: the runtime stages it before returning, so it may change at once.
+  std::vector<float> pageable(Fixture::kN, 1.0f);
+  REQUIRE(cudaMemcpyAsync(f.device, pageable.data(), Fixture::kN * sizeof(float), cudaMemcpyHostToDevice,
+                          f.stream) == cudaSuccess);
+  pageable[0] = 7.0f;
+  REQUIRE(cudaStreamSynchronize(f.stream) == cudaSuccess);
+  cudaEventDestroy(done);
+}
+
+TEST_CASE("emulated runtime: a pinned source changed before the wait aborts and says why") {
+  const std::string msg = run_in_child([] {
+    Fixture f;
+    f.to_device();
+    f.pinned[3] = -1.0f;  // the next micro-batch's tokens, before the copy was waited for
+    cudaStreamSynchronize(f.stream);
+  });
+  CHECK(has(msg, "[aborted]"));
+  CHECK(has(msg, "changed before the host waited for the copy"));
+  // Waiting on another stream does not wait for this copy.
+  const std::string other = run_in_child([] {
+    Fixture f;
+    cudaStream_t s2 = nullptr;
+    cudaStreamCreateWithFlags(&s2, cudaStreamNonBlocking);
+    f.to_device();
+    cudaStreamSynchronize(s2);
+    f.pinned[3] = -1.0f;
+    cudaStreamSynchronize(f.stream);
+  });
+  CHECK(has(other, "[aborted]"));
+}
