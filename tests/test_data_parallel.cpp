@@ -5,6 +5,7 @@
 // per node.
 #include <doctest/doctest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <random>
 #include <sstream>
@@ -15,6 +16,7 @@
 #include "engine/cpu_backend.hpp"
 #include "engine/data_parallel.hpp"
 #include "engine/trainer.hpp"
+#include "gpu_train_util.hpp"  // csv_rows
 #include "spes_run_util.hpp"
 #include "test_util.hpp"
 
@@ -99,6 +101,46 @@ TEST_CASE("data parallel: 2 ranks × B/2 give the update of 1 rank × B; ranks s
   CHECK(std::equal(t0.begin(), t0.end(), t1.begin()));
   // One checkpoint per node, not per rank.
   CHECK(latest_checkpoint((dir / "ckpt" / "node-1").string()).find("step-00000004") != std::string::npos);
+}
+
+// The node's loss parts are its ranks' token-weighted mean (CE and the z-losses are
+// token means either way: 1e-5, fp32 sums in another order), and moments written to
+// the node (a resume) reach every rank, bit for bit.
+TEST_CASE("data parallel: loss parts are the ranks' mean; moments reach every rank") {
+  auto dir = test::temp_dir("dp-parts");
+  const Config c = test::small_config(dir, {"train.steps=2", "train.micro_batch=4", "train.global_batch=8",
+                                            "train.lb_coef=0", "spes.n_nodes=2", "spes.node_id=1"});
+  std::ostringstream csv_one, csv_two;
+  Trainer one(c);
+  one.run(csv_one, false);
+  std::vector<TrainBackend*> ranks;
+  Trainer two(c, cpu_ranks(c, 2, ranks));
+  two.run(csv_two, false);
+  const auto rows_one = test::csv_rows(csv_one.str()), rows_two = test::csv_rows(csv_two.str());
+  REQUIRE(rows_one.size() == rows_two.size());
+  double worst = 0;
+  for (size_t i = 0; i < rows_one.size(); ++i)
+    for (const int col : {3, 5, 6}) {  // ce, router_z, lm_z
+      const double a = std::stod(rows_two[i].at(size_t(col))), b = std::stod(rows_one[i].at(size_t(col)));
+      worst = std::max(worst, std::fabs(a - b) / std::fabs(b));
+    }
+  MESSAGE("ce, router_z, lm_z, 2 ranks vs 1: worst relative difference " << worst << " (tol 1e-5)");
+  CHECK(worst < 1e-5);
+
+  std::vector<TrainBackend*> fresh_ranks;
+  const std::unique_ptr<TrainBackend> node = cpu_ranks(c, 2, fresh_ranks);
+  const ParamLayout L = make_layout(c.model);
+  const size_t owned = size_t(make_ownership(c.model, L, int(c.spes.node_id), int(c.spes.n_nodes), c.spes.ownership,
+                                             c.spes.experts_per_node)
+                                  .space.size());
+  std::vector<float> m(owned), v(owned);
+  for (size_t i = 0; i < owned; ++i) m[i] = float(i % 97) * 1e-3f - 0.05f, v[i] = float(i % 89) * 1e-4f;
+  node->write_moments(m, v);
+  for (size_t r = 0; r < fresh_ranks.size(); ++r) {
+    std::vector<float> mr(owned), vr(owned);
+    fresh_ranks[r]->read_moments(mr, vr);
+    CHECK_MESSAGE((mr == m && vr == v), "rank " << r << " does not hold the moments written to the node");
+  }
 }
 
 TEST_CASE("data parallel: 1 rank equals the plain backend, bitwise (the one-GPU NCCL path's logic)") {
