@@ -181,3 +181,35 @@ TEST_CASE("data parallel: a 2-rank node in a 4-node SPES run agrees on every rou
   CHECK(std::equal(t0.begin(), t0.end(), t1.begin()));
   CHECK(nodes[0]->params() == nodes[1]->params());
 }
+
+// Evaluation batches may be short (the validation set's last one): the rows go to the
+// ranks in slices of micro_batch / G, the last ranks getting fewer or none, and the
+// node's CE and lm z-loss are those of one rank over all the rows (1e-6: the same
+// per-token values, summed in another order).
+TEST_CASE("data parallel: a short evaluation batch split over the ranks gives one rank's losses") {
+  auto dir = test::temp_dir("dp-eval");
+  const Config c = test::small_config(dir, {"train.micro_batch=4", "train.global_batch=8", "spes.n_nodes=2",
+                                            "spes.node_id=1"});
+  const ParamLayout L = make_layout(c.model);
+  const Ownership own = make_ownership(c.model, L, int(c.spes.node_id), int(c.spes.n_nodes), c.spes.ownership,
+                                       c.spes.experts_per_node);
+  CpuBackend plain(c.model, c.train.loss, L, own, c.train.micro_batch, 1);
+  std::vector<TrainBackend*> ranks;
+  const std::unique_ptr<TrainBackend> node = cpu_ranks(c, 2, ranks);
+  std::vector<float> theta(size_t(L.total));
+  init_parameters(theta.data(), c.model, L, c.train.seed);
+  for (TrainBackend* b : {static_cast<TrainBackend*>(&plain), node.get()}) {
+    std::copy(theta.begin(), theta.end(), b->host_theta().begin());
+    b->push_theta();
+  }
+  std::mt19937 g(3);
+  std::uniform_int_distribution<int> tok(0, int(c.model.vocab_size) - 1);
+  std::vector<int32_t> x(size_t(c.train.micro_batch * c.model.seq_len)), y(x.size());
+  for (size_t i = 0; i < x.size(); ++i) x[i] = tok(g), y[i] = tok(g);
+  for (int64_t rows = 1; rows <= c.train.micro_batch; ++rows) {
+    const LossParts a = plain.forward(x.data(), y.data(), rows), b = node->forward(x.data(), y.data(), rows);
+    CAPTURE(rows);
+    CHECK(std::fabs(b.ce - a.ce) <= 1e-6 * std::fabs(a.ce));
+    CHECK(std::fabs(b.lm_z - a.lm_z) <= 1e-6 * std::fabs(a.lm_z));
+  }
+}
