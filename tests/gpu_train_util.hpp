@@ -4,7 +4,10 @@
 #pragma once
 #include <doctest/doctest.h>
 
+#include <algorithm>
+#include <cmath>
 #include <filesystem>
+#include <initializer_list>
 #include <sstream>
 #include <string>
 #include <vector>
@@ -84,6 +87,23 @@ inline std::vector<std::string> loss_columns(const std::string& csv) {
     out.push_back(s);
   }
   return out;
+}
+
+// The worst relative difference, over the rows, of the given CSV columns of `csv`
+// against the same columns of `reference` (same number of rows; a reference value of
+// 0 is an error: the comparison would be meaningless).
+inline double worst_column_difference(const std::string& csv, const std::string& reference,
+                                      std::initializer_list<int> columns) {
+  const auto rows = csv_rows(csv), ref = csv_rows(reference);
+  REQUIRE(rows.size() == ref.size());
+  double worst = 0;
+  for (size_t i = 0; i < rows.size(); ++i)
+    for (const int col : columns) {
+      const double a = std::stod(rows[i].at(size_t(col))), b = std::stod(ref[i].at(size_t(col)));
+      REQUIRE(b != 0);
+      worst = std::max(worst, std::fabs(a - b) / std::fabs(b));
+    }
+  return worst;
 }
 
 inline double mean_loss_of_last(const std::string& csv, int n) {

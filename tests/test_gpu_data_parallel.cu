@@ -8,8 +8,6 @@
 // on CPU ranks in test_data_parallel.cpp. Skipped without a GPU.
 #include <doctest/doctest.h>
 
-#include <algorithm>
-#include <cmath>
 #include <memory>
 #include <sstream>
 #include <string>
@@ -127,35 +125,19 @@ GPU_TEST_CASE("nccl data parallel, 2 GPUs: 2 ranks x B/2 give the update of 1 GP
   // doubles the norm, and clipping and AdamW's scale invariance would hide it in θ).
   // Emulated: 4.4e-4; 5e-3 leaves room for the real cuBLAS choosing other kernels for
   // 2 and 4 sequences, and a sum is off by 1.
-  const auto rows_one = test::csv_rows(one_csv.str()), rows_two = test::csv_rows(two_csv.str());
-  REQUIRE(rows_one.size() == rows_two.size());
-  double worst_norm = 0;
-  for (size_t i = 0; i < rows_one.size(); ++i) {
-    const double a = std::stod(rows_two[i].at(8)), b = std::stod(rows_one[i].at(8));
-    worst_norm = std::max(worst_norm, std::fabs(a - b) / b);
-  }
-  MESSAGE("grad_norm, 2 GPUs vs 1: worst relative difference over the steps " << worst_norm << " (tol 5e-3)");
-  CHECK(worst_norm < 5e-3);
+  const double norm_diff = test::worst_column_difference(two_csv.str(), one_csv.str(), {8});
+  MESSAGE("grad_norm, 2 GPUs vs 1: worst relative difference over the steps " << norm_diff << " (tol 5e-3)");
+  CHECK(norm_diff < 5e-3);
   // The node's loss parts are the token-weighted mean of its ranks' (a sum doubles
   // them): CE, lm z-loss and router z-loss are token means either way, 1e-3 as θ.
-  double worst_part = 0;
-  for (size_t i = 0; i < rows_one.size(); ++i)
-    for (const int col : {3, 5, 6}) {  // ce, router_z, lm_z
-      const double a = std::stod(rows_two[i].at(size_t(col))), b = std::stod(rows_one[i].at(size_t(col)));
-      worst_part = std::max(worst_part, std::fabs(a - b) / std::fabs(b));
-    }
-  MESSAGE("ce, router_z, lm_z, 2 GPUs vs 1: worst relative difference " << worst_part << " (tol 1e-3)");
-  CHECK(worst_part < 1e-3);
+  const double parts_diff = test::worst_column_difference(two_csv.str(), one_csv.str(), {3, 5, 6});
+  MESSAGE("ce, router_z, lm_z, 2 GPUs vs 1: worst relative difference " << parts_diff << " (tol 1e-3)");
+  CHECK(parts_diff < 1e-3);
   // LB: two halves' mean differs from the whole batch's by design (5.3 % emulated);
   // a sum over the ranks doubles it.
-  double worst_lb = 0;
-  for (size_t i = 0; i < rows_one.size(); ++i) {
-    const double a = std::stod(rows_two[i].at(4)), b = std::stod(rows_one[i].at(4));
-    REQUIRE(b > 0);
-    worst_lb = std::max(worst_lb, std::fabs(a - b) / b);
-  }
-  MESSAGE("lb, 2 GPUs vs 1: worst relative difference " << worst_lb << " (tol 0.25)");
-  CHECK(worst_lb < 0.25);
+  const double lb_diff = test::worst_column_difference(two_csv.str(), one_csv.str(), {4});
+  MESSAGE("lb, 2 GPUs vs 1: worst relative difference " << lb_diff << " (tol 0.25)");
+  CHECK(lb_diff < 0.25);
   // Both ranks hold the same fp32 master weights and bf16 compute weights, bit for bit.
   const auto t0 = device_theta(*ranks[0]), t1 = device_theta(*ranks[1]);
   REQUIRE(t0.size() == t1.size());
