@@ -12,6 +12,7 @@
 #include <string>
 #include <vector>
 
+#include "engine/backend.hpp"
 #include "engine/config.hpp"
 #include "model/layout.hpp"
 #include "tests/test_util.hpp"
@@ -104,6 +105,19 @@ inline double worst_column_difference(const std::string& csv, const std::string&
       worst = std::max(worst, std::fabs(a - b) / std::fabs(b));
     }
   return worst;
+}
+
+// Moments written to a data-parallel node (a resume) must reach every rank, bit for
+// bit: a rank left with its own would step differently from then on.
+inline void check_moments_reach_every_rank(TrainBackend& node, const std::vector<TrainBackend*>& ranks, size_t owned) {
+  std::vector<float> m(owned), v(owned);
+  for (size_t i = 0; i < owned; ++i) m[i] = float(i % 97) * 1e-3f - 0.05f, v[i] = float(i % 89) * 1e-4f;
+  node.write_moments(m, v);
+  for (size_t r = 0; r < ranks.size(); ++r) {
+    std::vector<float> mr(owned), vr(owned);
+    ranks[r]->read_moments(mr, vr);
+    CHECK_MESSAGE((mr == m && vr == v), "rank " << r << " does not hold the moments written to the node");
+  }
 }
 
 inline double mean_loss_of_last(const std::string& csv, int n) {

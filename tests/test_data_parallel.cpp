@@ -16,7 +16,7 @@
 #include "engine/cpu_backend.hpp"
 #include "engine/data_parallel.hpp"
 #include "engine/trainer.hpp"
-#include "gpu_train_util.hpp"  // worst_column_difference
+#include "gpu_train_util.hpp"  // ownership_of, CSV and moments checks
 #include "spes_run_util.hpp"
 #include "test_util.hpp"
 
@@ -28,8 +28,7 @@ namespace {
 // backends (owned by the returned backend) for inspection.
 std::unique_ptr<TrainBackend> cpu_ranks(const Config& cfg, int G, std::vector<TrainBackend*>& ranks) {
   const ParamLayout L = make_layout(cfg.model);
-  const Ownership own = make_ownership(cfg.model, L, int(cfg.spes.node_id), int(cfg.spes.n_nodes),
-                                       cfg.spes.ownership, cfg.spes.experts_per_node);
+  const Ownership own = test::ownership_of(cfg, L);
   std::vector<std::unique_ptr<TrainBackend>> rs;
   for (int r = 0; r < G; ++r) {
     rs.push_back(std::make_unique<CpuBackend>(cfg.model, cfg.train.loss, L, own, cfg.train.micro_batch / G, 1));
@@ -127,18 +126,8 @@ TEST_CASE("data parallel: loss parts are the ranks' mean; moments reach every ra
 
   std::vector<TrainBackend*> fresh_ranks;
   const std::unique_ptr<TrainBackend> node = cpu_ranks(c, 2, fresh_ranks);
-  const ParamLayout L = make_layout(c.model);
-  const size_t owned = size_t(make_ownership(c.model, L, int(c.spes.node_id), int(c.spes.n_nodes), c.spes.ownership,
-                                             c.spes.experts_per_node)
-                                  .space.size());
-  std::vector<float> m(owned), v(owned);
-  for (size_t i = 0; i < owned; ++i) m[i] = float(i % 97) * 1e-3f - 0.05f, v[i] = float(i % 89) * 1e-4f;
-  node->write_moments(m, v);
-  for (size_t r = 0; r < fresh_ranks.size(); ++r) {
-    std::vector<float> mr(owned), vr(owned);
-    fresh_ranks[r]->read_moments(mr, vr);
-    CHECK_MESSAGE((mr == m && vr == v), "rank " << r << " does not hold the moments written to the node");
-  }
+  test::check_moments_reach_every_rank(*node, fresh_ranks,
+                                       size_t(test::ownership_of(c, make_layout(c.model)).space.size()));
 }
 
 TEST_CASE("data parallel: 1 rank equals the plain backend, bitwise (the one-GPU NCCL path's logic)") {
@@ -189,8 +178,7 @@ TEST_CASE("data parallel: a short evaluation batch split over the ranks gives on
   const Config c = test::small_config(dir, {"train.micro_batch=4", "train.global_batch=8", "spes.n_nodes=2",
                                             "spes.node_id=1"});
   const ParamLayout L = make_layout(c.model);
-  const Ownership own = make_ownership(c.model, L, int(c.spes.node_id), int(c.spes.n_nodes), c.spes.ownership,
-                                       c.spes.experts_per_node);
+  const Ownership own = test::ownership_of(c, L);
   CpuBackend plain(c.model, c.train.loss, L, own, c.train.micro_batch, 1);
   std::vector<TrainBackend*> ranks;
   const std::unique_ptr<TrainBackend> node = cpu_ranks(c, 2, ranks);

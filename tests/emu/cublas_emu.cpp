@@ -28,8 +28,8 @@
 
 #include <algorithm>
 #include <cstdint>
-#include <cstdlib>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <string>
 #include <vector>
@@ -78,8 +78,8 @@ size_t elem_bytes(cudaDataType t) { return t == CUDA_R_16BF ? sizeof(__nv_bfloat
 // no bf16 in with fp32 out — unless SPES_EMU_GROUPED_BF16_F32=1 says this cuBLAS has
 // it (a later version may, and then cuda/moe.cu's weight-gradient sites, fp32 out with
 // beta = 1, run grouped instead of falling back: ctest's emu_test_cuda_moe_grouped_all
-// runs the MoE layer tests that way). Other types and compute types (rows cuBLAS has: fp16, int8,
-// fp64, complex, the _PEDANTIC and _FAST ones) are not emulated.
+// runs the MoE layer tests that way). Other types and compute types (rows cuBLAS has:
+// fp16, int8, fp64, complex, the _PEDANTIC and _FAST ones) are not emulated.
 bool supported_types(const char* api, cublasComputeType_t compute, cudaDataType a, cudaDataType b, cudaDataType c,
                      bool bf16_in_f32_out) {
   if (compute != CUBLAS_COMPUTE_32F)

@@ -142,5 +142,6 @@ inline std::string run_in_child(const std::function<void()>& body) {
   if (WIFSIGNALED(status) && WTERMSIG(status) == SIGABRT) return out + "[aborted]";
   return out + (WIFEXITED(status) && WEXITSTATUS(status) == 0 ? "[returned]" : "[died]");
 }
+inline bool has(const std::string& text, const std::string& part) { return text.find(part) != std::string::npos; }
 
 }  // namespace spes::test

@@ -79,7 +79,6 @@ bool is_pinned(const void* p, size_t bytes) {
 }
 
 // The host sees every device→pinned copy enqueued on `stream` (nullptr: any) before
-// position `seq`.
 // position `seq`, and every pinned→device copy there is done reading its source
 // (which must still hold the bytes it read).
 void land_before(cudaStream_t stream, uint64_t seq) {

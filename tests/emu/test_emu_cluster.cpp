@@ -24,6 +24,7 @@ namespace {
 
 namespace cg = cooperative_groups;
 using emu::GlobalBuffer;
+using spes::test::has;
 using spes::test::run_in_child;
 
 constexpr unsigned kThreads = 64;  // two warps a CTA
@@ -119,8 +120,6 @@ void deadlock_kernel(int*) {
   if (threadIdx.x != 0) cg::this_cluster().sync();
   __syncthreads();
 }
-
-bool has(const std::string& text, const std::string& part) { return text.find(part) != std::string::npos; }
 
 }  // namespace
 

@@ -313,8 +313,6 @@ cublasStatus_t lt_heuristic(cublasLtHandle_t lt, cublasOperation_t ta, const Dim
   return s;
 }
 
-bool has(const std::string& text, const std::string& part) { return text.find(part) != std::string::npos; }
-
 }  // namespace
 
 TEST_CASE("emu cublas: cublasGemmEx computes the definition for every transpose, type and beta") {

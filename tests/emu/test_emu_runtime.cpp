@@ -16,9 +16,8 @@
 
 namespace {
 
+using spes::test::has;
 using spes::test::run_in_child;
-
-bool has(const std::string& text, const std::string& part) { return text.find(part) != std::string::npos; }
 
 struct Fixture {
   static constexpr int kN = 64;
