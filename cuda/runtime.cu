@@ -1,6 +1,9 @@
 #include "cuda/runtime.cuh"
 
+#include <nvtx3/nvToolsExtMem.h>
+
 #include <cstdio>
+#include <vector>
 
 #include "cuda/common.cuh"
 #include "cuda/device_probe.hpp"
@@ -54,24 +57,123 @@ DeviceBuffer& DeviceBuffer::operator=(DeviceBuffer&& o) noexcept {
 
 // ---- DeviceArena -------------------------------------------------------------------
 
-DeviceArena::DeviceArena(size_t capacity, const std::string& what) : buf_(capacity, what), what_(what) {}
+namespace {
 
-void require_arena_align(size_t align) {
-  if (align == 0 || align > kArenaAlign || (align & (align - 1)) != 0)
-    throw Error("device arena: alignment " + std::to_string(align) + " is not a power of two ≤ " +
-                std::to_string(kArenaAlign) + " (cudaMalloc aligns the arena's base to " +
-                std::to_string(kArenaAlign) + " bytes only)");
+// One NVTX domain for the engine's memory annotations. Without a tool attached every
+// NVTX call is a no-op (and the domain null).
+nvtxDomainHandle_t nvtx_domain() {
+  static const nvtxDomainHandle_t domain = nvtxDomainCreateA("spes-engine");
+  return domain;
 }
 
-void* DeviceArena::alloc_bytes(size_t bytes, size_t align) {
-  require_arena_align(align);
-  const size_t start = (used_ + align - 1) / align * align;
-  if (start + bytes > buf_.bytes()) {
-    throw Error(what_ + ": planned " + format_bytes(buf_.bytes()) + " but allocations reach " +
-                format_bytes(start + bytes) + " (the ArenaPlan and the allocations disagree)");
+}  // namespace
+
+DeviceArena::DeviceArena(size_t capacity, const std::string& what) : buf_(capacity, what), what_(what) {}
+
+DeviceArena::~DeviceArena() { unregister_heap(); }
+
+DeviceArena& DeviceArena::operator=(DeviceArena&& o) noexcept {
+  if (this != &o) {
+    unregister_heap();  // before buf_ frees the memory the heap describes
+    buf_ = std::move(o.buf_);
+    what_ = std::move(o.what_);
+    used_ = o.used_;
+    slots_ = std::move(o.slots_);
+    nvtx_heap_ = o.nvtx_heap_;
+    o.used_ = 0;
+    o.nvtx_heap_ = nullptr;
   }
-  used_ = start + bytes;
+  return *this;
+}
+
+void DeviceArena::unregister_heap() noexcept {
+  if (nvtx_heap_) nvtxMemHeapUnregister(nvtx_domain(), static_cast<nvtxMemHeapHandle_t>(nvtx_heap_));
+  nvtx_heap_ = nullptr;
+}
+
+void* DeviceArena::alloc_bytes(const std::string& name, size_t bytes) {
+  const size_t start = used_;
+  if (start + arena_slot_bytes(bytes) > buf_.bytes()) {
+    throw Error(what_ + ": planned " + format_bytes(buf_.bytes()) + " but buffer '" + name + "' reaches " +
+                format_bytes(start + arena_slot_bytes(bytes)) + " (the memory plan and the allocations disagree)");
+  }
+  used_ = start + arena_slot_bytes(bytes);
+  slots_.push_back({name, start, bytes});
   return buf_.as<char>() + start;
+}
+
+void DeviceArena::seal(cudaStream_t stream) {
+  if (!buf_.get()) return;
+  cuda_check(cudaMemsetAsync(base(), kArenaPoisonByte, capacity(), stream));
+  for (const Slot& s : slots_)
+    cuda_check(cudaMemsetAsync(base() + s.offset + s.bytes, kArenaGuardByte, arena_slot_bytes(s.bytes) - s.bytes,
+                               stream));
+  cuda_check(cudaStreamSynchronize(stream));
+  // The whole cudaMalloc is a sub-allocator's heap; its buffers are the regions in it.
+  unregister_heap();
+  const nvtxMemVirtualRangeDesc_t heap_range{capacity(), base()};
+  nvtxMemHeapDesc_t heap{};
+  heap.extCompatID = NVTX_EXT_COMPATID_MEM;
+  heap.structSize = sizeof heap;
+  heap.usage = NVTX_MEM_HEAP_USAGE_TYPE_SUB_ALLOCATOR;
+  heap.type = NVTX_MEM_TYPE_VIRTUAL_ADDRESS;
+  heap.typeSpecificDescSize = sizeof heap_range;
+  heap.typeSpecificDesc = &heap_range;
+  nvtx_heap_ = nvtxMemHeapRegister(nvtx_domain(), &heap);
+  if (!nvtx_heap_) return;  // no tool listening
+  std::vector<nvtxMemVirtualRangeDesc_t> ranges;
+  std::vector<nvtxMemRegionNameDesc_t> names;
+  for (const Slot& s : slots_) {
+    ranges.push_back({s.bytes, base() + s.offset});
+    nvtxMemRegionNameDesc_t n{};
+    n.regionRefType = NVTX_MEM_REGION_REF_TYPE_POINTER;
+    n.nameType = NVTX_MESSAGE_TYPE_ASCII;
+    n.region.pointer = base() + s.offset;
+    n.name.ascii = s.name.c_str();
+    names.push_back(n);
+  }
+  nvtxMemRegionsRegisterBatch_t regions{};
+  regions.extCompatID = NVTX_EXT_COMPATID_MEM;
+  regions.structSize = sizeof regions;
+  regions.regionType = NVTX_MEM_TYPE_VIRTUAL_ADDRESS;
+  regions.heap = static_cast<nvtxMemHeapHandle_t>(nvtx_heap_);
+  regions.regionCount = ranges.size();
+  regions.regionDescElementSize = sizeof(nvtxMemVirtualRangeDesc_t);
+  regions.regionDescElements = ranges.data();
+  nvtxMemRegionsRegister(nvtx_domain(), &regions);
+  nvtxMemRegionsNameBatch_t naming{};
+  naming.extCompatID = NVTX_EXT_COMPATID_MEM;
+  naming.structSize = sizeof naming;
+  naming.regionCount = names.size();
+  naming.regionElementSize = sizeof(nvtxMemRegionNameDesc_t);
+  naming.regionElements = names.data();
+  nvtxMemRegionsName(nvtx_domain(), &naming);
+}
+
+void DeviceArena::check_guards(cudaStream_t stream) const {
+  size_t total = 0;
+  for (const Slot& s : slots_) total += arena_slot_bytes(s.bytes) - s.bytes;
+  std::vector<unsigned char> guards(total);
+  size_t at = 0;
+  for (const Slot& s : slots_) {  // into pageable memory: each copy is done when the call returns
+    const size_t n = arena_slot_bytes(s.bytes) - s.bytes;
+    cuda_check(cudaMemcpyAsync(guards.data() + at, base() + s.offset + s.bytes, n, cudaMemcpyDeviceToHost, stream));
+    at += n;
+  }
+  cuda_check(cudaStreamSynchronize(stream));
+  at = 0;
+  for (const Slot& s : slots_) {
+    const size_t n = arena_slot_bytes(s.bytes) - s.bytes;
+    for (size_t i = 0; i < n; ++i) {
+      if (guards[at + i] == kArenaGuardByte) continue;
+      char bytes[64];
+      std::snprintf(bytes, sizeof bytes, "0x%02X, not the guard's 0x%02X", guards[at + i], kArenaGuardByte);
+      throw Error(what_ + ": something wrote past the end of buffer '" + s.name + "' (" + std::to_string(s.bytes) +
+                  " B): byte " + std::to_string(i) + " after it holds " + bytes +
+                  " — an out-of-bounds write on the GPU, a bug in spes-engine; please report it with the config");
+    }
+    at += n;
+  }
 }
 
 // ---- Runtime -------------------------------------------------------------------------

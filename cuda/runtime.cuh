@@ -1,7 +1,7 @@
 // Device runtime (one per GPU): device selection, one stream, cuBLAS + cuBLASLt
 // handles and the cuBLASLt workspace created once, and RAII owners for device
-// memory. Buffers are planned up front from the config (ArenaPlan) and carved out
-// of one cudaMalloc (DeviceArena): the step loop never allocates (DESIGN §2).
+// memory. Buffers are planned up front from the config (model/gpu_memory) and carved
+// out of one cudaMalloc (DeviceArena): the step loop never allocates (DESIGN §2).
 #pragma once
 #include <cublasLt.h>
 #include <cublas_v2.h>
@@ -11,6 +11,7 @@
 #include <cstdint>
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "cuda/check.cuh"
 
@@ -52,51 +53,63 @@ class DeviceBuffer {
   size_t bytes_ = 0;
 };
 
-// Arena alignments are offsets from the arena's base, which cudaMalloc aligns to
-// kArenaAlign only: an alignment above that (or not a power of two) would hold for
-// offsets but not for addresses, so it is refused (spes::Error).
-void require_arena_align(size_t align);
+// Every buffer of an arena starts on a kArenaAlign boundary and is followed by a
+// guard of at least kArenaGuardBytes (its padding to the alignment, plus that much):
+// a kernel that writes past its buffer lands in a guard instead of silently in the
+// next buffer, where no test of values need see it. seal() fills the guards with
+// kArenaGuardByte and check_guards() reads them back; seal() also names the buffers
+// to compute-sanitizer (NVTX memory pools), whose memcheck then reports any access
+// outside them, reads included (it cannot see inside one cudaMalloc otherwise).
+constexpr size_t kArenaGuardBytes = 256;
+constexpr unsigned char kArenaGuardByte = 0xA5;
+constexpr unsigned char kArenaPoisonByte = 0xFF;  // NaN as fp32 and as bf16
 
-// Sizes a DeviceArena: call reserve() in the same order, with the same counts, as
-// the alloc() calls that will follow; bytes() is then exactly the arena size needed.
-class ArenaPlan {
- public:
-  template <class T>
-  void reserve(size_t count, size_t align = kArenaAlign) { reserve_bytes(count * sizeof(T), align); }
-  void reserve_bytes(size_t bytes, size_t align = kArenaAlign) {
-    require_arena_align(align);
-    used_ = (used_ + align - 1) / align * align + bytes;
-  }
-  size_t bytes() const { return used_; }
+// The bytes one buffer takes in an arena: itself, padding and guard.
+constexpr size_t arena_slot_bytes(size_t bytes) {
+  return (bytes + kArenaAlign - 1) / kArenaAlign * kArenaAlign + kArenaGuardBytes;
+}
 
- private:
-  size_t used_ = 0;
-};
-
-// A bump allocator over one cudaMalloc of the planned size. Sub-allocations are
-// aligned (default and at most 256 B) and live as long as the arena; reset() rewinds to a
-// mark (e.g. per-step scratch). Running out is a bug in the plan: it throws.
+// A bump allocator over one cudaMalloc of the planned size (Σ arena_slot_bytes of
+// the buffers), carved once at start-up and then sealed; the buffers live as long as
+// the arena. Running out is a bug in the plan: it throws.
 class DeviceArena {
  public:
   DeviceArena() = default;
   DeviceArena(size_t capacity, const std::string& what = "device arena");
+  ~DeviceArena();
+  DeviceArena(DeviceArena&& o) noexcept { *this = std::move(o); }
+  DeviceArena& operator=(DeviceArena&& o) noexcept;
 
   template <class T>
-  T* alloc(size_t count, size_t align = kArenaAlign) {
-    return static_cast<T*>(alloc_bytes(count * sizeof(T), align));
+  T* alloc(const std::string& name, size_t count) {
+    return static_cast<T*>(alloc_bytes(name, count * sizeof(T)));
   }
-  void* alloc_bytes(size_t bytes, size_t align = kArenaAlign);
+  void* alloc_bytes(const std::string& name, size_t bytes);
+
+  // After the last alloc: every byte set to kArenaPoisonByte (a read before the
+  // first write shows as NaN, on any GPU), the guards to kArenaGuardByte, and the
+  // buffers registered with NVTX under their names. Waits for `stream`.
+  void seal(cudaStream_t stream);
+  // Throws spes::Error naming the first buffer whose guard was overwritten (an
+  // out-of-bounds write by a kernel: a bug in spes-engine, not in the run).
+  void check_guards(cudaStream_t stream) const;
 
   size_t used() const { return used_; }
   size_t capacity() const { return buf_.bytes(); }
-  size_t mark() const { return used_; }
-  void reset(size_t mark = 0) { used_ = mark; }
   char* base() const { return buf_.as<char>(); }
 
  private:
+  struct Slot {
+    std::string name;
+    size_t offset, bytes;
+  };
+  void unregister_heap() noexcept;
+
   DeviceBuffer buf_;
   std::string what_;
   size_t used_ = 0;
+  std::vector<Slot> slots_;
+  void* nvtx_heap_ = nullptr;  // the NVTX heap handle while a tool (compute-sanitizer) listens
 };
 
 struct DeviceInfo {

@@ -82,9 +82,10 @@ std::vector<Line> plan_gpu(const Config& c, int64_t micro_batch, bool exact) {
           {"activations", p.bytes(MemCategory::activations)},
           {"workspace (kernels, cuBLAS)", p.bytes(MemCategory::workspace) - staging},
           {"communication (θ staging)", staging},
-          {"arena alignment", p.total() - p.bytes(MemCategory::weights) - p.bytes(MemCategory::master) -
-                                  p.bytes(MemCategory::moments) - p.bytes(MemCategory::grads) -
-                                  p.bytes(MemCategory::activations) - p.bytes(MemCategory::workspace)}};
+          {"arena alignment and guards",
+           p.total() - p.bytes(MemCategory::weights) - p.bytes(MemCategory::master) -
+               p.bytes(MemCategory::moments) - p.bytes(MemCategory::grads) - p.bytes(MemCategory::activations) -
+               p.bytes(MemCategory::workspace)}};
 }
 #endif
 

@@ -190,6 +190,7 @@ class GpuBackend final : public TrainBackend {
   Pinned<float> host_clip_scale_;
   double peak_flops_ = 0;
   std::string peak_source_;
+  bool guards_checked_ = false;  // after the first step's kernels (grad_sum_squares)
 };
 
 GpuBackend::GpuBackend(const Config& cfg, const ParamLayout& layout, const Ownership& own, int ordinal, int ranks,
@@ -226,6 +227,7 @@ GpuBackend::GpuBackend(const Config& cfg, const ParamLayout& layout, const Owner
   }
   arena_ = cuda::DeviceArena(size_t(plan_.arena_bytes()), "GPU node arena");
   buf_ = std::make_unique<GpuBuffers>(plan_, arena_);
+  arena_.seal(stream_);  // NaN everywhere until written, guards after every buffer
   weights_ = buf_->get<bf16>("weights");
   master_ = buf_->get<float>("master");
   m_ = buf_->get<float>("adam_m");
@@ -366,6 +368,10 @@ double GpuBackend::grad_sum_squares() {
                          stream_);
   cuda_check(cudaMemcpyAsync(host_norm_sq_.get(), norm_sq_, sizeof(double), cudaMemcpyDeviceToHost, stream_));
   cuda_check(cudaStreamSynchronize(stream_));
+  if (!guards_checked_) {  // the first step has run every kernel of a step once
+    arena_.check_guards(stream_);
+    guards_checked_ = true;
+  }
   return *host_norm_sq_;
 }
 
@@ -383,6 +389,7 @@ void GpuBackend::optimizer_step(const AdamWStep& s) {
 void GpuBackend::pull_theta() {
   on_device();
   if (!theta_) throw Error("GpuBackend::pull_theta: this rank keeps no host θ (rank 0 does)");
+  arena_.check_guards(stream_);  // θ leaves the GPU (a sync round, a checkpoint): never from a corrupt arena
   for (const OwnedSegment& seg : own_.space.segments())
     cuda_check(cudaMemcpyAsync(theta_.get() + seg.flat.begin, master_ + seg.packed_begin,
                                size_t(seg.flat.size()) * sizeof(float), cudaMemcpyDeviceToHost, stream_));
@@ -405,6 +412,7 @@ void GpuBackend::read_moments(std::span<float> m, std::span<float> v) {
   on_device();
   const size_t n = size_t(own_.space.size());
   if (m.size() != n || v.size() != n) throw Error("read_moments: owned-space size mismatch");
+  arena_.check_guards(stream_);
   cuda_check(cudaMemcpyAsync(m.data(), m_, n * sizeof(float), cudaMemcpyDeviceToHost, stream_));
   cuda_check(cudaMemcpyAsync(v.data(), v_, n * sizeof(float), cudaMemcpyDeviceToHost, stream_));
   cuda_check(cudaStreamSynchronize(stream_));

@@ -26,7 +26,8 @@ int64_t GpuMemoryPlan::bytes(MemCategory c) const {
 
 int64_t GpuMemoryPlan::arena_bytes() const {
   int64_t s = 0;
-  for (const GpuBuffer& b : buffers) s += (b.bytes + kGpuArenaAlign - 1) / kGpuArenaAlign * kGpuArenaAlign;
+  for (const GpuBuffer& b : buffers)
+    if (b.bytes > 0) s += gpu_arena_slot_bytes(b.bytes);
   return s;
 }
 

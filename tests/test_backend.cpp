@@ -7,6 +7,7 @@
 // read_moments returns the accumulated owned gradients bit for bit.
 #include <doctest/doctest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 #include <random>
@@ -353,6 +354,8 @@ KernelScratch scratch_for(int64_t tokens) {
 }
 
 int64_t round_up(int64_t b) { return (b + kGpuArenaAlign - 1) / kGpuArenaAlign * kGpuArenaAlign; }
+// A buffer's bytes in the arena: padding to the alignment, then the guard (none for an empty buffer).
+int64_t slot(int64_t b) { return b == 0 ? 0 : round_up(b) + kGpuArenaGuard; }
 
 }  // namespace
 
@@ -371,7 +374,7 @@ TEST_CASE("gpu memory plan: categories add up to the arena plus the runtime work
     std::set<std::string> names;
     for (const GpuBuffer& b : p.buffers) {
       raw += b.bytes;
-      padded += round_up(b.bytes);
+      padded += slot(b.bytes);
       CHECK(b.bytes >= 0);
       CHECK_MESSAGE(names.insert(b.name).second, "buffer named twice: " << b.name);
     }
@@ -380,12 +383,15 @@ TEST_CASE("gpu memory plan: categories add up to the arena plus the runtime work
                           MemCategory::activations, MemCategory::workspace})
       by_category += p.bytes(c);
     // Σ categories = Σ buffers + the runtime's workspace; the arena adds each
-    // buffer's padding to the 256-byte alignment.
+    // buffer's padding to the 256-byte alignment and a 256-byte guard after it.
     CHECK(by_category == raw + p.runtime_workspace);
     CHECK(p.arena_bytes() == padded);
     CHECK(p.total() == p.arena_bytes() + p.runtime_workspace);
     CHECK(by_category + (padded - raw) == p.total());
-    CHECK(padded - raw < kGpuArenaAlign * int64_t(p.buffers.size()));
+    const int64_t carved =
+        std::count_if(p.buffers.begin(), p.buffers.end(), [](const GpuBuffer& b) { return b.bytes > 0; });
+    CHECK(padded - raw >= kGpuArenaGuard * carved);
+    CHECK(padded - raw < (kGpuArenaAlign + kGpuArenaGuard) * carved);
     CHECK(p.runtime_workspace == scratch_for(N).gemm_workspace);
 
     CHECK(p.bytes(MemCategory::weights) == 2 * layout.total);  // bf16 compute copy, whole layout

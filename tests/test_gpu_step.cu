@@ -33,6 +33,7 @@
 #include <cstring>
 #include <filesystem>
 #include <random>
+#include <span>
 #include <sstream>
 #include <string>
 #include <vector>
@@ -391,9 +392,10 @@ GPU_TEST_CASE("gpu model: chunked lm head with a padded logits stride equals the
   plan.lm_chunk = 96;
   cuda::DeviceArena arena(size_t(plan.arena_bytes()), "chunked lm head test arena");
   GpuBuffers buf(plan, arena);
+  arena.seal(s);
   // bf16 logits of a planned chunk (N tokens) at the padded stride: the kernels write
   // rows of vocab_stride, and a buffer sized by the vocabulary would overrun into the
-  // next buffer of the arena, which no test of values would see.
+  // next buffer of the arena, which no test of values would see (its guard would).
   CHECK(buf.bytes("logits") == 2 * N * plan.vocab_stride);
   GpuModel model(cfg.model, layout, own, B, rt, plan, buf);
 
@@ -407,6 +409,7 @@ GPU_TEST_CASE("gpu model: chunked lm head with a padded logits stride equals the
   cuda_check(cudaMemcpyAsync(model.inputs(), mb.x.data(), size_t(N) * 4, cudaMemcpyHostToDevice, s));
   cuda_check(cudaMemcpyAsync(model.targets(), mb.y.data(), size_t(N) * 4, cudaMemcpyHostToDevice, s));
   const LossParts gp = model.forward_backward(cfg.train.loss, 1.0f, 1.0f);  // ends with a stream sync
+  CHECK_NOTHROW(arena.check_guards(s));  // no kernel of the step wrote past its buffer
   std::vector<float> g_gpu(static_cast<size_t>(owned));
   cuda_check(cudaMemcpyAsync(g_gpu.data(), buf.get<float>("grads"), size_t(owned) * sizeof(float),
                              cudaMemcpyDeviceToHost, s));
@@ -517,8 +520,7 @@ GPU_TEST_CASE("gpu memory: the backend's arena is exactly the memory plan's") {
                    << " B, plan total " << plan.total() << " B; device memory taken by the backend " << taken
                    << " B");
   CHECK(arena.capacity == plan.arena_bytes());
-  CHECK(arena.used <= arena.capacity);
-  CHECK(arena.capacity - arena.used < kGpuArenaAlign);  // every planned buffer was carved
+  CHECK(arena.used == arena.capacity);  // every planned buffer was carved, with its guard
   // The backend's own allocations are the arena plus the runtime's GEMM workspace;
   // cuBLAS handles and lazily loaded kernels take a little more.
   CHECK(taken >= arena.capacity);
@@ -535,4 +537,24 @@ GPU_TEST_CASE("gpu memory: the backend's arena is exactly the memory plan's") {
   CHECK(gpu->optimizer_state_bytes() == 12 * own.space.size());
   CpuBackend cpu(cfg.model, cfg.train.loss, layout, own, cfg.train.micro_batch, 1);
   CHECK_THROWS_AS(gpu_arena_use(cpu), Error);
+}
+
+GPU_TEST_CASE("gpu memory: θ and the moments never leave the GPU past an overwritten arena guard") {
+  auto dir = test::temp_dir("gpu-guard");
+  const Config cfg = gpu_config(dir);
+  const ParamLayout layout = make_layout(cfg.model);
+  const Ownership own = ownership_of(cfg, layout);
+  std::unique_ptr<TrainBackend> gpu = make_gpu_backend(cfg, layout, own);
+  std::vector<float> m(size_t(own.space.size())), v(m.size());
+  CHECK_NOTHROW(gpu->pull_theta());
+  CHECK_NOTHROW(gpu->read_moments(m, v));
+  // One byte just past the bf16 weights, as a kernel writing past them would leave it
+  // (here through a memset: the emulator would stop a kernel's write at its launch).
+  const std::span<std::byte> weights = gpu->theta_buffers().at(1);
+  REQUIRE(weights.size() == size_t(layout.total) * 2);
+  cuda_check(cudaMemsetAsync(weights.data() + weights.size(), 0, 1, nullptr));
+  cuda_check(cudaDeviceSynchronize());
+  const char* expected = "past the end of buffer 'weights'";
+  CHECK_THROWS_WITH_AS(gpu->pull_theta(), doctest::Contains(expected), Error);  // a sync round, a checkpoint
+  CHECK_THROWS_WITH_AS(gpu->read_moments(m, v), doctest::Contains(expected), Error);  // a checkpoint
 }

@@ -372,6 +372,37 @@ class Report:
         else:
             self.result(title, SKIPPED, "; ".join(other))
 
+    # -- arena guards
+    def guards(self):
+        title = "4a. arena guards"
+        self.add(f"## {title}", "")
+        self.add("A planted kernel write one float past an arena buffer (test_cuda_core, `*planted*`): the arena's "
+                 "guard must catch it, and memcheck must report it (it sees inside the arena's one cudaMalloc only "
+                 "through the buffers the arena registers with NVTX).", "")
+        d = os.path.join(self.logs, "guard")
+        plain, mem = Step(os.path.join(d, "plain")), Step(os.path.join(d, "memcheck"))
+        seen = re.search(r"Invalid __global__ \w+ of size \d+ bytes", read(os.path.join(d, "memcheck.log")))
+        self.add(f"- guard check: {plain.exit_text()}" + (" — caught" if plain.rc == 0 else ""),
+                 f"- memcheck: {mem.exit_text()}" + (f" — `{seen.group(0)}`" if seen else ""), "")
+        notes, st = [], PASS
+        if plain.rc == 0:
+            notes.append("guard caught it")
+        elif plain.rc == 77:
+            st = SKIPPED
+            notes.append("no GPU")
+        else:
+            st = FAIL if plain.ran else SKIPPED
+            notes.append(f"guard check {plain.exit_text()}")
+        if mem.rc == 86 and seen:
+            notes.append("memcheck reported it")
+        elif mem.ran:
+            st = FAIL
+            notes.append(f"memcheck did not report it ({mem.exit_text()}): its clean runs say nothing of "
+                         "overruns between arena buffers")
+        else:
+            notes.append("memcheck not run")
+        self.result(title, st, "; ".join(notes))
+
     # -- per-kernel share
     def kernel_share(self):
         self.add("## Per-kernel share of the GPU training step", "")
@@ -529,6 +560,7 @@ def main():
     r.benches(cpu_only=False)
     r.train_compare()
     r.spes_round()
+    r.guards()
     r.sanitize()
     r.benches(cpu_only=True)
     r.kernel_share()
@@ -566,7 +598,7 @@ def main():
     head.append("")
     tail = ["## Logs", "", "`logs.tar.gz` next to this file: `run.log` (the script's progress), `env/` (nvidia-smi, "
             "the libraries found, ldd of every binary), `tests/NAME.out` (doctest XML), `bench/`, `train/`, `spes/` "
-            "(stdout CSV and stderr of every process), `sanitize/` (compute-sanitizer logs).", ""]
+            "(stdout CSV and stderr of every process), `guard/` (the planted overrun), `sanitize/` (compute-sanitizer logs).", ""]
     with open(out_path, "w", encoding="utf-8") as f:
         f.write("\n".join(head + r.body + tail) + "\n")
     width = max(len(s) for s, _, _ in r.summary)

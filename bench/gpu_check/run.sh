@@ -12,7 +12,9 @@
 #   3. runs a mixed SPES run: coordinator + 4 nodes of configs/tiny.toml, node 0 on
 #      the GPU, nodes 1-3 on the CPU, and checks every round's state hash agrees;
 #   4. reruns the CUDA test files under compute-sanitizer (memcheck, then racecheck;
-#      failed files first) when the machine has it, as long as time is left;
+#      failed files first) when the machine has it, as long as time is left, after
+#      checking that memcheck sees a planted write past an arena buffer (which step 1
+#      checks the arena's own guards catch);
 #   5. runs the CPU benches,
 # then writes OUTDIR/report.md (summary table first) and OUTDIR/logs.tar.gz (every
 # raw log). A failing step is recorded and the script goes on; it exits 0 once the
@@ -24,7 +26,7 @@ HERE=$(cd "$(dirname "$0")" && pwd)
 mkdir -p "$OUTDIR" && OUTDIR=$(cd "$OUTDIR" && pwd)
 WORK=$(mktemp -d "${TMPDIR:-/tmp}/spes-gpu-check.XXXXXX")
 L="$WORK/logs"
-mkdir -p "$L"/{env,tests,bench,train,spes,sanitize}
+mkdir -p "$L"/{env,tests,guard,bench,train,spes,sanitize}
 BIN="$WORK/bin"
 CFG="$HERE/configs"
 DATA="$HERE/data/tinyshakespeare"
@@ -181,6 +183,12 @@ while IFS= read -r name; do
   esac
 done < "$HERE/cuda-tests.txt"
 
+# The arena's guards on real hardware: a planted kernel write one float past an arena
+# buffer (a test case skipped unless asked for) must be caught by check_guards.
+run_step "$L/guard/plain" "$(cap 30 "$D")" "$BIN/spes_tests" --gpu-file --source-file='*test_cuda_core.cu' \
+  --no-skip --test-case='*planted*'
+say "arena guard catches a planted kernel overrun: exit $(rc_of "$L/guard/plain") (0: caught)"
+
 # ---- 1b. GPU benches ------------------------------------------------------------------
 D=$(deadline 0.60)
 for b in "$BIN"/bench_*; do
@@ -300,6 +308,15 @@ else
       *) failed_first=("$name" "${failed_first[@]}") ;;
     esac
   done < "$HERE/cuda-tests.txt"
+  # The same planted write under memcheck: it must be reported (exit 86). Inside the
+  # arena's one cudaMalloc memcheck sees it only through the NVTX regions the arena
+  # registers; if it stays silent here, a clean memcheck of the whole step below says
+  # nothing about writes from one arena buffer into the next.
+  base="$L/guard/memcheck"
+  run_step "$base" "$(cap 60 "$D")" "$SANITIZER" --tool memcheck --error-exitcode 86 --print-limit 5 \
+    --log-file "$base.log" "$BIN/spes_tests" --gpu-file --source-file='*test_cuda_core.cu' --no-skip \
+    --test-case='*planted*'
+  say "memcheck sees the planted arena overrun: exit $(rc_of "$base") (86: seen) $(grep -m1 -o 'Invalid __global__ [a-z]* of size [0-9]* bytes' "$base.log" 2>/dev/null)"
   for tool in memcheck racecheck; do
     for name in "${failed_first[@]}"; do
       base="$L/sanitize/$name.$tool"

@@ -121,7 +121,7 @@ void require_device(const char* api, const std::string& name, const Matrix& x) {
   if (x.span_bytes() == 0) return;
   if (reinterpret_cast<uintptr_t>(x.data) % elem_bytes(x.type) != 0)
     emu::fail(std::string(api) + ": " + x.describe(name) + " is not aligned to its element size");
-  if (!emu::in_global_buffer(x.data, x.span_bytes()))
+  if (!emu::in_device_buffer(x.data, x.span_bytes()))
     emu::fail(std::string(api) + ": " + x.describe(name) + ", " + std::to_string(x.span_bytes()) +
               " bytes from its first element to its last, is outside every device buffer");
 }
@@ -211,7 +211,7 @@ void require_usable_handle(cublasHandle_t handle, const char* api) {
 // A workspace given by cublasSetWorkspace is used by the next GEMMs: it must still be
 // device memory then (not freed since).
 void require_workspace(cublasHandle_t handle, const char* api) {
-  if (handle->workspace_bytes > 0 && !emu::in_global_buffer(handle->workspace, handle->workspace_bytes))
+  if (handle->workspace_bytes > 0 && !emu::in_device_buffer(handle->workspace, handle->workspace_bytes))
     emu::fail(std::string(api) + ": the workspace of cublasSetWorkspace (" + std::to_string(handle->workspace_bytes) +
               " bytes at " + address(handle->workspace) + ") is no longer inside a device buffer");
 }
@@ -220,7 +220,7 @@ void require_workspace(cublasHandle_t handle, const char* api) {
 // pointers, read by the GPU.
 void require_pointer_array(const char* api, const char* name, const void* array, int64_t count) {
   const size_t bytes = size_t(count) * sizeof(void*);
-  if (reinterpret_cast<uintptr_t>(array) % alignof(void*) != 0 || !emu::in_global_buffer(array, bytes))
+  if (reinterpret_cast<uintptr_t>(array) % alignof(void*) != 0 || !emu::in_device_buffer(array, bytes))
     emu::fail(std::string(api) + ": " + name + " (" + std::to_string(count) + " pointers at " + address(array) +
               ") must be an array in device memory");
 }
@@ -382,7 +382,7 @@ cublasStatus_t cublasSetWorkspace_v2(cublasHandle_t handle, void* workspace, siz
   if (reinterpret_cast<uintptr_t>(workspace) % 256 != 0)
     return refuse(CUBLAS_STATUS_INVALID_VALUE,
                   "cublasSetWorkspace: " + address(workspace) + " is not 256-byte aligned");
-  if (workspaceSizeInBytes > 0 && !emu::in_global_buffer(workspace, workspaceSizeInBytes))
+  if (workspaceSizeInBytes > 0 && !emu::in_device_buffer(workspace, workspaceSizeInBytes))
     emu::fail("cublasSetWorkspace: " + std::to_string(workspaceSizeInBytes) + " bytes at " + address(workspace) +
               " are outside every device buffer");
   handle->workspace = workspace;
@@ -742,7 +742,7 @@ cublasStatus_t cublasLtMatmul(cublasLtHandle_t lightHandle, cublasLtMatmulDesc_t
     if (reads_c) require_alignment("C", C, algo->data[kAlignC]);
     require_alignment("D", D, algo->data[kAlignD]);
   }
-  if (workspaceSizeInBytes > 0 && !emu::in_global_buffer(workspace, workspaceSizeInBytes))
+  if (workspaceSizeInBytes > 0 && !emu::in_device_buffer(workspace, workspaceSizeInBytes))
     emu::fail("cublasLtMatmul: workspace (" + std::to_string(workspaceSizeInBytes) + " bytes at " + address(workspace) +
               ") is outside every device buffer");
   const Matrix a{A, la.type, int64_t(la.rows), int64_t(la.cols), la.ld},

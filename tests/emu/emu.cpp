@@ -747,6 +747,7 @@ void launch(const void* kernel, dim3 grid, dim3 block, size_t smem_bytes, const 
   std::vector<std::thread> workers;
   for (unsigned w = 0; w < n_workers; ++w) workers.emplace_back(work);
   for (auto& w : workers) w.join();
+  check_pool_guards("kernel launch, grid " + str(grid) + " block " + str(block));
 }
 
 cudaError_t launch_ex(const void* kernel, const cudaLaunchConfig_t& config, const std::function<void()>& body) {
@@ -762,6 +763,7 @@ cudaError_t launch_ex(const void* kernel, const cudaLaunchConfig_t& config, cons
   check_launch(kernel, l);
   ++g_cluster_launches;
   run_clusters(l, *dims);
+  check_pool_guards("cluster kernel launch, grid " + str(grid) + " block " + str(config.blockDim));
   return cudaSuccess;
 }
 
@@ -778,7 +780,7 @@ void cp_async(uint32_t dst, const void* src, int size, int src_size) {
   require_aligned(dst, unsigned(size), "cp.async shared destination");
   require_aligned(reinterpret_cast<uintptr_t>(src), unsigned(size), "cp.async global source");
   shared_bytes(dst, size_t(size), "cp.async");
-  if (!in_global_buffer(src, size_t(size))) fail("cp.async: source outside every global buffer");
+  if (!in_device_buffer(src, size_t(size))) fail("cp.async: source outside every device buffer");
   Fiber& f = this_fiber();
   const Copy c{dst, src, size, src_size, f.committed_groups};
   if (g_landing == Landing::at_issue)

@@ -10,7 +10,7 @@
 //     dynamic allocation; a canary past its end (plain stores); NaN-filled (0xFF)
 //     at the start of every CTA, so data read before it landed shows as NaN;
 //   - 16-byte alignment of ldmatrix row addresses and of cp.async (both ends);
-//   - cp.async sources inside a registered global buffer (GlobalBuffer), even with
+//   - cp.async sources inside a device buffer (in_device_buffer), even with
 //     src-size 0 (attention.cu relies on a valid address there);
 //   - cp.async landing: when the issuing thread's wait_group retires its group
 //     (Landing::at_wait: finds reads before the wait / the __syncthreads), or at
@@ -30,7 +30,11 @@
 //     shared memory goes with it). A grid that is not a whole number of clusters, or
 //     a cluster above the portable 8 CTAs, is refused as CUDA refuses it
 //     (cudaErrorInvalidClusterSize);
-//   - global buffers (GlobalBuffer): a canary past the end, checked when freed.
+//   - global buffers (GlobalBuffer): a canary past the end, checked when freed;
+//   - arenas (one cudaMalloc carved into buffers, which cuda/runtime.cu registers as
+//     an NVTX memory pool): after every launch, the guard after each buffer unchanged
+//     (the failure names the buffer written past); cp.async sources, cuBLAS operands
+//     and NCCL buffers inside one of the pool's buffers, as memcheck holds them.
 // Outside the emulator proper, the kernel files are compiled with
 // -fsanitize=alignment: a vector access (int4, float4, Bf16x8, ...) off the alignment
 // of its type aborts with UBSan's "runtime error: ... misaligned address" line, where
@@ -115,6 +119,16 @@ void require_current_device(cudaStream_t stream, const char* what);
 // require_device fails (naming `what`) unless it does or bytes is 0.
 bool in_global_buffer(const void* p, size_t bytes);
 void require_device(const void* p, size_t bytes, const std::string& what);
+
+// As in_global_buffer, and where the range lies in an NVTX memory pool (the arena,
+// registered by cuda/runtime.cu; tests/emu/nvtx_emu.cpp), inside one of its regions:
+// what memcheck holds a kernel's or a library's accesses to. require_device_buffer
+// fails (naming `what`) unless it does or bytes is 0.
+bool in_device_buffer(const void* p, size_t bytes);
+void require_device_buffer(const void* p, size_t bytes, const std::string& what);
+// Fails (naming `after`) if a byte of a pool outside its regions (an arena's guard)
+// changed since the regions were registered: run after every kernel launch.
+void check_pool_guards(const std::string& after);
 
 // A "device" allocation: host memory the kernels may read by cp.async, with a canary
 // past its end that is checked when it is destroyed.

@@ -54,8 +54,8 @@ ncclResult_t rendezvous(const char* op, const void* sendbuff, void* recvbuff, si
                         Combine combine) {
   if (handle == nullptr) return ncclInvalidArgument;
   Comm& comm = *reinterpret_cast<Comm*>(handle);
-  emu::require_device(sendbuff, bytes, std::string(op) + ", sendbuff");
-  emu::require_device(recvbuff, bytes, std::string(op) + ", recvbuff");
+  emu::require_device_buffer(sendbuff, bytes, std::string(op) + ", sendbuff");
+  emu::require_device_buffer(recvbuff, bytes, std::string(op) + ", recvbuff");
   // Held here: another rank's ncclCommAbort may free this rank's Comm while it waits.
   const std::shared_ptr<Clique> keep = comm.clique;
   Clique& c = *keep;
