@@ -5,6 +5,8 @@
 // kernels use.
 #include "tests/emu/emu.hpp"
 
+#include <cxxabi.h>
+#include <elf.h>
 #include <link.h>
 
 #include <algorithm>
@@ -14,6 +16,8 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <fstream>
+#include <iterator>
 #include <map>
 #include <memory>
 #include <mutex>
@@ -497,6 +501,46 @@ size_t executable_tls_bytes() {
   return bytes;
 }
 
+// The name of the kernel at `address`, from the executable's ELF symbol table: the
+// kernels live in anonymous namespaces, local symbols that dladdr does not see. Only
+// for failure messages (it reads /proc/self/exe); "a kernel" when not found.
+std::string kernel_name(const void* address) {
+  uintptr_t bias = 0;  // where the (position-independent) executable was loaded
+  dl_iterate_phdr(
+      [](dl_phdr_info* info, size_t, void* out) {
+        *static_cast<uintptr_t*>(out) = info->dlpi_addr;
+        return 1;  // the first object listed is the executable
+      },
+      &bias);
+  std::ifstream file("/proc/self/exe", std::ios::binary);
+  const std::vector<char> elf((std::istreambuf_iterator<char>(file)), std::istreambuf_iterator<char>());
+  if (elf.size() < sizeof(Elf64_Ehdr) || std::memcmp(elf.data(), ELFMAG, SELFMAG) != 0) return "a kernel";
+  const auto* header = reinterpret_cast<const Elf64_Ehdr*>(elf.data());
+  const auto* sections = reinterpret_cast<const Elf64_Shdr*>(elf.data() + header->e_shoff);
+  for (unsigned i = 0; i < header->e_shnum; ++i) {
+    if (sections[i].sh_type != SHT_SYMTAB) continue;
+    const char* names = elf.data() + sections[sections[i].sh_link].sh_offset;
+    const auto* symbols = reinterpret_cast<const Elf64_Sym*>(elf.data() + sections[i].sh_offset);
+    for (size_t k = 0; k < sections[i].sh_size / sizeof(Elf64_Sym); ++k) {
+      if (ELF64_ST_TYPE(symbols[k].st_info) != STT_FUNC || symbols[k].st_value + bias != uintptr_t(address))
+        continue;
+      int status = 0;
+      char* demangled = abi::__cxa_demangle(names + symbols[k].st_name, nullptr, nullptr, &status);
+      std::string name = status == 0 ? demangled : names + symbols[k].st_name;
+      std::free(demangled);
+      for (size_t at; (at = name.find("(anonymous namespace)::")) != std::string::npos;) name.erase(at, 23);
+      if (name.starts_with("void ")) name.erase(0, 5);  // a template's return type
+      return name.substr(0, name.find('('));          // without the parameter list
+    }
+  }
+  return "a kernel";
+}
+
+// What a launch-time failure calls the launch: the kernel, the grid and the block.
+std::string describe_launch(const void* kernel, const dim3& grid, const dim3& block) {
+  return "launch of " + kernel_name(kernel) + ", grid " + str(grid) + " block " + str(block);
+}
+
 // The cluster dimension among a launch's attributes, if any; no other attribute is
 // emulated.
 std::optional<dim3> cluster_dimension(const cudaLaunchConfig_t& config) {
@@ -526,15 +570,16 @@ struct Launch {
 void check_launch(const void* kernel, const Launch& l) {
   const uint64_t threads = uint64_t(l.block.x) * l.block.y * l.block.z;
   if (threads == 0 || threads % kWarpSize != 0 || threads > kMaxThreadsPerBlock || l.block.z > 64)
-    fail("launch: block " + str(l.block) + " (the emulator runs blocks of whole warps, ≤ 1024 threads, z ≤ 64)");
+    fail(describe_launch(kernel, l.grid, l.block) +
+         ": the emulator runs blocks of whole warps, ≤ 1024 threads, z ≤ 64");
   if (l.grid.x == 0 || l.grid.y == 0 || l.grid.z == 0 || l.grid.x > 0x7fffffffu || l.grid.y > 65535 ||
       l.grid.z > 65535)
-    fail("launch: grid " + str(l.grid) + " outside CUDA's limits");
+    fail(describe_launch(kernel, l.grid, l.block) + ": grid " + str(l.grid) + " outside CUDA's limits");
   if (l.smem_bytes > kDefaultSmemLimit) {
     std::lock_guard lock(g_smem_optin_mutex);
     const auto it = g_smem_optin.find(kernel);
     if (it == g_smem_optin.end() || size_t(it->second) < l.smem_bytes)
-      fail("launch: " + std::to_string(l.smem_bytes) +
+      fail(describe_launch(kernel, l.grid, l.block) + ": " + std::to_string(l.smem_bytes) +
            " bytes of dynamic shared memory without cudaFuncSetAttribute(MaxDynamicSharedMemorySize)");
   }
 }
@@ -747,7 +792,7 @@ void launch(const void* kernel, dim3 grid, dim3 block, size_t smem_bytes, const 
   std::vector<std::thread> workers;
   for (unsigned w = 0; w < n_workers; ++w) workers.emplace_back(work);
   for (auto& w : workers) w.join();
-  check_pool_guards("kernel launch, grid " + str(grid) + " block " + str(block));
+  check_pool_guards([&] { return describe_launch(kernel, grid, block); });
 }
 
 cudaError_t launch_ex(const void* kernel, const cudaLaunchConfig_t& config, const std::function<void()>& body) {
@@ -763,7 +808,7 @@ cudaError_t launch_ex(const void* kernel, const cudaLaunchConfig_t& config, cons
   check_launch(kernel, l);
   ++g_cluster_launches;
   run_clusters(l, *dims);
-  check_pool_guards("cluster kernel launch, grid " + str(grid) + " block " + str(config.blockDim));
+  check_pool_guards([&] { return describe_launch(kernel, grid, config.blockDim) + " (clusters)"; });
   return cudaSuccess;
 }
 

@@ -126,9 +126,10 @@ void require_device(const void* p, size_t bytes, const std::string& what);
 // fails (naming `what`) unless it does or bytes is 0.
 bool in_device_buffer(const void* p, size_t bytes);
 void require_device_buffer(const void* p, size_t bytes, const std::string& what);
-// Fails (naming `after`) if a byte of a pool outside its regions (an arena's guard)
-// changed since the regions were registered: run after every kernel launch.
-void check_pool_guards(const std::string& after);
+// Fails (naming the launch that `after` describes, called only then) if a byte of a
+// pool outside its regions (an arena's guard) changed since the regions were
+// registered: run after every kernel launch.
+void check_pool_guards(const std::function<std::string()>& after);
 
 // A "device" allocation: host memory the kernels may read by cp.async, with a canary
 // past its end that is checked when it is destroyed.

@@ -13,6 +13,7 @@
 #include <nvtx3/nvToolsExtMem.h>
 
 #include <algorithm>
+#include <functional>
 #include <cstring>
 #include <map>
 #include <mutex>
@@ -172,14 +173,14 @@ void require_device_buffer(const void* ptr, size_t bytes, const std::string& wha
                 "an arena registered through NVTX)");
 }
 
-void check_pool_guards(const std::string& after) {
+void check_pool_guards(const std::function<std::string()>& after) {
   std::shared_lock lock(g_mutex);
   for (const auto& [begin, p] : g_pools)
     for (const Gap& g : p.gaps) {
       const auto* now = reinterpret_cast<const unsigned char*>(g.begin);
       const auto diff = std::mismatch(g.bytes.begin(), g.bytes.end(), now).first;
       if (diff == g.bytes.end()) continue;
-      fail(after + ": byte " + std::to_string(diff - g.bytes.begin()) + " of the arena's guard " +
+      fail(after() + ": byte " + std::to_string(diff - g.bytes.begin()) + " of the arena's guard " +
            (g.after < 0 ? "before the first buffer" : "after " + describe(p.regions[size_t(g.after)])) +
            " changed (an out-of-bounds write)");
     }

@@ -58,8 +58,8 @@ TEST_CASE("emulated arena: a kernel writing past its buffer stops at that launch
     std::fprintf(stderr, "not stopped\n");
   });
   MESSAGE(past);
-  CHECK(has(past, "EMU: kernel launch, grid (1,1,1) block (32,1,1): byte 0 of the arena's guard after buffer 'b' "
-                  "(2000 B) changed"));
+  CHECK(has(past, "EMU: launch of write_at, grid (1,1,1) block (32,1,1): byte 0 of the arena's guard after buffer "
+                  "'b' (2000 B) changed"));
   CHECK(has(past, "[aborted]"));
   CHECK(!has(past, "not stopped"));
   const std::string far = run_in_child([] {
