@@ -57,9 +57,11 @@ class DeviceBuffer {
 // guard of at least kArenaGuardBytes (its padding to the alignment, plus that much):
 // a kernel that writes past its buffer lands in a guard instead of silently in the
 // next buffer, where no test of values need see it. seal() fills the guards with
-// kArenaGuardByte and check_guards() reads them back; seal() also names the buffers
-// to compute-sanitizer (NVTX memory pools), whose memcheck then reports any access
-// outside them, reads included (it cannot see inside one cudaMalloc otherwise).
+// kArenaGuardByte and check_guards() reads them back. seal() also registers the
+// buffers with NVTX (a memory pool and its regions): compute-sanitizer's memcheck,
+// which cannot see inside one cudaMalloc otherwise, then reports a kernel's access
+// outside them, reads included (the host emulator checks the guards after every
+// launch: writes).
 constexpr size_t kArenaGuardBytes = 256;
 constexpr unsigned char kArenaGuardByte = 0xA5;
 constexpr unsigned char kArenaPoisonByte = 0xFF;  // NaN as fp32 and as bf16
@@ -104,11 +106,13 @@ class DeviceArena {
     size_t offset, bytes;
   };
   void unregister_heap() noexcept;
+  void register_guards(bool registered) const;  // as NVTX regions (check_guards, under a tool)
 
   DeviceBuffer buf_;
   std::string what_;
   size_t used_ = 0;
   std::vector<Slot> slots_;
+  bool sealed_ = false;
   void* nvtx_heap_ = nullptr;  // the NVTX heap handle while a tool (compute-sanitizer) listens
 };
 

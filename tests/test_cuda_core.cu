@@ -77,7 +77,13 @@ GPU_TEST_CASE("cuda runtime: arena buffers aligned, each followed by its guard; 
   CHECK(arena_slot_bytes(1) == 512);
   CHECK(arena_slot_bytes(256) == 512);
   CHECK(arena_slot_bytes(257) == 768);  // at least kArenaGuardBytes after every buffer
-  CHECK_THROWS_WITH_AS(arena.alloc<float>("e", 1), doctest::Contains("buffer 'e'"), spes::Error);
+  // Carved once, sealed once, checked only once sealed.
+  CHECK_THROWS_WITH_AS(arena.alloc<float>("e", 1), doctest::Contains("after the arena was sealed"), spes::Error);
+  CHECK_THROWS_WITH_AS(arena.seal(stream()), doctest::Contains("sealed twice"), spes::Error);
+  DeviceArena small(arena_slot_bytes(8), "small arena");
+  CHECK_THROWS_WITH_AS(small.check_guards(stream()), doctest::Contains("before seal"), spes::Error);
+  CHECK(small.alloc<float>("x", 2) != nullptr);
+  CHECK_THROWS_WITH_AS(small.alloc<float>("y", 1), doctest::Contains("buffer 'y' reaches"), spes::Error);
   // Sealed: every byte of a buffer NaN until written, every guard byte the guard's.
   const std::vector<unsigned char> bytes = copy_to_host(reinterpret_cast<unsigned char*>(arena.base()),
                                                         int64_t(arena.capacity()));
@@ -112,7 +118,7 @@ GPU_TEST_CASE("cuda runtime: a write one byte past an arena buffer is named by c
 // guard must catch a kernel's stray write, and once under compute-sanitizer memcheck,
 // which must report it (the arena's buffers reach memcheck through NVTX; without
 // them the write would be inside the one cudaMalloc, invisible to it). The emulator
-// stops at such a write by itself (tests/emu/test_emu_runtime.cpp).
+// stops at such a write by itself (tests/emu/test_emu_arena.cpp).
 TEST_CASE("cuda runtime: planted out-of-bounds kernel write into an arena guard" * doctest::test_suite("gpu") *
           doctest::skip()) {
   TestArena t;

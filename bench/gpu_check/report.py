@@ -385,8 +385,13 @@ class Report:
         self.add(f"- guard check: {plain.exit_text()}" + (" — caught" if plain.rc == 0 else ""),
                  f"- memcheck: {mem.exit_text()}" + (f" — `{seen.group(0)}`" if seen else ""), "")
         notes, st = [], PASS
-        if plain.rc == 0:
+        # doctest exits 0 when the filter matches no test: the one case must have run.
+        one_ran = re.search(r"test cases:\s*1 \|\s*1 passed", plain.out)
+        if plain.rc == 0 and one_ran:
             notes.append("guard caught it")
+        elif plain.rc == 0:
+            st = FAIL
+            notes.append("the planted test case did not run (no test matched)")
         elif plain.rc == 77:
             st = SKIPPED
             notes.append("no GPU")
@@ -395,6 +400,8 @@ class Report:
             notes.append(f"guard check {plain.exit_text()}")
         if mem.rc == 86 and seen:
             notes.append("memcheck reported it")
+        elif mem.rc == 77 or mem.skipped == "no GPU":
+            notes.append("memcheck: no GPU")
         elif mem.ran:
             st = FAIL
             notes.append(f"memcheck did not report it ({mem.exit_text()}): its clean runs say nothing of "

@@ -313,16 +313,23 @@ else
   # registers; if it stays silent here, a clean memcheck of the whole step below says
   # nothing about writes from one arena buffer into the next.
   base="$L/guard/memcheck"
-  run_step "$base" "$(cap 60 "$D")" "$SANITIZER" --tool memcheck --error-exitcode 86 --print-limit 5 \
-    --log-file "$base.log" "$BIN/spes_tests" --gpu-file --source-file='*test_cuda_core.cu' --no-skip \
-    --test-case='*planted*'
+  if [[ $(rc_of "$L/guard/plain") == 77 ]]; then
+    echo "no GPU" > "$base.skipped"
+  else
+    run_step "$base" "$(cap 60 "$D")" "$SANITIZER" --tool memcheck --nvtx yes --error-exitcode 86 --print-limit 5 \
+      --log-file "$base.log" "$BIN/spes_tests" --gpu-file --source-file='*test_cuda_core.cu' --no-skip \
+      --test-case='*planted*'
+  fi
   say "memcheck sees the planted arena overrun: exit $(rc_of "$base") (86: seen) $(grep -m1 -o 'Invalid __global__ [a-z]* of size [0-9]* bytes' "$base.log" 2>/dev/null)"
   for tool in memcheck racecheck; do
     for name in "${failed_first[@]}"; do
       base="$L/sanitize/$name.$tool"
       exclude=()
-      [[ $name == test_gpu_step ]] && exclude=(--test-case-exclude='*300 steps*,*resume*')
-      run_step "$base" "$(cap 60 "$D")" "$SANITIZER" --tool "$tool" --error-exitcode 86 --print-limit 20 \
+      # Long cases out; so are the two that overwrite a guard through the runtime API
+      # on purpose (memcheck may report that copy as the access it is).
+      [[ $name == test_gpu_step ]] && exclude=(--test-case-exclude='*300 steps*,*resume*,*never leave*')
+      [[ $name == test_cuda_core ]] && exclude=(--test-case-exclude='*one byte past*')
+      run_step "$base" "$(cap 60 "$D")" "$SANITIZER" --tool "$tool" --nvtx yes --error-exitcode 86 --print-limit 20 \
         --log-file "$base.log" "$BIN/spes_tests" --gpu-file --source-file="*$name.cu" "${exclude[@]}"
       case $(rc_of "$base") in
         0) say "$tool $name: clean" ;;

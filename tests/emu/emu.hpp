@@ -130,6 +130,8 @@ void require_device_buffer(const void* p, size_t bytes, const std::string& what)
 // pool outside its regions (an arena's guard) changed since the regions were
 // registered: run after every kernel launch.
 void check_pool_guards(const std::function<std::string()>& after);
+// Fails if an NVTX heap is still registered in [p, p + bytes): cudaFree calls it.
+void require_no_pool_in(const void* p, size_t bytes);
 
 // A "device" allocation: host memory the kernels may read by cp.async, with a canary
 // past its end that is checked when it is destroyed.

@@ -115,6 +115,24 @@ void regions_register(nvtxDomainHandle_t, const nvtxMemRegionsRegisterBatch_t* b
   snapshot_gaps(p);
 }
 
+// The arena registers its guards for the time it reads them (check_guards): the gaps
+// are taken again when they are unregistered.
+void regions_unregister(nvtxDomainHandle_t, const nvtxMemRegionsUnregisterBatch_t* batch) {
+  if (batch->refType != NVTX_MEM_REGION_REF_TYPE_POINTER)
+    fail("nvtxMemRegionsUnregister: only regions by pointer are emulated");
+  std::lock_guard lock(g_mutex);
+  const auto* refs = reinterpret_cast<const unsigned char*>(batch->refElements);
+  for (size_t i = 0; i < batch->refCount; ++i) {
+    const auto at =
+        reinterpret_cast<uintptr_t>(reinterpret_cast<const nvtxMemRegionRef_t*>(refs + i * batch->refElementSize)->pointer);
+    bool found = false;
+    for (auto& [begin, p] : g_pools)
+      found |= std::erase_if(p.regions, [&](const Region& r) { return r.begin == at; }) > 0;
+    if (!found) fail("nvtxMemRegionsUnregister: no region starts at that pointer");
+  }
+  for (auto& [begin, p] : g_pools) snapshot_gaps(p);
+}
+
 void regions_name(nvtxDomainHandle_t, const nvtxMemRegionsNameBatch_t* batch) {
   std::lock_guard lock(g_mutex);
   const auto* desc = reinterpret_cast<const unsigned char*>(batch->regionElements);
@@ -138,7 +156,8 @@ void regions_name(nvtxDomainHandle_t, const nvtxMemRegionsNameBatch_t* batch) {
 // the memory module's slots with the functions above.
 extern "C" int spes_emu_nvtx_initialize(nvtxExtModuleInfo_t* module) {
   using namespace emu;
-  if (module->moduleId != NVTX_EXT_MODULEID_MEM) return 1;  // other modules stay no-ops
+  // Other modules stay no-ops; so would a memory module of another layout.
+  if (module->moduleId != NVTX_EXT_MODULEID_MEM || module->compatId != NVTX_EXT_COMPATID_MEM) return 1;
   for (size_t s = 0; s < module->segmentsCount; ++s) {
     intptr_t* slots = module->segments[s].functionSlots;
     const size_t n = module->segments[s].slotCount;
@@ -148,6 +167,7 @@ extern "C" int spes_emu_nvtx_initialize(nvtxExtModuleInfo_t* module) {
     set(NVTX3EXT_CBID_nvtxMemHeapRegister, &heap_register);
     set(NVTX3EXT_CBID_nvtxMemHeapUnregister, &heap_unregister);
     set(NVTX3EXT_CBID_nvtxMemRegionsRegister, &regions_register);
+    set(NVTX3EXT_CBID_nvtxMemRegionsUnregister, &regions_unregister);
     set(NVTX3EXT_CBID_nvtxMemRegionsName, &regions_name);
   }
   return 1;
@@ -171,6 +191,14 @@ void require_device_buffer(const void* ptr, size_t bytes, const std::string& wha
   if (bytes != 0 && !in_device_buffer(ptr, bytes))
     fail(what + ": " + std::to_string(bytes) + " bytes outside every device buffer (an allocation, or a region of "
                 "an arena registered through NVTX)");
+}
+
+void require_no_pool_in(const void* ptr, size_t bytes) {
+  const auto a = reinterpret_cast<uintptr_t>(ptr);
+  std::shared_lock lock(g_mutex);
+  for (const auto& [begin, p] : g_pools)
+    if (begin >= a && begin < a + bytes)
+      fail("cudaFree of memory still registered as an NVTX heap (nvtxMemHeapUnregister first)");
 }
 
 void check_pool_guards(const std::function<std::string()>& after) {

@@ -173,6 +173,7 @@ cudaError_t cudaFree(void* ptr) {
   std::lock_guard lock(g_mutex);
   const auto it = emu::g_device.find(ptr);
   if (it == emu::g_device.end()) emu::fail("cudaFree of a pointer cudaMalloc never returned");
+  emu::require_no_pool_in(ptr, it->second.buffer->bytes());
   emu::g_device_used[it->second.device] -= it->second.buffer->bytes();
   emu::g_device.erase(it);  // checks the canary past the end
   return cudaSuccess;
