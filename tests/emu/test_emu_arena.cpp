@@ -62,6 +62,15 @@ TEST_CASE("emulated arena: a kernel writing past its buffer stops at that launch
                   "'b' (2000 B) changed"));
   CHECK(has(past, "[aborted]"));
   CHECK(!has(past, "not stopped"));
+  // check_guards registers the guards while it reads them, then takes them back.
+  const std::string after_check = run_in_child([] {
+    Arena a;
+    a.arena.check_guards(a.stream);
+    if (emu::in_device_buffer(a.at[1], 2004)) std::fprintf(stderr, "guard still registered\n");
+    a.write(1, 2000 / 4);
+  });
+  CHECK(!has(after_check, "guard still registered"));
+  CHECK(has(after_check, "of the arena's guard after buffer 'b' (2000 B) changed"));
   const std::string far = run_in_child([] {
     Arena a;
     a.write(0, 100);  // 400 bytes past a's start: its padding and guard end at 512
