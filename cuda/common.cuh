@@ -42,6 +42,15 @@ inline void require_ptr(const void* p, size_t bytes, const char* op, const char*
   require(p != nullptr, op, std::string(name) + " must not be null");
   require_aligned(p, bytes, op, name);
 }
+// For a kernel that reads `read` through a __restrict__ pointer while it writes
+// `written`: on a GPU the two must not overlap (the compiler may load the first
+// through the read-only path, ahead of the stores); the emulator cannot show it.
+inline void require_disjoint(const void* written, size_t written_bytes, const void* read, size_t read_bytes,
+                             const char* op, const char* what) {
+  const auto w = reinterpret_cast<uintptr_t>(written), r = reinterpret_cast<uintptr_t>(read);
+  if (written && read && written_bytes && read_bytes && w < r + read_bytes && r < w + written_bytes)
+    throw Error(std::string(op) + ": " + what);
+}
 
 // ---- 16-byte vectors ------------------------------------------------------------
 // 8 bf16 values moved as one 16-byte access (ld.global.v4.u32 / st.global.v4.u32).

@@ -342,6 +342,12 @@ void crossentropy_forward_backward(bf16* dlogits, float* losses, float* lse, con
   require_ptr(losses, 4, op, "losses");
   require_ptr(lse, 4, op, "lse");
   require_ptr(targets, 4, op, "targets");
+  // In place (dlogits == logits) each element is read before it is written, by the
+  // same thread; a partial overlap would have other threads' rows race.
+  const size_t span = N > 0 ? size_t((N - 1) * ld + V) * sizeof(bf16) : 0;
+  if (dlogits != logits)
+    require_disjoint(dlogits, span, logits, span, op,
+                     "dlogits must be the logits themselves (in place) or not overlap them");
   if (N == 0) return;
   bool cluster = false;
   if (impl == CeImpl::automatic) cluster = crossentropy_cluster_supported(V);

@@ -160,6 +160,9 @@ void rmsnorm_forward(bf16* out, float* rstd, bf16* res_out, const bf16* res_in, 
   require_aligned(branch, 16, op, "branch");
   require_ptr(weight, 16, op, "weight");
   require(branch == nullptr || res_out != nullptr, op, "a branch needs res_out for the new residual");
+  const size_t bytes = size_t(N * C) * sizeof(bf16);
+  require_disjoint(out, bytes, branch, bytes, op, "branch must not overlap out");
+  require_disjoint(res_out, bytes, branch, bytes, op, "branch must not overlap res_out");
   if (N == 0) return;
   const dim3 block(l.tx, l.ty);
   const unsigned grid = static_cast<unsigned>(ceil_div(N, l.ty));
@@ -193,6 +196,9 @@ void rmsnorm_backward(bf16* dres_out, float* dweight, void* scratch, const bf16*
   require_ptr(weight, 16, op, "weight");
   require_ptr(rstd, 4, op, "rstd");
   require(dweight == nullptr || scratch != nullptr, op, "dweight needs scratch (rmsnorm_backward_scratch_bytes)");
+  const size_t bytes = size_t(N * C) * sizeof(bf16);
+  require_disjoint(dres_out, bytes, dout, bytes, op, "dout must not overlap dres_out");
+  require_disjoint(dres_out, bytes, x, bytes, op, "x must not overlap dres_out");
   if (N == 0) return;
   const int G = backward_blocks(l, N, C);
   float* partial = dweight ? static_cast<float*>(scratch) : nullptr;

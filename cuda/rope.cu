@@ -277,6 +277,9 @@ void qknorm_rope_backward(bf16* dinp, float* dweight, void* scratch, const bf16*
   require_ptr(rstd, 4, op, "rstd");
   require(dweight == nullptr || scratch != nullptr, op, "dweight needs scratch (qknorm_rope_backward_scratch_bytes)");
   const int64_t N = B * T, C = H * D;
+  const size_t bytes = size_t(N * C) * sizeof(bf16);
+  require_disjoint(dinp, bytes, dout, bytes, op, "dout must not overlap dinp");
+  require_disjoint(dinp, bytes, inp, bytes, op, "inp must not overlap dinp");
   const RowLayout l = rope_layout(C, op);
   if (N == 0) return;
   const int stride = smem_row_floats(C);

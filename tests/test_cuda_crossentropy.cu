@@ -120,6 +120,9 @@ TEST_CASE("cuda crossentropy: bad shapes and pointers throw before any CUDA call
                      "same 16-byte alignment offset");
   CHECK_THROWS_ERROR(crossentropy_forward_backward(nullptr, nullptr, f, logits, t, 4, 100, 100, 1.0f, 0.0f, nullptr),
                      "losses must not be null");
+  // In place is fine; a partial overlap (here 8 values, one 16-byte vector, in) is not.
+  CHECK_THROWS_ERROR(crossentropy_forward_backward(logits + 8, f, f, logits, t, 4, 100, 100, 1.0f, 0.0f, nullptr),
+                     "dlogits must be the logits themselves (in place) or not overlap them");
   CHECK_THROWS_ERROR(crossentropy_forward_backward(nullptr, f, f, logits, nullptr, 4, 100, 100, 1.0f, 0.0f, nullptr),
                      "targets must not be null");
   CHECK_THROWS_ERROR(crossentropy_forward_backward(nullptr, f, reinterpret_cast<float*>(0x20002), logits, t, 4, 100,

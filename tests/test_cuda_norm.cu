@@ -263,4 +263,17 @@ TEST_CASE("cuda rmsnorm, qk-norm + rope: bad shapes and pointers throw before an
   CHECK_THROWS_ERROR(qknorm_rope_forward(a, f, a, a, tab, 1, 4, 2, 63, 1e-6f, nullptr), "even head dim");
   CHECK_THROWS_ERROR(qknorm_rope_backward(m, f, sc, a, a, a, f, tab, 1, 4, 2, 64, nullptr),
                      "qknorm_rope_backward: dinp must be 16-byte aligned");
+  // A buffer read through a __restrict__ pointer must not overlap one the kernel
+  // writes (4 rows of 64 or 128 values: 512 or 1024 bytes; b, c far from a).
+  bf16* b = reinterpret_cast<bf16*>(0x50000);
+  const bf16* c = reinterpret_cast<const bf16*>(0x60000);
+  CHECK_THROWS_ERROR(rmsnorm_forward(a, f, b, b, a + 64, c, 4, 64, 1e-6f, nullptr), "branch must not overlap out");
+  CHECK_THROWS_ERROR(rmsnorm_forward(a, f, b, b, b + 248, c, 4, 64, 1e-6f, nullptr),
+                     "branch must not overlap res_out");
+  CHECK_THROWS_ERROR(rmsnorm_backward(a, f, sc, a + 8, a, b, c, f, 4, 64, nullptr), "dout must not overlap dres_out");
+  CHECK_THROWS_ERROR(rmsnorm_backward(a, f, sc, b, a, a, c, f, 4, 64, nullptr), "x must not overlap dres_out");
+  CHECK_THROWS_ERROR(qknorm_rope_backward(a, f, sc, a, b, c, f, tab, 1, 4, 2, 64, nullptr),
+                     "dout must not overlap dinp");
+  CHECK_THROWS_ERROR(qknorm_rope_backward(a, f, sc, b, a + 504, c, f, tab, 1, 4, 2, 64, nullptr),
+                     "inp must not overlap dinp");
 }
