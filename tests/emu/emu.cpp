@@ -763,6 +763,13 @@ void run_clusters(const Launch& l, const dim3& dims) {
 
 }  // namespace
 
+void fail_kernel_argument(const void* kernel, int position, const void* p) {
+  char addr[32];
+  std::snprintf(addr, sizeof addr, "%p", p);
+  fail("launch of " + kernel_name(kernel) + ": argument " + std::to_string(position) + " (" + addr +
+       ") points neither into device memory nor into pinned host memory (a GPU cannot read it)");
+}
+
 bool in_global_buffer(const void* p, size_t bytes) {
   const auto a = reinterpret_cast<uintptr_t>(p);
   std::shared_lock lock(g_global_buffers_mutex);

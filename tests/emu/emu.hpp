@@ -30,6 +30,8 @@
 //     shared memory goes with it). A grid that is not a whole number of clusters, or
 //     a cluster above the portable 8 CTAs, is refused as CUDA refuses it
 //     (cudaErrorInvalidClusterSize);
+//   - a kernel's pointer arguments point into device memory or pinned host memory
+//     (device_reachable), not pageable host memory, which a GPU cannot read;
 //   - global buffers (GlobalBuffer): a canary past the end, checked when freed;
 //   - arenas (one cudaMalloc carved into buffers, which cuda/runtime.cu registers as
 //     an NVTX memory pool): after every launch, the guard after each buffer unchanged
@@ -46,6 +48,7 @@
 #include <cstdint>
 #include <functional>
 #include <string>
+#include <type_traits>
 
 namespace emu {
 
@@ -132,6 +135,25 @@ void require_device_buffer(const void* p, size_t bytes, const std::string& what)
 void check_pool_guards(const std::function<std::string()>& after);
 // Fails if an NVTX heap is still registered in [p, p + bytes): cudaFree calls it.
 void require_no_pool_in(const void* p, size_t bytes);
+
+// Whether a GPU kernel could dereference p: it points into a device allocation (into
+// or just past one buffer of an arena) or into pinned host memory (which a GPU
+// reaches through unified addressing). A pointer into pageable host memory — a
+// std::vector's data(), a stack variable — faults on a GPU and works here.
+bool device_reachable(const void* p);
+// A kernel's pointer arguments must be null or device_reachable: checked at launch,
+// before the kernel runs, naming the kernel and the argument's position.
+[[noreturn]] void fail_kernel_argument(const void* kernel, int position, const void* p);
+template <class... Args>
+void require_device_pointers(const void* kernel, const Args&... args) {
+  int position = 0;
+  auto check = [&](const auto& arg) {
+    if constexpr (std::is_pointer_v<std::decay_t<decltype(arg)>>)
+      if (arg != nullptr && !device_reachable(arg)) fail_kernel_argument(kernel, position, arg);
+    ++position;
+  };
+  (check(args), ...);
+}
 
 // A "device" allocation: host memory the kernels may read by cp.async, with a canary
 // past its end that is checked when it is destroyed.

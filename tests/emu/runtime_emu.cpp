@@ -104,6 +104,13 @@ struct Event {
 };
 
 }  // namespace
+
+bool device_reachable(const void* p) {
+  if (in_device_buffer(p, 0)) return true;  // a device allocation, inside or just past an arena buffer
+  std::lock_guard lock(g_mutex);
+  return is_pinned(p, 0);
+}
+
 }  // namespace emu
 
 using emu::g_mutex;

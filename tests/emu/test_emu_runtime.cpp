@@ -3,7 +3,8 @@
 // rely on, until it waits for them. Device → pinned: the bytes arrive at the wait
 // (NaN before it). Pinned → device: the source must hold still until the wait; a
 // staging buffer refilled too early is an abort, as on a GPU it would copy whichever
-// bytes were there when the DMA ran. Pageable memory is synchronous both ways.
+// bytes were there when the DMA ran. Pageable memory is synchronous both ways. And a
+// kernel reads device or pinned memory only: a pageable pointer argument aborts.
 #include "tests/emu/emu_test.hpp"
 
 #include <cuda_runtime.h>
@@ -14,10 +15,16 @@
 #include <string>
 #include <vector>
 
+#include "cuda/launch.cuh"
+
 namespace {
 
 using spes::test::has;
 using spes::test::run_in_child;
+
+__global__ void add_one(float* out, const float* in) {
+  if (blockIdx.x == 0 && threadIdx.x == 0) out[0] = in[0] + 1.0f;
+}
 
 struct Fixture {
   static constexpr int kN = 64;
@@ -101,4 +108,23 @@ TEST_CASE("emulated runtime: a pinned source changed before the wait aborts and 
     cudaStreamSynchronize(f.stream);
   });
   CHECK(has(other, "[aborted]"));
+}
+
+TEST_CASE("emulated runtime: a kernel's pointer arguments must be device or pinned memory, never pageable") {
+  Fixture f;
+  auto run = [&](float* out, const float* in) {
+    spes::cuda::launch(add_one, dim3(1), dim3(32), 0, f.stream, out, in);
+  };
+  run(f.device, f.device + 1);
+  run(f.pinned, f.pinned + 1);  // pinned host memory: a GPU reaches it over the bus
+  REQUIRE(cudaStreamSynchronize(f.stream) == cudaSuccess);
+  CHECK(f.pinned[0] == 2.0f);
+  CHECK(emu::device_reachable(f.device + Fixture::kN));  // one past the end is a pointer a kernel may hold
+  const std::string msg = run_in_child([&] {
+    std::vector<float> pageable(4, 1.0f);
+    run(f.device, pageable.data());
+  });
+  CHECK(has(msg, "EMU: launch of add_one: argument 1 ("));
+  CHECK(has(msg, "points neither into device memory nor into pinned host memory"));
+  CHECK(has(msg, "[aborted]"));
 }

@@ -26,6 +26,7 @@ template <typename... Params>
 void launch(void (*kernel)(Params...), dim3 grid, dim3 block, size_t smem_bytes, cudaStream_t stream,
             std::type_identity_t<Params>... args) {
   emu::require_current_device(stream, "kernel launch");
+  emu::require_device_pointers(reinterpret_cast<const void*>(kernel), args...);
   emu::launch(reinterpret_cast<const void*>(kernel), grid, block, smem_bytes, [&] { kernel(args...); });
 }
 
@@ -33,6 +34,7 @@ template <typename... Params>
 cudaError_t launch_ex(const cudaLaunchConfig_t& config, void (*kernel)(Params...),
                       std::type_identity_t<Params>... args) {
   emu::require_current_device(config.stream, "kernel launch");
+  emu::require_device_pointers(reinterpret_cast<const void*>(kernel), args...);
   return emu::launch_ex(reinterpret_cast<const void*>(kernel), config, [&] { kernel(args...); });
 }
 
