@@ -2,6 +2,7 @@
 
 #include <nvtx3/nvToolsExtMem.h>
 
+#include <algorithm>
 #include <cstdio>
 #include <vector>
 
@@ -66,22 +67,40 @@ nvtxDomainHandle_t nvtx_domain() {
   return domain;
 }
 
-// Registers (or unregisters) the given ranges as regions of `heap`.
-void nvtx_regions(void* heap, const std::vector<nvtxMemVirtualRangeDesc_t>& ranges, bool add) {
-  if (add) {
-    nvtxMemRegionsRegisterBatch_t batch{};
-    batch.extCompatID = NVTX_EXT_COMPATID_MEM;
-    batch.structSize = sizeof batch;
-    batch.regionType = NVTX_MEM_TYPE_VIRTUAL_ADDRESS;
-    batch.heap = static_cast<nvtxMemHeapHandle_t>(heap);
-    batch.regionCount = ranges.size();
-    batch.regionDescElementSize = sizeof(nvtxMemVirtualRangeDesc_t);
-    batch.regionDescElements = ranges.data();
-    nvtxMemRegionsRegister(nvtx_domain(), &batch);
-    return;
-  }
-  std::vector<nvtxMemRegionRef_t> refs(ranges.size());
-  for (size_t i = 0; i < ranges.size(); ++i) refs[i].pointer = ranges[i].ptr;
+// The whole cudaMalloc as a sub-allocator's heap; its buffers become regions in it.
+// Null when no tool listens (NVTX_MEM_HEAP_HANDLE_NO_TOOL, -1, in other NVTX versions).
+void* nvtx_register_heap(void* base, size_t bytes) {
+  const nvtxMemVirtualRangeDesc_t range{bytes, base};
+  nvtxMemHeapDesc_t heap{};
+  heap.extCompatID = NVTX_EXT_COMPATID_MEM;
+  heap.structSize = sizeof heap;
+  heap.usage = NVTX_MEM_HEAP_USAGE_TYPE_SUB_ALLOCATOR;
+  heap.type = NVTX_MEM_TYPE_VIRTUAL_ADDRESS;
+  heap.typeSpecificDescSize = sizeof range;
+  heap.typeSpecificDesc = &range;
+  void* handle = nvtxMemHeapRegister(nvtx_domain(), &heap);
+  return reinterpret_cast<intptr_t>(handle) == -1 ? nullptr : handle;
+}
+
+using Ranges = std::vector<std::pair<char*, size_t>>;  // address, bytes
+
+void nvtx_register_regions(void* heap, const Ranges& regions) {
+  std::vector<nvtxMemVirtualRangeDesc_t> ranges;
+  for (const auto& [at, bytes] : regions) ranges.push_back({bytes, at});
+  nvtxMemRegionsRegisterBatch_t batch{};
+  batch.extCompatID = NVTX_EXT_COMPATID_MEM;
+  batch.structSize = sizeof batch;
+  batch.regionType = NVTX_MEM_TYPE_VIRTUAL_ADDRESS;
+  batch.heap = static_cast<nvtxMemHeapHandle_t>(heap);
+  batch.regionCount = ranges.size();
+  batch.regionDescElementSize = sizeof(nvtxMemVirtualRangeDesc_t);
+  batch.regionDescElements = ranges.data();
+  nvtxMemRegionsRegister(nvtx_domain(), &batch);
+}
+
+void nvtx_unregister_regions(const Ranges& regions) {
+  std::vector<nvtxMemRegionRef_t> refs(regions.size());
+  for (size_t i = 0; i < regions.size(); ++i) refs[i].pointer = regions[i].first;
   nvtxMemRegionsUnregisterBatch_t batch{};
   batch.extCompatID = NVTX_EXT_COMPATID_MEM;
   batch.structSize = sizeof batch;
@@ -90,6 +109,23 @@ void nvtx_regions(void* heap, const std::vector<nvtxMemVirtualRangeDesc_t>& rang
   batch.refElementSize = sizeof(nvtxMemRegionRef_t);
   batch.refElements = refs.data();
   nvtxMemRegionsUnregister(nvtx_domain(), &batch);
+}
+
+void nvtx_name_regions(const Ranges& regions, const std::vector<std::string>& names) {
+  std::vector<nvtxMemRegionNameDesc_t> descs(regions.size());
+  for (size_t i = 0; i < regions.size(); ++i) {
+    descs[i].regionRefType = NVTX_MEM_REGION_REF_TYPE_POINTER;
+    descs[i].nameType = NVTX_MESSAGE_TYPE_ASCII;
+    descs[i].region.pointer = regions[i].first;
+    descs[i].name.ascii = names[i].c_str();
+  }
+  nvtxMemRegionsNameBatch_t batch{};
+  batch.extCompatID = NVTX_EXT_COMPATID_MEM;
+  batch.structSize = sizeof batch;
+  batch.regionCount = descs.size();
+  batch.regionElementSize = sizeof(nvtxMemRegionNameDesc_t);
+  batch.regionElements = descs.data();
+  nvtxMemRegionsName(nvtx_domain(), &batch);
 }
 
 }  // namespace
@@ -119,14 +155,22 @@ void DeviceArena::unregister_heap() noexcept {
   nvtx_heap_ = nullptr;
 }
 
-void DeviceArena::register_guards(bool registered) const {
-  std::vector<nvtxMemVirtualRangeDesc_t> ranges;
-  for (const Slot& s : slots_) ranges.push_back({arena_slot_bytes(s.bytes) - s.bytes, base() + s.offset + s.bytes});
-  nvtx_regions(nvtx_heap_, ranges, registered);
+Ranges DeviceArena::buffer_ranges() const {
+  Ranges r;
+  for (const Slot& s : slots_) r.emplace_back(base() + s.offset, s.bytes);
+  return r;
+}
+
+Ranges DeviceArena::guard_ranges() const {
+  Ranges r;
+  for (const Slot& s : slots_) r.emplace_back(s.guard(base()), s.guard_bytes());
+  return r;
 }
 
 void* DeviceArena::alloc_bytes(const std::string& name, size_t bytes) {
   if (sealed_) throw Error(what_ + ": buffer '" + name + "' asked for after the arena was sealed");
+  // An empty buffer would share its address with its guard (the plan gives it none).
+  if (bytes == 0) throw Error(what_ + ": buffer '" + name + "' of 0 bytes");
   const size_t start = used_;
   if (start + arena_slot_bytes(bytes) > buf_.bytes()) {
     throw Error(what_ + ": planned " + format_bytes(buf_.bytes()) + " but buffer '" + name + "' reaches " +
@@ -142,73 +186,46 @@ void DeviceArena::seal(cudaStream_t stream) {
   sealed_ = true;
   if (!buf_.get()) return;
   cuda_check(cudaMemsetAsync(base(), kArenaPoisonByte, capacity(), stream));
-  for (const Slot& s : slots_)
-    cuda_check(cudaMemsetAsync(base() + s.offset + s.bytes, kArenaGuardByte, arena_slot_bytes(s.bytes) - s.bytes,
-                               stream));
+  for (const Slot& s : slots_) cuda_check(cudaMemsetAsync(s.guard(base()), kArenaGuardByte, s.guard_bytes(), stream));
   cuda_check(cudaStreamSynchronize(stream));
-  // The whole cudaMalloc is a sub-allocator's heap; its buffers are the regions in it.
-  unregister_heap();
-  const nvtxMemVirtualRangeDesc_t heap_range{capacity(), base()};
-  nvtxMemHeapDesc_t heap{};
-  heap.extCompatID = NVTX_EXT_COMPATID_MEM;
-  heap.structSize = sizeof heap;
-  heap.usage = NVTX_MEM_HEAP_USAGE_TYPE_SUB_ALLOCATOR;
-  heap.type = NVTX_MEM_TYPE_VIRTUAL_ADDRESS;
-  heap.typeSpecificDescSize = sizeof heap_range;
-  heap.typeSpecificDesc = &heap_range;
-  nvtx_heap_ = nvtxMemHeapRegister(nvtx_domain(), &heap);
-  // No tool listening: null, or NVTX_MEM_HEAP_HANDLE_NO_TOOL (-1) from other NVTX versions.
-  if (reinterpret_cast<intptr_t>(nvtx_heap_) == -1) nvtx_heap_ = nullptr;
+  nvtx_heap_ = nvtx_register_heap(base(), capacity());
   if (!nvtx_heap_) return;
-  std::vector<nvtxMemVirtualRangeDesc_t> ranges;
-  std::vector<nvtxMemRegionNameDesc_t> names;
-  for (const Slot& s : slots_) {
-    ranges.push_back({s.bytes, base() + s.offset});
-    nvtxMemRegionNameDesc_t n{};
-    n.regionRefType = NVTX_MEM_REGION_REF_TYPE_POINTER;
-    n.nameType = NVTX_MESSAGE_TYPE_ASCII;
-    n.region.pointer = base() + s.offset;
-    n.name.ascii = s.name.c_str();
-    names.push_back(n);
-  }
-  nvtx_regions(nvtx_heap_, ranges, true);
-  nvtxMemRegionsNameBatch_t naming{};
-  naming.extCompatID = NVTX_EXT_COMPATID_MEM;
-  naming.structSize = sizeof naming;
-  naming.regionCount = names.size();
-  naming.regionElementSize = sizeof(nvtxMemRegionNameDesc_t);
-  naming.regionElements = names.data();
-  nvtxMemRegionsName(nvtx_domain(), &naming);
+  nvtx_register_regions(nvtx_heap_, buffer_ranges());
+  std::vector<std::string> names;
+  for (const Slot& s : slots_) names.push_back(s.name);
+  nvtx_name_regions(buffer_ranges(), names);
 }
 
 void DeviceArena::check_guards(cudaStream_t stream) const {
   if (!sealed_) throw Error(what_ + ": check_guards before seal (the guards hold nothing yet)");
-  // Under compute-sanitizer the guards are outside every registered buffer, where
-  // memcheck may report the copies below too: registered for the time they are read.
-  if (nvtx_heap_) register_guards(true);
-  size_t total = 0;
-  for (const Slot& s : slots_) total += arena_slot_bytes(s.bytes) - s.bytes;
-  std::vector<unsigned char> guards(total);
-  size_t at = 0;
-  for (const Slot& s : slots_) {  // into pageable memory: each copy is done when the call returns
-    const size_t n = arena_slot_bytes(s.bytes) - s.bytes;
-    cuda_check(cudaMemcpyAsync(guards.data() + at, base() + s.offset + s.bytes, n, cudaMemcpyDeviceToHost, stream));
-    at += n;
-  }
-  cuda_check(cudaStreamSynchronize(stream));
-  if (nvtx_heap_) register_guards(false);
-  at = 0;
-  for (const Slot& s : slots_) {
-    const size_t n = arena_slot_bytes(s.bytes) - s.bytes;
-    for (size_t i = 0; i < n; ++i) {
-      if (guards[at + i] == kArenaGuardByte) continue;
-      char bytes[64];
-      std::snprintf(bytes, sizeof bytes, "0x%02X, not the guard's 0x%02X", guards[at + i], kArenaGuardByte);
-      throw Error(what_ + ": something wrote past the end of buffer '" + s.name + "' (" + std::to_string(s.bytes) +
-                  " B): byte " + std::to_string(i) + " after it holds " + bytes +
-                  " — an out-of-bounds write on the GPU, a bug in spes-engine; please report it with the config");
+  std::vector<std::vector<unsigned char>> guards;
+  {
+    // Under compute-sanitizer the guards lie outside every registered buffer, where
+    // memcheck may report the copies below too: registered while they are read.
+    const Ranges guards_at = guard_ranges();
+    if (nvtx_heap_) nvtx_register_regions(nvtx_heap_, guards_at);
+    struct Unregister {  // also when a copy throws
+      const Ranges* regions;
+      ~Unregister() {
+        if (regions) nvtx_unregister_regions(*regions);
+      }
+    } unregister{nvtx_heap_ ? &guards_at : nullptr};
+    for (const Slot& s : slots_) {  // into pageable memory: each copy is done when the call returns
+      std::vector<unsigned char>& g = guards.emplace_back(s.guard_bytes());
+      cuda_check(cudaMemcpyAsync(g.data(), s.guard(base()), g.size(), cudaMemcpyDeviceToHost, stream));
     }
-    at += n;
+    cuda_check(cudaStreamSynchronize(stream));
+  }
+  for (size_t k = 0; k < slots_.size(); ++k) {
+    const auto bad =
+        std::find_if(guards[k].begin(), guards[k].end(), [](unsigned char b) { return b != kArenaGuardByte; });
+    if (bad == guards[k].end()) continue;
+    char bytes[64];
+    std::snprintf(bytes, sizeof bytes, "0x%02X, not the guard's 0x%02X", *bad, kArenaGuardByte);
+    throw Error(what_ + ": something wrote past the end of buffer '" + slots_[k].name + "' (" +
+                std::to_string(slots_[k].bytes) + " B): byte " + std::to_string(bad - guards[k].begin()) +
+                " after it holds " + bytes +
+                " — an out-of-bounds write on the GPU, a bug in spes-engine; please report it with the config");
   }
 }
 

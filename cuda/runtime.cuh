@@ -11,6 +11,7 @@
 #include <cstdint>
 #include <memory>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "cuda/check.cuh"
@@ -104,9 +105,12 @@ class DeviceArena {
   struct Slot {
     std::string name;
     size_t offset, bytes;
+    size_t guard_bytes() const { return arena_slot_bytes(bytes) - bytes; }  // padding and guard
+    char* guard(char* base) const { return base + offset + bytes; }
   };
   void unregister_heap() noexcept;
-  void register_guards(bool registered) const;  // as NVTX regions (check_guards, under a tool)
+  std::vector<std::pair<char*, size_t>> buffer_ranges() const;  // address, bytes
+  std::vector<std::pair<char*, size_t>> guard_ranges() const;   // each buffer's padding and guard
 
   DeviceBuffer buf_;
   std::string what_;

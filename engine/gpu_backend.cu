@@ -190,7 +190,7 @@ class GpuBackend final : public TrainBackend {
   Pinned<float> host_clip_scale_;
   double peak_flops_ = 0;
   std::string peak_source_;
-  bool guards_checked_ = false;  // after the first step's kernels (grad_sum_squares)
+  bool guards_checked_ = false;  // after the first optimizer step
 };
 
 GpuBackend::GpuBackend(const Config& cfg, const ParamLayout& layout, const Ownership& own, int ordinal, int ranks,
@@ -368,10 +368,6 @@ double GpuBackend::grad_sum_squares() {
                          stream_);
   cuda_check(cudaMemcpyAsync(host_norm_sq_.get(), norm_sq_, sizeof(double), cudaMemcpyDeviceToHost, stream_));
   cuda_check(cudaStreamSynchronize(stream_));
-  if (!guards_checked_) {  // the first step has run every kernel of a step once
-    arena_.check_guards(stream_);
-    guards_checked_ = true;
-  }
   return *host_norm_sq_;
 }
 
@@ -384,6 +380,10 @@ void GpuBackend::optimizer_step(const AdamWStep& s) {
     cuda::adamw_update(master_ + r.packed, weights_ + r.flat, grads_ + r.packed, m_ + r.packed, v_ + r.packed, r.n,
                        float(s.lr), float(s.beta1), float(s.beta2), float(s.eps),
                        r.norm_or_embedding ? 0.0f : float(s.weight_decay), s.t, clip_scale_, stream_);
+  if (!guards_checked_) {  // every kernel of a step has run once, on every rank (each calls this)
+    arena_.check_guards(stream_);
+    guards_checked_ = true;
+  }
 }
 
 void GpuBackend::pull_theta() {

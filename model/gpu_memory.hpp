@@ -53,7 +53,8 @@ struct GpuMemoryPlan {
   const GpuBuffer& find(const std::string& name) const;
 };
 
-// The device arena's layout (cuda::DeviceArena, which checks these agree): each
+// The device arena's layout (cuda::DeviceArena; a static_assert in model/gpu/
+// gpu_model.cu keeps the two alike): each
 // buffer 256-byte aligned and followed by a guard of at least 256 bytes, where a
 // kernel writing past its buffer is caught (cuda/runtime.cuh).
 constexpr int64_t kGpuArenaAlign = 256;

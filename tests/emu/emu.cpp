@@ -766,7 +766,7 @@ void run_clusters(const Launch& l, const dim3& dims) {
 void fail_kernel_argument(const void* kernel, int position, const void* p) {
   char addr[32];
   std::snprintf(addr, sizeof addr, "%p", p);
-  fail("launch of " + kernel_name(kernel) + ": argument " + std::to_string(position) + " (" + addr +
+  fail("launch of " + kernel_name(kernel) + ": argument " + std::to_string(position + 1) + " (" + addr +
        ") points neither into device memory nor into pinned host memory (a GPU cannot read it)");
 }
 

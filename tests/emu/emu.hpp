@@ -36,7 +36,8 @@
 //   - arenas (one cudaMalloc carved into buffers, which cuda/runtime.cu registers as
 //     an NVTX memory pool): after every launch, the guard after each buffer unchanged
 //     (the failure names the buffer written past); cp.async sources, cuBLAS operands
-//     and NCCL buffers inside one of the pool's buffers, as memcheck holds them.
+//     NCCL buffers and CUB sort operands inside one of the pool's buffers, as memcheck
+//     holds them.
 // Outside the emulator proper, the kernel files are compiled with
 // -fsanitize=alignment: a vector access (int4, float4, Bf16x8, ...) off the alignment
 // of its type aborts with UBSan's "runtime error: ... misaligned address" line, where
@@ -142,7 +143,7 @@ void require_no_pool_in(const void* p, size_t bytes);
 // std::vector's data(), a stack variable — faults on a GPU and works here.
 bool device_reachable(const void* p);
 // A kernel's pointer arguments must be null or device_reachable: checked at launch,
-// before the kernel runs, naming the kernel and the argument's position.
+// before the kernel runs, naming the kernel and the argument's position (from 1).
 [[noreturn]] void fail_kernel_argument(const void* kernel, int position, const void* p);
 template <class... Args>
 void require_device_pointers(const void* kernel, const Args&... args) {

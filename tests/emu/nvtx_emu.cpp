@@ -38,6 +38,7 @@ struct Gap {
   int after;  // the region it follows, -1 before the first
 };
 struct Pool {
+  int device;  // whose launches may write it: each checks only its own device's pools
   uintptr_t begin;
   size_t bytes;
   std::vector<Region> regions;  // sorted by address
@@ -76,7 +77,7 @@ nvtxMemHeapHandle_t heap_register(nvtxDomainHandle_t, const nvtxMemHeapDesc_t* d
   require_device(range->ptr, range->size, "nvtxMemHeapRegister");
   const auto begin = reinterpret_cast<uintptr_t>(range->ptr);
   std::lock_guard lock(g_mutex);
-  if (!g_pools.emplace(begin, Pool{begin, range->size, {}, {}}).second)
+  if (!g_pools.emplace(begin, Pool{current_device(), begin, range->size, {}, {}}).second)
     fail("nvtxMemHeapRegister: a heap is registered twice");
   return reinterpret_cast<nvtxMemHeapHandle_t>(const_cast<void*>(range->ptr));
 }
@@ -123,14 +124,14 @@ void regions_unregister(nvtxDomainHandle_t, const nvtxMemRegionsUnregisterBatch_
   std::lock_guard lock(g_mutex);
   const auto* refs = reinterpret_cast<const unsigned char*>(batch->refElements);
   for (size_t i = 0; i < batch->refCount; ++i) {
-    const auto at =
-        reinterpret_cast<uintptr_t>(reinterpret_cast<const nvtxMemRegionRef_t*>(refs + i * batch->refElementSize)->pointer);
-    bool found = false;
+    const auto* ref = reinterpret_cast<const nvtxMemRegionRef_t*>(refs + i * batch->refElementSize);
+    const auto at = reinterpret_cast<uintptr_t>(ref->pointer);
+    Pool* found = nullptr;
     for (auto& [begin, p] : g_pools)
-      found |= std::erase_if(p.regions, [&](const Region& r) { return r.begin == at; }) > 0;
+      if (std::erase_if(p.regions, [&](const Region& r) { return r.begin == at; }) > 0) found = &p;
     if (!found) fail("nvtxMemRegionsUnregister: no region starts at that pointer");
+    snapshot_gaps(*found);  // only this pool: another device's kernels may be writing theirs
   }
-  for (auto& [begin, p] : g_pools) snapshot_gaps(p);
 }
 
 void regions_name(nvtxDomainHandle_t, const nvtxMemRegionsNameBatch_t* batch) {
@@ -202,8 +203,10 @@ void require_no_pool_in(const void* ptr, size_t bytes) {
 }
 
 void check_pool_guards(const std::function<std::string()>& after) {
+  const int device = current_device();  // the launching thread's: its launch wrote only there
   std::shared_lock lock(g_mutex);
-  for (const auto& [begin, p] : g_pools)
+  for (const auto& [begin, p] : g_pools) {
+    if (p.device != device) continue;
     for (const Gap& g : p.gaps) {
       const auto* now = reinterpret_cast<const unsigned char*>(g.begin);
       const auto diff = std::mismatch(g.bytes.begin(), g.bytes.end(), now).first;
@@ -212,6 +215,7 @@ void check_pool_guards(const std::function<std::string()>& after) {
            (g.after < 0 ? "before the first buffer" : "after " + describe(p.regions[size_t(g.after)])) +
            " changed (an out-of-bounds write)");
     }
+  }
 }
 
 }  // namespace emu

@@ -124,7 +124,7 @@ TEST_CASE("emulated runtime: a kernel's pointer arguments must be device or pinn
     std::vector<float> pageable(4, 1.0f);
     run(f.device, pageable.data());
   });
-  CHECK(has(msg, "EMU: launch of add_one: argument 1 ("));
+  CHECK(has(msg, "EMU: launch of add_one: argument 2 ("));
   CHECK(has(msg, "points neither into device memory nor into pinned host memory"));
   CHECK(has(msg, "[aborted]"));
 }

@@ -36,12 +36,12 @@ struct DeviceRadixSort {
       return cudaErrorInvalidValue;
     const size_t n = size_t(num_items);
     const std::string api = "cub::DeviceRadixSort::SortPairs, ";
-    emu::require_device(d_temp_storage, need, api + "d_temp_storage");
+    emu::require_device_buffer(d_temp_storage, need, api + "d_temp_storage");
     if (n == 0) return cudaSuccess;
-    emu::require_device(d_keys_in, n * sizeof(Key), api + "d_keys_in");
-    emu::require_device(d_keys_out, n * sizeof(Key), api + "d_keys_out");
-    emu::require_device(d_values_in, n * sizeof(Value), api + "d_values_in");
-    emu::require_device(d_values_out, n * sizeof(Value), api + "d_values_out");
+    emu::require_device_buffer(d_keys_in, n * sizeof(Key), api + "d_keys_in");
+    emu::require_device_buffer(d_keys_out, n * sizeof(Key), api + "d_keys_out");
+    emu::require_device_buffer(d_values_in, n * sizeof(Value), api + "d_values_in");
+    emu::require_device_buffer(d_values_out, n * sizeof(Value), api + "d_values_out");
 
     const std::vector<Key> keys(d_keys_in, d_keys_in + n);
     const std::vector<Value> values(d_values_in, d_values_in + n);
