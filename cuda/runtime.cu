@@ -190,10 +190,11 @@ void DeviceArena::seal(cudaStream_t stream) {
   cuda_check(cudaStreamSynchronize(stream));
   nvtx_heap_ = nvtx_register_heap(base(), capacity());
   if (!nvtx_heap_) return;
-  nvtx_register_regions(nvtx_heap_, buffer_ranges());
+  const Ranges buffers = buffer_ranges();
+  nvtx_register_regions(nvtx_heap_, buffers);
   std::vector<std::string> names;
   for (const Slot& s : slots_) names.push_back(s.name);
-  nvtx_name_regions(buffer_ranges(), names);
+  nvtx_name_regions(buffers, names);
 }
 
 void DeviceArena::check_guards(cudaStream_t stream) const {

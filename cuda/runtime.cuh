@@ -15,12 +15,13 @@
 #include <vector>
 
 #include "cuda/check.cuh"
+#include "engine/base/arena_layout.hpp"
 
 namespace spes::cuda {
 
 class Gemm;  // cuda/matmul.cuh
 
-constexpr size_t kArenaAlign = 256;  // cudaMalloc's own alignment; enough for any vector access
+using spes::kArenaAlign;  // engine/base/arena_layout.hpp
 // The GEMM workspace, shared by the cuBLASLt plans and the cuBLAS handle (Hopper
 // recommends 32 MiB). cublasSetWorkspace wants a 256-byte aligned pointer (cudaMalloc
 // gives that) and at least 16 KiB; a multiple of 256 bytes keeps any split aligned.
@@ -55,22 +56,18 @@ class DeviceBuffer {
 };
 
 // Every buffer of an arena starts on a kArenaAlign boundary and is followed by a
-// guard of at least kArenaGuardBytes (its padding to the alignment, plus that much):
-// a kernel that writes past its buffer lands in a guard instead of silently in the
-// next buffer, where no test of values need see it. seal() fills the guards with
+// guard of at least kArenaGuardBytes (its padding to the alignment, plus that much;
+// engine/base/arena_layout.hpp): a kernel that writes past its buffer lands in a
+// guard instead of silently in the next buffer, where no test of values need see it. seal() fills the guards with
 // kArenaGuardByte and check_guards() reads them back. seal() also registers the
 // buffers with NVTX (a memory pool and its regions): compute-sanitizer's memcheck,
 // which cannot see inside one cudaMalloc otherwise, then reports a kernel's access
 // outside them, reads included (the host emulator checks the guards after every
 // launch: writes).
-constexpr size_t kArenaGuardBytes = 256;
+using spes::arena_slot_bytes;
+using spes::kArenaGuardBytes;
 constexpr unsigned char kArenaGuardByte = 0xA5;
 constexpr unsigned char kArenaPoisonByte = 0xFF;  // NaN as fp32 and as bf16
-
-// The bytes one buffer takes in an arena: itself, padding and guard.
-constexpr size_t arena_slot_bytes(size_t bytes) {
-  return (bytes + kArenaAlign - 1) / kArenaAlign * kArenaAlign + kArenaGuardBytes;
-}
 
 // A bump allocator over one cudaMalloc of the planned size (Σ arena_slot_bytes of
 // the buffers), carved once at start-up and then sealed; the buffers live as long as

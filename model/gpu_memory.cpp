@@ -27,7 +27,7 @@ int64_t GpuMemoryPlan::bytes(MemCategory c) const {
 int64_t GpuMemoryPlan::arena_bytes() const {
   int64_t s = 0;
   for (const GpuBuffer& b : buffers)
-    if (b.bytes > 0) s += gpu_arena_slot_bytes(b.bytes);
+    if (b.bytes > 0) s += int64_t(arena_slot_bytes(size_t(b.bytes)));
   return s;
 }
 

@@ -13,6 +13,7 @@
 #include <string>
 #include <vector>
 
+#include "engine/base/arena_layout.hpp"
 #include "model/layout.hpp"
 #include "model/model_config.hpp"
 
@@ -48,20 +49,10 @@ struct GpuMemoryPlan {
   std::vector<GpuBuffer> buffers;   // the arena's buffers, in allocation order
 
   int64_t bytes(MemCategory c) const;  // Σ of the category's buffers (+ the runtime's workspace)
-  int64_t arena_bytes() const;         // Σ gpu_arena_slot_bytes of the buffers
+  int64_t arena_bytes() const;         // Σ arena_slot_bytes of the buffers (engine/base/arena_layout.hpp)
   int64_t total() const { return arena_bytes() + runtime_workspace; }
   const GpuBuffer& find(const std::string& name) const;
 };
-
-// The device arena's layout (cuda::DeviceArena; a static_assert in model/gpu/
-// gpu_model.cu keeps the two alike): each
-// buffer 256-byte aligned and followed by a guard of at least 256 bytes, where a
-// kernel writing past its buffer is caught (cuda/runtime.cuh).
-constexpr int64_t kGpuArenaAlign = 256;
-constexpr int64_t kGpuArenaGuard = 256;
-constexpr int64_t gpu_arena_slot_bytes(int64_t bytes) {
-  return (bytes + kGpuArenaAlign - 1) / kGpuArenaAlign * kGpuArenaAlign + kGpuArenaGuard;
-}
 
 // The lm head and cross-entropy run on chunks of this many tokens, so the logits of
 // a 151k vocabulary never exist for the whole micro-batch at once.

@@ -353,9 +353,10 @@ KernelScratch scratch_for(int64_t tokens) {
   return k;
 }
 
-int64_t round_up(int64_t b) { return (b + kGpuArenaAlign - 1) / kGpuArenaAlign * kGpuArenaAlign; }
+constexpr int64_t kAlign = int64_t(kArenaAlign), kGuard = int64_t(kArenaGuardBytes);
+int64_t round_up(int64_t b) { return (b + kAlign - 1) / kAlign * kAlign; }
 // A buffer's bytes in the arena: padding to the alignment, then the guard (none for an empty buffer).
-int64_t slot(int64_t b) { return b == 0 ? 0 : round_up(b) + kGpuArenaGuard; }
+int64_t slot(int64_t b) { return b == 0 ? 0 : round_up(b) + kGuard; }
 
 }  // namespace
 
@@ -390,8 +391,8 @@ TEST_CASE("gpu memory plan: categories add up to the arena plus the runtime work
     CHECK(by_category + (padded - raw) == p.total());
     const int64_t carved =
         std::count_if(p.buffers.begin(), p.buffers.end(), [](const GpuBuffer& b) { return b.bytes > 0; });
-    CHECK(padded - raw >= kGpuArenaGuard * carved);
-    CHECK(padded - raw < (kGpuArenaAlign + kGpuArenaGuard) * carved);
+    CHECK(padded - raw >= kGuard * carved);
+    CHECK(padded - raw < (kAlign + kGuard) * carved);
     CHECK(p.runtime_workspace == scratch_for(N).gemm_workspace);
 
     CHECK(p.bytes(MemCategory::weights) == 2 * layout.total);  // bf16 compute copy, whole layout

@@ -18,10 +18,6 @@ using cuda::DType;
 
 // ---- buffers -------------------------------------------------------------------------
 
-static_assert(size_t(gpu_arena_slot_bytes(1000)) == cuda::arena_slot_bytes(1000) &&
-                  size_t(gpu_arena_slot_bytes(1024)) == cuda::arena_slot_bytes(1024),
-              "the memory plan and the device arena lay buffers out alike");
-
 GpuBuffers::GpuBuffers(const GpuMemoryPlan& plan, cuda::DeviceArena& arena) {
   for (const GpuBuffer& b : plan.buffers)
     at_[b.name] = {b.bytes > 0 ? arena.alloc_bytes(b.name, size_t(b.bytes)) : nullptr, b.bytes};
