@@ -43,8 +43,11 @@ int main() {
         {"qkv  768", 16384, 768, 3 * 768},     {"wo   768", 16384, 768, 768},
         {"exp  768->1024", 16384, 768, 1024},  {"qkv 2048", 16384, 2048, 3 * 2048},
         {"wo  2048", 16384, 2048, 2048},       {"exp 2048->1024", 16384, 2048, 1024},
-        // logits rows padded to a multiple of 8 elements (see cuda/matmul.cuh)
+        // logits rows padded to a multiple of 8 elements (see cuda/matmul.cuh); the wrapper
+        // runs the odd vocabulary as a body and a tail (cuda/matmul.cu), plain cuBLAS whole;
+        // 151680 = 1185 × 128 is the same product with no odd size anywhere.
         {"lm_head 768", 4096, 768, 151665, 151672}, {"lm_head 2048", 4096, 2048, 151665, 151672},
+        {"lm_head 768 V=151680", 4096, 768, 151680, 151680},
     };
     std::printf("(each product: wrapper row, then plain cublasGemmEx row; ratio = wrapper time / plain time)\n");
     for (const Shape& sh : shapes) {

@@ -61,6 +61,7 @@
 #include "engine/config.hpp"
 #include "engine/gpu_backend.hpp"
 #include "model/flops.hpp"
+#include "model/gpu/gpu_model.cuh"
 #include "model/gpu_memory.hpp"
 #include "model/layout.hpp"
 
@@ -376,7 +377,7 @@ std::vector<Row> time_kernels(const Config& cfg, int64_t n_micro) {
       gr.up.push_back(owned ? gbase + Hx * d : nullptr);
       gr.down.push_back(owned ? gbase + 2 * Hx * d : nullptr);
     }
-    cuda::MoeLayer layer(shape, cuda::ExpertGemm::grouped, wt, gr, cuda::MoeSaved::carve(saved_buf.p, shape),
+    cuda::MoeLayer layer(shape, kModelExpertGemm, wt, gr, cuda::MoeSaved::carve(saved_buf.p, shape),
                          cuda::MoeScratch::carve(scratch_buf.p, shape));
     layer.forward(rt.cublas(), mout.as<bf16>(), x.as<bf16>(), cs.as<float>(), s);
     const auto off = layer.expert_offsets();

@@ -30,6 +30,21 @@ void check_pointers(const char* op, int64_t out_elems, int64_t k, const void* ou
   require_ptr(b, sizeof(bf16), op, b_name);
 }
 
+// cuBLAS runs a product with a large odd dimension far below its rate. On an H200
+// (2026-11-27, bench_gemm), the lm head at 4096 tokens × 768 × a vocabulary of 151665
+// ran in cuBLASLt and cublasGemmEx alike at 95 TFLOP/s forward, 98 backward-input and
+// 468 weight-gradient; with a vocabulary of 151680 (1185 × 128) at 659, 728 and 701.
+// So each matmul splits OC into a body, a multiple of kBodyRows, and a tail of fewer
+// rows: two products that together are the one asked for (when the reduction is
+// split, the tail adds into the body's output). Split this way, the odd vocabulary ran
+// forward at 634 and backward-input at 754. Small OC is left whole: its tail would be
+// most of it.
+constexpr int64_t kBodyRows = 128;
+int64_t aligned_body(int64_t OC) {
+  if (OC < 8 * kBodyRows || OC % kBodyRows == 0) return OC;
+  return OC / kBodyRows * kBodyRows;
+}
+
 std::string describe(const std::array<int64_t, 12>& k) {
   return std::string("transa=") + std::to_string(k[0]) + " transb=" + std::to_string(k[1]) +
          " m=" + std::to_string(k[2]) + " n=" + std::to_string(k[3]) + " k=" + std::to_string(k[4]) +
@@ -138,25 +153,39 @@ void Gemm::run(bool transa, bool transb, int64_t m, int64_t n, int64_t k, const 
 void matmul_forward(Gemm& g, void* out, DType out_type, const bf16* inp, const bf16* weight, int64_t N,
                     int64_t C, int64_t OC, cudaStream_t stream, bool accumulate, int64_t ldo) {
   check_pointers("matmul_forward", N * OC, C, out, out_type, "out", inp, "inp", weight, "weight");
-  // outᵀ[OC,N] = weight_cm[C,OC]ᵀ · inp_cm[C,N]
-  g.run(true, false, OC, N, C, weight, C, inp, C, out, out_type, ldo ? ldo : OC, 1.0f, accumulate ? 1.0f : 0.0f,
-        stream);
+  // outᵀ[OC,N] = weight_cm[C,OC]ᵀ · inp_cm[C,N], as an aligned body and a short tail
+  // (aligned_body): the tail's weight rows start at row `body`, its outputs at column `body`.
+  const int64_t body = aligned_body(OC), ld = ldo ? ldo : OC;
+  const float beta = accumulate ? 1.0f : 0.0f;
+  g.run(true, false, body, N, C, weight, C, inp, C, out, out_type, ld, 1.0f, beta, stream);
+  if (body < OC)
+    g.run(true, false, OC - body, N, C, weight + body * C, C, inp, C,
+          static_cast<char*>(out) + body * int64_t(elem_bytes(out_type)), out_type, ld, 1.0f, beta, stream);
 }
 
 void matmul_backward_input(Gemm& g, void* dinp, DType dinp_type, const bf16* dout, const bf16* weight,
                            int64_t N, int64_t C, int64_t OC, cudaStream_t stream, bool accumulate, int64_t ldo) {
   check_pointers("matmul_backward_input", N * C, OC, dinp, dinp_type, "dinp", dout, "dout", weight, "weight");
-  // dinpᵀ[C,N] = weight_cm[C,OC] · dout_cm[OC,N]
-  g.run(false, false, C, N, OC, weight, C, dout, ldo ? ldo : OC, dinp, dinp_type, C, 1.0f, accumulate ? 1.0f : 0.0f,
-        stream);
+  // dinpᵀ[C,N] = weight_cm[C,OC] · dout_cm[OC,N]: the reduction over OC as an aligned
+  // body, then the tail added on top (aligned_body).
+  const int64_t body = aligned_body(OC), ld = ldo ? ldo : OC;
+  g.run(false, false, C, N, body, weight, C, dout, ld, dinp, dinp_type, C, 1.0f, accumulate ? 1.0f : 0.0f, stream);
+  if (body < OC)
+    g.run(false, false, C, N, OC - body, weight + body * C, C, dout + body, ld, dinp, dinp_type, C, 1.0f, 1.0f,
+          stream);
 }
 
 void matmul_backward_weight(Gemm& g, float* dweight, const bf16* dout, const bf16* inp, int64_t N, int64_t C,
                             int64_t OC, cudaStream_t stream, bool accumulate, int64_t ldo) {
   check_pointers("matmul_backward_weight", OC * C, N, dweight, DType::f32, "dweight", dout, "dout", inp, "inp");
-  // dweightᵀ[C,OC] = inp_cm[C,N] · dout_cm[OC,N]ᵀ
-  g.run(false, true, C, OC, N, inp, C, dout, ldo ? ldo : OC, dweight, DType::f32, C, 1.0f, accumulate ? 1.0f : 0.0f,
-        stream);
+  // dweightᵀ[C,OC] = inp_cm[C,N] · dout_cm[OC,N]ᵀ, as an aligned body and a short tail
+  // (aligned_body): the tail's rows of dweight and columns of dout start at `body`.
+  const int64_t body = aligned_body(OC), ld = ldo ? ldo : OC;
+  const float beta = accumulate ? 1.0f : 0.0f;
+  g.run(false, true, C, body, N, inp, C, dout, ld, dweight, DType::f32, C, 1.0f, beta, stream);
+  if (body < OC)
+    g.run(false, true, C, OC - body, N, inp, C, dout + body, ld, dweight + body * C, DType::f32, C, 1.0f, beta,
+          stream);
 }
 
 void matmul_backward(Gemm& g, bf16* dinp, float* dweight, const bf16* dout, const bf16* inp,

@@ -78,7 +78,7 @@ GpuModel::GpuModel(const ModelConfig& cfg, const ParamLayout& layout, const Owne
       // Frozen experts: null gradients, so the layer runs no weight-gradient GEMMs.
       mg.gate.push_back(grad_of(x.gate)), mg.up.push_back(grad_of(x.up)), mg.down.push_back(grad_of(x.down));
     }
-    a.moe = std::make_unique<cuda::MoeLayer>(shape, cuda::ExpertGemm::grouped, std::move(mw), std::move(mg),
+    a.moe = std::make_unique<cuda::MoeLayer>(shape, kModelExpertGemm, std::move(mw), std::move(mg),
                                              cuda::MoeSaved::carve(buf.raw("moe" + at), shape), moe_scratch);
   }
   x_final_ = buf.get<bf16>("x_final"), fnorm_ = buf.get<bf16>("fnorm"), logits_ = buf.get<bf16>("logits");

@@ -23,6 +23,17 @@
 
 namespace spes {
 
+// How the model runs its expert GEMMs: grouped. On an H200 (2026-11-27, spes-1b shape)
+// the MoE layer alone ran faster per expert (bench_moe: 392/410 TFLOP/s forward/backward
+// against 243/323 grouped), but the whole step did not: with per-expert GEMMs,
+// bench_train_gpu's step spent 307 ms of 934 outside any kernel (grouped: 6 of 1179),
+// and tiny-central, whose lm head is too small for matmul's split (so the expert GEMMs
+// are the only change), trained at 0.32M tokens/s against 0.77M. The likeliest cause,
+// not yet profiled: the host's time per call (16 experts × 6 GEMMs per layer and
+// micro-batch, each a cublasGemmEx with a row count that changes with every routing).
+// bench_train_gpu times the step's layer with this choice.
+inline constexpr cuda::ExpertGemm kModelExpertGemm = cuda::ExpertGemm::grouped;
+
 // The plan's buffers carved out of one arena, looked up by name at construction.
 class GpuBuffers {
  public:
