@@ -139,6 +139,33 @@ void run_shape(spes::bench::Bench& b, const Shape& s, cublasHandle_t cublas, cud
     times.push_back(t);
   }
 
+  // The rows above route the same batch in every run, so by the timed runs cuBLAS's
+  // heuristic cache has seen each per-expert row count. In training the routing, and
+  // with it every expert's row count, changes with each micro-batch. Here each run
+  // routes a batch no earlier run routed, so a per-expert GEMM pays for the shape it
+  // has not seen, as in a run's first steps (on an H200, 2026-11-27, the whole step
+  // with per-expert GEMMs spent 307 ms of 934 outside kernels; grouped: 6 of 1179).
+  {
+    const int64_t inputs = spes::bench::kWarmup + spes::bench::kRuns;
+    DevBuf xs(sizeof(bf16) * N * d * inputs);
+    spes::bench::fill(xs.as<bf16>(), N * d * inputs, stream, 7, 1.0f);
+    for (ExpertGemm gemm : {ExpertGemm::per_expert, ExpertGemm::grouped}) {
+      try {
+        auto layer = make_layer(gemm, false);
+        int64_t next = 0;
+        b.flop_row(std::string("moe fwd+bwd, new routing each run [") + gemm_name(gemm) + "]", s.name,
+                   [&] {
+                     const bf16* xi = xs.as<bf16>() + (next++ % inputs) * N * d;
+                     layer->forward(cublas, out.as<bf16>(), xi, nullptr, stream);
+                     layer->backward(cublas, dx.as<bf16>(), dout.as<bf16>(), xi, 0.01f, 0.001f, stream);
+                   },
+                   fwd_flops + bwd_flops);
+      } catch (const spes::Error& e) {
+        std::printf("   %s path failed: %s\n", gemm_name(gemm), e.what());
+      }
+    }
+  }
+
   // Dense chain: the same six products with all S rows as one expert.
   bf16 *xe = saved.xe, *gu = saved.gu, *ye = saved.ye, *hbuf = scratch.h, *dye = scratch.dye, *dgu = scratch.dgu;
   const bf16* wgu = w.as<bf16>();

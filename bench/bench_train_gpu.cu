@@ -176,6 +176,11 @@ StepResult time_step(const Config& cfg, const Options& opt, int64_t n_micro, boo
   std::printf("step: median %.1f ms of %d (min %.1f, max %.1f); %.0f tokens/step, %.0f tokens/s\n", r.step_ms,
               opt.steps, *std::min_element(step_ms.begin(), step_ms.end()),
               *std::max_element(step_ms.begin(), step_ms.end()), tokens, r.tokens_per_s);
+  // Each step in order: a trend shows warming caches (cuBLAS's heuristics learn each
+  // new per-expert row count once) rather than noise.
+  std::printf("steps in order (ms):");
+  for (const double ms : step_ms) std::printf(" %.1f", ms);
+  std::printf("\n");
   std::printf("MFU: %.1f%% (%.3f GFLOP/token training, peak %.1f TFLOP/s: %s)\n", 100.0 * r.mfu,
               train_flops_per_token(cfg.model) / 1e9, gpu->peak_flops() / 1e12, gpu->peak_flops_source().c_str());
   std::printf("phases: forward+backward %.1f ms (%lld micro-batches, %.2f ms each), grad norm %.2f ms, AdamW %.2f ms\n",

@@ -6,12 +6,14 @@
 // only M per expert. cuBLAS needs those M on the host, hence one small D2H copy and
 // one host wait per layer forward (moe.cuh, MoeLayer::forward). Two ways to issue
 // the E GEMMs of a product are kept and timed by bench_moe:
-//  - per_expert (default): cublasGemmEx per expert. At the spes-1b shape an expert
-//    sees ~2k rows × 768 × 2048 — large enough that each GEMM fills the GPU and the
-//    ~5 µs launch cost hides behind the previous GEMM.
-//  - grouped: cublasGemmGroupedBatchedEx, one call per product, which can fill the
-//    GPU with tiles of several experts when experts are small (fine-grained: 64
-//    experts of hidden 1024).
+//  - per_expert: cublasGemmEx per expert. At the spes-1b shape an expert sees ~2k
+//    rows × 768 × 2048, enough to fill the GPU: on an H200 (2026-11-27) the layer ran
+//    at 392/410 TFLOP/s forward/backward, routing the same batch every run.
+//  - grouped: cublasGemmGroupedBatchedEx, one call per product over all experts:
+//    243/323 TFLOP/s there, but one host call per product. The model uses it
+//    (model/gpu/gpu_model.cuh, kModelExpertGemm): in the whole step, where each
+//    micro-batch routes differently, per-expert calls left 307 ms of a 934 ms step
+//    outside kernels. bench_moe's "new routing each run" rows time that case.
 // Not cuda::Gemm (cuBLASLt): it caches one plan per exact shape, M included, which
 // fits fixed model shapes but would grow without bound as per-expert M varies from
 // step to step; cublasGemmEx keeps its own heuristic cache.
