@@ -363,7 +363,7 @@ class Report:
             return
         bases = sorted({f.rsplit(".", 1)[0] for f in os.listdir(d) if f.endswith(".cmd")})
         self.add(f"`{tool}` over the CUDA test files (memcheck: out-of-bounds and misaligned accesses, "
-                 "API errors; racecheck: shared-memory hazards). test_gpu_step runs without its 300-step "
+                 "API errors; racecheck, on the kernel files only: shared-memory hazards). test_gpu_step runs without its 300-step "
                  "and resume cases.", "")
         if not bases:
             self.add("Nothing ran: every test file was skipped, or no time was left.", "")
