@@ -62,7 +62,9 @@ class Gemm {
 
 // `ldo` (0 = OC) is the row stride, in elements, of out / dout: the lm head's
 // [N, 151665] logits should use a stride rounded up to 8 (151672) so that every
-// row is 16-byte aligned — odd strides force slow, unvectorised GEMM kernels.
+// row is 16-byte aligned — odd strides force slow, unvectorised GEMM kernels. An odd
+// OC itself (the vocabulary) is run as two products, a 128-aligned body and a tail,
+// for the same reason (matmul.cu: aligned_body).
 //
 // Sizes as in cpu::matmul_*: an empty output (a zero-size dimension of it) is a
 // no-op; an empty reduction (C = 0 forward, OC = 0 for dinp, N = 0 for dweight)
