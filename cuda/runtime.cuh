@@ -58,8 +58,8 @@ class DeviceBuffer {
 // Every buffer of an arena starts on a kArenaAlign boundary and is followed by a
 // guard of at least kArenaGuardBytes (its padding to the alignment, plus that much;
 // engine/base/arena_layout.hpp): a kernel that writes past its buffer lands in a
-// guard instead of silently in the next buffer, where no test of values need see it. seal() fills the guards with
-// kArenaGuardByte and check_guards() reads them back. seal() also registers the
+// guard instead of silently in the next buffer, where no test of values need see it.
+// seal() fills the guards with kArenaGuardByte and check_guards() reads them back. seal() also registers the
 // buffers with NVTX (a memory pool and its regions): compute-sanitizer's memcheck,
 // which cannot see inside one cudaMalloc otherwise, then reports a kernel's access
 // outside them, reads included (the host emulator checks the guards after every

@@ -11,10 +11,10 @@
 #      run starts first and goes on beside step 1), and compares the loss curves;
 #   3. runs a mixed SPES run: coordinator + 4 nodes of configs/tiny.toml, node 0 on
 #      the GPU, nodes 1-3 on the CPU, and checks every round's state hash agrees;
-#   4. reruns the CUDA test files under compute-sanitizer (memcheck, then racecheck;
-#      failed files first) when the machine has it, as long as time is left, after
-#      checking that memcheck sees a planted write past an arena buffer (which step 1
-#      checks the arena's own guards catch);
+#   4. reruns the CUDA test files under compute-sanitizer (memcheck on every file, then
+#      racecheck on the kernel files; failed files first) when the machine has it, as
+#      long as time is left, after checking that memcheck sees a planted write past
+#      an arena buffer (which step 1 checks the arena's own guards catch);
 #   5. runs the CPU benches,
 # then writes OUTDIR/report.md (summary table first) and OUTDIR/logs.tar.gz (every
 # raw log). A failing step is recorded and the script goes on; it exits 0 once the

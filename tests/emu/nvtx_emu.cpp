@@ -17,6 +17,7 @@
 #include <cstring>
 #include <map>
 #include <mutex>
+#include <set>
 #include <shared_mutex>
 #include <string>
 #include <vector>
@@ -122,6 +123,7 @@ void regions_unregister(nvtxDomainHandle_t, const nvtxMemRegionsUnregisterBatch_
   if (batch->refType != NVTX_MEM_REGION_REF_TYPE_POINTER)
     fail("nvtxMemRegionsUnregister: only regions by pointer are emulated");
   std::lock_guard lock(g_mutex);
+  std::set<Pool*> changed;
   const auto* refs = reinterpret_cast<const unsigned char*>(batch->refElements);
   for (size_t i = 0; i < batch->refCount; ++i) {
     const auto* ref = reinterpret_cast<const nvtxMemRegionRef_t*>(refs + i * batch->refElementSize);
@@ -130,8 +132,12 @@ void regions_unregister(nvtxDomainHandle_t, const nvtxMemRegionsUnregisterBatch_
     for (auto& [begin, p] : g_pools)
       if (std::erase_if(p.regions, [&](const Region& r) { return r.begin == at; }) > 0) found = &p;
     if (!found) fail("nvtxMemRegionsUnregister: no region starts at that pointer");
-    snapshot_gaps(*found);  // only this pool: another device's kernels may be writing theirs
+    changed.insert(found);
   }
+  // Once per pool whose regions changed, after the whole batch (check_guards
+  // unregisters every guard of an arena at once), and only those: another device's
+  // kernels may be writing theirs.
+  for (Pool* p : changed) snapshot_gaps(*p);
 }
 
 void regions_name(nvtxDomainHandle_t, const nvtxMemRegionsNameBatch_t* batch) {
