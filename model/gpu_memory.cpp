@@ -38,9 +38,15 @@ const GpuBuffer& GpuMemoryPlan::find(const std::string& name) const {
 }
 
 int64_t lm_chunk_tokens(int64_t tokens, int64_t vocab) {
-  // ~256 MiB of bf16 logits per chunk, a multiple of 128 rows, never above the batch.
-  const int64_t target = std::max<int64_t>(128, (int64_t(128) << 20) / std::max<int64_t>(vocab, 1) / 128 * 128);
-  return std::min(tokens, target);
+  // At most ~1 GiB of bf16 logits per chunk, in rows that are a multiple of 128. Large
+  // chunks matter: every chunk's lm-head weight-gradient GEMM reads and writes the whole
+  // fp32 gradient (V × d), which at 768 tokens cost as much as the GEMM itself (H200,
+  // bench/RESULTS.md). The batch is split into equal chunks, not full ones plus a runt.
+  const int64_t max_rows = std::max<int64_t>(128, (int64_t(512) << 20) / std::max<int64_t>(vocab, 1) / 128 * 128);
+  if (tokens <= max_rows) return tokens;
+  const int64_t chunks = (tokens + max_rows - 1) / max_rows;
+  const int64_t rows = (tokens + chunks - 1) / chunks;
+  return (rows + 127) / 128 * 128;  // ≤ max_rows, since max_rows is a multiple of 128
 }
 
 GpuMemoryPlan plan_gpu_memory(const ModelConfig& m, const ParamLayout& layout, const Ownership& own,

@@ -427,8 +427,8 @@ TEST_CASE("gpu memory plan: activations grow linearly with micro_batch; the lm c
       CHECK(p.bytes(c) == p1.bytes(c));
   }
 
-  // A 151k vocabulary: the logits chunk caps at ~256 MiB, a multiple of 128 rows, so
-  // activations grow linearly apart from the (constant) logits buffer.
+  // A 151k vocabulary: the logits chunk caps at ~1 GiB, a multiple of 128 rows, so
+  // activations grow linearly apart from the logits buffer, which holds one chunk.
   ModelConfig big = m;
   big.vocab_size = 151665;
   const ParamLayout big_layout = make_layout(big);
@@ -438,15 +438,23 @@ TEST_CASE("gpu memory plan: activations grow linearly with micro_batch; the lm c
   };
   const int64_t chunk = lm_chunk_tokens(int64_t(1) << 20, big.vocab_size);
   CHECK(chunk % 128 == 0);
-  CHECK(2 * chunk * big.vocab_size <= int64_t(256) << 20);
-  const GpuMemoryPlan q64 = big_plan(64), q128 = big_plan(128), q256 = big_plan(256);
-  CHECK(q64.lm_chunk == chunk);  // 2048 tokens > chunk
+  CHECK(2 * chunk * big.vocab_size <= int64_t(1) << 30);
+  // By hand: 2^29 / 151665 = 3539.9 rows, 3456 in multiples of 128. A 16384-token
+  // micro-batch needs 5 chunks; equal ones of 3276.8 rows round up to 3328 (4 × 3328 + 3072),
+  // where full chunks of 3456 would leave a 2560-row runt.
+  CHECK(lm_chunk_tokens(3456, big.vocab_size) == 3456);
+  CHECK(lm_chunk_tokens(3457, big.vocab_size) == 1792);  // two chunks of 1728.5 → 1792
+  CHECK(lm_chunk_tokens(16384, big.vocab_size) == 3328);
+  // 108, 216 and 432 sequences of 32 are 1, 2 and 4 chunks of exactly 3456 tokens.
+  const GpuMemoryPlan q1 = big_plan(108), q2 = big_plan(216), q4 = big_plan(432);
+  CHECK(q1.lm_chunk == chunk);
+  CHECK(q4.lm_chunk == chunk);
   const auto non_logits = [](const GpuMemoryPlan& p) {
     return p.bytes(MemCategory::activations) - p.find("logits").bytes;
   };
-  CHECK(non_logits(q128) == 2 * non_logits(q64));
-  CHECK(non_logits(q256) == 4 * non_logits(q64));
-  CHECK(q64.find("logits").bytes == q256.find("logits").bytes);
+  CHECK(non_logits(q2) == 2 * non_logits(q1));
+  CHECK(non_logits(q4) == 4 * non_logits(q1));
+  CHECK(q1.find("logits").bytes == q4.find("logits").bytes);
 
   for (const int64_t V : {int64_t(2), int64_t(301), int64_t(50257), int64_t(151665), int64_t(1) << 22})
     for (const int64_t tokens : {int64_t(1), int64_t(100), int64_t(128), int64_t(767), int64_t(768),
@@ -457,6 +465,9 @@ TEST_CASE("gpu memory plan: activations grow linearly with micro_batch; the lm c
       CHECK(c >= 1);
       CHECK(c <= tokens);
       CHECK((c == tokens || c % 128 == 0));
+      // Equal chunks: the last one is short by less than 128 rows per chunk.
+      const int64_t chunks = (tokens + c - 1) / c;
+      CHECK(tokens - (chunks - 1) * c > c - 128 * chunks);
     }
 }
 
