@@ -370,7 +370,8 @@ GPU_TEST_CASE("gpu step: one step equals the CPU's, top-2 routing") {
 }
 
 // The lm head and cross-entropy over several chunks with a padded logits row stride —
-// what every real vocabulary runs (V = 151 665: stride 151 672, chunks of 768 tokens).
+// what every real vocabulary runs (V = 151 665: stride 151 672, a 16384-token
+// micro-batch in 5 chunks of up to 3328 tokens).
 // The test model's vocabulary of 256 runs as one unpadded chunk, so the cases above
 // never offset fnorm / targets / losses / d_a by a chunk, nor pad a logits row. Here
 // the GpuModel is built directly with V = 300 (stride 304) and a 96-token chunk
