@@ -1,12 +1,14 @@
 // Small helpers for CPU tests: temp folders and synthetic token data.
 #pragma once
 #include <atomic>
+#include <cerrno>
 #include <cstdint>
 #include <filesystem>
 #include <fstream>
 #include <random>
 #include <string>
 #include <vector>
+#include <signal.h>
 #include <unistd.h>
 
 #include "engine/config.hpp"
@@ -33,12 +35,24 @@ struct TempDir {
   std::string operator/(const std::string& name) const { return (path / name).string(); }
 };
 
-// A fresh, empty folder under the system temp dir (removed at the next call with
-// the same name, so failed runs can be inspected).
+// A fresh, empty folder under the system temp dir, left in place so that a failed
+// run can be inspected. Folders of the same name left by earlier test processes that
+// have exited are removed here, so repeated runs keep at most one per name while a
+// concurrent run's folders (its process still alive) are left alone.
 inline std::filesystem::path temp_dir(const std::string& name) {
-  auto p = std::filesystem::temp_directory_path() / ("spes-test-" + name + "-" + std::to_string(::getpid()));
-  std::filesystem::remove_all(p);
-  std::filesystem::create_directories(p);
+  namespace fs = std::filesystem;
+  const std::string prefix = "spes-test-" + name + "-";
+  std::error_code ec;
+  for (const fs::directory_entry& e : fs::directory_iterator(fs::temp_directory_path(), ec)) {
+    const std::string file = e.path().filename().string();
+    if (file.size() <= prefix.size() || file.compare(0, prefix.size(), prefix) != 0) continue;
+    const std::string pid = file.substr(prefix.size());
+    if (pid.size() > 9 || pid.find_first_not_of("0123456789") != std::string::npos) continue;
+    if (::kill(static_cast<pid_t>(std::stol(pid)), 0) != 0 && errno == ESRCH) fs::remove_all(e.path(), ec);
+  }
+  auto p = fs::temp_directory_path() / (prefix + std::to_string(::getpid()));
+  fs::remove_all(p);
+  fs::create_directories(p);
   return p;
 }
 
