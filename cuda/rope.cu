@@ -49,6 +49,12 @@ __global__ void rope_table_kernel(float2* __restrict__ table, int64_t T, int D, 
   table[idx] = make_float2(static_cast<float>(c), static_cast<float>(s));
 }
 
+// One rotated channel: x1 is the pair's first-half value, x2 its second-half value,
+// s = sign · sin. Both rotations below call this, so that they round alike.
+__device__ __forceinline__ float rotate_channel(bool first_half, float x1, float x2, float c, float s) {
+  return first_half ? x1 * c - x2 * s : x2 * c + x1 * s;
+}
+
 // The 8 rotated values of vector v of a row held in shared memory `ys`; `cst` is
 // the table row of the row's position. sign = +1 rotates by +angle (forward), −1
 // by −angle (backward: the rotation's transpose).
@@ -64,8 +70,42 @@ __device__ __forceinline__ void rotate8(float (&o)[8], const float* ys, const fl
     const float x1 = ys[e - d + j];
     const float x2 = ys[e - d + j + half];
     const float2 cs = __ldg(cst + j);
-    const float s = sign * cs.y;
-    o[i] = d < half ? x1 * cs.x - x2 * s : x2 * cs.x + x1 * s;
+    o[i] = rotate_channel(d < half, x1, x2, cs.x, sign * cs.y);
+  }
+}
+
+// rotate8 when D % 16 == 0 and the table is 16-byte aligned (every head dim the
+// attention kernels take): the 8 channels of vector v then lie in one half of one
+// head, so the own values, the partner half's and the 8 cos/sin pairs are each
+// contiguous and move as float4s. rotate8's scalar reads, 32 bytes apart from lane to
+// lane, are 8-way shared-memory bank conflicts, and its 8-byte table loads as many
+// L1 wavefronts. The same rotate_channel on the same values: bitwise rotate8's result.
+__device__ __forceinline__ void rotate8_paired(float (&o)[8], const float* ys, const float2* __restrict__ cst, int v,
+                                               int D, float sign) {
+  const int half = D / 2;
+  const int d = (v * 8) % D;
+  const bool first_half = d < half;
+  const int j = first_half ? d : d - half;
+  const float* head = ys + v * 8 - d;
+  float x1[8], x2[8];
+  load8(x1, head + j);
+  load8(x2, head + j + half);
+  const float4* cs4 = reinterpret_cast<const float4*>(cst + j);
+#pragma unroll
+  for (int q = 0; q < 4; ++q) {
+    const float4 cs = __ldg(cs4 + q);  // pairs 2q and 2q + 1: (cos, sin, cos, sin)
+    o[2 * q] = rotate_channel(first_half, x1[2 * q], x2[2 * q], cs.x, sign * cs.y);
+    o[2 * q + 1] = rotate_channel(first_half, x1[2 * q + 1], x2[2 * q + 1], cs.z, sign * cs.w);
+  }
+}
+
+// rotate8_paired where its condition holds (uniform per launch), else rotate8.
+__device__ __forceinline__ void rotate8_any(float (&o)[8], const float* ys, const float2* __restrict__ cst, int v,
+                                            int D, float sign, bool paired) {
+  if (paired) {
+    rotate8_paired(o, ys, cst, v, D, sign);
+  } else {
+    rotate8(o, ys, cst, v, D, sign);
   }
 }
 
@@ -73,7 +113,7 @@ template <int VPT>
 __global__ void __launch_bounds__(norm::kMaxThreads)
     qknorm_rope_forward_kernel(bf16* out, float* __restrict__ rstd, const bf16* inp, const bf16* __restrict__ weight,
                                const float2* __restrict__ table, int64_t N, int C, int64_t T, int D, float eps,
-                               int stride) {
+                               int stride, bool paired) {
   float* smem = dynamic_smem<float>;
   __shared__ float scratch[norm::kMaxRowsPerBlock * kWarp];
   float* ys = smem + threadIdx.y * stride;
@@ -115,7 +155,7 @@ __global__ void __launch_bounds__(norm::kMaxThreads)
     const int v = threadIdx.x + k * blockDim.x;
     if (v < c8) {
       float o[8];
-      rotate8(o, ys, cst, v, D, 1.0f);
+      rotate8_any(o, ys, cst, v, D, 1.0f, paired);
       store8(out + row * C + v * 8, o);
     }
   }
@@ -126,7 +166,7 @@ __global__ void __launch_bounds__(norm::kMaxThreads)
     qknorm_rope_backward_kernel(bf16* dinp, float* __restrict__ partial, const bf16* __restrict__ dout,
                                 const bf16* __restrict__ inp, const bf16* __restrict__ weight,
                                 const float* __restrict__ rstd, const float2* __restrict__ table, int64_t N, int C,
-                                int64_t T, int D, int stride) {
+                                int64_t T, int D, int stride, bool paired) {
   float* smem = dynamic_smem<float>;
   __shared__ float scratch[norm::kMaxRowsPerBlock * kWarp];
   float* ys = smem + threadIdx.y * stride;
@@ -163,7 +203,7 @@ __global__ void __launch_bounds__(norm::kMaxThreads)
     for (int k = 0; k < VPT; ++k) {
       const int v = threadIdx.x + k * blockDim.x;
       if (active && v < c8) {
-        rotate8(g[k], ys, cst, v, D, -1.0f);  // gradient w.r.t. the normalised row
+        rotate8_any(g[k], ys, cst, v, D, -1.0f, paired);  // gradient w.r.t. the normalised row
         float w[8], xh[8];
         load8(w, weight + v * 8);
         unpack8(xh, x_raw[k]);
@@ -217,6 +257,12 @@ void check_shape(const char* op, int64_t B, int64_t T, int64_t H, int64_t D, con
   require_ptr(table, 8, op, "table (rope_table_init)");
 }
 
+// rotate8_paired's condition: 8-channel vectors never straddle a half head, and the
+// table's float4 loads are aligned (its rows are D/2 pairs = 4·D bytes).
+bool pairs_contiguous(int64_t D, const float2* table) {
+  return D % 16 == 0 && (reinterpret_cast<uintptr_t>(table) & 15) == 0;
+}
+
 }  // namespace
 
 size_t rope_table_bytes(int64_t T, int64_t D) { return static_cast<size_t>(T * (D / 2)) * sizeof(float2); }
@@ -247,10 +293,11 @@ void qknorm_rope_forward(bf16* out, float* rstd, const bf16* inp, const bf16* we
   const dim3 block(l.tx, l.ty);
   const unsigned grid = static_cast<unsigned>(ceil_div(N, l.ty));
   const int c = static_cast<int>(C), d = static_cast<int>(D);
+  const bool paired = pairs_contiguous(D, table);
   switch (l.vpt) {
-    case 1: launch(qknorm_rope_forward_kernel<1>, grid, block, smem, stream, out, rstd, inp, weight, table, N, c, T, d, eps, stride); break;
-    case 2: launch(qknorm_rope_forward_kernel<2>, grid, block, smem, stream, out, rstd, inp, weight, table, N, c, T, d, eps, stride); break;
-    default: launch(qknorm_rope_forward_kernel<4>, grid, block, smem, stream, out, rstd, inp, weight, table, N, c, T, d, eps, stride); break;
+    case 1: launch(qknorm_rope_forward_kernel<1>, grid, block, smem, stream, out, rstd, inp, weight, table, N, c, T, d, eps, stride, paired); break;
+    case 2: launch(qknorm_rope_forward_kernel<2>, grid, block, smem, stream, out, rstd, inp, weight, table, N, c, T, d, eps, stride, paired); break;
+    default: launch(qknorm_rope_forward_kernel<4>, grid, block, smem, stream, out, rstd, inp, weight, table, N, c, T, d, eps, stride, paired); break;
   }
   cuda_check_launch();
 }
@@ -288,10 +335,11 @@ void qknorm_rope_backward(bf16* dinp, float* dweight, void* scratch, const bf16*
   float* partial = dweight ? static_cast<float*>(scratch) : nullptr;
   const dim3 block(l.tx, l.ty);
   const int c = static_cast<int>(C), d = static_cast<int>(D);
+  const bool paired = pairs_contiguous(D, table);
   switch (l.vpt) {
-    case 1: launch(qknorm_rope_backward_kernel<1>, G, block, smem, stream, dinp, partial, dout, inp, weight, rstd, table, N, c, T, d, stride); break;
-    case 2: launch(qknorm_rope_backward_kernel<2>, G, block, smem, stream, dinp, partial, dout, inp, weight, rstd, table, N, c, T, d, stride); break;
-    default: launch(qknorm_rope_backward_kernel<4>, G, block, smem, stream, dinp, partial, dout, inp, weight, rstd, table, N, c, T, d, stride); break;
+    case 1: launch(qknorm_rope_backward_kernel<1>, G, block, smem, stream, dinp, partial, dout, inp, weight, rstd, table, N, c, T, d, stride, paired); break;
+    case 2: launch(qknorm_rope_backward_kernel<2>, G, block, smem, stream, dinp, partial, dout, inp, weight, rstd, table, N, c, T, d, stride, paired); break;
+    default: launch(qknorm_rope_backward_kernel<4>, G, block, smem, stream, dinp, partial, dout, inp, weight, rstd, table, N, c, T, d, stride, paired); break;
   }
   cuda_check_launch();
   if (dweight) norm::launch_dweight_reduce(dweight, partial, G, C, stream);

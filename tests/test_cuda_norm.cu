@@ -172,6 +172,27 @@ GPU_TEST_CASE("cuda qk-norm + rope: forward and backward vs cpu rmsnorm then rop
     d_dinp.poison();
     qknorm_rope_backward(d_dinp, nullptr, nullptr, d_dout, d_inp, d_w, d_rstd, d_table, B, T, H, D, stream());
     CHECK_REL("bwd dinp, frozen weight", download(d_dinp.get(), NC).data(), dinp_ref.data(), NC, kTolBf16);
+
+    // D % 16 == 0 with a 16-byte aligned table takes the float4 rotation
+    // (rotate8_paired); the same table one float2 further on (8-byte aligned only)
+    // takes the scalar rotate8. Same products in the same order: bitwise equal.
+    if (D % 16 == 0) {
+      DevTensor<float2> shifted(T * half + 1);
+      rope_table_init(shifted.get() + 1, T, D, theta, stream());
+      DevTensor<bf16> out2(NC), dinp2(NC);
+      DevTensor<float> rstd2(N), dw2(C);
+      out2.poison();
+      qknorm_rope_forward(out2, rstd2, d_inp, d_w, shifted.get() + 1, B, T, H, D, eps, stream());
+      CHECK_MESSAGE(bitwise_equal(download(out2.get(), NC), download(d_out.get(), NC)),
+                    "forward: float4 and scalar rotations differ");
+      dinp2.poison();
+      dw2.zero();
+      qknorm_rope_backward(dinp2, dw2, scratch, d_dout, d_inp, d_w, d_rstd, shifted.get() + 1, B, T, H, D, stream());
+      CHECK_MESSAGE(bitwise_equal(download(dinp2.get(), NC), download(d_dinp.get(), NC)),
+                    "backward dinp: float4 and scalar rotations differ");
+      CHECK_MESSAGE(bitwise_equal(download(dw2.get(), C), download(d_dw.get(), C)),
+                    "backward dweight: float4 and scalar rotations differ");
+    }
   }
 }
 
