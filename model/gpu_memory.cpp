@@ -38,7 +38,8 @@ const GpuBuffer& GpuMemoryPlan::find(const std::string& name) const {
 }
 
 int64_t lm_chunk_tokens(int64_t tokens, int64_t vocab) {
-  // At most ~1 GiB of bf16 logits per chunk, in rows that are a multiple of 128. Large
+  // At most ~1 GiB of bf16 logits per chunk (but at least 128 rows), in rows that are
+  // a multiple of 128. Large
   // chunks matter: every chunk's lm-head weight-gradient GEMM reads and writes the whole
   // fp32 gradient (V × d), which at 768 tokens cost as much as the GEMM itself (H200,
   // bench/RESULTS.md). The batch is split into equal chunks, not full ones plus a runt.

@@ -114,11 +114,12 @@ GPU_TEST_CASE("cuda qk-norm + rope: forward and backward vs cpu rmsnorm then rop
   // D % 8 != 0 (24: vectors straddle the halves; 6: vectors straddle heads), long T
   // (large angles), OLMoE-like 16×128, and C = 48·128 = 6144, whose two 24 KB smem rows
   // per block once overflowed the 48 KB default limit with the static scratch; the
-  // tiny demo's q/k (configs/tiny.toml: 8 × 256 tokens, 4 heads × 32).
+  // tiny demo's q/k (configs/tiny.toml: 8 × 256 tokens, 4 heads × 32); C = 3072 takes
+  // the 2-vectors-per-thread kernels.
   for (auto [B, T, H, D, theta] :
        {std::tuple<int64_t, int64_t, int64_t, int64_t, double>{2, 5, 3, 16, 10000.0}, {2, 33, 12, 64, 10000.0},
         {1, 7, 4, 24, 10000.0}, {3, 4, 4, 6, 10000.0}, {1, 3, 16, 128, 500000.0}, {1, 2049, 2, 16, 10000.0},
-        {2, 5, 48, 128, 10000.0}, {8, 256, 4, 32, 10000.0}}) {
+        {2, 5, 48, 128, 10000.0}, {8, 256, 4, 32, 10000.0}, {1, 3, 24, 128, 10000.0}}) {
     CAPTURE(B);
     CAPTURE(T);
     CAPTURE(H);

@@ -43,12 +43,14 @@ inline std::filesystem::path temp_dir(const std::string& name) {
   namespace fs = std::filesystem;
   const std::string prefix = "spes-test-" + name + "-";
   std::error_code ec;
-  for (const fs::directory_entry& e : fs::directory_iterator(fs::temp_directory_path(), ec)) {
+  for (fs::directory_iterator it(fs::temp_directory_path(), ec), end; !ec && it != end; it.increment(ec)) {
+    const fs::directory_entry& e = *it;
     const std::string file = e.path().filename().string();
     if (file.size() <= prefix.size() || file.compare(0, prefix.size(), prefix) != 0) continue;
     const std::string pid = file.substr(prefix.size());
     if (pid.size() > 9 || pid.find_first_not_of("0123456789") != std::string::npos) continue;
-    if (::kill(static_cast<pid_t>(std::stol(pid)), 0) != 0 && errno == ESRCH) fs::remove_all(e.path(), ec);
+    std::error_code ignored;  // a folder that will not go is left; the scan goes on
+    if (::kill(static_cast<pid_t>(std::stol(pid)), 0) != 0 && errno == ESRCH) fs::remove_all(e.path(), ignored);
   }
   auto p = fs::temp_directory_path() / (prefix + std::to_string(::getpid()));
   fs::remove_all(p);
