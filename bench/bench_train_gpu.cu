@@ -206,7 +206,7 @@ std::vector<Row> time_kernels(const Config& cfg, int64_t n_micro) {
   const int64_t B = cfg.train.micro_batch, T = m.seq_len, N = B * T, d = m.d_model, kv = m.kv_dim();
   const int64_t H = m.n_heads, Hkv = m.n_kv_heads, D = m.head_dim(), V = m.vocab_size, L = m.n_layers;
   const int64_t E = m.n_experts, K = m.top_k, Hx = m.expert_hidden, S = N * K;
-  const int64_t Vpad = (V + 7) / 8 * 8, chunk = lm_chunk_tokens(N, V);
+  const int64_t Vpad = logits_row_stride(V), chunk = lm_chunk_tokens(N, V);
   const double nm = double(n_micro), bs = 2.0;
   cuda::Runtime rt(0);
   cudaStream_t s = rt.stream();

@@ -39,10 +39,10 @@ const GpuBuffer& GpuMemoryPlan::find(const std::string& name) const {
 
 int64_t lm_chunk_tokens(int64_t tokens, int64_t vocab) {
   // At most ~1 GiB of bf16 logits per chunk (but at least 128 rows), in rows that are
-  // a multiple of 128. Large
-  // chunks matter: every chunk's lm-head weight-gradient GEMM reads and writes the whole
-  // fp32 gradient (V × d), which at 768 tokens cost as much as the GEMM itself (H200,
-  // bench/RESULTS.md). The batch is split into equal chunks, not full ones plus a runt.
+  // a multiple of 128. Large chunks matter: every chunk's lm-head weight-gradient GEMM
+  // reads and writes the whole fp32 gradient (V × d), which at 768 tokens cost as much
+  // as the GEMM itself (H200, bench/RESULTS.md). The batch is split into equal chunks,
+  // not full ones plus a runt.
   const int64_t max_rows = std::max<int64_t>(128, (int64_t(512) << 20) / std::max<int64_t>(vocab, 1) / 128 * 128);
   if (tokens <= max_rows) return tokens;
   const int64_t chunks = (tokens + max_rows - 1) / max_rows;
@@ -57,7 +57,7 @@ GpuMemoryPlan plan_gpu_memory(const ModelConfig& m, const ParamLayout& layout, c
   const int64_t owned = own.space.size();
   p.tokens = N;
   p.lm_chunk = lm_chunk_tokens(N, m.vocab_size);
-  p.vocab_stride = (m.vocab_size + 7) / 8 * 8;
+  p.vocab_stride = logits_row_stride(m.vocab_size);
   p.frozen_weight_bytes = 2 * (layout.total - owned);
   p.runtime_workspace = k.gemm_workspace;
   auto add = [&](std::string name, MemCategory c, int64_t bytes) { p.buffers.push_back({std::move(name), c, bytes}); };

@@ -57,6 +57,9 @@ struct GpuMemoryPlan {
 // The lm head and cross-entropy run on chunks of this many tokens, so the logits of
 // a 151k vocabulary never exist for the whole micro-batch at once.
 int64_t lm_chunk_tokens(int64_t tokens, int64_t vocab);
+// The logits' row stride: the vocabulary rounded up to 8, so every bf16 row starts on
+// a 16-byte boundary: odd strides force slow, unvectorised GEMM kernels (cuda/matmul.cuh).
+inline int64_t logits_row_stride(int64_t vocab) { return (vocab + 7) / 8 * 8; }
 
 GpuMemoryPlan plan_gpu_memory(const ModelConfig& m, const ParamLayout& layout, const Ownership& own,
                               int64_t micro_batch, const KernelScratch& k);
