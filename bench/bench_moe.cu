@@ -25,6 +25,7 @@
 #include "cuda/moe.cuh"
 #include "cuda/router.cuh"
 #include "cuda/swiglu.cuh"
+#include "tests/moe_layer_buffers.cuh"
 
 namespace {
 
@@ -75,9 +76,9 @@ void run_shape(spes::bench::Bench& b, const Shape& s, cublasHandle_t cublas, cud
   spes::bench::fill(g.as<float>(), E * blk, stream, 5, 0.0f);
   spes::bench::fill(grouter.as<float>(), E * d, stream, 6, 0.0f);
   const spes::cuda::MoeShape shape{N, d, E, K, H, false};
-  DevBuf saved_buf(spes::cuda::MoeSaved::bytes(shape)), scratch_buf(spes::cuda::MoeScratch::bytes(shape));
-  const auto saved = spes::cuda::MoeSaved::carve(saved_buf.p, shape);
-  const auto scratch = spes::cuda::MoeScratch::carve(scratch_buf.p, shape);
+  const spes::test::MoeLayerBuffers bufs(shape);
+  const auto& saved = bufs.saved;
+  const auto& scratch = bufs.scratch;
 
   auto make_layer = [&](ExpertGemm gemm, bool frozen_3_4) {
     spes::cuda::MoeWeights wt;

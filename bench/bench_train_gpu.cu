@@ -62,8 +62,10 @@
 #include "engine/gpu_backend.hpp"
 #include "model/flops.hpp"
 #include "model/gpu/gpu_model.cuh"
+#include "model/gpu/gpu_plan.hpp"
 #include "model/gpu_memory.hpp"
 #include "model/layout.hpp"
+#include "tests/moe_layer_buffers.cuh"
 
 namespace {
 
@@ -119,7 +121,7 @@ StepResult time_step(const Config& cfg, const Options& opt, int64_t n_micro, boo
   cuda_check(cudaDeviceSynchronize());
   const size_t free0 = free_bytes();
   std::unique_ptr<TrainBackend> gpu =
-      nccl ? make_nccl_data_parallel_backend(cfg, layout, own, {0}) : make_gpu_backend(cfg, layout, own);
+      nccl ? make_nccl_data_parallel_backend(cfg, layout, own, {0}) : make_gpu_rank(cfg, layout, own);
   init_parameters(gpu->host_theta().data(), cfg.model, layout, cfg.train.seed);
   gpu->push_theta();
 
@@ -169,7 +171,8 @@ StepResult time_step(const Config& cfg, const Options& opt, int64_t n_micro, boo
   r.adam_ms = median(adam_ms);
   const double tokens = double(n_micro) * double(N);
   r.tokens_per_s = tokens / (r.step_ms / 1e3);
-  r.mfu = gpu->peak_flops() > 0 ? train_flops_per_token(cfg.model) * r.tokens_per_s / gpu->peak_flops() : 0;
+  const PeakFlops peak = gpu->peak_flops();
+  r.mfu = peak.flops > 0 ? train_flops_per_token(cfg.model) * r.tokens_per_s / peak.flops : 0;
   r.taken_bytes = double(free0) - double(min_free);
 
   std::printf("backend: %s\n", gpu->describe().c_str());
@@ -182,16 +185,16 @@ StepResult time_step(const Config& cfg, const Options& opt, int64_t n_micro, boo
   for (const double ms : step_ms) std::printf(" %.1f", ms);
   std::printf("\n");
   std::printf("MFU: %.1f%% (%.3f GFLOP/token training, peak %.1f TFLOP/s: %s)\n", 100.0 * r.mfu,
-              train_flops_per_token(cfg.model) / 1e9, gpu->peak_flops() / 1e12, gpu->peak_flops_source().c_str());
+              train_flops_per_token(cfg.model) / 1e9, peak.flops / 1e12, peak.source.c_str());
   std::printf("phases: forward+backward %.1f ms (%lld micro-batches, %.2f ms each), grad norm %.2f ms, AdamW %.2f ms\n",
               r.fb_ms, (long long)n_micro, r.fb_ms / double(n_micro), r.norm_ms, r.adam_ms);
   std::printf("device memory: %.2f GiB taken (cudaMemGetInfo before the backend and lowest after; %.2f GiB free before)\n",
               gib(r.taken_bytes), gib(double(free0)));
   if (nccl) return r;  // the memory lines are the plain backend's (its rank's arena)
-  const GpuArenaUse arena = gpu_arena_use(*gpu);
-  std::printf("memory plan: total %.2f GiB (arena %.2f GiB, %.2f GiB of it carved)\n",
-              gib(double(gpu->memory_report().back().bytes)), gib(double(arena.capacity)), gib(double(arena.used)));
-  for (const MemoryLine& l : gpu->memory_report())
+  const GpuMemoryUse use = gpu_memory_use(*gpu);
+  std::printf("memory plan: total %.2f GiB (arena %.2f GiB, %.2f GiB of it carved)\n", gib(double(use.plan.total())),
+              gib(double(use.arena_capacity)), gib(double(use.arena_used)));
+  for (const MemoryLine& l : memory_report(use.plan))
     if (l.category != "total") std::printf("  %-40s %10.3f GiB\n", l.category.c_str(), gib(double(l.bytes)));
   return r;
 }
@@ -361,7 +364,8 @@ std::vector<Row> time_kernels(const Config& cfg, int64_t n_micro) {
     const cuda::MoeShape shape{N, d, E, K, Hx, m.norm_topk_prob};
     const int64_t blk = 3 * Hx * d;
     DevBuf router(E * d * 2), w(E * blk * 2), gw(E * blk * 4), grouter(E * d * 4), mout(N * d * 2);
-    DevBuf saved_buf(cuda::MoeSaved::bytes(shape)), scratch_buf(cuda::MoeScratch::bytes(shape)), cs(E * 4);
+    const test::MoeLayerBuffers bufs(shape);
+    DevBuf cs(E * 4);
     spes::bench::fill(router.as<bf16>(), E * d, s, 9, w_scale);
     spes::bench::fill(w.as<bf16>(), E * blk, s, 10, w_scale);
     cuda_check(cudaMemsetAsync(gw.p, 0, gw.bytes, s));
@@ -382,8 +386,7 @@ std::vector<Row> time_kernels(const Config& cfg, int64_t n_micro) {
       gr.up.push_back(owned ? gbase + Hx * d : nullptr);
       gr.down.push_back(owned ? gbase + 2 * Hx * d : nullptr);
     }
-    cuda::MoeLayer layer(shape, kModelExpertGemm, wt, gr, cuda::MoeSaved::carve(saved_buf.p, shape),
-                         cuda::MoeScratch::carve(scratch_buf.p, shape));
+    cuda::MoeLayer layer(shape, kModelExpertGemm, wt, gr, bufs.saved, bufs.scratch);
     layer.forward(rt.cublas(), mout.as<bf16>(), x.as<bf16>(), cs.as<float>(), s);
     const auto off = layer.expert_offsets();
     for (int64_t e = 0; e < E; ++e)
@@ -547,8 +550,7 @@ int main(int argc, char** argv) {
         const Ownership own = make_ownership(cfg.model, layout, int(cfg.spes.node_id), int(cfg.spes.n_nodes),
                                              cfg.spes.ownership, cfg.spes.experts_per_node);
         const GpuMemoryPlan plan =
-            plan_gpu_memory(cfg.model, layout, own, cfg.train.micro_batch,
-                            gpu_kernel_scratch(cfg.model, cfg.train.micro_batch, own.space.size()));
+            plan_gpu_node(cfg.model, layout, own, cfg.train.micro_batch, current_gpu_limits());
         if (size_t(plan.total()) + headroom <= free_bytes() || cfg.model.n_layers == 1) break;
         std::printf("note: %lld layers need %.1f GiB; trying %lld\n", (long long)cfg.model.n_layers,
                     gib(double(plan.total())), (long long)cfg.model.n_layers - 1);

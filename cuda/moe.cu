@@ -1,25 +1,18 @@
 // Dispatch / combine kernels and the MoE layer. See moe.cuh for the contract.
 //
-// Grouped GEMM choice. Expert e's rows are the contiguous slots [offsets[e],
-// offsets[e+1]), so every expert product is a plain dense GEMM on a row range and
-// cuBLAS runs it at full efficiency with no gather inside the GEMM; what varies is
-// only M per expert. cuBLAS needs those M on the host, hence one small D2H copy and
-// one host wait per layer forward (moe.cuh, MoeLayer::forward). Two ways to issue
-// the E GEMMs of a product are kept and timed by bench_moe:
-//  - per_expert: cublasGemmEx per expert. At the spes-1b shape an expert sees ~2k
-//    rows × 768 × 2048, enough to fill the GPU: on an H200 (2026-11-27) the layer ran
-//    at 392/410 TFLOP/s forward/backward, routing the same batch every run.
-//  - grouped: cublasGemmGroupedBatchedEx, one call per product over all experts:
-//    243/323 TFLOP/s there, but one host call per product. The model uses it
-//    (model/gpu/gpu_model.cuh, kModelExpertGemm): in the whole step, where each
-//    micro-batch routes differently, per-expert calls left 307 ms of a 934 ms step
-//    outside kernels. bench_moe's "new routing each run" rows time that case.
+// The expert GEMMs. Expert e's rows are the contiguous slots [offsets[e],
+// offsets[e+1]), so every expert product is a plain dense GEMM on a row range, with
+// no gather inside the GEMM; what varies is only M per expert. cuBLAS needs those M
+// on the host, hence one small D2H copy and one host wait per layer forward (moe.cuh,
+// MoeLayer::forward). Two ways to issue the E GEMMs of a product, both timed by
+// bench_moe (figures in bench/RESULTS.md):
+//  - per_expert: one cublasGemmEx per expert and product;
+//  - grouped: one cublasGemmGroupedBatchedEx per product over all experts, which the
+//    model uses (model/gpu/gpu_model.cuh, kModelExpertGemm): fewer host calls when
+//    every micro-batch routes differently.
 // Not cuda::Gemm (cuBLASLt): it caches one plan per exact shape, M included, which
 // fits fixed model shapes but would grow without bound as per-expert M varies from
 // step to step; cublasGemmEx keeps its own heuristic cache.
-// Our own grouped GEMM reading offsets on the device (no host wait, graph-capturable)
-// is the next step only if bench_moe shows the host wait or per-expert tails cost
-// more than the ≥ 70 %-of-dense goal allows.
 #include <cublas_v2.h>
 
 #include <algorithm>
@@ -32,6 +25,7 @@
 #include "cuda/launch.cuh"
 #include "cuda/moe.cuh"
 #include "cuda/router.cuh"
+#include "cuda/runtime.cuh"
 #include "cuda/swiglu.cuh"
 
 namespace spes::cuda {
@@ -368,62 +362,12 @@ void moe_combine_backward(bf16* dye, float* dtopk_w, const bf16* dout, const bf1
   cuda_check_launch();
 }
 
-// ---- buffer planning ---------------------------------------------------------------------
+// ---- the MoE layer's GEMMs -----------------------------------------------------------------
 namespace {
-
-// Bump layout over a base pointer (null base: only measures).
-class Carver {
- public:
-  explicit Carver(void* base) : base_(static_cast<char*>(base)) {}
-  template <typename T>
-  T* take(int64_t count) {
-    off_ = (off_ + 255) / 256 * 256;
-    T* p = base_ != nullptr ? reinterpret_cast<T*>(base_ + off_) : nullptr;
-    off_ += static_cast<int64_t>(sizeof(T)) * count;
-    return p;
-  }
-  int64_t used() const { return off_; }
-
- private:
-  char* base_;
-  int64_t off_ = 0;
-};
 
 // Pointer slots per GEMM site for ExpertGemm::grouped: ≤ 2 ops per expert, 3 pointers each.
 int64_t ptrs_per_site(int64_t E) { return 3 * 2 * E; }
 constexpr int kNumSites = 7;
-
-MoeSaved carve_saved(Carver& c, const MoeShape& s) {
-  const int64_t N = s.tokens, E = s.n_experts, K = s.top_k, S = s.slots(), d = s.d_model, H = s.hidden;
-  MoeSaved m;
-  m.probs = c.take<float>(N * E);
-  m.lse = c.take<float>(N);
-  m.topk_idx = c.take<int32_t>(N * K);
-  m.topk_w = c.take<float>(N * K);
-  m.offsets = c.take<int32_t>(E + 1);
-  m.slot_token = c.take<int32_t>(S);
-  m.token_slot = c.take<int32_t>(S);
-  m.lb_weight = c.take<float>(E);
-  m.aux = c.take<float>(2);
-  m.xe = c.take<bf16>(S * d);
-  m.gu = c.take<bf16>(S * 2 * H);
-  m.ye = c.take<bf16>(S * d);
-  m.gemm_ptrs = c.take<void*>(kNumSites * ptrs_per_site(E));
-  return m;
-}
-
-MoeScratch carve_scratch(Carver& c, const MoeShape& s) {
-  const int64_t N = s.tokens, E = s.n_experts, K = s.top_k, S = s.slots(), d = s.d_model, H = s.hidden;
-  MoeScratch m;
-  m.router_partials = c.take<float>(router_partials_count(N, E));
-  m.dispatch = c.take<int32_t>(moe_dispatch_scratch_count(N, E, K));
-  m.h = c.take<bf16>(S * H);
-  m.dye = c.take<bf16>(S * d);
-  m.dgu = c.take<bf16>(S * 2 * H);
-  m.dtopk_w = c.take<float>(N * K);
-  m.dlogits = c.take<bf16>(N * E);
-  return m;
-}
 
 // Row-major C[M,N] (ldc) = op(A)[M,K] · op(B)[K,N] (+ beta·C), A/B row-major with
 // leading dims lda/ldb, as the column-major product Cᵀ = op(B)ᵀ·op(A)ᵀ.
@@ -450,30 +394,9 @@ void gemm_ex(cublasHandle_t handle, const RowMajor& g, cudaDataType_t ctype) {
 
 }  // namespace
 
-int64_t MoeSaved::bytes(const MoeShape& s) {
-  Carver c(nullptr);
-  carve_saved(c, s);
-  return c.used();
-}
-MoeSaved MoeSaved::carve(void* base, const MoeShape& s) {
-  Carver c(base);
-  return carve_saved(c, s);
-}
-int64_t MoeScratch::bytes(const MoeShape& s) {
-  Carver c(nullptr);
-  carve_scratch(c, s);
-  return c.used();
-}
-MoeScratch MoeScratch::carve(void* base, const MoeShape& s) {
-  Carver c(base);
-  return carve_scratch(c, s);
-}
+int64_t moe_gemm_pointer_count(int64_t E) { return kNumSites * ptrs_per_site(E); }
 
 // ---- MoeLayer ------------------------------------------------------------------------------
-
-void MoeLayer::PinnedDeleter::operator()(void* p) const {
-  if (p != nullptr) cudaFreeHost(p);  // destructor path: nothing useful to do on error
-}
 
 MoeLayer::MoeLayer(const MoeShape& shape, ExpertGemm gemm, MoeWeights weights, MoeGrads grads,
                    MoeSaved saved, MoeScratch scratch)
@@ -519,12 +442,8 @@ MoeLayer::MoeLayer(const MoeShape& shape, ExpertGemm gemm, MoeWeights weights, M
   sites_[kBwdGateUpGrad].c_fp32 = true;
   offsets_.assign(E + 1, 0);
 
-  int32_t* po = nullptr;
-  cuda_check(cudaMallocHost(&po, sizeof(int32_t) * (E + 1)));
-  pinned_offsets_.reset(po);
-  void** pp = nullptr;
-  cuda_check(cudaMallocHost(&pp, sizeof(void*) * kNumSites * ptrs_per_site(E)));
-  pinned_ptrs_.reset(pp);
+  pinned_offsets_ = PinnedBuffer<int32_t>(size_t(E + 1));
+  pinned_ptrs_ = PinnedBuffer<void*>(size_t(moe_gemm_pointer_count(E)));
   cuda_check(cudaEventCreateWithFlags(&offsets_ready_, cudaEventDisableTiming));
   cuda_check(cudaEventCreateWithFlags(&ptrs_uploaded_, cudaEventDisableTiming));
 }
@@ -607,7 +526,7 @@ void MoeLayer::upload_pointer_arrays(cudaStream_t stream) {
   const int64_t per_site = ptrs_per_site(shape_.n_experts), third = per_site / 3;
   // The previous upload must have left the staging buffer before we rewrite it.
   cuda_check(cudaEventSynchronize(ptrs_uploaded_));
-  void** staging = pinned_ptrs_.get();
+  void** staging = pinned_ptrs_.data();
   for (int s = 0; s < kSites; ++s) {
     void** base = staging + s * per_site;
     const auto& ops = sites_[s].ops;
@@ -711,7 +630,7 @@ void MoeLayer::forward(cublasHandle_t handle, bf16* out, const bf16* x, const fl
                  saved_.probs, N, E, K, shape_.renorm, stream);
   moe_dispatch_indices(saved_.offsets, saved_.slot_token, saved_.token_slot, scratch_.dispatch,
                        saved_.topk_idx, N, E, K, stream);
-  cuda_check(cudaMemcpyAsync(pinned_offsets_.get(), saved_.offsets, sizeof(int32_t) * (E + 1),
+  cuda_check(cudaMemcpyAsync(pinned_offsets_.data(), saved_.offsets, sizeof(int32_t) * (E + 1),
                              cudaMemcpyDeviceToHost, stream));
   cuda_check(cudaEventRecord(offsets_ready_, stream));
   // Work that needs no host counts, queued before the wait so the GPU stays busy.
@@ -720,7 +639,7 @@ void MoeLayer::forward(cublasHandle_t handle, bf16* out, const bf16* x, const fl
   moe_gather_forward(saved_.xe, x, saved_.slot_token, S, d, stream);
 
   cuda_check(cudaEventSynchronize(offsets_ready_));
-  std::memcpy(offsets_.data(), pinned_offsets_.get(), sizeof(int32_t) * (E + 1));
+  std::memcpy(offsets_.data(), pinned_offsets_.data(), sizeof(int32_t) * (E + 1));
   for (int64_t e = 0; e < E; ++e)
     if (offsets_[e + 1] < offsets_[e])
       throw Error("MoeLayer: device dispatch produced non-monotone offsets (kernel bug)");

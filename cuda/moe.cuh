@@ -1,11 +1,11 @@
-// Token-routed experts on the device (DESIGN §1 "Expert e (SwiGLU)", "Ownership"):
+// Token-routed experts on the device (README, Architecture: "The model", "Ownership"):
 // dropless dispatch / combine kernels (semantics: cpu::moe_dispatch_indices,
 // moe_gather_*, moe_combine_*), and MoeLayer, the whole MoE block of one layer:
 //   logits = x·Wrᵀ → router → dispatch → gather → per-expert gate/up GEMMs → SwiGLU
 //   → per-expert down GEMMs → weighted combine,
 // plus its backward, where frozen (not owned) experts get activation gradients only.
 //
-// Precision (DESIGN §5): bf16 activations and weights, fp32 GEMM accumulation, fp32
+// Precision (README, Architecture: "Precision and determinism"): bf16 activations and weights, fp32 GEMM accumulation, fp32
 // router math, fp32 weight gradients accumulated with += (beta = 1) so micro-batches
 // accumulate like the CPU reference.
 #pragma once
@@ -19,6 +19,7 @@
 #include <vector>
 
 #include "cuda/common.cuh"
+#include "cuda/runtime.cuh"
 
 namespace spes::cuda {
 
@@ -84,7 +85,8 @@ struct MoeGrads {
   std::vector<float*> gate, up, down;
 };
 
-// Activations kept from forward to backward (one set per layer).
+// Activations kept from forward to backward (one set per layer), in buffers the
+// caller plans (model/gpu_memory.hpp names them).
 struct MoeSaved {
   float* probs = nullptr;         // [N, E] fp32 (the router logits land here first)
   float* lse = nullptr;           // [N]
@@ -98,11 +100,7 @@ struct MoeSaved {
   bf16* xe = nullptr;             // [S, d] gathered input
   bf16* gu = nullptr;             // [S, 2H] gate | up pre-activations
   bf16* ye = nullptr;             // [S, d] expert outputs
-  void** gemm_ptrs = nullptr;     // device pointer arrays for ExpertGemm::grouped
-
-  static int64_t bytes(const MoeShape& s);
-  // Lays the buffers out in [base, base + bytes(s)), each 256-byte aligned.
-  static MoeSaved carve(void* base, const MoeShape& s);
+  void** gemm_ptrs = nullptr;     // [moe_gemm_pointer_count(E)]: device pointer arrays for ExpertGemm::grouped
 };
 
 // Per-step temporaries; one set can serve every layer.
@@ -114,10 +112,10 @@ struct MoeScratch {
   bf16* dgu = nullptr;               // [S, 2H]
   float* dtopk_w = nullptr;          // [N, K]
   bf16* dlogits = nullptr;           // [N, E]
-
-  static int64_t bytes(const MoeShape& s);
-  static MoeScratch carve(void* base, const MoeShape& s);
 };
+
+// The device pointers MoeSaved::gemm_ptrs holds for E experts.
+int64_t moe_gemm_pointer_count(int64_t E);
 
 class MoeLayer {
  public:
@@ -201,11 +199,8 @@ class MoeLayer {
   std::vector<int32_t> offsets_;  // host copy of the last forward's offsets
   bool have_forward_ = false;
 
-  struct PinnedDeleter {
-    void operator()(void* p) const;
-  };
-  std::unique_ptr<int32_t, PinnedDeleter> pinned_offsets_;
-  std::unique_ptr<void*, PinnedDeleter> pinned_ptrs_;
+  PinnedBuffer<int32_t> pinned_offsets_;
+  PinnedBuffer<void*> pinned_ptrs_;
   cudaEvent_t offsets_ready_ = nullptr;
   cudaEvent_t ptrs_uploaded_ = nullptr;
 };

@@ -1,12 +1,13 @@
 // Device runtime (one per GPU): device selection, one stream, cuBLAS + cuBLASLt
 // handles and the cuBLASLt workspace created once, and RAII owners for device
 // memory. Buffers are planned up front from the config (model/gpu_memory) and carved
-// out of one cudaMalloc (DeviceArena): the step loop never allocates (DESIGN §2).
+// out of one cudaMalloc (DeviceArena): the step loop never allocates (README, Architecture: "Memory plan").
 #pragma once
 #include <cublasLt.h>
 #include <cublas_v2.h>
 #include <cuda_runtime.h>
 
+#include <algorithm>
 #include <cstddef>
 #include <cstdint>
 #include <memory>
@@ -53,6 +54,38 @@ class DeviceBuffer {
  private:
   void* ptr_ = nullptr;
   size_t bytes_ = 0;
+};
+
+// Owns `count` T of pinned (page-locked) host memory, cudaMallocHost: the host side of
+// every asynchronous copy (a pageable source would make cudaMemcpyAsync wait, and the
+// host must not change a pinned source before the copy has run). Move-only.
+template <class T>
+class PinnedBuffer {
+ public:
+  PinnedBuffer() = default;
+  explicit PinnedBuffer(size_t count) : count_(count) {
+    void* p = nullptr;
+    cuda_check(cudaMallocHost(&p, std::max<size_t>(count, 1) * sizeof(T)));
+    ptr_ = static_cast<T*>(p);
+  }
+  ~PinnedBuffer() {
+    if (ptr_) cudaFreeHost(ptr_);  // destructor path: nothing useful to do on error
+  }
+  PinnedBuffer(PinnedBuffer&& o) noexcept : ptr_(std::exchange(o.ptr_, nullptr)), count_(std::exchange(o.count_, 0)) {}
+  PinnedBuffer& operator=(PinnedBuffer&& o) noexcept {
+    std::swap(ptr_, o.ptr_);
+    std::swap(count_, o.count_);
+    return *this;
+  }
+
+  T* data() const { return ptr_; }
+  size_t size() const { return count_; }
+  T& operator[](size_t i) const { return ptr_[i]; }
+  explicit operator bool() const { return ptr_ != nullptr; }
+
+ private:
+  T* ptr_ = nullptr;
+  size_t count_ = 0;
 };
 
 // Every buffer of an arena starts on a kArenaAlign boundary and is followed by a

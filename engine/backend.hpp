@@ -1,4 +1,4 @@
-// The training-backend seam (DESIGN §2 "Two twin models, one loop"). The trainer
+// The training-backend seam (README, Architecture: "Local training"). The trainer
 // keeps the loop — LR schedule, gradient accumulation, clipping policy, NaN stop,
 // metrics CSV, checkpoint and sync cadence — and asks a backend for the math of one
 // node: forward+backward of a micro-batch, the gradient norm, AdamW over the owned
@@ -22,7 +22,7 @@ namespace spes {
 
 struct Config;
 
-// One AdamW update over every owned tensor (PyTorch AdamW; DESIGN §1).
+// One AdamW update over every owned tensor (PyTorch AdamW).
 struct AdamWStep {
   double lr = 0, beta1 = 0.9, beta2 = 0.95, eps = 1e-8, weight_decay = 0;
   bool decay_norms_and_embeddings = true;  // false: norms and embeddings get no decay
@@ -30,18 +30,23 @@ struct AdamWStep {
   float grad_scale = 1.0f;                 // the clipping factor the trainer chose (1 = none)
 };
 
-// Device memory by category, for the start-up report (empty on the CPU).
-struct MemoryLine {
-  std::string category;
-  int64_t bytes = 0;
+// The device's dense bf16 peak in FLOP/s, MFU's denominator (0 = none: the CPU), and
+// where the number comes from (a datasheet, or a GEMM measured at start-up).
+struct PeakFlops {
+  double flops = 0;
+  std::string source;
 };
 
+// What the trainer calls.
 class TrainBackend {
  public:
   virtual ~TrainBackend() = default;
 
   // "cpu (2 threads)", "cuda: NVIDIA H100 80GB HBM3": said on stderr at start-up.
   virtual std::string describe() const = 0;
+  virtual PeakFlops peak_flops() const { return {}; }
+  // Bytes of gradients + optimizer state: proportional to the owned parameters.
+  virtual int64_t optimizer_state_bytes() const = 0;
 
   // ---- one optimizer step -------------------------------------------------------
   virtual void zero_grads() = 0;
@@ -69,21 +74,16 @@ class TrainBackend {
   // AdamW moments, packed in owned space (model/owned_space.hpp).
   virtual void read_moments(std::span<float> m, std::span<float> v) = 0;
   virtual void write_moments(std::span<const float> m, std::span<const float> v) = 0;
+};
 
-  // ---- data parallel (engine/data_parallel) ---------------------------------------
-  // The owned-space gradients and the buffers θ is trained from, where the backend
-  // keeps them (host memory on the CPU, device memory on a GPU), for a Communicator
-  // of the same kind. Called from the thread that runs this rank.
+// One rank of a data-parallel node (engine/data_parallel): a backend whose owned
+// gradients and trained θ its node's Communicator reaches, where the backend keeps
+// them (host memory on the CPU, device memory on a GPU). Called from the thread that
+// runs this rank.
+class RankBackend : public TrainBackend {
+ public:
   virtual std::span<float> grad_buffer() = 0;
   virtual std::vector<std::span<std::byte>> theta_buffers() = 0;
-
-  // Bytes of gradients + optimizer state: proportional to the owned parameters.
-  virtual int64_t optimizer_state_bytes() const = 0;
-  virtual std::vector<MemoryLine> memory_report() const { return {}; }
-  // The device's dense bf16 peak in FLOP/s, MFU's denominator (0 = none: the CPU),
-  // and where the number comes from (a datasheet, or a GEMM measured at start-up).
-  virtual double peak_flops() const { return 0; }
-  virtual std::string peak_flops_source() const { return ""; }
 };
 
 // The backend [train] device asks for: "cpu", "cuda", or "auto" (the GPU when one

@@ -17,7 +17,7 @@
 #include "model/gpu_memory.hpp"
 #ifdef SPES_HAVE_CUDA
 #include "cuda/device_probe.hpp"
-#include "engine/gpu_backend.hpp"
+#include "model/gpu/gpu_plan.hpp"
 #endif
 
 namespace spes {
@@ -69,10 +69,8 @@ std::vector<Line> plan_gpu(const Config& c, int64_t micro_batch, bool exact) {
   const ParamLayout layout = make_layout(c.model);
   const Ownership own = make_ownership(c.model, layout, int(c.spes.node_id), int(c.spes.n_nodes), c.spes.ownership,
                                        c.spes.experts_per_node);
-  const int64_t owned = own.space.size();
-  const KernelScratch k = exact ? gpu_kernel_scratch(c.model, micro_batch, owned)
-                                : gpu_kernel_scratch_estimate(c.model, micro_batch, owned);
-  const GpuMemoryPlan p = plan_gpu_memory(c.model, layout, own, micro_batch, k);
+  const GpuMemoryPlan p =
+      plan_gpu_node(c.model, layout, own, micro_batch, exact ? current_gpu_limits() : GpuDeviceLimits{});
   const int64_t staging = p.find("theta_staging").bytes;
   return {{"compute weights (bf16, trained)", p.bytes(MemCategory::weights) - p.frozen_weight_bytes},
           {"frozen experts (bf16)", p.frozen_weight_bytes},

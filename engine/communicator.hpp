@@ -1,4 +1,4 @@
-// Data parallel inside a node (DESIGN §1 "inside a node, data parallel over GPUs"):
+// Data parallel inside a node (engine/README.md, "Training on GPUs"):
 // the ranks of one node — one thread each — average their owned gradients before
 // clipping and the optimizer step, and take θ from rank 0 after a sync round.
 // Communicator is what they need; ThreadCommunicator implements it for CPU ranks

@@ -67,7 +67,7 @@ struct SpesConfig {
   double round_timeout_s = 600.0;         // close a round with >= min_nodes after this
   int64_t min_nodes = 1;
   std::string state_dir = "coordinator";  // coordinator persistence folder
-  // --- expert-merging warm-up (DESIGN §1) ---
+  // --- expert-merging warm-up (README, Architecture: "Sync round") ---
   double merge_alpha = 0.0;               // α0; 0 = off
   int64_t merge_topk = 4;
   int64_t merge_interval = 0;             // steps; merge at rounds whose step is a multiple

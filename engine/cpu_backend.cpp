@@ -12,7 +12,8 @@ namespace spes {
 CpuBackend::CpuBackend(const ModelConfig& model, const LossConfig& loss, const ParamLayout& layout,
                        const Ownership& own, int64_t micro_batch, int64_t threads)
     : model_cfg_(model), loss_(loss), layout_(layout), own_(own), micro_batch_(micro_batch),
-      threads_(threads > 0 ? int(threads) : omp_get_num_procs()) {
+      threads_(threads > 0 ? int(threads) : omp_get_num_procs()), runs_(adamw_runs(layout, own, false)),
+      runs_by_class_(adamw_runs(layout, own, true)) {
   omp_set_num_threads(threads_);
   params_.assign(size_t(layout_.total), 0.0f);
   grads_.assign(size_t(own_.space.size()), 0.0f);
@@ -36,15 +37,10 @@ double CpuBackend::grad_sum_squares() { return cpu::sum_squares(grads_.data(), i
 void CpuBackend::optimizer_step(const AdamWStep& s) {
   omp_set_num_threads(threads_);
   if (s.grad_scale != 1.0f) cpu::scale_inplace(grads_.data(), int64_t(grads_.size()), s.grad_scale);
-  for (const ParamTensor& t : layout_.tensors) {
-    const int64_t g = own_.space.packed_index(t.offset);
-    if (g < 0) continue;  // frozen expert: no state, no update
-    const bool no_decay =
-        !s.decay_norms_and_embeddings && (t.kind == ParamKind::norm || t.kind == ParamKind::embedding);
-    cpu::adamw_update(params_.data() + t.offset, grads_.data() + g, m_.data() + g, v_.data() + g, t.numel(),
-                      float(s.lr), float(s.beta1), float(s.beta2), float(s.eps),
-                      no_decay ? 0.0f : float(s.weight_decay), s.t);
-  }
+  for (const AdamWRun& r : s.decay_norms_and_embeddings ? runs_ : runs_by_class_)
+    cpu::adamw_update(params_.data() + r.flat, grads_.data() + r.packed, m_.data() + r.packed, v_.data() + r.packed,
+                      r.n, float(s.lr), float(s.beta1), float(s.beta2), float(s.eps),
+                      r.norm_or_embedding ? 0.0f : float(s.weight_decay), s.t);
 }
 
 LossParts CpuBackend::forward(const int32_t* inputs, const int32_t* targets, int64_t rows) {

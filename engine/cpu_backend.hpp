@@ -10,7 +10,7 @@
 
 namespace spes {
 
-class CpuBackend final : public TrainBackend {
+class CpuBackend final : public RankBackend {
  public:
   // threads: OpenMP threads (0 = every core).
   CpuBackend(const ModelConfig& model, const LossConfig& loss, const ParamLayout& layout, const Ownership& own,
@@ -29,6 +29,7 @@ class CpuBackend final : public TrainBackend {
   void read_moments(std::span<float> m, std::span<float> v) override;
   void write_moments(std::span<const float> m, std::span<const float> v) override;
   int64_t optimizer_state_bytes() const override;
+  // Data-parallel rank (CPU ranks in one process: the tests of data parallelism).
   std::span<float> grad_buffer() override { return grads_; }
   std::vector<std::span<std::byte>> theta_buffers() override { return {std::as_writable_bytes(std::span(params_))}; }
 
@@ -39,6 +40,7 @@ class CpuBackend final : public TrainBackend {
   Ownership own_;
   int64_t micro_batch_;
   int threads_;
+  std::vector<AdamWRun> runs_, runs_by_class_;  // every tensor decays / norms and embeddings apart
   std::vector<float> params_;         // full flat θ: on the CPU these are the master weights
   std::vector<float> grads_, m_, v_;  // owned space
   std::unique_ptr<CpuModel> model_;

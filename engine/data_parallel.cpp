@@ -84,7 +84,7 @@ class RankThreads {
 
 class DataParallelBackend final : public TrainBackend {
  public:
-  DataParallelBackend(std::vector<std::unique_ptr<TrainBackend>> ranks, std::unique_ptr<Communicator> comm,
+  DataParallelBackend(std::vector<std::unique_ptr<RankBackend>> ranks, std::unique_ptr<Communicator> comm,
                       int64_t micro_batch, int64_t seq_len)
       : ranks_(checked(std::move(ranks), comm.get(), micro_batch)), comm_(std::move(comm)), G_(int(ranks_.size())),
         T_(seq_len), slice_(micro_batch / G_), threads_(G_) {}
@@ -140,17 +140,14 @@ class DataParallelBackend final : public TrainBackend {
   void write_moments(std::span<const float> m, std::span<const float> v) override {
     on_every_rank([&](int r) { ranks_[size_t(r)]->write_moments(m, v); });
   }
-  std::span<float> grad_buffer() override { return ranks_[0]->grad_buffer(); }
-  std::vector<std::span<std::byte>> theta_buffers() override { return ranks_[0]->theta_buffers(); }
   int64_t optimizer_state_bytes() const override { return int64_t(G_) * ranks_[0]->optimizer_state_bytes(); }
-  std::vector<MemoryLine> memory_report() const override { return ranks_[0]->memory_report(); }
-  double peak_flops() const override { return double(G_) * ranks_[0]->peak_flops(); }
-  std::string peak_flops_source() const override {
-    return std::to_string(G_) + " × " + ranks_[0]->peak_flops_source();
+  PeakFlops peak_flops() const override {
+    const PeakFlops rank = ranks_[0]->peak_flops();
+    return {double(G_) * rank.flops, std::to_string(G_) + " × " + rank.source};
   }
 
  private:
-  static std::vector<std::unique_ptr<TrainBackend>> checked(std::vector<std::unique_ptr<TrainBackend>> ranks,
+  static std::vector<std::unique_ptr<RankBackend>> checked(std::vector<std::unique_ptr<RankBackend>> ranks,
                                                             const Communicator* comm, int64_t micro_batch) {
     const int64_t G = int64_t(ranks.size());
     if (G < 1 || !comm || comm->size() != G) throw Error("data parallel: needs ranks and a communicator of as many");
@@ -187,7 +184,7 @@ class DataParallelBackend final : public TrainBackend {
     return out;
   }
 
-  std::vector<std::unique_ptr<TrainBackend>> ranks_;
+  std::vector<std::unique_ptr<RankBackend>> ranks_;
   std::unique_ptr<Communicator> comm_;
   int G_;
   int64_t T_, slice_;
@@ -197,7 +194,7 @@ class DataParallelBackend final : public TrainBackend {
 
 }  // namespace
 
-std::unique_ptr<TrainBackend> make_data_parallel_backend(std::vector<std::unique_ptr<TrainBackend>> ranks,
+std::unique_ptr<TrainBackend> make_data_parallel_backend(std::vector<std::unique_ptr<RankBackend>> ranks,
                                                          std::unique_ptr<Communicator> comm, int64_t micro_batch,
                                                          int64_t seq_len) {
   return std::make_unique<DataParallelBackend>(std::move(ranks), std::move(comm), micro_batch, seq_len);

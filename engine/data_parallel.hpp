@@ -1,4 +1,4 @@
-// A node with several devices (DESIGN §1, §2): DataParallelBackend is a TrainBackend
+// A node with several devices: DataParallelBackend is a TrainBackend
 // over G rank backends (one per GPU, or CPU ranks in tests), each driven by its own
 // thread. The trainer sees one backend: a micro-batch of B sequences is split into
 // G slices of B/G, one per rank; before the gradient norm the ranks' owned
@@ -15,7 +15,7 @@
 namespace spes {
 
 // ranks[r] runs slices of micro_batch / G sequences (micro_batch must divide).
-std::unique_ptr<TrainBackend> make_data_parallel_backend(std::vector<std::unique_ptr<TrainBackend>> ranks,
+std::unique_ptr<TrainBackend> make_data_parallel_backend(std::vector<std::unique_ptr<RankBackend>> ranks,
                                                          std::unique_ptr<Communicator> comm, int64_t micro_batch,
                                                          int64_t seq_len);
 

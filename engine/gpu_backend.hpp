@@ -7,20 +7,18 @@
 #include <vector>
 
 #include "engine/backend.hpp"
-#include "engine/base/error.hpp"
+#include "model/gpu/gpu_plan.hpp"
 #include "model/gpu_memory.hpp"
 
 namespace spes {
 
-// The GPU cannot run this config at all: no usable device, or a model shape the
-// kernels do not support. (device = "auto" then trains on the CPU.)
-struct GpuShapeError : ConfigError {
-  using ConfigError::ConfigError;
-};
-
-// Throws GpuShapeError as above, or ConfigError when the config does not fit in the
-// GPU's memory (naming a micro-batch that fits).
-std::unique_ptr<TrainBackend> make_gpu_backend(const Config& cfg, const ParamLayout& layout, const Ownership& own);
+// The node's backend on `devices` (CUDA ordinals): one GpuBackend for one GPU; for
+// several, one rank each under the data-parallel backend with NCCL. Throws
+// GpuShapeError (model/gpu/gpu_plan.hpp) for a model shape the kernels cannot run,
+// ConfigError when the config does not fit in a GPU's memory (naming a micro-batch
+// that fits).
+std::unique_ptr<TrainBackend> make_gpu_backend(const Config& cfg, const ParamLayout& layout, const Ownership& own,
+                                               const std::vector<int>& devices);
 // The node's ranks on `devices` (CUDA ordinals, one thread each) under the
 // data-parallel backend with NCCL: what make_gpu_backend builds for several GPUs,
 // here also for one, so tests and benches run the NCCL path on a one-GPU machine.
@@ -28,21 +26,19 @@ std::unique_ptr<TrainBackend> make_gpu_backend(const Config& cfg, const ParamLay
 // tests that compare the ranks' device state.
 std::unique_ptr<TrainBackend> make_nccl_data_parallel_backend(const Config& cfg, const ParamLayout& layout,
                                                               const Ownership& own, const std::vector<int>& devices,
-                                                              std::vector<TrainBackend*>* ranks = nullptr);
+                                                              std::vector<RankBackend*>* ranks = nullptr);
+// One GpuBackend on GPU `ordinal`, as a rank (its theta_buffers are the device's fp32
+// master weights and bf16 compute weights): for tests that read the device's θ.
+std::unique_ptr<RankBackend> make_gpu_rank(const Config& cfg, const ParamLayout& layout, const Ownership& own,
+                                           int ordinal = 0);
 
-// The kernels' own scratch sizes on this device, as the backend plans them: its
-// buffers are plan_gpu_memory(m, layout, own, micro_batch, gpu_kernel_scratch(...)).
-KernelScratch gpu_kernel_scratch(const ModelConfig& m, int64_t micro_batch, int64_t owned);
-// The same without a GPU (`spes-engine plan`): host-side sizes exact, the two that
-// depend on the device (norm-backward partials, CUB's sort storage) as upper
-// bounds for an H100/H200.
-KernelScratch gpu_kernel_scratch_estimate(const ModelConfig& m, int64_t micro_batch, int64_t owned);
-
-// A GpuBackend's device arena (tests, benches): the bytes of its one cudaMalloc and
-// the bytes its buffers took. Throws Error when `backend` is not a GpuBackend.
-struct GpuArenaUse {
-  int64_t capacity = 0, used = 0;
+// A GpuBackend's memory (tests, benches): its plan, and the bytes of its arena's one
+// cudaMalloc and of the buffers carved from it. Throws Error when `backend` is not a
+// GpuBackend.
+struct GpuMemoryUse {
+  GpuMemoryPlan plan;
+  int64_t arena_capacity = 0, arena_used = 0;
 };
-GpuArenaUse gpu_arena_use(const TrainBackend& backend);
+GpuMemoryUse gpu_memory_use(const TrainBackend& backend);
 
 }  // namespace spes

@@ -191,7 +191,7 @@ Trainer::StepStats Trainer::train_step(std::ostream& csv) {
   const double tokens_per_s = double(step_tokens) / (step_ms / 1000.0);
   row.addf("%.6e", s.lr).addf("%.6f", grad_norm).addf("%.1f", step_ms).addf("%.1f", tokens_per_s);
   // MFU: active training FLOPs over the device's dense bf16 peak; empty on the CPU.
-  const double peak = backend_->peak_flops();
+  const double peak = backend_->peak_flops().flops;
   row.add(peak > 0 ? CsvRow().addf("%.4f", train_flops_per_token(cfg_.model) * tokens_per_s / peak).str() : "");
   row.addf("%.4f", expert_load_cv(sum.expert_counts, cfg_.model.n_layers, cfg_.model.n_experts)).add(val);
   row.addf("%lld", (long long)sync.round).addf("%.1f", sync.ms);

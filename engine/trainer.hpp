@@ -1,4 +1,4 @@
-// One node's training loop (DESIGN §1 "Local training"): micro-batches with
+// One node's training loop (README, Architecture: "Local training"): micro-batches with
 // gradient accumulation, global-norm clipping, AdamW over owned parameters only,
 // CSV metrics on stdout, checkpoints, validation and the sync hook. The math runs
 // in a TrainBackend (engine/backend.hpp); the loop is the same on every device.

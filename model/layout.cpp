@@ -154,4 +154,19 @@ void init_parameters(float* params, const ModelConfig& m, const ParamLayout& lay
   for (const auto& t : layout.tensors) init_tensor(params, t, m, seed);
 }
 
+std::vector<AdamWRun> adamw_runs(const ParamLayout& layout, const Ownership& own, bool split_decay_classes) {
+  std::vector<AdamWRun> runs;
+  for (const ParamTensor& t : layout.tensors) {
+    const int64_t g = own.space.packed_index(t.offset);
+    if (g < 0) continue;  // frozen expert: no state, no update
+    const bool cls = split_decay_classes && (t.kind == ParamKind::norm || t.kind == ParamKind::embedding);
+    AdamWRun* last = runs.empty() ? nullptr : &runs.back();
+    if (last && last->flat + last->n == t.offset && last->packed + last->n == g && last->norm_or_embedding == cls)
+      last->n += t.numel();
+    else
+      runs.push_back({t.offset, g, t.numel(), cls});
+  }
+  return runs;
+}
+
 }  // namespace spes

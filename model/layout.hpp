@@ -70,6 +70,15 @@ struct Ownership {
 Ownership make_ownership(const ModelConfig& m, const ParamLayout& layout, int node_id,
                          int n_nodes, const std::string& ownership, int64_t experts_per_node);
 
+// A run of owned tensors that one AdamW update covers: contiguous in the flat layout
+// and in owned space. With split_decay_classes, a run never mixes norms and
+// embeddings (which a step may exempt from weight decay) with the other tensors.
+struct AdamWRun {
+  int64_t flat = 0, packed = 0, n = 0;
+  bool norm_or_embedding = false;  // only set with split_decay_classes
+};
+std::vector<AdamWRun> adamw_runs(const ParamLayout& layout, const Ownership& own, bool split_decay_classes);
+
 // Hash of model config + layout + ownership table: two peers agree on it iff they
 // train the same parameter space (used by checkpoints and the sync protocol).
 uint64_t model_fingerprint(const ModelConfig& m, const ParamLayout& layout, const Ownership& own);

@@ -109,7 +109,7 @@ inline double worst_column_difference(const std::string& csv, const std::string&
 
 // Moments written to a data-parallel node (a resume) must reach every rank, bit for
 // bit: a rank left with its own would step differently from then on.
-inline void check_moments_reach_every_rank(TrainBackend& node, const std::vector<TrainBackend*>& ranks, size_t owned) {
+inline void check_moments_reach_every_rank(TrainBackend& node, const std::vector<RankBackend*>& ranks, size_t owned) {
   std::vector<float> m(owned), v(owned);
   for (size_t i = 0; i < owned; ++i) m[i] = float(i % 97) * 1e-3f - 0.05f, v[i] = float(i % 89) * 1e-4f;
   node.write_moments(m, v);

@@ -338,12 +338,12 @@ TEST_CASE("backend: optimizer state is 12 bytes per owned parameter (grads + m +
 
 namespace {
 
-// Kernel scratch with every size proportional to the tokens (moe_saved, which sits
-// in "activations", included), at odd byte counts so the alignment padding shows.
+// Kernel scratch at odd byte counts, so the alignment padding shows.
 KernelScratch scratch_for(int64_t tokens) {
   KernelScratch k;
-  k.moe_saved = 3001 * tokens;
-  k.moe_scratch = 1234567;
+  k.router_partials = 4 * (3 * tokens + 17);
+  k.moe_dispatch = 4 * 1001;
+  k.expert_gemm_pointers = 8 * 337;
   k.attention_backward = 77 * tokens;
   k.norm_backward = 4099;
   k.embedding_backward = 555555;
@@ -385,15 +385,15 @@ TEST_CASE("gpu memory plan: categories add up to the arena plus the runtime work
       by_category += p.bytes(c);
     // Σ categories = Σ buffers + the runtime's workspace; the arena adds each
     // buffer's padding to the 256-byte alignment and a 256-byte guard after it.
-    CHECK(by_category == raw + p.runtime_workspace);
+    CHECK(by_category == raw + p.runtime_workspace());
     CHECK(p.arena_bytes() == padded);
-    CHECK(p.total() == p.arena_bytes() + p.runtime_workspace);
+    CHECK(p.total() == p.arena_bytes() + p.runtime_workspace());
     CHECK(by_category + (padded - raw) == p.total());
     const int64_t carved =
         std::count_if(p.buffers.begin(), p.buffers.end(), [](const GpuBuffer& b) { return b.bytes > 0; });
     CHECK(padded - raw >= kGuard * carved);
     CHECK(padded - raw < (kAlign + kGuard) * carved);
-    CHECK(p.runtime_workspace == scratch_for(N).gemm_workspace);
+    CHECK(p.runtime_workspace() == scratch_for(N).gemm_workspace);
 
     CHECK(p.bytes(MemCategory::weights) == 2 * layout.total);  // bf16 compute copy, whole layout
     CHECK(p.bytes(MemCategory::master) == 4 * owned);
@@ -401,10 +401,14 @@ TEST_CASE("gpu memory plan: categories add up to the arena plus the runtime work
     CHECK(p.bytes(MemCategory::grads) == 4 * owned);
     CHECK(p.frozen_weight_bytes == 2 * (layout.total - owned));
     CHECK((p.frozen_weight_bytes == 0) == !partitioned);
-    CHECK(p.tokens == N);
-    CHECK(p.vocab_stride == 304);  // 301 rounded up to 8: 16-byte logits rows
-    CHECK(p.find("logits").bytes == 2 * p.lm_chunk * p.vocab_stride);
-    CHECK(p.find("moe.1").bytes == scratch_for(N).moe_saved);
+    CHECK(p.sizes.tokens == N);
+    CHECK(p.sizes.vocab_stride == 304);  // 301 rounded up to 8: 16-byte logits rows
+    CHECK(p.find("logits").bytes == 2 * p.sizes.lm_chunk * p.sizes.vocab_stride);
+    // Per-layer buffers are named "<name>.<layer>", one per layer, sized per layer.
+    CHECK(p.find("gate_up.1").bytes == 2 * N * m.top_k * 2 * m.expert_hidden);
+    CHECK(p.find("lse.0").bytes == 4 * N * m.n_heads);
+    CHECK(p.find("expert_gemm_pointers.1").bytes == scratch_for(N).expert_gemm_pointers);
+    CHECK_THROWS(p.find("lse." + std::to_string(m.n_layers)));
     CHECK_THROWS(p.find("no such buffer"));
   }
 }
@@ -415,13 +419,18 @@ TEST_CASE("gpu memory plan: activations grow linearly with micro_batch; the lm c
   const ParamLayout layout = make_layout(m);
   const Ownership own = make_ownership(m, layout, 1, 2, "partitioned", 0);
   auto plan = [&](int64_t B) { return plan_gpu_memory(m, layout, own, B, scratch_for(B * m.seq_len)); };
-  const GpuMemoryPlan p1 = plan(1);
+  const GpuMemoryPlan p1 = plan(1), p2 = plan(2);
+  // Activations: a part per token, and per layer a few of fixed size: the expert
+  // offsets, LB weights and aux losses, and the expert GEMMs' pointer arrays.
+  const int64_t per_sequence = p2.bytes(MemCategory::activations) - p1.bytes(MemCategory::activations);
+  const int64_t fixed = p1.bytes(MemCategory::activations) - per_sequence;
+  CHECK(fixed == m.n_layers * (4 * (m.n_experts + 1) + 4 * m.n_experts + 8 + scratch_for(1).expert_gemm_pointers));
   for (int64_t B : {2, 3, 5, 8}) {
     CAPTURE(B);
     const GpuMemoryPlan p = plan(B);
     // Small vocabulary: one chunk holds every token, so every activation is per token.
-    CHECK(p.lm_chunk == p.tokens);
-    CHECK(p.bytes(MemCategory::activations) == B * p1.bytes(MemCategory::activations));
+    CHECK(p.sizes.lm_chunk == p.sizes.tokens);
+    CHECK(p.bytes(MemCategory::activations) == fixed + B * per_sequence);
     // Parameters and optimizer state do not depend on the batch.
     for (MemCategory c : {MemCategory::weights, MemCategory::master, MemCategory::moments, MemCategory::grads})
       CHECK(p.bytes(c) == p1.bytes(c));
@@ -447,10 +456,10 @@ TEST_CASE("gpu memory plan: activations grow linearly with micro_batch; the lm c
   CHECK(lm_chunk_tokens(16384, big.vocab_size) == 3328);
   // 108, 216 and 432 sequences of 32 are 1, 2 and 4 chunks of exactly 3456 tokens.
   const GpuMemoryPlan q1 = big_plan(108), q2 = big_plan(216), q4 = big_plan(432);
-  CHECK(q1.lm_chunk == chunk);
-  CHECK(q4.lm_chunk == chunk);
-  const auto non_logits = [](const GpuMemoryPlan& p) {
-    return p.bytes(MemCategory::activations) - p.find("logits").bytes;
+  CHECK(q1.sizes.lm_chunk == chunk);
+  CHECK(q4.sizes.lm_chunk == chunk);
+  const auto non_logits = [&](const GpuMemoryPlan& p) {
+    return p.bytes(MemCategory::activations) - p.find("logits").bytes - fixed;
   };
   CHECK(non_logits(q2) == 2 * non_logits(q1));
   CHECK(non_logits(q4) == 4 * non_logits(q1));

@@ -32,6 +32,7 @@
 #include "model/cpu/ops.hpp"
 #include "tests/cuda_test.cuh"
 #include "tests/kernel_cases.hpp"
+#include "tests/moe_layer_buffers.cuh"
 
 namespace {
 
@@ -160,7 +161,7 @@ void check_router_forward(const RouterCase& rc, bool bf16_logits, bool in_place)
   CHECK_SAME("router top-k indices", g_idx, idx);
   CHECK_REL("router top-k weights", g_w.data(), w.data(), N * K, 1e-5);
 
-  // LB / RZ statistics, against the DESIGN §1 formula in double on the CPU outputs.
+  // LB / RZ statistics, against the formula (README, Architecture: "Loss") in double on the CPU outputs.
   IVec offsets(E + 1), slot_token(N * K), token_slot(N * K);
   spes::cpu::moe_dispatch_indices(offsets.data(), slot_token.data(), token_slot.data(), idx.data(), N, E, K);
   const Vec count_scale = uniform_vector(E, 0.7f, 1.0f);
@@ -575,7 +576,7 @@ void check_layer(const LayerCase& c) {
   Dev<bf16> d_out(N * d), d_dx(N * d);
   Dev<float> d_g(gflat), d_grouter(init_router), d_scale(in.count_scale);
   const MoeShape shape{N, d, E, K, H, c.renorm};
-  Dev<char> d_saved(MoeSaved::bytes(shape)), d_scratch(MoeScratch::bytes(shape));  // poisoned
+  spes::test::MoeLayerBuffers bufs(shape);  // poisoned
 
   MoeWeights weights;
   weights.router = d_router.get();
@@ -592,8 +593,7 @@ void check_layer(const LayerCase& c) {
   // The runtime's cuBLAS handle: bound to its stream, with the workspace it shares
   // with cuBLASLt — the configuration the trainer runs.
   cublasHandle_t cublas = spes::test::runtime().cublas();
-  MoeLayer layer(shape, c.gemm, weights, grads, MoeSaved::carve(d_saved.get(), shape),
-                 MoeScratch::carve(d_scratch.get(), shape));
+  MoeLayer layer(shape, c.gemm, weights, grads, bufs.saved, bufs.scratch);
   layer.forward(cublas, d_out.get(), d_x.get(), d_scale.get(), stream());
   layer.backward(cublas, d_dx.get(), d_dout.get(), d_x.get(), lb_loss_scale, rz_loss_scale, stream());
   // Grouped: whichever sites cuBLAS refused now run per expert (checked against the

@@ -26,10 +26,10 @@ namespace {
 
 // A CPU data-parallel backend of `G` ranks for cfg; `ranks` receives the rank
 // backends (owned by the returned backend) for inspection.
-std::unique_ptr<TrainBackend> cpu_ranks(const Config& cfg, int G, std::vector<TrainBackend*>& ranks) {
+std::unique_ptr<TrainBackend> cpu_ranks(const Config& cfg, int G, std::vector<RankBackend*>& ranks) {
   const ParamLayout L = make_layout(cfg.model);
   const Ownership own = test::ownership_of(cfg, L);
-  std::vector<std::unique_ptr<TrainBackend>> rs;
+  std::vector<std::unique_ptr<RankBackend>> rs;
   for (int r = 0; r < G; ++r) {
     rs.push_back(std::make_unique<CpuBackend>(cfg.model, cfg.train.loss, L, own, cfg.train.micro_batch / G, 1));
     ranks.push_back(rs.back().get());
@@ -87,7 +87,7 @@ TEST_CASE("data parallel: 2 ranks × B/2 give the update of 1 rank × B; ranks s
   std::ostringstream csv_one, csv_two;
   Trainer one(c);  // 1 rank, micro-batches of 4
   one.run(csv_one, false);
-  std::vector<TrainBackend*> ranks;
+  std::vector<RankBackend*> ranks;
   Trainer two(c, cpu_ranks(c, 2, ranks));  // 2 ranks, 2 sequences each
   two.run(csv_two, false);
   const double diff = rel_diff(two.params(), one.params());
@@ -112,7 +112,7 @@ TEST_CASE("data parallel: loss parts are the ranks' mean; moments reach every ra
   std::ostringstream csv_one, csv_two;
   Trainer one(c);
   one.run(csv_one, false);
-  std::vector<TrainBackend*> ranks;
+  std::vector<RankBackend*> ranks;
   Trainer two(c, cpu_ranks(c, 2, ranks));
   two.run(csv_two, false);
   const double parts_diff = test::worst_column_difference(csv_two.str(), csv_one.str(), {3, 5, 6});
@@ -124,7 +124,7 @@ TEST_CASE("data parallel: loss parts are the ranks' mean; moments reach every ra
   MESSAGE("lb, 2 ranks vs 1: worst relative difference " << lb_diff << " (tol 0.1)");
   CHECK(lb_diff < 0.1);
 
-  std::vector<TrainBackend*> fresh_ranks;
+  std::vector<RankBackend*> fresh_ranks;
   const std::unique_ptr<TrainBackend> node = cpu_ranks(c, 2, fresh_ranks);
   test::check_moments_reach_every_rank(*node, fresh_ranks,
                                        size_t(test::ownership_of(c, make_layout(c.model)).space.size()));
@@ -137,7 +137,7 @@ TEST_CASE("data parallel: 1 rank equals the plain backend, bitwise (the one-GPU 
   std::ostringstream csv_plain, csv_one;
   Trainer plain(a);
   plain.run(csv_plain, false);
-  std::vector<TrainBackend*> ranks;
+  std::vector<RankBackend*> ranks;
   Trainer one(b, cpu_ranks(b, 1, ranks));  // the gradient "mean" of one rank still runs
   one.run(csv_one, false);
   CHECK(one.params() == plain.params());
@@ -151,7 +151,7 @@ TEST_CASE("data parallel: a 2-rank node in a 4-node SPES run agrees on every rou
                                          "spes.state_dir=\"" + (dir / "coordinator").string() + "\""};
   test::InProcessSpes run(test::small_config(dir / "c", spes));
   std::vector<std::unique_ptr<Trainer>> nodes;
-  std::vector<TrainBackend*> ranks;
+  std::vector<RankBackend*> ranks;
   for (int n = 0; n < 4; ++n) {
     const Config c = test::small_config(dir / ("n" + std::to_string(n)), run.node_sets(spes, n));
     nodes.push_back(n == 0 ? std::make_unique<Trainer>(c, cpu_ranks(c, 2, ranks)) : std::make_unique<Trainer>(c));
@@ -180,7 +180,7 @@ TEST_CASE("data parallel: a short evaluation batch split over the ranks gives on
   const ParamLayout L = make_layout(c.model);
   const Ownership own = test::ownership_of(c, L);
   CpuBackend plain(c.model, c.train.loss, L, own, c.train.micro_batch, 1);
-  std::vector<TrainBackend*> ranks;
+  std::vector<RankBackend*> ranks;
   const std::unique_ptr<TrainBackend> node = cpu_ranks(c, 2, ranks);
   std::vector<float> theta(size_t(L.total));
   init_parameters(theta.data(), c.model, L, c.train.seed);

@@ -37,7 +37,7 @@ std::unique_ptr<TrainBackend> nccl_one_rank(const Config& c) {
 
 // A rank's device θ (fp32 master of the owned segments, then the bf16 compute
 // weights), copied to the host.
-std::vector<std::vector<std::byte>> device_theta(TrainBackend& rank) {
+std::vector<std::vector<std::byte>> device_theta(RankBackend& rank) {
   std::vector<std::vector<std::byte>> out;
   for (std::span<std::byte> b : rank.theta_buffers()) {
     out.emplace_back(b.size());
@@ -107,7 +107,7 @@ GPU_TEST_CASE("nccl data parallel, 2 GPUs: 2 ranks x B/2 give the update of 1 GP
   Trainer one(one_cfg);
   one.run(one_csv, false);
   const ParamLayout layout = make_layout(two_cfg.model);
-  std::vector<TrainBackend*> ranks;
+  std::vector<RankBackend*> ranks;
   Trainer two(two_cfg, make_nccl_data_parallel_backend(two_cfg, layout, test::ownership_of(two_cfg, layout), {0, 1},
                                                        &ranks));
   two.run(two_csv, false);
@@ -148,7 +148,7 @@ GPU_TEST_CASE("nccl data parallel, 2 GPUs: 2 ranks x B/2 give the update of 1 GP
         std::string::npos);
   // Moments written to the node (a resume) reach every rank.
   const Ownership own = test::ownership_of(two_cfg, layout);
-  std::vector<TrainBackend*> fresh_ranks;
+  std::vector<RankBackend*> fresh_ranks;
   const std::unique_ptr<TrainBackend> fresh = make_nccl_data_parallel_backend(two_cfg, layout, own, {0, 1}, &fresh_ranks);
   test::check_moments_reach_every_rank(*fresh, fresh_ranks, size_t(own.space.size()));
 }

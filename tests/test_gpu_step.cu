@@ -50,6 +50,7 @@
 #include "model/cpu/cpu_model.hpp"
 #include "model/gpu_memory.hpp"
 #include "model/gpu/gpu_model.cuh"
+#include "model/gpu/gpu_plan.hpp"
 #include "model/layout.hpp"
 #include "tests/bf16_values.hpp"
 #include "tests/gpu_test.hpp"
@@ -123,10 +124,10 @@ void compare_one_step(const Config& cfg, const StepTolerances& tol) {
   const Batch mb1 = random_batch(cfg, B, 1), mb2 = random_batch(cfg, B, 2);
   const float aux = 0.85f;  // the SPES decayed aux factor on owned experts' LB counts
 
-  std::unique_ptr<TrainBackend> gpu = make_gpu_backend(cfg, layout, own);
+  std::unique_ptr<RankBackend> gpu = make_gpu_rank(cfg, layout, own);
   CpuBackend cpu(cfg.model, cfg.train.loss, layout, own, B, cfg.train.threads);
   MESSAGE("gpu: " << gpu->describe());
-  for (TrainBackend* b : {gpu.get(), static_cast<TrainBackend*>(&cpu)}) {
+  for (TrainBackend* b : {static_cast<TrainBackend*>(gpu.get()), static_cast<TrainBackend*>(&cpu)}) {
     std::copy(theta0.begin(), theta0.end(), b->host_theta().begin());
     b->push_theta();
   }
@@ -307,7 +308,7 @@ GPU_TEST_CASE("gpu step: AdamW decays exactly the tensors it should, in both dec
   const std::vector<float> theta0 = seeded_theta(cfg, layout);
   const std::vector<float> zeros(size_t(own.space.size()), 0.0f);
   const float lr = 1e-2f, wd = 0.1f;
-  std::unique_ptr<TrainBackend> gpu = make_gpu_backend(cfg, layout, own);
+  std::unique_ptr<TrainBackend> gpu = make_gpu_rank(cfg, layout, own);
   CpuBackend cpu(cfg.model, cfg.train.loss, layout, own, cfg.train.micro_batch, cfg.train.threads);
   for (const bool decay_all : {true, false}) {
     for (TrainBackend* b : {gpu.get(), static_cast<TrainBackend*>(&cpu)}) {
@@ -387,32 +388,34 @@ GPU_TEST_CASE("gpu model: chunked lm head with a padded logits stride equals the
   const int64_t B = cfg.train.micro_batch, N = B * cfg.model.seq_len, owned = own.space.size();
   cuda::Runtime rt(0);
   const cudaStream_t s = rt.stream();
-  GpuMemoryPlan plan = plan_gpu_memory(cfg.model, layout, own, B, gpu_kernel_scratch(cfg.model, B, owned));
-  REQUIRE(plan.vocab_stride == 304);
-  REQUIRE(plan.lm_chunk == N);  // planned as one chunk: its logits buffer holds any smaller one
-  plan.lm_chunk = 96;
-  cuda::DeviceArena arena(size_t(plan.arena_bytes()), "chunked lm head test arena");
-  GpuBuffers buf(plan, arena);
-  arena.seal(s);
+  GpuMemoryPlan plan =
+      plan_gpu_node(cfg.model, layout, own, B, current_gpu_limits());
+  REQUIRE(plan.sizes.vocab_stride == 304);
+  REQUIRE(plan.sizes.lm_chunk == N);  // planned as one chunk: its logits buffer holds any smaller one
   // bf16 logits of a planned chunk (N tokens) at the padded stride: the kernels write
   // rows of vocab_stride, and a buffer sized by the vocabulary would overrun into the
   // next buffer of the arena, which no test of values would see (its guard would).
-  CHECK(buf.bytes("logits") == 2 * N * plan.vocab_stride);
-  GpuModel model(cfg.model, layout, own, B, rt, plan, buf);
+  CHECK(plan.find("logits").bytes == 2 * N * plan.sizes.vocab_stride);
+  cuda::DeviceArena arena(size_t(plan.arena_bytes()), "chunked lm head test arena");
+  const DeviceBuffers buf = carve_buffers(plan, arena);
+  arena.seal(s);
+  GpuSizes sizes = plan.sizes;
+  sizes.lm_chunk = 96;
+  GpuModel model(cfg.model, layout, own, sizes, rt, buf);
 
   const std::vector<float> theta = seeded_theta(cfg, layout);  // bf16 values: both devices use the same weights
   std::vector<cuda::bf16> w(theta.size());
   for (size_t i = 0; i < theta.size(); ++i) w[i] = __float2bfloat16_rn(theta[i]);
   const Batch mb = random_batch(cfg, B, 3);
-  cuda_check(cudaMemcpyAsync(buf.get<cuda::bf16>("weights"), w.data(), w.size() * sizeof(cuda::bf16),
+  cuda_check(cudaMemcpyAsync(buf.weights, w.data(), w.size() * sizeof(cuda::bf16),
                              cudaMemcpyHostToDevice, s));
-  cuda_check(cudaMemsetAsync(buf.get<float>("grads"), 0, size_t(owned) * sizeof(float), s));
+  cuda_check(cudaMemsetAsync(buf.grads, 0, size_t(owned) * sizeof(float), s));
   cuda_check(cudaMemcpyAsync(model.inputs(), mb.x.data(), size_t(N) * 4, cudaMemcpyHostToDevice, s));
   cuda_check(cudaMemcpyAsync(model.targets(), mb.y.data(), size_t(N) * 4, cudaMemcpyHostToDevice, s));
   const LossParts gp = model.forward_backward(cfg.train.loss, 1.0f, 1.0f);  // ends with a stream sync
   CHECK_NOTHROW(arena.check_guards(s));  // no kernel of the step wrote past its buffer
   std::vector<float> g_gpu(static_cast<size_t>(owned));
-  cuda_check(cudaMemcpyAsync(g_gpu.data(), buf.get<float>("grads"), size_t(owned) * sizeof(float),
+  cuda_check(cudaMemcpyAsync(g_gpu.data(), buf.grads, size_t(owned) * sizeof(float),
                              cudaMemcpyDeviceToHost, s));
   cuda_check(cudaStreamSynchronize(s));
 
@@ -476,7 +479,7 @@ GPU_TEST_CASE("gpu resume: N steps equal N/2 + resume + N/2, bitwise; a GPU chec
   CHECK(resumed.step() == 20);
   // Bitwise: the checkpoint holds the fp32 master θ and moments exactly, the bf16
   // compute copy rebuilt from it has the bits AdamW wrote, and every kernel of the
-  // step is deterministic (DESIGN §5), so the resumed run repeats the same arithmetic.
+  // step is deterministic (README, Architecture: "Precision and determinism"), so the resumed run repeats the same arithmetic.
   std::vector<std::string> a = loss_columns(full_csv.str()), b = loss_columns(first_csv.str()),
                            b2 = loss_columns(second_csv.str());
   b.insert(b.end(), b2.begin(), b2.end());
@@ -508,26 +511,26 @@ GPU_TEST_CASE("gpu memory: the backend's arena is exactly the memory plan's") {
   const Config cfg = gpu_config(dir);
   const ParamLayout layout = make_layout(cfg.model);
   const Ownership own = ownership_of(cfg, layout);
-  const GpuMemoryPlan plan = plan_gpu_memory(cfg.model, layout, own, cfg.train.micro_batch,
-                                             gpu_kernel_scratch(cfg.model, cfg.train.micro_batch, own.space.size()));
+  const GpuMemoryPlan plan = plan_gpu_node(cfg.model, layout, own, cfg.train.micro_batch, current_gpu_limits());
   cuda_check(cudaFree(nullptr));  // the context exists before the first reading
   size_t free_before = 0, free_after = 0, total = 0;
   cuda_check(cudaMemGetInfo(&free_before, &total));
-  std::unique_ptr<TrainBackend> gpu = make_gpu_backend(cfg, layout, own);
+  std::unique_ptr<TrainBackend> gpu = make_gpu_rank(cfg, layout, own);
   cuda_check(cudaMemGetInfo(&free_after, &total));
-  const GpuArenaUse arena = gpu_arena_use(*gpu);
+  const GpuMemoryUse use = gpu_memory_use(*gpu);
   const int64_t taken = int64_t(free_before) - int64_t(free_after);
-  MESSAGE("arena " << arena.capacity << " B (used " << arena.used << "), plan arena " << plan.arena_bytes()
+  MESSAGE("arena " << use.arena_capacity << " B (used " << use.arena_used << "), plan arena " << plan.arena_bytes()
                    << " B, plan total " << plan.total() << " B; device memory taken by the backend " << taken
                    << " B");
-  CHECK(arena.capacity == plan.arena_bytes());
-  CHECK(arena.used == arena.capacity);  // every planned buffer was carved, with its guard
+  CHECK(use.arena_capacity == plan.arena_bytes());
+  CHECK(use.plan.total() == plan.total());
+  CHECK(use.arena_used == use.arena_capacity);  // every planned buffer was carved, with its guard
   // The backend's own allocations are the arena plus the runtime's GEMM workspace;
   // cuBLAS handles and lazily loaded kernels take a little more.
-  CHECK(taken >= arena.capacity);
+  CHECK(taken >= use.arena_capacity);
   CHECK(taken <= plan.total() + (int64_t(256) << 20));
   // The start-up report reads the same plan.
-  const std::vector<MemoryLine> report = gpu->memory_report();
+  const std::vector<MemoryLine> report = memory_report(use.plan);
   REQUIRE_FALSE(report.empty());
   CHECK(report.back().category == "total");
   CHECK(report.back().bytes == plan.total());
@@ -537,7 +540,7 @@ GPU_TEST_CASE("gpu memory: the backend's arena is exactly the memory plan's") {
       if (l.category == mem_category_name(c)) CHECK(l.bytes == plan.bytes(c));
   CHECK(gpu->optimizer_state_bytes() == 12 * own.space.size());
   CpuBackend cpu(cfg.model, cfg.train.loss, layout, own, cfg.train.micro_batch, 1);
-  CHECK_THROWS_AS(gpu_arena_use(cpu), Error);
+  CHECK_THROWS_AS(gpu_memory_use(cpu), Error);
 }
 
 GPU_TEST_CASE("gpu memory: θ and the moments never leave the GPU past an overwritten arena guard") {
@@ -545,7 +548,7 @@ GPU_TEST_CASE("gpu memory: θ and the moments never leave the GPU past an overwr
   const Config cfg = gpu_config(dir);
   const ParamLayout layout = make_layout(cfg.model);
   const Ownership own = ownership_of(cfg, layout);
-  std::unique_ptr<TrainBackend> gpu = make_gpu_backend(cfg, layout, own);
+  std::unique_ptr<RankBackend> gpu = make_gpu_rank(cfg, layout, own);
   std::vector<float> m(size_t(own.space.size())), v(m.size());
   CHECK_NOTHROW(gpu->pull_theta());
   CHECK_NOTHROW(gpu->read_moments(m, v));

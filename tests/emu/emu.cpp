@@ -976,6 +976,7 @@ cudaError_t cudaDeviceGetAttribute(int* value, cudaDeviceAttr attr, int device) 
   switch (attr) {
     case cudaDevAttrMaxSharedMemoryPerBlockOptin: *value = emu::kSmemOptinLimit; break;
     case cudaDevAttrMultiProcessorCount: *value = emu::kSms; break;
+    case cudaDevAttrMaxBlocksPerMultiprocessor: *value = emu::kMaxBlocksPerSm; break;
     case cudaDevAttrComputeCapabilityMajor: *value = 9; break;
     default: emu::fail("cudaDeviceGetAttribute: attribute " + std::to_string(int(attr)) + " is not emulated");
   }
