@@ -144,8 +144,9 @@ void run_shape(spes::bench::Bench& b, const Shape& s, cublasHandle_t cublas, cud
   // heuristic cache has seen each per-expert row count. In training the routing, and
   // with it every expert's row count, changes with each micro-batch. Here each run
   // routes a batch no earlier run routed, so a per-expert GEMM pays for the shape it
-  // has not seen, as in a run's first steps (on an H200, 2026-11-27, the whole step
-  // with per-expert GEMMs spent 307 ms of 934 outside kernels; grouped: 6 of 1179).
+  // has not seen, as in a run's first steps (bench_train_gpu's whole step with
+  // per-expert GEMMs spent far more time outside kernels than grouped:
+  // bench/RESULTS.md, Whole step).
   {
     const int64_t inputs = spes::bench::kWarmup + spes::bench::kRuns;
     DevBuf xs(sizeof(bf16) * N * d * inputs);

@@ -1,6 +1,7 @@
 // AdamW update kernel. One thread per 4 parameters (float4 loads/stores), 30 B of
-// HBM traffic per parameter; expected ≥ 85 % of D2D copy bandwidth (not yet
-// measured). Host computes the bias corrections exactly as cpu::adamw_update.
+// HBM traffic per parameter (read master, m, v, gradient; write master, m, v and the
+// bf16 copy): bandwidth-bound. Host computes the bias corrections exactly as
+// cpu::adamw_update.
 #include <cmath>
 
 #include "cuda/adamw.cuh"

@@ -1,5 +1,4 @@
-// AdamW over the owned parameter ranges (DESIGN §1, §5): fp32 master weights and
-// moments, the bf16 compute copy written back in the same pass. Same formula as
+// AdamW over the owned parameter ranges: fp32 master weights and moments, the bf16 compute copy written back in the same pass. Same formula as
 // cpu::adamw_update (PyTorch AdamW, single-tensor arrangement).
 #pragma once
 #include <cuda_runtime.h>

@@ -19,7 +19,7 @@
 //   dq:   one CTA per query block × head × batch, like the forward: loops over key
 //         blocks, recomputes P and dP = dO·Vᵀ, accumulates dQ += dS·K.
 // Recomputing S and dP in the dq kernel costs 2 extra GEMMs over FlashAttention-2's
-// atomic-add dQ (7 instead of 5): the price of bit-reproducible gradients (DESIGN §5).
+// atomic-add dQ (7 instead of 5): the price of bit-reproducible gradients.
 //
 // Fragment layouts (PTX ISA, mma.m16n8k16 .bf16; g = lane/4, t = lane%4):
 //   A 16×16 (row-major): a0 = (g, 2t..2t+1), a1 = (g+8, 2t..), a2 = (g, 2t+8..), a3 = (g+8, 2t+8..)
@@ -44,12 +44,10 @@
 // store_rows moves 16·4 = 64 chunks per warp, 2 per lane. The dsum kernel reads
 // D/2 = 16 bf16 pairs per row: lanes 16-31 add nothing.
 //
-// Measured: not yet — written without a GPU; bench/bench_attention.cu prints the table.
-// Resource use (nvcc 13.0 -Xptxas -v, sm_90): forward D=64 128 regs, D=128 217 regs
-// (256 threads); dkv 233 / 255 regs, dq 168 (16-byte spill) / 254 regs (128 threads);
-// shared memory per CTA (D=64 / D=128): forward 54 / 102 KB, dkv 55 / 103 KB, dq 54 / 102 KB.
-// D=32 (same tiles): forward 30 KB, dkv 31 KB, dq 30 KB of shared memory (under the
-// 48 KB default); forward 82, dkv 149, dq 121 registers, no spills.
+// Shared memory per CTA (D=64 / D=128): forward 54 / 102 KB, dkv 55 / 103 KB, dq
+// 54 / 102 KB, above the 48 KB default (allow_smem opts in); D=32 (the D=64 tiles):
+// forward 30 KB, dkv 31 KB, dq 30 KB. bench/bench_attention.cu measures the kernels,
+// bench/RESULTS.md holds the figures and the register counts.
 #include "cuda/attention.cuh"
 
 #include <cstdint>

@@ -11,9 +11,8 @@
 //   (m, s); the 8 partials are exchanged through distributed shared memory
 //   (cluster.sync + map_shared_rank), every block merges them in rank order, and
 //   pass 2 computes the gradient from smem and writes it. HBM traffic: 2 B read +
-//   2 B written per logit — the minimum — so the kernel should run near copy
-//   bandwidth (≥ 80 % expected; ~2 exp2 and ~8 other ops per logit stay under the
-//   memory time on H100).
+//   2 B written per logit — the minimum; ~2 exp2 and ~8 other ops per logit stay
+//   under the memory time on an H100, so the kernel is bound by memory.
 // row kernel (fallback, any GPU): one 1024-thread block per row; pass 1 reads the
 //   row, pass 2 re-reads it (mostly from L2) and writes: 4–6 B per logit.
 //

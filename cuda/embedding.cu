@@ -1,8 +1,7 @@
 // Embedding forward / backward.
 //
 // forward: one thread per 16-byte vector (8 channels) of the output; reads the
-//   table row and writes the output once: 4 B/channel/token, a copy — expected
-//   ≥ 90 % of D2D copy bandwidth.
+//   table row and writes the output once: 4 B/channel/token, a copy.
 // backward: (1) keys = tokens as uint32 (out-of-range → V, sorted last), values =
 //   positions; (2) stable CUB radix sort over ⌈log2(V+1)⌉ bits; (3) one block per
 //   sorted position, exiting at once unless it starts a run of equal tokens; the

@@ -1,4 +1,4 @@
-// Global gradient norm and the clipping factor (DESIGN §1: global-norm gradient
+// Global gradient norm and the clipping factor (the trainer's global-norm gradient
 // clipping), deterministic: a fixed partition of each span (a function of its
 // length only, not of the device) into blocks, each summed in a fixed order in
 // double, then the partials added in a fixed order — the same total on every run

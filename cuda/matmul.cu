@@ -30,15 +30,13 @@ void check_pointers(const char* op, int64_t out_elems, int64_t k, const void* ou
   require_ptr(b, sizeof(bf16), op, b_name);
 }
 
-// cuBLAS runs a product with a large odd dimension far below its rate. On an H200
-// (2026-11-27, bench_gemm), the lm head at 4096 tokens × 768 × a vocabulary of 151665
-// ran in cuBLASLt and cublasGemmEx alike at 95 TFLOP/s forward, 98 backward-input and
-// 468 weight-gradient; with a vocabulary of 151680 (1185 × 128) at 659, 728 and 701.
+// cuBLAS runs a product with a large odd dimension far below its rate: cuBLASLt and
+// cublasGemmEx alike ran the lm head at a vocabulary of 151665 up to 7× slower than
+// at 151680 = 1185 × 128 (bench_gemm; the figures are in bench/RESULTS.md, Kernels).
 // So each matmul splits OC into a body, a multiple of kBodyRows, and a tail of fewer
 // rows: two products that together are the one asked for (when the reduction is
-// split, the tail adds into the body's output). Split this way, the odd vocabulary ran
-// forward at 634 and backward-input at 754. Small OC is left whole: its tail would be
-// most of it.
+// split, the tail adds into the body's output). Small OC (< 8 · kBodyRows) is left
+// whole: its tail would be most of it.
 constexpr int64_t kBodyRows = 128;
 int64_t aligned_body(int64_t OC) {
   if (OC < 8 * kBodyRows || OC % kBodyRows == 0) return OC;

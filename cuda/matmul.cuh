@@ -1,9 +1,9 @@
 // GEMMs through cuBLASLt: bf16 inputs, fp32 accumulation (CUBLAS_COMPUTE_32F),
-// bf16 or fp32 output. Same contract as cpu::matmul_* (engine/ops/ops.hpp):
+// bf16 or fp32 output. Same contract as cpu::matmul_* (model/cpu/ops.hpp):
 // row-major, weights stored [out, in], out = inp · weightᵀ.
 //
-// Epilogues: the model has no biases and no GELU (DESIGN §1: SwiGLU experts, no
-// biases), so the only fused epilogue that pays is accumulation: beta = 1 adds
+// Epilogues: the model has no biases and no GELU (its experts are SwiGLU), so the
+// only fused epilogue that pays is accumulation: beta = 1 adds
 // weight gradients into the fp32 grad buffers across micro-batches, and adds an
 // activation gradient into one that another branch already wrote.
 //

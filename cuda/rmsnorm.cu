@@ -4,8 +4,7 @@
 //   forward:  read res_in, branch; write res_out, out       = 8 B/channel/row
 //   backward: read dout, dres_in, x; write dres_out         = 8 B/channel/row
 //             + G·C·8 B for the dweight partials (G ≈ resident blocks, ≈1–3 %)
-// Both are single-pass and bandwidth bound: expected ≥ 80 % of D2D copy at
-// 16k×768 / 16k×2048 (not yet measured: no GPU in the session that wrote this).
+// Both are single-pass and bandwidth-bound.
 #include "cuda/launch.cuh"
 #include "cuda/norm_common.cuh"
 #include "cuda/rmsnorm.cuh"

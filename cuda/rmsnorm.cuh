@@ -1,5 +1,5 @@
-// RMSNorm fused with the residual add (DESIGN §1: y = x / sqrt(mean(x²) + eps) · w,
-// statistics in fp32). Same math as cpu::rmsnorm_forward / rmsnorm_backward.
+// RMSNorm fused with the residual add (y = x / sqrt(mean(x²) + eps) · w, statistics
+// in fp32). Same math as cpu::rmsnorm_forward / rmsnorm_backward.
 //
 // In the pre-norm block `h = x + Attn(RMSNorm_in(x))`, `x' = h + MoE(RMSNorm_post(h))`
 // every norm input is a fresh residual sum, so forward takes the residual and the

@@ -3,6 +3,10 @@
 // with channel i + D/2, which another thread owns, so each row's normalised values
 // (forward) or incoming gradient (backward) are exchanged through shared memory in
 // fp32. cos/sin come from the precomputed table (L1/L2 resident, 8 B per pair).
+// When D % 16 == 0 (every head dim the attention kernels take) a thread's 8
+// channels lie in one half of one head, so it reads its own values, the partner
+// half's and the cos/sin pairs as float4s (rotate8_paired); else scalars (rotate8),
+// whose reads are 8-way shared-memory bank conflicts.
 //
 // Memory passes: forward reads inp and writes out (4 B/channel/row); backward reads
 // dout and inp, writes dinp (6 B/channel/row) + the dweight partials. Single pass.

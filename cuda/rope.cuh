@@ -1,4 +1,4 @@
-// QK-norm + RoPE, fused (DESIGN §1): q = q_norm(Wq·a), k = k_norm(Wk·a) where the
+// QK-norm + RoPE, fused: q = q_norm(Wq·a), k = k_norm(Wk·a) where the
 // norm is an RMSNorm over the whole projection (C = H·D channels, before the split
 // into heads), then RoPE in the rotate_half (NeoX) convention on [B,T,H,D].
 // Same math as cpu::rmsnorm_forward followed by cpu::rope_forward (fp32 in

@@ -1,4 +1,4 @@
-// MoE router on the device (DESIGN §1): fp32 softmax over the E logits, top-k
+// MoE router on the device: fp32 softmax over the E logits, top-k
 // (ties to the lower expert index), optional renormalisation, the statistics of the
 // load-balancing loss (with the SPES decayed factor as a per-expert count scale) and
 // of the router z-loss, and the backward. Semantics: cpu::router_forward/backward.

@@ -1,8 +1,8 @@
 // θ at the start of a fresh run. Every node and the coordinator must start from the
-// same θ (DESIGN §1): the seeded init, or — with [train] init — the parameters of a
-// checkpoint (an upcycled model, `spes-engine upcycle`, or any earlier run of the
-// same model shape). The trainer, the sync client's base and the coordinator's
-// fresh state all come from here.
+// same θ (README, Architecture: Sync round): the seeded init, or — with [train] init
+// — the parameters of a checkpoint (an upcycled model, `spes-engine upcycle`, or any
+// earlier run of the same model shape). The trainer, the sync client's base and the
+// coordinator's fresh state all come from here.
 #pragma once
 #include "engine/config.hpp"
 #include "model/layout.hpp"

@@ -1,8 +1,8 @@
 // A small SVG line-plot writer for `spes-engine plot`: labelled series, axes with
 // 1/2/5×10^k ticks (or a log y axis), grid, legend, title, colours from a fixed
 // palette. Hand-written rather than a plotting library: no well-kept one ships as
-// a static library in Debian (README "Libraries"), and an SVG is just text that
-// any browser shows. Knows nothing of CSV files or the model.
+// a static library in Debian (engine/README.md, Commands: plot), and an SVG is just
+// text that any browser shows. Knows nothing of CSV files or the model.
 #pragma once
 #include <string>
 #include <string_view>

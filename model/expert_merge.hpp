@@ -1,4 +1,4 @@
-// Expert-merging warm-up (DESIGN §1 "Sync round"): model math on expert weights,
+// Expert-merging warm-up (README, Architecture: Sync round): model math on expert weights,
 // used by the coordinator's merge (net/streaming_merge) and by `spes-engine
 // merge-experts` on an HF export.
 //

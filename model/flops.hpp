@@ -1,5 +1,5 @@
-// Training FLOPs per token, MFU's numerator (DESIGN: MFU counts only the experts a
-// token is routed to). 6 × the matmul parameters one token passes through — q/k/v/o
+// Training FLOPs per token, MFU's numerator (MFU counts only the experts a token is
+// routed to). 6 × the matmul parameters one token passes through — q/k/v/o
 // projections, the router, top_k of the E experts, the lm head (the embedding is a
 // lookup, norms are negligible) — plus causal attention: QKᵀ and AV are 2·T·d
 // multiply-adds per token and layer over the whole context, half of that under the

@@ -1,8 +1,9 @@
-// The flat parameter buffer (DESIGN §2): shared parameters first, then one block
-// per expert holding that expert's gate/up/down for every layer. Because expert
-// blocks are expert-major, the experts a node owns ([p·k, (p+1)·k)) form a single
-// contiguous range, so a node's grads, optimizer state and sync payload are just
-// "shared range + one expert range".
+// The flat parameter buffer (README, Architecture: Ownership): shared parameters
+// first, then one block per expert holding that expert's gate/up/down for every
+// layer. Because expert blocks are expert-major, the consecutive experts a node owns
+// ((p·k + i) mod E, i < k) form one contiguous range (two when they wrap past E), so
+// a node's grads, optimizer state and sync payload are "shared range + one or two
+// expert ranges".
 #pragma once
 #include <cstdint>
 #include <string>
@@ -51,7 +52,8 @@ struct ParamLayout {
 
 ParamLayout make_layout(const ModelConfig& m);
 
-// Which experts each node owns (a table, not a formula: DESIGN §1) and this node's
+// Which experts each node owns (a table, not a formula, so "all" and replicated
+// experts need no special case) and this node's
 // view of it: the owned parameters (shared block + owned expert blocks) as an
 // OwnedSpace, where grads, master weights and moments live packed.
 struct Ownership {

@@ -1,4 +1,4 @@
-// The loss of one micro-batch in parts (DESIGN §1): CE + lb·LB + router_z·RZ +
+// The loss of one micro-batch in parts (README, Architecture: Loss): CE + lb·LB + router_z·RZ +
 // lm_z·ZLM, the SPES decayed aux-loss factor, and the expert-load metric. Shared by
 // the CPU and GPU models and the trainer.
 #pragma once

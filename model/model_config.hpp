@@ -1,5 +1,6 @@
 // The model's shape and the loss coefficients: everything that decides the
-// parameter layout and the math of one forward/backward (DESIGN §1).
+// parameter layout and the math of one forward/backward (README, Architecture: The
+// model, Loss).
 #pragma once
 #include <cstdint>
 #include <string>
@@ -27,7 +28,7 @@ struct ModelConfig {
   int64_t kv_dim() const { return head_dim() * n_kv_heads; }
 };
 
-// Loss = CE + lb·LB + router_z·RZ + lm_z·ZLM (DESIGN §1).
+// Loss = CE + lb·LB + router_z·RZ + lm_z·ZLM (README, Architecture: Loss).
 struct LossConfig {
   double lb_coef = 0.01;
   double router_z_coef = 0.001;

@@ -1,4 +1,4 @@
-// Owned space (DESIGN §2): a node trains the shared block and its own experts, a
+// Owned space (README, Architecture: Ownership): a node trains the shared block and its own experts, a
 // few ranges of the flat parameter layout. Everything that exists only for trained
 // parameters — gradients, fp32 master weights, AdamW moments, the sync base, codec
 // residuals — is stored packed: those ranges laid end to end. OwnedSpace is the one

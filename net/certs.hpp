@@ -1,6 +1,6 @@
-// The run's certificates for TLS (DESIGN §3), made with OpenSSL's C API so a user
-// never needs the openssl CLI: a CA, the coordinator's certificate (its host in the
-// subjectAltName, so nodes check they reached the right machine) and one
+// The run's certificates for TLS (net/README.md, Security), made with OpenSSL's C API
+// so a user never needs the openssl CLI: a CA, the coordinator's certificate (its
+// host in the subjectAltName, so nodes check they reached the right machine) and one
 // certificate per node naming its node id (CN and DNS SAN "node-<id>"), which the
 // coordinator matches against the node id claimed in Hello. Ed25519 keys; private
 // keys are written 0600. `spes-engine certs` (engine/cmd_certs.cpp) calls this.

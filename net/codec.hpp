@@ -1,4 +1,5 @@
-// Delta codecs for sync payloads (DESIGN §3): fp32, bf16, int8 block-wise.
+// Delta codecs for sync payloads: fp32, bf16, int8 block-wise (the sparse codec is
+// net/codec_sparse.hpp).
 //
 // A payload carries one chunk of a parameter range. The lossy codecs (bf16, int8)
 // carry a *delta* against a base both sides hold (upload: the node's θ at the last

@@ -1,7 +1,8 @@
 // The merge coordinator: keeps the global θ in fp32 (in its state file,
-// net/state_file) and runs sync rounds (DESIGN §1) over the protocol of net/protocol.fbs. It takes plain values
-// (CoordinatorParams); the program builds them from its config
-// (engine/net_sync.hpp) and runs `spes-engine coordinator` (engine/cmd_coordinator.cpp).
+// net/state_file) and runs sync rounds (README, Architecture: Sync round) over the
+// protocol of net/protocol.fbs. It takes plain values (CoordinatorParams); the
+// program builds them from its config (engine/net_sync.hpp) and runs `spes-engine
+// coordinator` (engine/cmd_coordinator.cpp).
 //
 // The pieces, each readable alone:
 //   net/session      sockets: handshake, framing, out queues, the write pump
@@ -37,8 +38,9 @@ struct CoordinatorNode {
   OwnedSpace space;          // the parameters it trains and pushes
 };
 
-// Expert-merging warm-up (DESIGN §1): α = alpha·(1 − min(step/decay_steps, 1)) at
-// rounds whose step is a multiple of interval; top-k donors per expert.
+// Expert-merging warm-up (model/expert_merge.hpp):
+// α = alpha·(1 − min(step/decay_steps, 1)) at rounds whose step is a multiple of
+// interval; top-k donors per expert.
 struct MergeWarmup {
   double alpha = 0;  // 0 = off
   int64_t topk = 4;

@@ -1,7 +1,7 @@
 // Checksums, the state hash, and the HMAC proof used by the sync protocol.
-//  - crc32c (engine/checksum.hpp): frame and chunk checksums.
+//  - crc32c (engine/base/checksum.hpp): frame and chunk checksums.
 //  - StateHasher / state_hash: a 64-bit hash of a parameter buffer's exact bits.
-//    Every shared state carries one (STYLE "PCCL"): after a sync round every node
+//    Every shared state carries one: after a sync round every node
 //    and the coordinator compare it instead of trusting that they agree.
 //  - hmac_sha256: proof of a shared secret over a nonce (OpenSSL libcrypto).
 #pragma once

@@ -1,6 +1,7 @@
 // The coordinator never applies, persists, publishes or loads a non-finite θ
-// (DESIGN §3, issue 13). Finite deltas can still sum past the float range: with a
-// lossy codec θ_new = θ_old + Δ, and round after round a large Δ walks θ to +inf.
+// (net/README.md, What the coordinator guarantees). Finite deltas can still sum past
+// the float range: with a lossy codec θ_new = θ_old + Δ, and round after round a
+// large Δ walks θ to +inf.
 //
 // Each push is checked against θ_old: a contribution is accepted only when every
 // θ_old + Δ_p is a finite float (fp32 pushes carry values, checked finite). The mean

@@ -1,5 +1,5 @@
-// Framing of the sync protocol (DESIGN §3). A frame is a 16-byte little-endian
-// header followed by one FlatBuffers Envelope (net/protocol.fbs):
+// Framing of the sync protocol (net/README.md, Protocol). A frame is a 16-byte
+// little-endian header followed by one FlatBuffers Envelope (net/protocol.fbs):
 //
 //   offset 0  u32  magic "SPES"
 //          4  u16  protocol version

@@ -1,4 +1,5 @@
-// The MAC on every frame after the handshake in shared-secret mode (DESIGN §3).
+// The MAC on every frame after the handshake in shared-secret mode (net/README.md,
+// Security).
 // The Hello/Welcome proofs show both sides know the secret; from then on each
 // frame carries HMAC-SHA256 under a session key derived from the secret and both
 // handshake nonces (fresh per connection, so a frame of one session is worthless

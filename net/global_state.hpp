@@ -3,7 +3,7 @@
 // and its persistence in state_dir/state.bin (format: net/state_file). θ, residual
 // and momentum are not held in memory: they are read from the open state file as
 // needed, and each round writes the next file (issue 14: the coordinator in ≤ 1.5×
-// the model). Write-ahead (DESIGN §3): every round is durably persisted before it is
+// the model). Write-ahead: every round is durably persisted before it is
 // published, so a crash at any instant loses no round a node has seen. The state is
 // the run's: at start it is loaded (run id, model fingerprint, state hash and
 // finiteness checked) and its absence is an error; only an explicit `fresh` start

@@ -1,5 +1,5 @@
-// One round's result as it goes to every node that pushed (DESIGN §1: every node
-// receives the new global θ): the grid chunks that changed, as θ_new − θ_old.
+// One round's result as it goes to every node that pushed (every node receives the
+// new global θ): the grid chunks that changed, as θ_new − θ_old.
 // Building it writes the next round's θ (and download residual) into its state file:
 // the coordinator keeps no model-sized θ in memory (net/state_file).
 // Lossy codecs: each chunk's payload is encoded once, spilled to an unlinked file

@@ -1,7 +1,7 @@
-// The coordinator's round state machine (DESIGN §1 "Sync round", STYLE "PCCL"):
-// pure — no sockets, no Asio, no clock. The glue (net/coordinator.cpp) feeds it
-// events and acts on the decisions it returns; every transition is logged through
-// the LineSink it is given.
+// The coordinator's round state machine (README, Architecture: Sync round), after
+// PCCL's explicit states and transitions: pure — no sockets, no Asio, no clock. The
+// glue (net/coordinator.cpp) feeds it events and acts on the decisions it returns;
+// every transition is logged through the LineSink it is given.
 //
 //   waiting    no accepted push yet for the open round r = completed + 1
 //   collecting a first chunk was accepted: the glue arms the round timer; chunks

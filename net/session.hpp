@@ -1,14 +1,14 @@
-// The coordinator's socket layer (DESIGN §3): one Session per TCP connection —
-// the Challenge → Hello → Welcome handshake with HMAC proofs, framing with a size
-// cap per state (1 KiB before authentication), a MAC on every frame after the
-// handshake in shared-secret mode, an out queue of jobs (single frames, round
+// The coordinator's socket layer (net/README.md, Protocol): one Session per TCP
+// connection — the Challenge → Hello → Welcome handshake with HMAC proofs, framing
+// with a size cap per state (1 KiB before authentication), a MAC on every frame after
+// the handshake in shared-secret mode, an out queue of jobs (single frames, round
 // results, snapshots) drained by one write pump, and a watchdog (handshake, read,
 // write and heartbeat deadlines) — and the SessionServer that accepts, counts,
-// refuses and closes connections. Connections that have not authenticated live
-// in a small pool of their own (the oldest is dropped for a newcomer), so idle or
-// hostile sockets never take a node's place. What a push means for the round is
-// the SessionHandler's business (net/coordinator.cpp); this layer knows frames,
-// not rounds. Everything runs on the io_context's one thread.
+// refuses and closes connections. Connections that have not authenticated live in a
+// small pool of their own (the oldest is dropped for a newcomer), so idle or hostile
+// sockets never take a node's place. What a push means for the round is the
+// SessionHandler's business (net/coordinator.cpp); this layer knows frames, not
+// rounds. Everything runs on the io_context's one thread.
 #pragma once
 #include <array>
 #include <atomic>

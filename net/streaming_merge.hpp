@@ -1,11 +1,11 @@
-// The coordinator's merge of one round (DESIGN §1 "Sync round"), streamed: pushes
-// are decoded straight into an accumulator as they arrive, one chunk at a time, so
-// the coordinator holds one model-sized accumulator (θ is in its state file)
-// whatever the number of nodes (the SPES reference keeps every upload). The accumulator sums what
-// the codec carries: new values (fp32) or deltas against θ_old (lossy codecs). The
-// mean over a chunk's contributors is the sum / count (fp32) or θ_old + sum / count:
-// shared params average over the participating nodes, expert e over its
-// participating owners, and a chunk nobody delivered keeps its value.
+// The coordinator's merge of one round (README, Architecture: Sync round), streamed:
+// pushes are decoded straight into an accumulator as they arrive, one chunk at a
+// time, so the coordinator holds one model-sized accumulator (θ is in its state file)
+// whatever the number of nodes (the SPES reference keeps every upload). The
+// accumulator sums what the codec carries: new values (fp32) or deltas against θ_old
+// (lossy codecs). The mean over a chunk's contributors is the sum / count (fp32) or
+// θ_old + sum / count: shared params average over the participating nodes, expert e
+// over its participating owners, and a chunk nobody delivered keeps its value.
 //
 // The merge must not depend on arrival order (a run is reproducible, and the same
 // run over TLS or plaintext gives the same hashes), so the sum's width depends on

@@ -1,8 +1,8 @@
-// TLS 1.3 with mutual certificates for the sync protocol (DESIGN §3), through
-// Boost.Asio's ssl::stream over OpenSSL: no crypto of our own. Both sides present
-// a certificate signed by the run's CA (net/certs.hpp) and verify the other's;
-// the coordinator reads the node id its peer's certificate names, the node checks
-// that the coordinator's certificate names the host it dialed.
+// TLS 1.3 with mutual certificates for the sync protocol (net/README.md, Security),
+// through Boost.Asio's ssl::stream over OpenSSL: no crypto of our own. Both sides
+// present a certificate signed by the run's CA (net/certs.hpp) and verify the
+// other's; the coordinator reads the node id its peer's certificate names, the node
+// checks that the coordinator's certificate names the host it dialed.
 #pragma once
 #include <memory>
 #include <string>

@@ -1,13 +1,14 @@
 // CUDA flash attention vs the CPU reference (spes::cpu::attention_forward/backward).
 // Inputs are random, rounded to bf16 and given to both sides as the same values; the
-// CPU computes in fp32 from them. Tolerances (DESIGN §5, bf16 kernels, relative error
-// ‖gpu − cpu‖/‖cpu‖): out, dq, dk, dv 2e-2 (bf16 storage of out/grads alone costs
-// ~3e-3, P and dS are rounded to bf16 for the tensor-core products); lse 1e-3 (fp32,
-// differs only through fp32 summation order and ex2.approx). The kernels use no
-// atomics, so a second backward run must give bit-identical gradients. The same
-// tolerances hold for every head dim: each output element is one bf16 rounding of an
-// fp32 sum, and the P/dS roundings are relative, so a smaller D (fewer terms per q·k
-// dot product) changes nothing in the error budget.
+// CPU computes in fp32 from them. Tolerances (bf16 kernels, README, Architecture:
+// Precision; relative error ‖gpu − cpu‖/‖cpu‖): out, dq, dk, dv 2e-2 (bf16 storage of
+// out/grads alone costs ~3e-3, P and dS are rounded to bf16 for the tensor-core
+// products); lse 1e-3 (fp32, differs only through fp32 summation order and
+// ex2.approx). The kernels use no atomics, so a second backward run must give
+// bit-identical gradients. The same tolerances hold for every head dim: each output
+// element is one bf16 rounding of an fp32 sum, and the P/dS roundings are relative,
+// so a smaller D (fewer terms per q·k dot product) changes nothing in the error
+// budget.
 #include <cstring>
 #include <string>
 #include <vector>

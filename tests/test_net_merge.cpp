@@ -1,5 +1,6 @@
 // Merge rules: the expert-merging warm-up against a direct, independent
-// computation written here from DESIGN §1, and the streaming mean merge.
+// computation written here from its definition (README, Architecture: Sync round),
+// and the streaming mean merge.
 #include <doctest/doctest.h>
 
 #include <algorithm>
@@ -41,7 +42,7 @@ std::vector<float> random_theta(const ParamLayout& L, uint64_t seed) {
   return t;
 }
 
-// DESIGN §1, written out directly: per layer, cosine similarity of flattened gate
+// The definition, written out directly: per layer, cosine similarity of flattened gate
 // weights; donors = top-k others (k ≤ E−1) by similarity; every weight of e moves
 // by α·mean over donors of (θ_j − θ_e), all from the pre-merge θ.
 std::vector<float> reference_merge(const std::vector<float>& pre, const ParamLayout& L, const ModelConfig& m,

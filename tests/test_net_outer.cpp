@@ -1,6 +1,6 @@
 // The coordinator's outer optimizer (net/outer_optimizer): `average` with lr 1 is
 // the plain merge bit for bit; `nesterov` equals a direct computation written here
-// from the README's formula over 3 rounds with a missing expert and a coordinator
+// from net/README.md's formula over 3 rounds with a missing expert and a coordinator
 // restart after each round (the momentum is persisted); a chunk whose step is not
 // finite keeps its value and momentum; the state file keeps the momentum and still reads format-1 files.
 #include <doctest/doctest.h>

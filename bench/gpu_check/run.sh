@@ -166,10 +166,11 @@ else
 fi
 
 # ---- 2 (started now). tiny-central on the CPU -------------------------------------------
-# The CPU reference of step 2 takes minutes (6400 tokens/s on 8 cores of a Xeon, 2026-11-27:
-# 300 steps did not fit in 240 s), so it runs from here, beside the tests and benches,
-# which need the GPU far more than the CPU; step 2 compares the curves. It takes at most
-# half the cores, so the benches' host threads (launches, MoE host waits) keep theirs.
+# The CPU reference of step 2 takes minutes (bench/RESULTS.md: 300 steps did not fit in
+# 240 s on 8 cores of the H200 machine's Xeon), so it runs from here, beside the tests
+# and benches, which need the GPU far more than the CPU; step 2 compares the curves. It
+# takes at most half the cores, so the benches' host threads (launches, MoE host
+# waits) keep theirs.
 data_sets=(--set "data.train=$(quote "$DATA/train.manifest")" --set "data.validation=$(quote "$DATA/val.manifest")")
 cpu_threads=$((NPROC / 2 < 8 ? NPROC / 2 : 8))
 ((cpu_threads < 1)) && cpu_threads=1
@@ -331,7 +332,7 @@ else
     for name in "${failed_first[@]}"; do
       # racecheck looks for shared-memory hazards, so it runs the kernel files only:
       # the whole-step files run the same kernels through cuBLAS-heavy steps that
-      # racecheck slows past any cap (test_gpu_step: over 138 s on an H200), and
+      # racecheck slows past any cap (test_gpu_step: bench/RESULTS.md), and
       # test_cuda_matmul is cuBLAS alone.
       [[ $tool == racecheck && $name =~ ^(test_gpu_step|test_gpu_data_parallel|test_cuda_matmul)$ ]] && continue
       base="$L/sanitize/$name.$tool"

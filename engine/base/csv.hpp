@@ -1,5 +1,5 @@
-// CSV rows for stdout (DESIGN §2: stdout is data). A row is built field by field,
-// each with its own printf format, and joined with commas; fields are numbers,
+// CSV rows for stdout (README, Architecture: stdout is data). A row is built field by
+// field, each with its own printf format, and joined with commas; fields are numbers,
 // hex hashes and plain words, never text that would need quoting.
 #pragma once
 #include <cstdarg>

@@ -1,5 +1,5 @@
-// Errors are values until the edge of the program (STYLE "Ours"): each layer throws
-// one of these with a complete one-line message; main() prints it and exits non-zero.
+// Errors are values until the edge of the program: each layer throws one of these
+// with a complete one-line message; main() prints it and exits non-zero.
 #pragma once
 #include <stdexcept>
 #include <string>

@@ -1,4 +1,4 @@
-// The OLMoE-style MoE decoder (DESIGN §1) as a sequence of op calls on the CPU
+// The OLMoE-style MoE decoder (README, Architecture: The model) as a sequence of op calls on the CPU
 // reference ops (model/cpu/ops.hpp): forward, loss, and a hand-written backward into owned-space
 // gradients. Activations for one micro-batch are sized once, at construction.
 #pragma once

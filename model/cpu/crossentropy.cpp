@@ -1,5 +1,5 @@
 // Per-token cross-entropy over the vocabulary, plus the pieces of the lm z-loss
-// (ZLM = mean_t lse_t², DESIGN §1). Softmax in fp32 with the max subtracted.
+// (ZLM = mean_t lse_t², README, Architecture: Loss). Softmax in fp32 with the max subtracted.
 #include <cmath>
 
 #include "model/cpu/ops.hpp"

@@ -1,4 +1,4 @@
-// The op interface and its CPU reference implementation (DESIGN §2): plain fp32
+// The op interface and its CPU reference implementation: plain fp32
 // C++, OpenMP over rows, OpenBLAS for GEMMs. Every CUDA kernel is tested against
 // these. One file per op family in model/cpu/, *_forward / *_backward side by side.
 //

@@ -4,12 +4,12 @@
 //
 // Inputs are random (seeded, see kSeed), rounded to bf16 and given to both sides as
 // the same values; every output and the scratch start as NaN. Tolerances, relative
-// error ‖emu − ref‖/‖ref‖, are those of test_cuda_attention.cu (DESIGN §5): out, dq,
-// dk, dv 2e-2 (bf16 storage alone costs ~3e-3; P and dS are rounded to bf16 for the
-// tensor-core products; measured ≤ 8e-3, at T = 2), lse 1e-3 (fp32; measured ≤ 1e-7).
-// Each shape runs twice, cp.async landing at wait_group (finds reads of data not yet
-// waited for) and at issue (finds prefetches into a buffer still being read); the two
-// must agree bit for bit: a race-free kernel cannot tell them apart.
+// error ‖emu − ref‖/‖ref‖, are those of test_cuda_attention.cu: out, dq, dk, dv 2e-2
+// (bf16 storage alone costs ~3e-3; P and dS are rounded to bf16 for the tensor-core
+// products; measured ≤ 8e-3, at T = 2), lse 1e-3 (fp32; measured ≤ 1e-7). Each shape
+// runs twice, cp.async landing at wait_group (finds reads of data not yet waited for)
+// and at issue (finds prefetches into a buffer still being read); the two must agree
+// bit for bit: a race-free kernel cannot tell them apart.
 //
 // Mutations of attention.cu it fails on (applied by hand to this version, not kept):
 //   ldsm_b_kn / ldsm_b_nk: the lane bits picking k and n matrices swapped: wrong values

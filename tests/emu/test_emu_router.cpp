@@ -5,13 +5,13 @@
 //
 // Tolerances are test_cuda_moe.cu's: fp32 router math (probs, lse, top-k weights,
 // per-expert LB weights, fp32 dlogits) 1e-5 and the LB and z-loss sums 1e-4 (against
-// their DESIGN §1 formulas in double on the CPU's outputs): summation order and the
-// device's expf/logf only; bf16 dlogits 1e-2 (one bf16 rounding, ~2e-3). Exact: the
-// top-k indices. Measured: fp32 ≤ 6e-7, the sums ≤ 4e-7, bf16 ≤ 1.8e-3. Logits lie on
-// a 1/4 grid (exact in bf16 and fp32 on both sides), so there are many exact ties,
-// which both sides must break to the lower index. Every output and the partials start
-// as NaN; every launcher runs twice more with the other warp schedules and must write
-// the same bits (check_rerun_identical).
+// their formulas in README, Architecture: Loss, in double on the CPU's outputs):
+// summation order and the device's expf/logf only; bf16 dlogits 1e-2 (one bf16
+// rounding, ~2e-3). Exact: the top-k indices. Measured: fp32 ≤ 6e-7, the sums ≤ 4e-7,
+// bf16 ≤ 1.8e-3. Logits lie on a 1/4 grid (exact in bf16 and fp32 on both sides), so
+// there are many exact ties, which both sides must break to the lower index. Every
+// output and the partials start as NaN; every launcher runs twice more with the other
+// warp schedules and must write the same bits (check_rerun_identical).
 //
 // Inputs are seeded (kSeed) per case: this test runs on every commit.
 //
@@ -116,8 +116,8 @@ void check_router_forward(const RouterCase& rc, Logits logits, ErrorReport& repo
   CHECK_MESSAGE(same_bits(download<int32_t>(d_idx, N * K), ref.idx), shape << ": top-k indices differ");
   check_rerun_identical("router fwd " + shape, {&d_probs, &d_lse, &d_w, &d_idx, &d_part}, forward);
 
-  // LB / z-loss statistics from the partials, against the DESIGN §1 formulas in double
-  // on the CPU's outputs; count_e from the CPU's dispatch of its own top-k.
+  // LB / z-loss statistics from the partials, against the README's Loss formulas in
+  // double on the CPU's outputs; count_e from the CPU's dispatch of its own top-k.
   std::vector<int32_t> offsets(E + 1), slot_token(N * K), token_slot(N * K);
   spes::cpu::moe_dispatch_indices(offsets.data(), slot_token.data(), token_slot.data(), ref.idx.data(), N, E, K);
   std::uniform_real_distribution<float> uniform(0.7f, 1.0f);

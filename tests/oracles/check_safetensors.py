@@ -12,7 +12,7 @@ our CPU forward.
     python3 tests/oracles/check_safetensors.py [--build build]
 
 Names and shapes are derived here, independently, from config.json and the
-flat-buffer order of DESIGN §2 (shared block, then expert-major blocks).
+flat-buffer order of model/layout.hpp (shared block, then expert-major blocks).
 """
 import argparse
 import json
