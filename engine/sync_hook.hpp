@@ -1,4 +1,4 @@
-// What the trainer needs from a sync protocol (DESIGN §1 "Sync round"): called every
+// What the trainer needs from a sync protocol (README, Architecture: "Sync round"): called every
 // sync_steps optimizer steps with the node's full fp32 θ on the host, which it
 // replaces by the round's global θ. Its state travels in checkpoints.
 // engine/net_sync implements it over net/ (the TCP protocol to the coordinator).

@@ -1,4 +1,4 @@
-// The node side of a sync round (DESIGN §1), called by the trainer every
+// The node side of a sync round (README, Architecture: "Sync round"), called by the trainer every
 // sync_steps optimizer steps with its full flat parameter buffer:
 //
 //   Δ over the owned ranges = params − sync_base (+ the codec's error-feedback
