@@ -97,7 +97,10 @@ void check_case(const Case& k) {
       std::fill(dout.begin() + s * OC, dout.begin() + (s + 1) * OC, NAN);
     }
   const std::vector<float> w = rounded_bf16(random_vector(E * OC * C, 1.0f / std::sqrt(float(C))));
+  // The prior holds some −0: adding a zero product to it would give +0, so a trained
+  // expert with no rows shows even a "+= 0" (it must not be touched at all).
   std::vector<float> dw_prior = random_vector(E * OC * C, 0.5f);
+  for (size_t i = 0; i < dw_prior.size(); i += 7) dw_prior[i] = -0.0f;
   for (int64_t e = 0; e < E; ++e)
     if (!is_trained[e]) std::fill(dw_prior.begin() + e * OC * C, dw_prior.begin() + (e + 1) * OC * C, from_bits(kSentinelBits));
 

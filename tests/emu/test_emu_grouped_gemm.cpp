@@ -7,11 +7,20 @@
 // float64 reference bounds the results as the GPU test does (bf16 outputs 1e-2, the
 // fp32 weight gradient 1e-4), so a kernel that is consistently wrong fails too.
 //
-// Mutations of grouped_gemm.cu it fails on (applied by hand, not kept):
-//   mainloop: cp_async_wait<kStages - 2> → <kStages - 1>: wrong values / landing differs
-//   mainloop: the __syncthreads after the wait removed: results differ by landing
-//   SwizzledTile::offset: the XOR dropped in the loader only: wrong values
-//   find_row_tile: the second __syncthreads removed: wrong values or a deadlock report
+// Mutations of grouped_gemm.cu that fail (applied by hand to this version, not kept;
+// "GPU test" is test_cuda_grouped_gemm.cu on the emulator, "here" this file):
+//   mainloop: cp_async_wait<kStages - 2> → <kStages - 1>: NaN (both)
+//   mainloop: the __syncthreads after the wait removed: NaN (both)
+//   load_tile: chunks stored unswizzled (ldmatrix still swizzled): wrong values (both)
+//   load_a, MN-major: the lane bits picking k and m matrices swapped: wrong dW (both)
+//   load_tile: the column (K-tail) predicate dropped: EMU "cp.async: source outside
+//     every device buffer" (both)
+//   find_row_tile: the second __syncthreads removed: EMU "deadlock" (both)
+//   rows epilogue: the expert-end row mask widened to r < S: wrong dinp and forward
+//     not deterministic (GPU test; here the neighbouring expert happened to win)
+//   wgrad: e = i instead of trained[i]: frozen dW written / null dW (GPU test)
+//   wgrad: the zero-row early return removed: −0 in a zero-row trained expert's dW
+//     becomes +0 (GPU test)
 #include "tests/emu/builtins.hpp"
 
 #include <doctest/doctest.h>
