@@ -15,6 +15,7 @@
 // expert keep their poison (and are never read: they hold NaN in the inputs); the dW
 // of a frozen expert (not in trained_experts) and of a trained expert with no rows keep
 // their bits; a second run of each product gives the same bits (no atomics).
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 #include <string>
@@ -86,7 +87,12 @@ void check_case(const Case& k) {
   for (int32_t e : trained) is_trained[e] = true;
   std::string tag = std::string(k.what) + ": S=" + std::to_string(S) + " E=" + std::to_string(E) +
                     " C=" + std::to_string(C) + " OC=" + std::to_string(OC) + " rows";
-  for (int32_t c : k.counts) tag += " " + std::to_string(c);
+  if (E <= 16) {
+    for (int32_t c : k.counts) tag += " " + std::to_string(c);
+  } else {
+    tag += " in " + std::to_string(std::count_if(k.counts.begin(), k.counts.end(), [](int32_t c) { return c > 0; })) +
+           " experts";
+  }
   INFO(tag);
 
   // Inputs (bf16 values); rows outside every expert are NaN: no product may read them.
@@ -209,10 +215,11 @@ void check_case(const Case& k) {
 
 // Tiles are 128 rows × 128 columns × 32 of the reduction. The cases cover: empty
 // experts, a 1-row expert, row counts of 7, 129 (a tile + 1) and 257, all rows in one
-// expert, E = 1, E = 16 with random counts, rows outside every expert; C and OC that
-// are multiples of 128 and that are not (as an output width: 64, 72, 96, 136, 200; as
-// a reduction: 136 = 4·32 + 8, 200 = 6·32 + 8, 72 = 2·32 + 8), a long reduction (512:
-// the pipeline wraps its 4 stages), frozen experts and trained experts with no rows.
+// expert, E = 1, E = 16 with random counts, E = 256, rows outside every expert; C and
+// OC that are multiples of 128 and that are not (as an output width: 64, 72, 96, 136,
+// 200; as a reduction: 136 = 4·32 + 8, 200 = 6·32 + 8, 72 = 2·32 + 8), a long
+// reduction (512: the pipeline wraps its 4 stages), frozen experts and trained experts
+// with no rows.
 GPU_TEST_CASE("cuda grouped matmul: forward, backward-input and weight gradient vs cpu, per expert") {
   const std::vector<Case> cases = {
       {{0, 1, 7, 129}, 64, 136, {}, "empty, 1-row, 7-row and tile+1 experts; OC tail"},
@@ -229,6 +236,18 @@ GPU_TEST_CASE("cuda grouped matmul: forward, backward-input and weight gradient 
   for (auto& c : counts) c = d(rng());
   counts[3] = counts[9] = 0;
   check_case({counts, 72, 96, {0, 3, 4, 8, 15}, "E = 16, random routing"});
+
+  // E = 256, the most the launchers take: the row-tile scan spans all 8 warps of the
+  // CTA (E ≤ 32 stays within warp 0). Mostly empty experts, a few of every size class.
+  std::vector<int32_t> many(256, 0);
+  std::uniform_int_distribution<int32_t> pick(0, 255), rows(1, 3);
+  for (int i = 0; i < 60; ++i) many[pick(rng())] = rows(rng());
+  many[37] = 130;   // two row tiles, in warp 1
+  many[255] = 1;    // the last expert, the last thread
+  std::vector<int32_t> some;
+  for (int32_t e = 5; e < 256; e += 25) some.push_back(e);  // 5, 30, …, 255
+  some.push_back(37);
+  check_case({many, 64, 64, some, "E = 256"});
 }
 
 // Argument checks run on the host before any CUDA call, so this case needs no GPU: the

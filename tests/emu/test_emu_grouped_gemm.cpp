@@ -16,6 +16,8 @@
 //   load_tile: the column (K-tail) predicate dropped: EMU "cp.async: source outside
 //     every device buffer" (both)
 //   find_row_tile: the second __syncthreads removed: EMU "deadlock" (both)
+//   find_row_tile: the earlier warps' totals left out of the prefix: NaN (GPU test,
+//     E = 256; with E ≤ 32 only warp 0 has experts)
 //   rows epilogue: the expert-end row mask widened to r < S: wrong dinp and forward
 //     not deterministic (GPU test; here the neighbouring expert happened to win)
 //   wgrad: e = i instead of trained[i]: frozen dW written / null dW (GPU test)
