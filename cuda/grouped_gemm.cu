@@ -5,13 +5,15 @@
 // Tiles. One CTA computes a 128 × 128 output tile, 8 warps as 2 (M) × 4 (N), each warp
 // 64 × 32 (4 m16 × 4 n8 accumulator tiles, 64 fp32 registers), over k-steps of 32
 // staged through 4 shared-memory buffers (3 copies in flight while one is computed).
-// Why so: 128 × 128 is the smallest tile whose operand reuse keeps mma.sync fed from
-// L2 (each k-step loads 16 KB for 1 MFLOP); 8 warps give each SM's 4 schedulers 2
-// warps of one CTA to alternate between while one waits on ldmatrix; a 64 × 32 warp
-// tile issues 6 ldmatrix.x4 per 16 mma. 64 KB of shared memory and ≤ 128 registers
-// per thread (__launch_bounds__(256, 2)) let two CTAs share an SM on both A100
-// (164 KB) and H100 (228 KB), so one CTA's epilogue or pipeline fill overlaps the
-// other's main loop. Shared tiles are unpadded with the 16-byte chunks XOR-swizzled
+// Why so: a 128 × 128 tile uses each operand element it loads 128 times (16 KB from
+// L2 per k-step for 1 MFLOP), and a 64 × 32 warp tile issues 6 ldmatrix.x4 per 16 mma
+// while its 64 accumulators keep the thread within 128 registers; 8 warps give each
+// SM sub-partition two warps of a CTA to alternate between. A 128 × 256 tile would
+// cut the L2 traffic per FLOP by a quarter but needs 64 × 64 warp tiles at ~240
+// registers, one CTA per SM. 64 KB of shared memory and ≤ 128 registers per thread
+// (__launch_bounds__(256, 2)) let two CTAs share an SM on both A100 (164 KB) and
+// H100 (228 KB), so one CTA's epilogue or pipeline fill overlaps the other's main
+// loop. Shared tiles are unpadded with the 16-byte chunks XOR-swizzled
 // (SwizzledTile): ldmatrix's 8 row addresses of a matrix then fall in 8 distinct
 // 16-byte bank groups, and 4 stages fit where padded rows would take 20 % more.
 //
