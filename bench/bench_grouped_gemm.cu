@@ -1,0 +1,310 @@
+// Grouped expert GEMMs (cuda/grouped_gemm.cuh) at the spes-1b expert shape: 16 experts,
+// top-2, N = 16384 tokens → S = 32768 routed rows, d = 768, H = 2048. For each expert
+// weight (gate|up: C = d, OC = 2H = 4096; down: C = H, OC = d) the three products
+// (forward, backward-input, weight gradient) are timed four ways on the same work:
+//   ours         one grouped_matmul_* launch, offsets read on the device;
+//   grouped      one cublasGemmGroupedBatchedEx call over the non-empty experts;
+//   per_expert   one cublasGemmEx per non-empty expert;
+//   dense        one cublasGemmEx with all S rows as one expert: the same FLOPs, the
+//                ceiling a grouped GEMM aims at.
+// Every timed run routes afresh: a routing is per-expert biases b_e ~ N(0, 1) plus
+// per-token logits ~ N(0, 1), top-2 of softmax(b + logits) (a skewed load, like a
+// trained router's), drawn on the host before timing; the cuBLAS paths get their row
+// counts and pointer arrays from the host outside the timed region, ours only a
+// different device offsets array. Median of 25 runs after 5 warm-up (CUDA events,
+// bench/common.cuh), each run a routing no other run used.
+//
+// stdout is a CSV, header first: per (weights, product) the time and TFLOP/s of each
+// way, and ours over each of the others as a ratio of TFLOP/s (> 1: ours faster).
+// A refused cuBLAS call (the grouped API with an fp32 output on some versions) leaves
+// its columns "nan". stderr gets the device, the routings' load imbalance and a check
+// of ours against cuBLAS per expert on one routing. Without a GPU: exit 77, the reason
+// on stderr.
+#include <cublas_v2.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "bench/common.cuh"
+#include "cuda/grouped_gemm.cuh"
+
+namespace {
+
+using spes::bench::DevBuf;
+using spes::cuda::bf16;
+
+constexpr int64_t kTokens = 16384, kTopK = 2, kS = kTokens * kTopK, kE = 16, kD = 768, kH = 2048;
+constexpr int kRoutings = spes::bench::kWarmup + spes::bench::kRuns;
+
+// Expert row offsets [E+1] of one routing (see the file comment).
+std::vector<int32_t> random_offsets(std::mt19937_64& g) {
+  std::normal_distribution<float> n(0.0f, 1.0f);
+  std::vector<float> bias(kE);
+  for (auto& b : bias) b = n(g);
+  std::vector<int32_t> counts(kE, 0);
+  std::vector<float> logit(kE);
+  for (int64_t t = 0; t < kTokens; ++t) {
+    for (int64_t e = 0; e < kE; ++e) logit[e] = bias[e] + n(g);
+    int first = 0, second = -1;
+    for (int e = 1; e < kE; ++e)
+      if (logit[e] > logit[first]) first = e;
+    for (int e = 0; e < kE; ++e)
+      if (e != first && (second < 0 || logit[e] > logit[second])) second = e;
+    ++counts[first];
+    ++counts[second];
+  }
+  std::vector<int32_t> off(kE + 1, 0);
+  for (int64_t e = 0; e < kE; ++e) off[e + 1] = off[e] + counts[e];
+  return off;
+}
+
+enum class Product { forward, backward_input, backward_weight };
+const char* product_name(Product p) {
+  return p == Product::forward ? "forward" : p == Product::backward_input ? "backward_input" : "backward_weight";
+}
+
+// One expert's product in cuBLAS's column-major terms (row-major X[r, c] is
+// column-major Xᵀ with ld c; the same mapping as cuda/matmul.cu), on rows [o, o + m).
+struct Op {
+  cublasOperation_t ta, tb;
+  int m, n, k;
+  const void *a, *b;
+  void* c;
+  int lda, ldb, ldc;
+  float beta;
+};
+struct Buffers {
+  bf16 *x, *y, *w;  // x [S, C], y [S, OC] (the output forward, dout backward), w [E, OC, C]
+  bf16* dx;         // [S, C], backward-input output
+  float* dw;        // [E, OC, C]
+};
+Op expert_op(Product p, const Buffers& b, int64_t e, int64_t o, int64_t m, int64_t C, int64_t OC) {
+  const bf16* w = b.w + e * OC * C;
+  switch (p) {
+    case Product::forward:  // yᵀ[OC, m] = W_cm[C, OC]ᵀ · x_cm[C, m]
+      return {CUBLAS_OP_T, CUBLAS_OP_N, int(OC), int(m), int(C), w, b.x + o * C, b.y + o * OC,
+              int(C), int(C), int(OC), 0.0f};
+    case Product::backward_input:  // dxᵀ[C, m] = W_cm[C, OC] · y_cm[OC, m]
+      return {CUBLAS_OP_N, CUBLAS_OP_N, int(C), int(m), int(OC), w, b.y + o * OC, b.dx + o * C,
+              int(C), int(OC), int(C), 0.0f};
+    default:  // dWᵀ[C, OC] += x_cm[C, m] · y_cm[OC, m]ᵀ
+      return {CUBLAS_OP_N, CUBLAS_OP_T, int(C), int(OC), int(m), b.x + o * C, b.y + o * OC, b.dw + e * OC * C,
+              int(C), int(OC), int(C), 1.0f};
+  }
+}
+cudaDataType_t out_type(Product p) { return p == Product::backward_weight ? CUDA_R_32F : CUDA_R_16BF; }
+
+void gemm(cublasHandle_t h, Product p, const Op& op) {
+  const float alpha = 1.0f;
+  cublas_check(cublasGemmEx(h, op.ta, op.tb, op.m, op.n, op.k, &alpha, op.a, CUDA_R_16BF, op.lda, op.b, CUDA_R_16BF,
+                            op.ldb, &op.beta, op.c, out_type(p), op.ldc, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
+}
+
+// One routing's cublasGemmGroupedBatchedEx arguments: a group of one GEMM per non-empty
+// expert, host arrays here, pointer arrays in `ptrs` (device, A | B | C, kE each).
+struct GroupedCall {
+  std::vector<cublasOperation_t> ta, tb;
+  std::vector<int> m, n, k, lda, ldb, ldc, size;
+  std::vector<float> alpha, beta;
+  const void* const* a = nullptr;
+  const void* const* b = nullptr;
+  void* const* c = nullptr;
+};
+
+double rel_err(const std::vector<float>& got, const std::vector<float>& want) {
+  double num = 0, den = 0;
+  for (size_t i = 0; i < want.size(); ++i) {
+    const double d = double(got[i]) - want[i];
+    num += std::isfinite(got[i]) ? d * d : INFINITY;
+    den += double(want[i]) * want[i];
+  }
+  return std::sqrt(num / (den > 0 ? den : 1e-30));
+}
+std::vector<float> to_host(const bf16* d, int64_t n, cudaStream_t s) {
+  std::vector<bf16> h(n);
+  cuda_check(cudaMemcpyAsync(h.data(), d, n * sizeof(bf16), cudaMemcpyDeviceToHost, s));
+  cuda_check(cudaStreamSynchronize(s));
+  std::vector<float> f(n);
+  for (int64_t i = 0; i < n; ++i) f[i] = __bfloat162float(h[i]);
+  return f;
+}
+std::vector<float> to_host(const float* d, int64_t n, cudaStream_t s) {
+  std::vector<float> h(n);
+  cuda_check(cudaMemcpyAsync(h.data(), d, n * sizeof(float), cudaMemcpyDeviceToHost, s));
+  cuda_check(cudaStreamSynchronize(s));
+  return h;
+}
+
+std::string ms_cell(float ms) { return ms > 0 ? std::to_string(ms) : "nan"; }
+std::string tf_cell(double flops, float ms) { return ms > 0 ? std::to_string(flops / (ms * 1e-3) / 1e12) : "nan"; }
+std::string ratio_cell(float ours, float other) { return ours > 0 && other > 0 ? std::to_string(other / ours) : "nan"; }
+
+void run_weights(const char* name, int64_t C, int64_t OC, const std::vector<std::vector<int32_t>>& routings,
+                 cublasHandle_t cublas, cudaStream_t stream) {
+  const size_t bs = sizeof(bf16);
+  DevBuf x(bs * kS * C), y(bs * kS * OC), w(bs * kE * OC * C), dx(bs * kS * C), dw(sizeof(float) * kE * OC * C);
+  DevBuf y2(bs * kS * OC), dx2(bs * kS * C), dw2(sizeof(float) * kE * OC * C);  // cuBLAS's, for the check
+  spes::bench::fill(x.as<bf16>(), kS * C, stream, 1, 1.0f);
+  spes::bench::fill(y.as<bf16>(), kS * OC, stream, 2, 1.0f);
+  spes::bench::fill(w.as<bf16>(), kE * OC * C, stream, 3, 1.7f / std::sqrt(float(C)));
+  spes::bench::zero(dw.p, dw.bytes, stream);
+
+  // Device tables: weights[e], dweights[e], trained = all experts, one offsets array per routing.
+  std::vector<const bf16*> wt(kE);
+  std::vector<float*> dwt(kE);
+  std::vector<int32_t> trained(kE), all_offsets;
+  for (int64_t e = 0; e < kE; ++e) {
+    wt[e] = w.as<bf16>() + e * OC * C;
+    dwt[e] = dw.as<float>() + e * OC * C;
+    trained[e] = int32_t(e);
+  }
+  for (const auto& r : routings) all_offsets.insert(all_offsets.end(), r.begin(), r.end());
+  DevBuf d_wt(sizeof(void*) * kE), d_dwt(sizeof(void*) * kE), d_trained(sizeof(int32_t) * kE),
+      d_offsets(sizeof(int32_t) * all_offsets.size());
+  spes::bench::copy_to_device(d_wt.p, wt.data(), d_wt.bytes, stream);
+  spes::bench::copy_to_device(d_dwt.p, dwt.data(), d_dwt.bytes, stream);
+  spes::bench::copy_to_device(d_trained.p, trained.data(), d_trained.bytes, stream);
+  spes::bench::copy_to_device(d_offsets.p, all_offsets.data(), d_offsets.bytes, stream);
+  const int32_t* offsets_of = d_offsets.as<int32_t>();
+
+  const Buffers ours_bufs{x.as<bf16>(), y.as<bf16>(), w.as<bf16>(), dx.as<bf16>(), dw.as<float>()};
+  for (Product p : {Product::forward, Product::backward_input, Product::backward_weight}) {
+    const double flops = 2.0 * double(kS) * double(C) * double(OC);
+    auto ours = [&](int r) {
+      const int32_t* off = offsets_of + r * (kE + 1);
+      if (p == Product::forward)
+        spes::cuda::grouped_matmul_forward(y.as<bf16>(), x.as<bf16>(), d_wt.as<const bf16* const>(), off, kS, kE, C,
+                                           OC, stream);
+      else if (p == Product::backward_input)
+        spes::cuda::grouped_matmul_backward_input(dx.as<bf16>(), y.as<bf16>(), d_wt.as<const bf16* const>(), off, kS,
+                                                  kE, C, OC, stream);
+      else
+        spes::cuda::grouped_matmul_backward_weight(d_dwt.as<float* const>(), y.as<bf16>(), x.as<bf16>(), off,
+                                                   d_trained.as<int32_t>(), kE, kS, kE, C, OC, stream);
+    };
+    // cuBLAS on the same inputs; its outputs go to the *2 buffers (the check below).
+    const Buffers cublas_bufs{x.as<bf16>(), p == Product::forward ? y2.as<bf16>() : y.as<bf16>(), w.as<bf16>(),
+                              dx2.as<bf16>(), dw2.as<float>()};
+    auto per_expert = [&](int r) {
+      const auto& off = routings[r];
+      for (int64_t e = 0; e < kE; ++e)
+        if (off[e + 1] > off[e]) gemm(cublas, p, expert_op(p, cublas_bufs, e, off[e], off[e + 1] - off[e], C, OC));
+    };
+
+    // Grouped: arguments and device pointer arrays of every routing, built before timing.
+    std::vector<GroupedCall> calls(routings.size());
+    DevBuf d_ptrs(sizeof(void*) * 3 * kE * routings.size());
+    {
+      std::vector<const void*> ptrs(3 * kE * routings.size(), nullptr);
+      for (size_t r = 0; r < routings.size(); ++r) {
+        GroupedCall& g = calls[r];
+        const void** base = ptrs.data() + 3 * kE * r;
+        const auto& off = routings[r];
+        for (int64_t e = 0; e < kE; ++e) {
+          if (off[e + 1] == off[e]) continue;
+          const Op op = expert_op(p, cublas_bufs, e, off[e], off[e + 1] - off[e], C, OC);
+          const size_t i = g.m.size();
+          base[i] = op.a, base[kE + i] = op.b, base[2 * kE + i] = op.c;
+          g.ta.push_back(op.ta), g.tb.push_back(op.tb), g.m.push_back(op.m), g.n.push_back(op.n);
+          g.k.push_back(op.k), g.lda.push_back(op.lda), g.ldb.push_back(op.ldb), g.ldc.push_back(op.ldc);
+          g.size.push_back(1), g.alpha.push_back(1.0f), g.beta.push_back(op.beta);
+        }
+        void** dbase = d_ptrs.as<void*>() + 3 * kE * r;
+        g.a = dbase, g.b = dbase + kE, g.c = dbase + 2 * kE;
+      }
+      spes::bench::copy_to_device(d_ptrs.p, ptrs.data(), d_ptrs.bytes, stream);
+    }
+    auto grouped = [&](int r) {
+      const GroupedCall& g = calls[r];
+      return cublasGemmGroupedBatchedEx(cublas, g.ta.data(), g.tb.data(), g.m.data(), g.n.data(), g.k.data(),
+                                        g.alpha.data(), g.a, CUDA_R_16BF, g.lda.data(), g.b, CUDA_R_16BF,
+                                        g.ldb.data(), g.beta.data(), g.c, out_type(p), g.ldc.data(),
+                                        int(g.m.size()), g.size.data(), CUBLAS_COMPUTE_32F);
+    };
+    auto dense = [&] { gemm(cublas, p, expert_op(p, cublas_bufs, 0, 0, kS, C, OC)); };
+
+    // Check: ours against cuBLAS per expert on routing 0 (fresh dW on both sides).
+    {
+      spes::bench::zero(dw.p, dw.bytes, stream);
+      spes::bench::zero(dw2.p, dw2.bytes, stream);
+      ours(0);
+      per_expert(0);
+      double err;
+      if (p == Product::forward)
+        err = rel_err(to_host(y.as<bf16>(), kS * OC, stream), to_host(y2.as<bf16>(), kS * OC, stream));
+      else if (p == Product::backward_input)
+        err = rel_err(to_host(dx.as<bf16>(), kS * C, stream), to_host(dx2.as<bf16>(), kS * C, stream));
+      else
+        err = rel_err(to_host(dw.as<float>(), kE * OC * C, stream), to_host(dw2.as<float>(), kE * OC * C, stream));
+      std::fprintf(stderr, "check %s %s: ours vs cuBLAS per expert, rel err %.3g (%s)\n", name, product_name(p), err,
+                   err <= (p == Product::backward_weight ? 1e-4 : 1e-2) ? "ok" : "MISMATCH");
+      if (p == Product::forward) spes::bench::fill(y.as<bf16>(), kS * OC, stream, 2, 1.0f);  // y is dout below
+    }
+
+    int next = 0;
+    const float t_ours = spes::bench::median_ms([&] { ours(next++ % kRoutings); }, stream);
+    next = 0;
+    const float t_per = spes::bench::median_ms([&] { per_expert(next++ % kRoutings); }, stream);
+    float t_grouped = -1;
+    const cublasStatus_t st = grouped(0);
+    if (st == CUBLAS_STATUS_SUCCESS) {
+      next = 0;
+      t_grouped = spes::bench::median_ms([&] { cublas_check(grouped(next++ % kRoutings)); }, stream);
+    } else {
+      std::fprintf(stderr, "%s %s: cublasGemmGroupedBatchedEx refused (%s)\n", name, product_name(p),
+                   cublasGetStatusString(st));
+    }
+    const float t_dense = spes::bench::median_ms(dense, stream);
+
+    std::printf("%s,%s,%ld,%ld,%ld,%ld,%.4f,%s,%s,%s,%s,%s,%s,%s,%s,%s,%s,%s\n", name, product_name(p), long(kS),
+                long(kE), long(C), long(OC), flops / 1e12, ms_cell(t_ours).c_str(), tf_cell(flops, t_ours).c_str(),
+                ms_cell(t_grouped).c_str(), tf_cell(flops, t_grouped).c_str(), ms_cell(t_per).c_str(),
+                tf_cell(flops, t_per).c_str(), ms_cell(t_dense).c_str(), tf_cell(flops, t_dense).c_str(),
+                ratio_cell(t_ours, t_grouped).c_str(), ratio_cell(t_ours, t_per).c_str(),
+                ratio_cell(t_ours, t_dense).c_str());
+    std::fflush(stdout);
+  }
+}
+
+}  // namespace
+
+int main() {
+  std::string why;
+  if (!spes::cuda::gpu_available(&why)) {
+    std::fprintf(stderr, "bench_grouped_gemm: no GPU (%s); nothing was measured\n", why.c_str());
+    return 77;
+  }
+  try {
+    spes::cuda::Runtime rt(0);
+    cudaDeviceProp prop{};
+    cuda_check(cudaGetDeviceProperties(&prop, rt.info().ordinal));
+    std::fprintf(stderr, "device: %s (sm_%d%d, %d SMs)\n", prop.name, prop.major, prop.minor,
+                 prop.multiProcessorCount);
+
+    std::mt19937_64 g(20260301);
+    std::vector<std::vector<int32_t>> routings;
+    double worst = 0;
+    for (int r = 0; r < kRoutings; ++r) {
+      routings.push_back(random_offsets(g));
+      int32_t max_rows = 0;
+      for (int64_t e = 0; e < kE; ++e) max_rows = std::max(max_rows, routings.back()[e + 1] - routings.back()[e]);
+      worst = std::max(worst, double(max_rows) * kE / kS);
+    }
+    std::fprintf(stderr, "%d routings of %ld rows over %ld experts; worst max/mean expert load %.2f\n", kRoutings,
+                 long(kS), long(kE), worst);
+
+    std::printf("weights,product,S,E,C,OC,tflop,ours_ms,ours_tflops,cublas_grouped_ms,cublas_grouped_tflops,"
+                "cublas_per_expert_ms,cublas_per_expert_tflops,dense_ms,dense_tflops,ours_over_grouped,"
+                "ours_over_per_expert,ours_over_dense\n");
+    run_weights("gate_up", kD, 2 * kH, routings, rt.cublas(), rt.stream());
+    run_weights("down", kH, kD, routings, rt.cublas(), rt.stream());
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "bench_grouped_gemm: %s\n", e.what());
+    return 1;
+  }
+  return 0;
+}

@@ -1,0 +1,50 @@
+// Grouped GEMMs of the MoE experts: one launch per product per layer for all experts,
+// reading the expert row ranges from device memory (no host sync, no per-expert host
+// call, graph-capturable). Same contract as cuda/matmul.cuh and cpu::matmul_*:
+// row-major, weights stored [out, in], bf16 in, fp32 accumulation.
+//
+// Rows ("slots") are expert-major: expert e owns rows [offsets[e], offsets[e+1]) of
+// the [S, ·] activations, offsets[0..E] in DEVICE memory (moe_dispatch_indices writes
+// them). offsets must be non-decreasing; rows outside [offsets[0], offsets[E]) are
+// neither read nor written, and no row outside [0, S) is ever touched (offsets are
+// clamped to [0, S] on the device). Per-expert row counts are arbitrary (0 included).
+//
+// weights / dweights are DEVICE arrays of E pointers, built once by the caller (the
+// weights do not move): weights[e] is W_e, [OC, C] bf16; dweights[e] its fp32
+// gradient, [OC, C]. Every pointer in them must be 16-byte aligned (a device table
+// the host cannot check).
+//
+// Requirements, checked on the host before any CUDA call (spes::Error naming op,
+// argument and requirement): C and OC positive multiples of 8 (16-byte rows),
+// S in [0, INT32_MAX], E in [1, 256], bf16 tensors 16-byte aligned, offsets and
+// trained_experts 4-byte aligned, pointer tables 8-byte aligned, the written
+// activation disjoint from the read one. S = 0 (or n_trained = 0) is a no-op.
+#pragma once
+#include <cuda_runtime.h>
+
+#include <cstdint>
+
+#include "cuda/common.cuh"
+
+namespace spes::cuda {
+
+// out[s, 0:OC] = inp[s, 0:C] · W_eᵀ for every expert e and row s of it (bf16 out).
+// gate|up: C = d, OC = 2H (gate and up stacked in W_e); down: C = H, OC = d.
+void grouped_matmul_forward(bf16* out, const bf16* inp, const bf16* const* weights, const int32_t* offsets,
+                            int64_t S, int64_t E, int64_t C, int64_t OC, cudaStream_t stream);
+
+// dinp[s, 0:C] = dout[s, 0:OC] · W_e (overwritten, bf16).
+void grouped_matmul_backward_input(bf16* dinp, const bf16* dout, const bf16* const* weights,
+                                   const int32_t* offsets, int64_t S, int64_t E, int64_t C, int64_t OC,
+                                   cudaStream_t stream);
+
+// dweights[e] (fp32, [OC, C]) += dout[rows_e]ᵀ · inp[rows_e] for each expert e of the
+// DEVICE list trained_experts[0:n_trained] (distinct entries in [0, E); an entry
+// outside it is skipped). Experts not in the list get no work and their dweights[e]
+// is never read (it may be null); a listed expert with no rows is left unchanged bit
+// for bit. Deterministic: no atomics, each element summed in a fixed order.
+void grouped_matmul_backward_weight(float* const* dweights, const bf16* dout, const bf16* inp,
+                                    const int32_t* offsets, const int32_t* trained_experts, int64_t n_trained,
+                                    int64_t S, int64_t E, int64_t C, int64_t OC, cudaStream_t stream);
+
+}  // namespace spes::cuda

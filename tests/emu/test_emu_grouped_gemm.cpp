@@ -1,0 +1,147 @@
+// The real cuda/grouped_gemm.cu on the host emulator, for what the GPU test
+// (tests/test_cuda_grouped_gemm.cu, which also runs here as emu_test_cuda_grouped_gemm)
+// cannot show: races. Each product runs with cp.async landing at wait_group (a read of
+// a stage before its wait / barrier) and at issue (a prefetch into a stage other warps
+// still read), then with each warp running ahead of the others in both orders
+// (check_rerun_identical): a race-free kernel writes the same bits every time. A
+// float64 reference bounds the results as the GPU test does (bf16 outputs 1e-2, the
+// fp32 weight gradient 1e-4), so a kernel that is consistently wrong fails too.
+//
+// Mutations of grouped_gemm.cu that fail (applied by hand to this version, not kept;
+// "GPU test" is test_cuda_grouped_gemm.cu on the emulator, "here" this file):
+//   mainloop: cp_async_wait<kStages - 2> → <kStages - 1>: NaN (both)
+//   mainloop: the __syncthreads after the wait removed: NaN (both)
+//   load_tile: chunks stored unswizzled (ldmatrix still swizzled): wrong values (both)
+//   load_a, MN-major: the lane bits picking k and m matrices swapped: wrong dW (both)
+//   load_tile: the column (K-tail) predicate dropped: EMU "cp.async: source outside
+//     every device buffer" (both)
+//   find_row_tile: the second __syncthreads removed: EMU "deadlock" (both)
+//   find_row_tile: the earlier warps' totals left out of the prefix: NaN (GPU test,
+//     E = 256; with E ≤ 32 only warp 0 has experts)
+//   rows epilogue: the expert-end row mask widened to r < S: wrong dinp and forward
+//     not deterministic (GPU test; here the neighbouring expert happened to win)
+//   wgrad: e = i instead of trained[i]: frozen dW written / null dW (GPU test)
+//   wgrad: the zero-row early return removed: −0 in a zero-row trained expert's dW
+//     becomes +0 (GPU test)
+#include "tests/emu/builtins.hpp"
+
+#include <doctest/doctest.h>
+
+#include <cuda_bf16.h>
+
+#include <cmath>
+#include <string>
+#include <vector>
+
+#include "cuda/grouped_gemm.cuh"
+#include "tests/emu/emu.hpp"
+#include "tests/emu/emu_test.hpp"
+
+namespace {
+
+using namespace spes::test;
+
+constexpr uint64_t kSeed = 20260301;
+
+struct Problem {
+  std::vector<int32_t> counts;
+  int64_t C, OC;
+  int64_t E() const { return int64_t(counts.size()); }
+  int64_t S() const {
+    int64_t s = 0;
+    for (int32_t c : counts) s += c;
+    return s;
+  }
+};
+
+void check_problem(const Problem& p) {
+  const int64_t E = p.E(), S = p.S(), C = p.C, OC = p.OC;
+  const std::string tag = "S=" + std::to_string(S) + " E=" + std::to_string(E) + " C=" + std::to_string(C) +
+                          " OC=" + std::to_string(OC);
+  INFO(tag);
+  rng().seed(kSeed);
+  const std::vector<float> inp = random_bf16_values(S * C), dout = random_bf16_values(S * OC);
+  const std::vector<float> w = random_bf16_values(E * OC * C, 0.1f), prior = random_vector(E * OC * C);
+  std::vector<int32_t> offsets(E + 1, 0), trained;
+  for (int64_t e = 0; e < E; ++e) {
+    offsets[e + 1] = offsets[e] + p.counts[e];
+    trained.push_back(int32_t(E - 1 - e));  // any order
+  }
+
+  // float64 reference
+  std::vector<double> out_r(S * OC, 0), dinp_r(S * C, 0), dw_r(prior.begin(), prior.end());
+  for (int64_t e = 0; e < E; ++e)
+    for (int64_t s = offsets[e]; s < offsets[e + 1]; ++s) {
+      const float* W = w.data() + e * OC * C;
+      for (int64_t o = 0; o < OC; ++o)
+        for (int64_t c = 0; c < C; ++c) {
+          out_r[s * OC + o] += double(inp[s * C + c]) * W[o * C + c];
+          dinp_r[s * C + c] += double(dout[s * OC + o]) * W[o * C + c];
+          dw_r[(e * OC + o) * C + c] += double(dout[s * OC + o]) * inp[s * C + c];
+        }
+    }
+
+  emu::GlobalBuffer d_inp = device_buffer<bf16>(S * C), d_dout = device_buffer<bf16>(S * OC),
+                    d_w = device_buffer<bf16>(E * OC * C), d_off = device_buffer<int32_t>(E + 1),
+                    d_tr = device_buffer<int32_t>(E), d_wt = device_buffer<const bf16*>(E),
+                    d_dwt = device_buffer<float*>(E), d_out = device_buffer<bf16>(S * OC),
+                    d_dinp = device_buffer<bf16>(S * C), d_dw = device_buffer<float>(E * OC * C);
+  upload_bf16(d_inp, inp);
+  upload_bf16(d_dout, dout);
+  upload_bf16(d_w, w);
+  upload(d_off, offsets);
+  upload(d_tr, trained);
+  for (int64_t e = 0; e < E; ++e) {
+    d_wt.as<const bf16*>()[e] = d_w.as<bf16>() + e * OC * C;
+    d_dwt.as<float*>()[e] = d_dw.as<float>() + e * OC * C;
+  }
+  auto forward = [&] {
+    spes::cuda::grouped_matmul_forward(d_out.as<bf16>(), d_inp.as<bf16>(), d_wt.as<const bf16*>(),
+                                       d_off.as<int32_t>(), S, E, C, OC, nullptr);
+  };
+  auto backward_input = [&] {
+    spes::cuda::grouped_matmul_backward_input(d_dinp.as<bf16>(), d_dout.as<bf16>(), d_wt.as<const bf16*>(),
+                                              d_off.as<int32_t>(), S, E, C, OC, nullptr);
+  };
+  auto backward_weight = [&] {
+    upload(d_dw, prior);
+    spes::cuda::grouped_matmul_backward_weight(d_dwt.as<float*>(), d_dout.as<bf16>(), d_inp.as<bf16>(),
+                                               d_off.as<int32_t>(), d_tr.as<int32_t>(), E, S, E, C, OC, nullptr);
+  };
+
+  struct Result {
+    std::vector<float> out, dinp, dw;
+  };
+  auto run_all = [&](emu::Landing landing) {
+    emu::set_landing(landing);
+    d_out.poison();
+    d_dinp.poison();
+    forward();
+    backward_input();
+    backward_weight();
+    emu::set_landing(emu::Landing::at_wait);
+    return Result{download_bf16(d_out, S * OC), download_bf16(d_dinp, S * C), download(d_dw, E * OC * C)};
+  };
+  const Result at_wait = run_all(emu::Landing::at_wait), at_issue = run_all(emu::Landing::at_issue);
+  ErrorReport report;
+  report.check("out", tag, at_wait.out, {out_r.begin(), out_r.end()}, 1e-2);
+  report.check("dinp", tag, at_wait.dinp, {dinp_r.begin(), dinp_r.end()}, 1e-2);
+  report.check("dw", tag, at_wait.dw, {dw_r.begin(), dw_r.end()}, 1e-4);
+  CHECK_MESSAGE(same_bits(at_wait.out, at_issue.out), "forward: landing at issue changed the result (a race)");
+  CHECK_MESSAGE(same_bits(at_wait.dinp, at_issue.dinp), "backward-input: landing at issue changed the result");
+  CHECK_MESSAGE(same_bits(at_wait.dw, at_issue.dw), "weight gradient: landing at issue changed the result");
+
+  check_rerun_identical("forward", {&d_out}, forward);
+  check_rerun_identical("backward-input", {&d_dinp}, backward_input);
+  check_rerun_identical("weight gradient", {&d_dw}, backward_weight);
+}
+
+}  // namespace
+
+// Tiles are 128 × 128 × 32 with 4 stages. C = 192 (6 k-steps forward: the ring of 4
+// stages wraps; a 64-column tail backward-input) and OC = 264 (8 k-steps + 8 backward-
+// input; a column tail of 8 forward); expert row counts 129 (a tile + 1), 0 and 40; the
+// weight gradient reduces over 129 rows (5 k-steps, the last of 1 row).
+TEST_CASE("emulated grouped matmul: race-free under every cp.async landing and warp order") {
+  check_problem({{129, 0, 40}, 192, 264});
+}

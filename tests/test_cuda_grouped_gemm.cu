@@ -1,0 +1,334 @@
+// Grouped expert GEMMs (cuda/grouped_gemm.cuh) vs the CPU reference: cpu::matmul_forward
+// and cpu::matmul_backward called per expert on its row range, on float copies of
+// exactly the bf16 values the kernels read. Inputs are drawn fresh each run; every
+// output starts as NaN (poison) except the weight gradients, which start from random
+// fp32 values (the kernel adds to them).
+//
+// Tolerances, relative error ‖gpu − cpu‖/‖cpu‖ over the rows the experts own:
+//   out, dinp (bf16)          1e-2: one bf16 rounding of an fp32 sum (≈ 2⁻⁹ relative
+//                             per element, ~1e-3 as a norm), as test_cuda_matmul;
+//   dW (fp32, prior + Σ)      1e-4: bf16 products are exact in fp32, so only the
+//                             summation order differs (k-steps of 32 rows, the
+//                             tensor core's adder tree vs OpenBLAS's), as
+//                             test_cuda_matmul's fp32 outputs.
+// The worst element of each output is printed. Exact checks: rows outside every
+// expert keep their poison (and are never read: they hold NaN in the inputs); the dW
+// of a frozen expert (not in trained_experts) and of a trained expert with no rows keep
+// their bits; a second run of each product gives the same bits (no atomics).
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <string>
+#include <vector>
+
+#include "cuda/grouped_gemm.cuh"
+#include "model/cpu/ops.hpp"
+#include "tests/cuda_test.cuh"
+
+using namespace spes::test;
+
+namespace {
+
+using spes::cuda::bf16;
+
+constexpr double kTolBf16 = 1e-2;
+constexpr double kTolF32 = 1e-4;
+
+// A routing: rows [lead, lead + Σ counts) are the experts' in order; `lead` rows before
+// and `trail` rows after them belong to no expert.
+struct Case {
+  std::vector<int32_t> counts;   // rows per expert (E = counts.size())
+  int64_t C, OC;
+  std::vector<int32_t> trained;  // the trained experts; empty: all
+  const char* what;
+  int32_t lead = 0, trail = 0;
+};
+
+// Prints the element of a [rows × cols] matrix with the largest |gpu − cpu|.
+void print_worst(const std::string& name, const std::vector<float>& gpu, const std::vector<float>& cpu, int64_t cols) {
+  size_t at = 0;
+  double worst = -1;
+  for (size_t i = 0; i < cpu.size(); ++i) {
+    const double d = std::isfinite(gpu[i]) ? std::fabs(double(gpu[i]) - cpu[i]) : INFINITY;
+    if (d > worst) worst = d, at = i;
+  }
+  if (cpu.empty()) return;
+  MESSAGE(name << ": worst |gpu - cpu| " << worst << " at [" << at / cols << ", " << at % cols << "] (gpu "
+               << gpu[at] << ", cpu " << cpu[at] << ")");
+}
+
+bool all_bits(const std::vector<float>& v, size_t from, size_t to, uint32_t bits) {
+  for (size_t i = from; i < to; ++i) {
+    uint32_t b;
+    std::memcpy(&b, &v[i], sizeof b);
+    if (b != bits) return false;
+  }
+  return true;
+}
+
+constexpr uint32_t kSentinelBits = 0x7FC0DEADu;  // a NaN with a payload, in frozen experts' dW
+
+float from_bits(uint32_t b) {
+  float f;
+  std::memcpy(&f, &b, sizeof f);
+  return f;
+}
+
+void check_case(const Case& k) {
+  const int64_t E = int64_t(k.counts.size()), C = k.C, OC = k.OC;
+  std::vector<int32_t> offsets(E + 1);
+  offsets[0] = k.lead;
+  for (int64_t e = 0; e < E; ++e) offsets[e + 1] = offsets[e] + k.counts[e];
+  const int64_t first = offsets[0], last = offsets[E], S = last + k.trail;
+  std::vector<int32_t> trained = k.trained;
+  if (trained.empty())
+    for (int32_t e = 0; e < E; ++e) trained.push_back(e);
+  std::vector<bool> is_trained(E, false);
+  for (int32_t e : trained) is_trained[e] = true;
+  std::string tag = std::string(k.what) + ": S=" + std::to_string(S) + " E=" + std::to_string(E) +
+                    " C=" + std::to_string(C) + " OC=" + std::to_string(OC) + " rows";
+  if (E <= 16) {
+    for (int32_t c : k.counts) tag += " " + std::to_string(c);
+  } else {
+    tag += " in " + std::to_string(std::count_if(k.counts.begin(), k.counts.end(), [](int32_t c) { return c > 0; })) +
+           " experts";
+  }
+  INFO(tag);
+
+  // Inputs (bf16 values); rows outside every expert are NaN: no product may read them.
+  std::vector<float> inp = rounded_bf16(random_vector(S * C)), dout = rounded_bf16(random_vector(S * OC));
+  for (int64_t s = 0; s < S; ++s)
+    if (s < first || s >= last) {
+      std::fill(inp.begin() + s * C, inp.begin() + (s + 1) * C, NAN);
+      std::fill(dout.begin() + s * OC, dout.begin() + (s + 1) * OC, NAN);
+    }
+  const std::vector<float> w = rounded_bf16(random_vector(E * OC * C, 1.0f / std::sqrt(float(C))));
+  // The prior holds some −0: adding a zero product to it would give +0, so a trained
+  // expert with no rows shows even a "+= 0" (it must not be touched at all).
+  std::vector<float> dw_prior = random_vector(E * OC * C, 0.5f);
+  for (size_t i = 0; i < dw_prior.size(); i += 7) dw_prior[i] = -0.0f;
+  for (int64_t e = 0; e < E; ++e)
+    if (!is_trained[e]) std::fill(dw_prior.begin() + e * OC * C, dw_prior.begin() + (e + 1) * OC * C, from_bits(kSentinelBits));
+
+  // CPU reference, expert by expert on its rows.
+  std::vector<float> out_ref(S * OC, 0.0f), dinp_ref(S * C, 0.0f), dw_ref = dw_prior;
+  for (int64_t e = 0; e < E; ++e) {
+    const int64_t o = offsets[e], m = k.counts[e];
+    if (m == 0) continue;
+    spes::cpu::matmul_forward(out_ref.data() + o * OC, inp.data() + o * C, w.data() + e * OC * C, m, C, OC);
+    spes::cpu::matmul_backward(dinp_ref.data() + o * C, is_trained[e] ? dw_ref.data() + e * OC * C : nullptr,
+                               dout.data() + o * OC, inp.data() + o * C, w.data() + e * OC * C, m, C, OC);
+  }
+
+  // Device: weights in one buffer, per-expert pointer tables built once.
+  auto d_inp = upload_bf16(inp), d_dout = upload_bf16(dout), d_w = upload_bf16(w);
+  auto d_offsets = upload(offsets), d_trained = upload(trained);
+  std::vector<const bf16*> w_table(E);
+  std::vector<float*> dw_table(E);
+  DevTensor<float> d_dw(E * OC * C);
+  for (int64_t e = 0; e < E; ++e) {
+    w_table[e] = d_w.get() + e * OC * C;
+    dw_table[e] = d_dw.get() + e * OC * C;
+  }
+  // An untrained expert's gradient pointer is never read: null for the first of them.
+  for (int64_t e = 0; e < E; ++e)
+    if (!is_trained[e]) {
+      dw_table[e] = nullptr;
+      break;
+    }
+  DevTensor<const bf16*> d_w_table(E);
+  DevTensor<float*> d_dw_table(E);
+  copy_to_device(d_w_table.get(), w_table.data(), E);
+  copy_to_device(d_dw_table.get(), dw_table.data(), E);
+  DevTensor<bf16> d_out(S * OC), d_dinp(S * C);
+
+  auto run = [&] {
+    d_out.poison();
+    d_dinp.poison();
+    copy_to_device(d_dw.get(), dw_prior.data(), E * OC * C);
+    spes::cuda::grouped_matmul_forward(d_out, d_inp, d_w_table, d_offsets, S, E, C, OC, stream());
+    spes::cuda::grouped_matmul_backward_input(d_dinp, d_dout, d_w_table, d_offsets, S, E, C, OC, stream());
+    spes::cuda::grouped_matmul_backward_weight(d_dw_table, d_dout, d_inp, d_offsets, d_trained,
+                                               int64_t(trained.size()), S, E, C, OC, stream());
+  };
+  run();
+  // bf16 poison is 0xFFFF: read back as float it is NaN; compare bits of the raw halves.
+  const std::vector<bf16> out_raw = copy_to_host(d_out.get(), S * OC), dinp_raw = copy_to_host(d_dinp.get(), S * C);
+  const std::vector<float> out_g = download(d_out.get(), S * OC), dinp_g = download(d_dinp.get(), S * C);
+  const std::vector<float> dw_g = download(d_dw.get(), E * OC * C);
+
+  // Owned rows against the reference; the rest untouched.
+  const auto rows = [](const std::vector<float>& v, int64_t from, int64_t to, int64_t cols) {
+    return std::vector<float>(v.begin() + from * cols, v.begin() + to * cols);
+  };
+  const auto untouched = [](const std::vector<bf16>& raw, int64_t from, int64_t to, int64_t cols) {
+    for (int64_t i = from * cols; i < to * cols; ++i) {
+      uint16_t b;
+      std::memcpy(&b, &raw[i], sizeof b);
+      if (b != 0xFFFF) return false;
+    }
+    return true;
+  };
+  if (last > first) {
+    const auto o_g = rows(out_g, first, last, OC), o_r = rows(out_ref, first, last, OC);
+    const std::string n_out = "forward out " + tag, n_dinp = "backward dinp " + tag;
+    CHECK_REL(n_out, o_g.data(), o_r.data(), int64_t(o_r.size()), kTolBf16);
+    print_worst("forward out", o_g, o_r, OC);
+    const auto i_g = rows(dinp_g, first, last, C), i_r = rows(dinp_ref, first, last, C);
+    CHECK_REL(n_dinp, i_g.data(), i_r.data(), int64_t(i_r.size()), kTolBf16);
+    print_worst("backward dinp", i_g, i_r, C);
+  }
+  CHECK_MESSAGE(untouched(out_raw, 0, first, OC), "forward wrote rows before offsets[0]");
+  CHECK_MESSAGE(untouched(out_raw, last, S, OC), "forward wrote rows after offsets[E]");
+  CHECK_MESSAGE(untouched(dinp_raw, 0, first, C), "backward-input wrote rows before offsets[0]");
+  CHECK_MESSAGE(untouched(dinp_raw, last, S, C), "backward-input wrote rows after offsets[E]");
+
+  // Weight gradients: trained experts with rows against prior + Σ; the rest bit for bit.
+  std::vector<float> dw_g_trained, dw_r_trained;
+  for (int64_t e = 0; e < E; ++e) {
+    const size_t from = size_t(e * OC * C), to = size_t((e + 1) * OC * C);
+    if (!is_trained[e]) {
+      CHECK_MESSAGE(all_bits(dw_g, from, to, kSentinelBits), "frozen expert " << e << ": dW changed");
+    } else if (k.counts[e] == 0) {
+      CHECK_MESSAGE(std::memcmp(dw_g.data() + from, dw_prior.data() + from, (to - from) * sizeof(float)) == 0,
+                    "trained expert " << e << " with no rows: dW changed");
+    } else {
+      dw_g_trained.insert(dw_g_trained.end(), dw_g.begin() + from, dw_g.begin() + to);
+      dw_r_trained.insert(dw_r_trained.end(), dw_ref.begin() + from, dw_ref.begin() + to);
+    }
+  }
+  if (!dw_r_trained.empty()) {
+    const std::string n_dw = "backward dW += " + tag;
+    CHECK_REL(n_dw, dw_g_trained.data(), dw_r_trained.data(), int64_t(dw_r_trained.size()),
+              kTolF32);
+    print_worst("backward dW", dw_g_trained, dw_r_trained, C);
+  }
+
+  // Determinism: the same inputs (dW reset to the same prior) give the same bits.
+  run();
+  CHECK_MESSAGE(bitwise_equal(download(d_out.get(), S * OC), out_g), "forward not deterministic");
+  CHECK_MESSAGE(bitwise_equal(download(d_dinp.get(), S * C), dinp_g), "backward-input not deterministic");
+  CHECK_MESSAGE(bitwise_equal(download(d_dw.get(), E * OC * C), dw_g), "weight gradient not deterministic");
+}
+
+}  // namespace
+
+// Tiles are 128 rows × 128 columns × 32 of the reduction. The cases cover: empty
+// experts, a 1-row expert, row counts of 7, 129 (a tile + 1) and 257, all rows in one
+// expert, E = 1, E = 16 with random counts, E = 256, rows outside every expert; C and
+// OC that are multiples of 128 and that are not (as an output width: 64, 72, 96, 136,
+// 200; as a reduction: 136 = 4·32 + 8, 200 = 6·32 + 8, 72 = 2·32 + 8), a long
+// reduction (512: the pipeline wraps its 4 stages), frozen experts and trained experts
+// with no rows.
+GPU_TEST_CASE("cuda grouped matmul: forward, backward-input and weight gradient vs cpu, per expert") {
+  const std::vector<Case> cases = {
+      {{0, 1, 7, 129}, 64, 136, {}, "empty, 1-row, 7-row and tile+1 experts; OC tail"},
+      {{130}, 256, 128, {}, "E = 1; C and OC multiples of the tile"},
+      {{0, 0, 257, 0, 0, 0, 0, 0}, 200, 64, {2, 5}, "all rows in one expert; C tail"},
+      {{5, 0, 140}, 64, 64, {0, 1}, "rows outside every expert", 3, 4},
+      {{33, 100}, 512, 256, {1}, "long reduction"},
+  };
+  for (const Case& k : cases) check_case(k);
+
+  // E = 16, routed at random, some experts empty; a few trained, one of them empty.
+  std::vector<int32_t> counts(16);
+  std::uniform_int_distribution<int32_t> d(0, 40);
+  for (auto& c : counts) c = d(rng());
+  counts[3] = counts[9] = 0;
+  check_case({counts, 72, 96, {0, 3, 4, 8, 15}, "E = 16, random routing"});
+
+  // E = 256, the most the launchers take: the row-tile scan spans all 8 warps of the
+  // CTA (E ≤ 32 stays within warp 0). Mostly empty experts, a few of every size class.
+  std::vector<int32_t> many(256, 0);
+  std::uniform_int_distribution<int32_t> pick(0, 255), rows(1, 3);
+  for (int i = 0; i < 60; ++i) many[pick(rng())] = rows(rng());
+  many[37] = 130;   // two row tiles, in warp 1
+  many[255] = 1;    // the last expert, the last thread
+  std::vector<int32_t> some;
+  for (int32_t e = 5; e < 256; e += 25) some.push_back(e);  // 5, 30, …, 255
+  some.push_back(37);
+  check_case({many, 64, 64, some, "E = 256"});
+}
+
+// Argument checks run on the host before any CUDA call, so this case needs no GPU: the
+// fake device addresses below are never dereferenced, and every call has exactly one
+// bad argument (a call with none would launch on them).
+namespace {
+template <class T>
+T* fake(uintptr_t address) {
+  return reinterpret_cast<T*>(address);
+}
+}  // namespace
+
+TEST_CASE("cuda grouped matmul: bad sizes and pointers throw before any CUDA call") {
+  using spes::cuda::grouped_matmul_backward_input;
+  using spes::cuda::grouped_matmul_backward_weight;
+  using spes::cuda::grouped_matmul_forward;
+  bf16* a = fake<bf16>(0x100000);   // 16-byte aligned
+  bf16* b = fake<bf16>(0x200000);
+  bf16* m = fake<bf16>(0x100002);   // 2-byte aligned only
+  const bf16* const* wt = fake<const bf16* const>(0x300000);
+  float* const* dwt = fake<float* const>(0x300000);
+  int32_t* off = fake<int32_t>(0x400000);
+  int32_t* tr = fake<int32_t>(0x500000);
+  const int64_t S = 100, E = 4, C = 64, OC = 128;
+
+  for (const char* op : {"grouped_matmul_forward", "grouped_matmul_backward_input"}) {
+    const bool fwd = std::string(op) == "grouped_matmul_forward";
+    INFO(op);
+    auto call = [&](bf16* o, bf16* i, const bf16* const* w, const int32_t* of, int64_t s, int64_t e, int64_t c,
+                    int64_t oc) {
+      if (fwd)
+        grouped_matmul_forward(o, i, w, of, s, e, c, oc, nullptr);
+      else
+        grouped_matmul_backward_input(o, i, w, of, s, e, c, oc, nullptr);
+    };
+    const std::string pre = std::string(op) + ": ";
+    CHECK_THROWS_ERROR(call(a, b, wt, off, S, E, 12, OC), (pre + "C must be a positive multiple of 8").c_str());
+    CHECK_THROWS_ERROR(call(a, b, wt, off, S, E, 0, OC), (pre + "C must be a positive multiple of 8").c_str());
+    CHECK_THROWS_ERROR(call(a, b, wt, off, S, E, C, 100), (pre + "OC must be a positive multiple of 8").c_str());
+    CHECK_THROWS_ERROR(call(a, b, wt, off, -1, E, C, OC), (pre + "S must be in [0, INT32_MAX]").c_str());
+    CHECK_THROWS_ERROR(call(a, b, wt, off, int64_t(INT32_MAX) + 1, E, C, OC), (pre + "S must be in [0, INT32_MAX]").c_str());
+    CHECK_THROWS_ERROR(call(a, b, wt, off, S, 0, C, OC), (pre + "E must be in [1, 256]").c_str());
+    CHECK_THROWS_ERROR(call(a, b, wt, off, S, 257, C, OC), (pre + "E must be in [1, 256]").c_str());
+    CHECK_THROWS_ERROR(call(a, b, wt, off, INT32_MAX, 256, 16384, 16384), (pre + "too many tiles for one launch").c_str());
+    const char* o_name = fwd ? "out" : "dinp";
+    const char* i_name = fwd ? "inp" : "dout";
+    CHECK_THROWS_ERROR(call(nullptr, b, wt, off, S, E, C, OC), (pre + o_name + " must not be null").c_str());
+    CHECK_THROWS_ERROR(call(m, b, wt, off, S, E, C, OC), (pre + o_name + " must be 16-byte aligned").c_str());
+    CHECK_THROWS_ERROR(call(a, nullptr, wt, off, S, E, C, OC), (pre + i_name + " must not be null").c_str());
+    CHECK_THROWS_ERROR(call(a, m, wt, off, S, E, C, OC), (pre + i_name + " must be 16-byte aligned").c_str());
+    CHECK_THROWS_ERROR(call(a, b, nullptr, off, S, E, C, OC), (pre + "weights must not be null").c_str());
+    CHECK_THROWS_ERROR(call(a, b, fake<const bf16* const>(0x300004), off, S, E, C, OC),
+                       (pre + "weights must be 8-byte aligned").c_str());
+    CHECK_THROWS_ERROR(call(a, b, wt, nullptr, S, E, C, OC), (pre + "offsets must not be null").c_str());
+    CHECK_THROWS_ERROR(call(a, b, wt, fake<int32_t>(0x400002), S, E, C, OC), (pre + "offsets must be 4-byte aligned").c_str());
+    CHECK_THROWS_ERROR(call(a, a + 8, wt, off, S, E, C, OC), (pre + o_name + " must not overlap " + i_name).c_str());
+  }
+
+  const std::string pre = "grouped_matmul_backward_weight: ";
+  auto wg = [&](float* const* dw, bf16* dout, bf16* inp, const int32_t* of, const int32_t* t, int64_t n,
+                int64_t s, int64_t e, int64_t c, int64_t oc) {
+    grouped_matmul_backward_weight(dw, dout, inp, of, t, n, s, e, c, oc, nullptr);
+  };
+  CHECK_THROWS_ERROR(wg(dwt, a, b, off, tr, 2, S, E, 12, OC), (pre + "C must be a positive multiple of 8").c_str());
+  CHECK_THROWS_ERROR(wg(dwt, a, b, off, tr, 2, S, E, C, 4), (pre + "OC must be a positive multiple of 8").c_str());
+  CHECK_THROWS_ERROR(wg(dwt, a, b, off, tr, 2, -5, E, C, OC), (pre + "S must be in [0, INT32_MAX]").c_str());
+  CHECK_THROWS_ERROR(wg(dwt, a, b, off, tr, 2, S, 300, C, OC), (pre + "E must be in [1, 256]").c_str());
+  CHECK_THROWS_ERROR(wg(dwt, a, b, off, tr, -1, S, E, C, OC), (pre + "n_trained must be in [0, E]").c_str());
+  CHECK_THROWS_ERROR(wg(dwt, a, b, off, tr, 5, S, E, C, OC), (pre + "n_trained must be in [0, E]").c_str());
+  CHECK_THROWS_ERROR(wg(nullptr, a, b, off, tr, 2, S, E, C, OC), (pre + "dweights must not be null").c_str());
+  CHECK_THROWS_ERROR(wg(fake<float* const>(0x300004), a, b, off, tr, 2, S, E, C, OC),
+                     (pre + "dweights must be 8-byte aligned").c_str());
+  CHECK_THROWS_ERROR(wg(dwt, nullptr, b, off, tr, 2, S, E, C, OC), (pre + "dout must not be null").c_str());
+  CHECK_THROWS_ERROR(wg(dwt, m, b, off, tr, 2, S, E, C, OC), (pre + "dout must be 16-byte aligned").c_str());
+  CHECK_THROWS_ERROR(wg(dwt, a, nullptr, off, tr, 2, S, E, C, OC), (pre + "inp must not be null").c_str());
+  CHECK_THROWS_ERROR(wg(dwt, a, m, off, tr, 2, S, E, C, OC), (pre + "inp must be 16-byte aligned").c_str());
+  CHECK_THROWS_ERROR(wg(dwt, a, b, nullptr, tr, 2, S, E, C, OC), (pre + "offsets must not be null").c_str());
+  CHECK_THROWS_ERROR(wg(dwt, a, b, fake<int32_t>(0x400001), tr, 2, S, E, C, OC), (pre + "offsets must be 4-byte aligned").c_str());
+  CHECK_THROWS_ERROR(wg(dwt, a, b, off, nullptr, 2, S, E, C, OC), (pre + "trained_experts must not be null").c_str());
+  CHECK_THROWS_ERROR(wg(dwt, a, b, off, fake<int32_t>(0x500002), 2, S, E, C, OC),
+                     (pre + "trained_experts must be 4-byte aligned").c_str());
+  CHECK_THROWS_ERROR(wg(dwt, a, b, off, tr, 256, S, 256, 16384, int64_t(1) << 23),
+                     (pre + "too many tiles for one launch").c_str());
+}
