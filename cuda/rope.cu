@@ -54,9 +54,12 @@ __global__ void rope_table_kernel(float2* __restrict__ table, int64_t T, int D, 
 }
 
 // One rotated channel: x1 is the pair's first-half value, x2 its second-half value,
-// s = sign · sin. Both rotations below call this, so that they round alike.
+// s = sign · sin. Both rotations below call this, so that they round alike: both
+// products are rounded before the sum (__fmul_rn is never fused into an FMA), since
+// nvcc would otherwise contract x1·c − x2·s into an FMA of its choosing, and chose
+// differently where rotate8 and rotate8_paired inline it.
 __device__ __forceinline__ float rotate_channel(bool first_half, float x1, float x2, float c, float s) {
-  return first_half ? x1 * c - x2 * s : x2 * c + x1 * s;
+  return first_half ? __fmul_rn(x1, c) - __fmul_rn(x2, s) : __fmul_rn(x2, c) + __fmul_rn(x1, s);
 }
 
 // The 8 rotated values of vector v of a row held in shared memory `ys`; `cst` is

@@ -95,6 +95,11 @@ inline int min(int a, int b) { return a < b ? a : b; }
 // rsqrt.approx.f32 is within 2 ulp of 1/√x (CUDA C programming guide, mathematical
 // functions); this one rounds twice, within 1 ulp.
 inline float rsqrtf(float x) { return 1.0f / std::sqrt(x); }
+// A product the compiler may not fuse into an FMA (nvcc contracts a·b + c otherwise).
+inline float __fmul_rn(float a, float b) {
+  volatile float p = a * b;
+  return p;
+}
 
 inline float __int_as_float(int bits) {
   float f;
