@@ -61,14 +61,14 @@ int main() {
       const std::string size = std::to_string(N) + "x" + std::to_string(C) + "x" + std::to_string(OC);
       const std::string nm = sh.name;
       float a = b.flop_row(nm + " fwd", size, [&] { matmul_forward(g, out.p, DType::bf16, inp.as<bf16>(), w.as<bf16>(), N, C, OC, s, false, ldo); }, flops);
-      float p = b.flop_row(nm + " fwd (cuBLAS)", size, [&] { plain(rt.cublas(), true, false, OC, N, C, w.p, C, inp.p, C, out.p, CUDA_R_16BF, ldo, 0.0f); }, flops);
+      float p = b.flop_row(nm + " fwd (cuBLAS)", size, [&] { plain(b.cublas(), true, false, OC, N, C, w.p, C, inp.p, C, out.p, CUDA_R_16BF, ldo, 0.0f); }, flops);
       std::printf("    ratio %.3f\n", a / p);
       // the gradient wrt the output is `out` reused as dout
       a = b.flop_row(nm + " bwd dinp", size, [&] { matmul_backward_input(g, dinp.p, DType::bf16, out.as<bf16>(), w.as<bf16>(), N, C, OC, s, false, ldo); }, flops);
-      p = b.flop_row(nm + " bwd dinp (cuBLAS)", size, [&] { plain(rt.cublas(), false, false, C, N, OC, w.p, C, out.p, ldo, dinp.p, CUDA_R_16BF, C, 0.0f); }, flops);
+      p = b.flop_row(nm + " bwd dinp (cuBLAS)", size, [&] { plain(b.cublas(), false, false, C, N, OC, w.p, C, out.p, ldo, dinp.p, CUDA_R_16BF, C, 0.0f); }, flops);
       std::printf("    ratio %.3f\n", a / p);
       a = b.flop_row(nm + " bwd dweight +=", size, [&] { matmul_backward_weight(g, dw.as<float>(), out.as<bf16>(), inp.as<bf16>(), N, C, OC, s, true, ldo); }, flops);
-      p = b.flop_row(nm + " bwd dweight += (cuBLAS)", size, [&] { plain(rt.cublas(), false, true, C, OC, N, inp.p, C, out.p, ldo, dw.p, CUDA_R_32F, C, 1.0f); }, flops);
+      p = b.flop_row(nm + " bwd dweight += (cuBLAS)", size, [&] { plain(b.cublas(), false, true, C, OC, N, inp.p, C, out.p, ldo, dw.p, CUDA_R_32F, C, 1.0f); }, flops);
       std::printf("    ratio %.3f\n", a / p);
     }
     std::printf("cached GEMM plans: %zu\n", g.cached_plans());

@@ -300,8 +300,12 @@ int main() {
     std::printf("weights,product,S,E,C,OC,tflop,ours_ms,ours_tflops,cublas_grouped_ms,cublas_grouped_tflops,"
                 "cublas_per_expert_ms,cublas_per_expert_tflops,dense_ms,dense_tflops,ours_over_grouped,"
                 "ours_over_per_expert,ours_over_dense\n");
-    run_weights("gate_up", kD, 2 * kH, routings, rt.cublas(), rt.stream());
-    run_weights("down", kH, kD, routings, rt.cublas(), rt.stream());
+    cublasHandle_t cublas = nullptr;  // the peer: plain cuBLAS on the same stream
+    cublas_check(cublasCreate(&cublas));
+    cublas_check(cublasSetStream(cublas, rt.stream()));
+    run_weights("gate_up", kD, 2 * kH, routings, cublas, rt.stream());
+    run_weights("down", kH, kD, routings, cublas, rt.stream());
+    cublasDestroy(cublas);
   } catch (const std::exception& e) {
     std::fprintf(stderr, "bench_grouped_gemm: %s\n", e.what());
     return 1;

@@ -50,12 +50,15 @@
 #include "cuda/device_probe.hpp"
 #include "cuda/embedding.cuh"
 #include "cuda/global_norm.cuh"
+#include "cuda/grouped_gemm.cuh"
 #include "cuda/loss.cuh"
 #include "cuda/matmul.cuh"
 #include "cuda/moe.cuh"
 #include "cuda/rmsnorm.cuh"
 #include "cuda/rope.cuh"
+#include "cuda/router.cuh"
 #include "cuda/runtime.cuh"
+#include "cuda/swiglu.cuh"
 #include "engine/backend.hpp"
 #include "engine/base/error.hpp"
 #include "engine/config.hpp"
@@ -65,7 +68,6 @@
 #include "model/gpu/gpu_plan.hpp"
 #include "model/gpu_memory.hpp"
 #include "model/layout.hpp"
-#include "tests/moe_layer_buffers.cuh"
 
 namespace {
 
@@ -179,8 +181,7 @@ StepResult time_step(const Config& cfg, const Options& opt, int64_t n_micro, boo
   std::printf("step: median %.1f ms of %d (min %.1f, max %.1f); %.0f tokens/step, %.0f tokens/s\n", r.step_ms,
               opt.steps, *std::min_element(step_ms.begin(), step_ms.end()),
               *std::max_element(step_ms.begin(), step_ms.end()), tokens, r.tokens_per_s);
-  // Each step in order: a trend shows warming caches (cuBLAS's heuristics learn each
-  // new per-expert row count once) rather than noise.
+  // Each step in order: a trend shows warming caches rather than noise.
   std::printf("steps in order (ms):");
   for (const double ms : step_ms) std::printf(" %.1f", ms);
   std::printf("\n");
@@ -356,49 +357,123 @@ std::vector<Row> time_kernels(const Config& cfg, int64_t n_micro) {
     add("loss sums", 1, 0, 8.0 * N, false,
         [&] { cuda::loss_sums(sums.as<double>(), losses.as<float>(), lsev.as<float>(), N, s); });
   }
-  // The MoE layer (router GEMM, router, dispatch, gather, expert GEMMs, SwiGLU,
-  // combine), forward and backward; the frozen experts of this node skip their
-  // weight-gradient GEMMs in backward.
+  // The MoE block as the model runs it: the router GEMM and router, dispatch, gather,
+  // the experts' grouped GEMMs and SwiGLU, combine; backward, where the frozen experts
+  // of this node get no weight-gradient tiles. The routing is the one x gives at init.
   int64_t owned_slots = 0;
   {
-    const cuda::MoeShape shape{N, d, E, K, Hx, m.norm_topk_prob};
-    const int64_t blk = 3 * Hx * d;
+    const int64_t blk = 3 * Hx * d;  // one expert's gate, up, down as the layout keeps them
     DevBuf router(E * d * 2), w(E * blk * 2), gw(E * blk * 4), grouter(E * d * 4), mout(N * d * 2);
-    const test::MoeLayerBuffers bufs(shape);
-    DevBuf cs(E * 4);
+    DevBuf probs(N * E * 4), rlse(N * 4), idx(N * K * 4), tw(N * K * 4), dtw(N * K * 4), dlog(N * E * 2);
+    DevBuf partials(cuda::router_partials_count(N, E) * 4), dscratch(cuda::moe_dispatch_scratch_count(N, E, K) * 4);
+    DevBuf offsets((E + 1) * 4), slot_token(S * 4), token_slot(S * 4), lbw(E * 4), aux(8), cs(E * 4);
+    DevBuf xe(S * d * 2), gu(S * 2 * Hx * 2), hx(S * Hx * 2), ye(S * d * 2), dye(S * d * 2), dgu(S * 2 * Hx * 2);
+    DevBuf tables(4 * E * 8), trained(E * 4);
     spes::bench::fill(router.as<bf16>(), E * d, s, 9, w_scale);
     spes::bench::fill(w.as<bf16>(), E * blk, s, 10, w_scale);
     cuda_check(cudaMemsetAsync(gw.p, 0, gw.bytes, s));
     cuda_check(cudaMemsetAsync(grouter.p, 0, grouter.bytes, s));
     std::vector<float> ones(size_t(E), 1.0f);
-    cuda_check(cudaMemcpy(cs.p, ones.data(), size_t(E) * 4, cudaMemcpyHostToDevice));
-    cuda_check(cudaDeviceSynchronize());
-    cuda::MoeWeights wt;
-    wt.router = router.as<bf16>();
-    cuda::MoeGrads gr;
-    gr.router = grouter.as<float>();
+    std::vector<const void*> t(size_t(4 * E));
+    std::vector<int32_t> owned_list;
     for (int64_t e = 0; e < E; ++e) {
-      bf16* base = w.as<bf16>() + e * blk;
-      float* gbase = gw.as<float>() + e * blk;
       const bool owned = own.owns_expert(int(e));
-      wt.gate.push_back(base), wt.up.push_back(base + Hx * d), wt.down.push_back(base + 2 * Hx * d);
-      gr.gate.push_back(owned ? gbase : nullptr);
-      gr.up.push_back(owned ? gbase + Hx * d : nullptr);
-      gr.down.push_back(owned ? gbase + 2 * Hx * d : nullptr);
+      t[size_t(e)] = w.as<bf16>() + e * blk;                           // gate|up
+      t[size_t(E + e)] = w.as<bf16>() + e * blk + 2 * Hx * d;          // down
+      t[size_t(2 * E + e)] = owned ? gw.as<float>() + e * blk : nullptr;
+      t[size_t(3 * E + e)] = owned ? gw.as<float>() + e * blk + 2 * Hx * d : nullptr;
+      if (owned) owned_list.push_back(int32_t(e));
     }
-    cuda::MoeLayer layer(shape, kModelExpertGemm, wt, gr, bufs.saved, bufs.scratch);
-    layer.forward(rt.cublas(), mout.as<bf16>(), x.as<bf16>(), cs.as<float>(), s);
-    const auto off = layer.expert_offsets();
+    cuda_check(cudaMemcpy(cs.p, ones.data(), size_t(E) * 4, cudaMemcpyHostToDevice));
+    cuda_check(cudaMemcpy(tables.p, t.data(), t.size() * 8, cudaMemcpyHostToDevice));
+    cuda_check(cudaMemcpy(trained.p, owned_list.data(), owned_list.size() * 4, cudaMemcpyHostToDevice));
+    const auto* gu_w = reinterpret_cast<const bf16* const*>(tables.as<const void*>());
+    const auto* down_w = gu_w + E;
+    auto* gu_g = reinterpret_cast<float* const*>(tables.as<void*>() + 2 * E);
+    auto* down_g = gu_g + E;
+    const int64_t n_trained = int64_t(owned_list.size());
+    const bool renorm = m.norm_topk_prob;
+    auto route = [&] {
+      cuda::matmul_forward(g, probs.as<float>(), DType::f32, x.as<bf16>(), router.as<bf16>(), N, d, E, s);
+      cuda::router_forward(probs.as<float>(), rlse.as<float>(), idx.as<int32_t>(), tw.as<float>(),
+                           partials.as<float>(), probs.as<float>(), N, E, K, renorm, s);
+      cuda::moe_dispatch_indices(offsets.as<int32_t>(), slot_token.as<int32_t>(), token_slot.as<int32_t>(),
+                                 dscratch.as<int32_t>(), idx.as<int32_t>(), N, E, K, s);
+    };
+    route();
+    std::vector<int32_t> off(size_t(E + 1));
+    cuda_check(cudaMemcpy(off.data(), offsets.p, off.size() * 4, cudaMemcpyDeviceToHost));
     for (int64_t e = 0; e < E; ++e)
-      if (own.owns_expert(int(e))) owned_slots += off[e + 1] - off[e];
-    const double expert_fwd = 6.0 * S * d * Hx, router_fwd = 2.0 * N * d * E;
-    add("MoE layer fwd", L, 0, expert_fwd + router_fwd, true,
-        [&] { layer.forward(rt.cublas(), mout.as<bf16>(), x.as<bf16>(), cs.as<float>(), s); });
-    // Backward: activation gradients through every routed expert (6·S·d·Hx), weight
-    // gradients of the owned experts' slots only, the router both ways.
-    const double bwd = 6.0 * S * d * Hx + 6.0 * double(owned_slots) * d * Hx + 2 * router_fwd;
-    add("MoE layer bwd", L, 0, bwd, true,
-        [&] { layer.backward(rt.cublas(), y.as<bf16>(), z.as<bf16>(), x.as<bf16>(), 0.01f, 0.001f, s); });
+      if (own.owns_expert(int(e))) owned_slots += off[size_t(e + 1)] - off[size_t(e)];
+    const double owned_rows = double(owned_slots);
+    // Forward.
+    add("MoE router GEMM fwd (fp32 out)", L, 0, 2.0 * N * d * E, true,
+        [&] { cuda::matmul_forward(g, probs.as<float>(), DType::f32, x.as<bf16>(), router.as<bf16>(), N, d, E, s); });
+    add("MoE router fwd (softmax, top-k)", L, 0, 2.0 * N * E * 4 + N * 4 + N * K * 8.0, false, [&] {
+      cuda::router_forward(probs.as<float>(), rlse.as<float>(), idx.as<int32_t>(), tw.as<float>(),
+                           partials.as<float>(), probs.as<float>(), N, E, K, renorm, s);
+    });
+    route();  // the timed router rewrote probs in place: the routing again
+    add("MoE dispatch indices", L, 0, 4.0 * S * 4, false, [&] {
+      cuda::moe_dispatch_indices(offsets.as<int32_t>(), slot_token.as<int32_t>(), token_slot.as<int32_t>(),
+                                 dscratch.as<int32_t>(), idx.as<int32_t>(), N, E, K, s);
+    });
+    add("MoE router aux losses", L, 0, double(cuda::router_partials_count(N, E)) * 4, false, [&] {
+      cuda::router_aux_forward(aux.as<float>(), lbw.as<float>(), partials.as<float>(), offsets.as<int32_t>(),
+                               cs.as<float>(), N, E, K, s);
+    });
+    add("MoE gather fwd", L, 0, 2.0 * S * d * bs + S * 4.0, false, [&] {
+      cuda::moe_gather_forward(xe.as<bf16>(), x.as<bf16>(), slot_token.as<int32_t>(), S, d, s);
+    });
+    add("expert gate|up GEMM fwd (grouped)", L, 0, 4.0 * S * d * Hx, true, [&] {
+      cuda::grouped_matmul_forward(gu.as<bf16>(), xe.as<bf16>(), gu_w, offsets.as<int32_t>(), S, E, d, 2 * Hx, s);
+    });
+    add("expert swiglu fwd", L, 0, 3.0 * S * Hx * bs, false,
+        [&] { cuda::swiglu_forward(hx.as<bf16>(), gu.as<bf16>(), gu.as<bf16>() + Hx, S, Hx, 2 * Hx, s); });
+    add("expert down GEMM fwd (grouped)", L, 0, 2.0 * S * d * Hx, true, [&] {
+      cuda::grouped_matmul_forward(ye.as<bf16>(), hx.as<bf16>(), down_w, offsets.as<int32_t>(), S, E, Hx, d, s);
+    });
+    add("MoE combine fwd", L, 0, (S + N) * d * bs + S * 8.0, false, [&] {
+      cuda::moe_combine_forward(mout.as<bf16>(), ye.as<bf16>(), tw.as<float>(), token_slot.as<int32_t>(), N, K, d, s);
+    });
+    // Backward.
+    add("MoE combine bwd", L, 0, (2.0 * S + N) * d * bs + S * 12.0, false, [&] {
+      cuda::moe_combine_backward(dye.as<bf16>(), dtw.as<float>(), y.as<bf16>(), ye.as<bf16>(), tw.as<float>(),
+                                 token_slot.as<int32_t>(), N, K, d, s);
+    });
+    add("expert down GEMM bwd input (grouped)", L, 0, 2.0 * S * d * Hx, true, [&] {
+      cuda::grouped_matmul_backward_input(hx.as<bf16>(), dye.as<bf16>(), down_w, offsets.as<int32_t>(), S, E, Hx, d,
+                                          s);
+    });
+    add("expert swiglu bwd (+ h recomputed)", L, 0, 6.0 * S * Hx * bs, false, [&] {
+      cuda::swiglu_backward(dgu.as<bf16>(), dgu.as<bf16>() + Hx, hx.as<bf16>(), hx.as<bf16>(), gu.as<bf16>(),
+                            gu.as<bf16>() + Hx, S, Hx, 2 * Hx, s);
+    });
+    add("expert down GEMM bwd weight (owned)", L, 0, 2.0 * owned_rows * d * Hx, true, [&] {
+      cuda::grouped_matmul_backward_weight(down_g, dye.as<bf16>(), hx.as<bf16>(), offsets.as<int32_t>(),
+                                           trained.as<int32_t>(), n_trained, S, E, Hx, d, s);
+    });
+    add("expert gate|up GEMM bwd input (grouped)", L, 0, 4.0 * S * d * Hx, true, [&] {
+      cuda::grouped_matmul_backward_input(dye.as<bf16>(), dgu.as<bf16>(), gu_w, offsets.as<int32_t>(), S, E, d,
+                                          2 * Hx, s);
+    });
+    add("expert gate|up GEMM bwd weight (owned)", L, 0, 4.0 * owned_rows * d * Hx, true, [&] {
+      cuda::grouped_matmul_backward_weight(gu_g, dgu.as<bf16>(), xe.as<bf16>(), offsets.as<int32_t>(),
+                                           trained.as<int32_t>(), n_trained, S, E, d, 2 * Hx, s);
+    });
+    add("MoE gather bwd", L, 0, (S + N) * d * bs + S * 4.0, false, [&] {
+      cuda::moe_gather_backward(o.as<bf16>(), dye.as<bf16>(), token_slot.as<int32_t>(), N, K, d, s);
+    });
+    add("MoE router bwd (bf16 dlogits)", L, 0, N * E * 4.0 + N * E * bs + N * 4 + N * K * 12.0, false, [&] {
+      cuda::router_backward(dlog.as<bf16>(), dtw.as<float>(), probs.as<float>(), rlse.as<float>(), idx.as<int32_t>(),
+                            tw.as<float>(), lbw.as<float>(), 0.01f, 0.001f / float(N), N, E, K, renorm, s);
+    });
+    add("MoE router GEMM bwd input (+=)", L, 0, 2.0 * N * d * E, true, [&] {
+      cuda::matmul_backward_input(g, o.as<bf16>(), DType::bf16, dlog.as<bf16>(), router.as<bf16>(), N, d, E, s, true);
+    });
+    add("MoE router GEMM bwd weight", L, 0, 2.0 * N * d * E, true, [&] {
+      cuda::matmul_backward_weight(g, grouter.as<float>(), dlog.as<bf16>(), x.as<bf16>(), N, d, E, s);
+    });
   }
   // Once per step over the owned parameters: zero the gradients, the global norm,
   // AdamW. Memory-bound and linear in the count, so timed on up to 2^27 parameters

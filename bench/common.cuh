@@ -139,8 +139,10 @@ inline double measure_gemm_tflops(cublasHandle_t h, cudaStream_t stream) {
   return 2.0 * M * N * K / (ms * 1e-3) / 1e12;
 }
 
-// One bench process: probes the GPU, creates the Runtime (stream, cuBLAS handles,
-// GEMM plans), measures both ceilings once on its stream, prints rows.
+// One bench process: probes the GPU, creates the Runtime (stream, cuBLASLt, GEMM
+// plans) and a plain cuBLAS handle on the same stream (the peer some benches time us
+// against; the engine itself runs cuBLASLt only), measures both ceilings once on the
+// stream, prints rows.
 class Bench {
  public:
   explicit Bench(bool need_gemm_ceiling = true) {
@@ -151,10 +153,12 @@ class Bench {
     }
     ok_ = true;
     rt_ = std::make_unique<spes::cuda::Runtime>(0);
+    cublas_check(cublasCreate(&cublas_));
+    cublas_check(cublasSetStream(cublas_, stream()));
     cudaDeviceProp prop{};
     cuda_check(cudaGetDeviceProperties(&prop, rt_->info().ordinal));
     copy_gbps_ = measure_copy_gbps(stream());
-    if (need_gemm_ceiling) gemm_tflops_ = measure_gemm_tflops(rt_->cublas(), stream());
+    if (need_gemm_ceiling) gemm_tflops_ = measure_gemm_tflops(cublas_, stream());
     std::printf("device: %s (sm_%d%d, %d SMs, %.1f GiB)\n", prop.name, prop.major, prop.minor,
                 prop.multiProcessorCount, prop.totalGlobalMem / 1073741824.0);
     std::printf("ceilings: D2D copy %.0f GB/s (read+write, 1 GiB)", copy_gbps_);
@@ -162,8 +166,14 @@ class Bench {
     std::printf("\nmedian of %d runs after %d warm-up\n", kRuns, kWarmup);
     std::printf("%-34s %-22s %10s %12s %8s\n", "kernel", "size", "ms", "achieved", "%ceil");
   }
+  ~Bench() {
+    if (cublas_) cublasDestroy(cublas_);  // destructor path: nothing useful to do on error
+  }
+  Bench(const Bench&) = delete;
+  Bench& operator=(const Bench&) = delete;
   bool ok() const { return ok_; }
   spes::cuda::Runtime& runtime() const { return *rt_; }
+  cublasHandle_t cublas() const { return cublas_; }
   cudaStream_t stream() const { return rt_->stream(); }
   double copy_gbps() const { return copy_gbps_; }
   double gemm_tflops() const { return gemm_tflops_; }
@@ -193,6 +203,7 @@ class Bench {
  private:
   bool ok_ = false;
   std::unique_ptr<spes::cuda::Runtime> rt_;
+  cublasHandle_t cublas_ = nullptr;
   double copy_gbps_ = 0, gemm_tflops_ = 0;
 };
 

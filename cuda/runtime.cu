@@ -256,18 +256,9 @@ Runtime::Runtime(int ordinal) {
   }
 
   cuda_check(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking));
-  cublas_check(cublasCreate(&cublas_));
-  cublas_check(cublasSetStream(cublas_, stream_));
-  // Split-K partial sums in fp32, never in a bf16 output's type: the model promises
-  // fp32 accumulation (the expert GEMMs run through this handle; cuBLASLt's GEMMs
-  // get the same rule from their reduction-scheme mask in matmul.cu).
-  cublas_check(cublasSetMathMode(cublas_, CUBLAS_MATH_DISALLOW_REDUCED_PRECISION_REDUCTION));
   cublas_check(cublasLtCreate(&cublaslt_));
   lt_workspace_ = DeviceBuffer(kLtWorkspaceBytes, "cuBLASLt workspace");
-  if (!aligned(lt_workspace_.get(), 256)) throw Error("cuBLAS workspace is not 256-byte aligned");
-  // cuBLAS (non-Lt) gets the same workspace so it never allocates on its own. After
-  // cublasSetStream, which would reset it. Safe to share: one stream (runtime.cuh).
-  cublas_check(cublasSetWorkspace(cublas_, lt_workspace_.get(), lt_workspace_.bytes()));
+  if (!aligned(lt_workspace_.get(), 256)) throw Error("cuBLASLt workspace is not 256-byte aligned");
   gemm_ = std::make_unique<Gemm>(cublaslt_, lt_workspace_.get(), lt_workspace_.bytes(), stream_);
 }
 
@@ -275,7 +266,6 @@ Runtime::~Runtime() {
   // Destruction order: plans, handles, stream; the workspace buffer last (member order).
   gemm_.reset();
   if (cublaslt_) cublasLtDestroy(cublaslt_);
-  if (cublas_) cublasDestroy(cublas_);
   if (stream_) {
     cudaStreamSynchronize(stream_);
     cudaStreamDestroy(stream_);

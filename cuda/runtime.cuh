@@ -1,10 +1,10 @@
-// Device runtime (one per GPU): device selection, one stream, cuBLAS + cuBLASLt
-// handles and the cuBLASLt workspace created once, and RAII owners for device
-// memory. Buffers are planned up front from the config (model/gpu_memory) and carved
-// out of one cudaMalloc (DeviceArena): the step loop never allocates (README, Architecture: "Memory plan").
+// Device runtime (one per GPU): device selection, one stream, the cuBLASLt handle
+// and workspace created once, and RAII owners for device and pinned host memory.
+// Buffers are planned up front from the config (model/gpu_memory) and carved out of
+// one cudaMalloc (DeviceArena): the step loop never allocates (README, Architecture:
+// "Memory plan").
 #pragma once
 #include <cublasLt.h>
-#include <cublas_v2.h>
 #include <cuda_runtime.h>
 
 #include <algorithm>
@@ -23,9 +23,8 @@ namespace spes::cuda {
 class Gemm;  // cuda/matmul.cuh
 
 using spes::kArenaAlign;  // engine/base/arena_layout.hpp
-// The GEMM workspace, shared by the cuBLASLt plans and the cuBLAS handle (Hopper
-// recommends 32 MiB). cublasSetWorkspace wants a 256-byte aligned pointer (cudaMalloc
-// gives that) and at least 16 KiB; a multiple of 256 bytes keeps any split aligned.
+// The GEMM workspace of every cuBLASLt plan (Hopper recommends 32 MiB), 256-byte
+// aligned (cudaMalloc gives that); a multiple of 256 bytes keeps any split aligned.
 constexpr size_t kLtWorkspaceBytes = size_t(32) << 20;
 static_assert(kLtWorkspaceBytes % 256 == 0 && kLtWorkspaceBytes >= (size_t(16) << 10));
 
@@ -160,15 +159,13 @@ struct DeviceInfo {
 };
 
 // One per GPU the process drives. Selects the device, creates a non-blocking
-// stream, cuBLAS and cuBLASLt handles (bound to that stream), the cuBLASLt
-// workspace and the GEMM plan cache. Not copyable; create it once at start-up.
+// stream, the cuBLASLt handle, its workspace and the GEMM plan cache. Not copyable;
+// create it once at start-up.
 //
-// One workspace, one stream: the cuBLAS handle (cublasSetWorkspace) and every
-// cuBLASLt GEMM of gemm() use the same 32 MiB, which is safe because they all run
-// on stream(), one after another. Two GEMMs on different streams would overwrite
-// each other's workspace, so gemm() refuses any other stream, and a caller that
-// rebinds cublas() to another stream (cublasSetStream) puts the handle back on
-// cuBLAS's own workspace pool (cublasSetStream resets it), which is safe too.
+// One workspace, one stream: every cuBLASLt GEMM of gemm() uses the same 32 MiB,
+// which is safe because they all run on stream(), one after another. Two GEMMs on
+// different streams would overwrite each other's workspace, so gemm() refuses any
+// other stream.
 class Runtime {
  public:
   // Throws spes::Error with the reason when there is no usable GPU or `ordinal`
@@ -180,7 +177,6 @@ class Runtime {
 
   const DeviceInfo& info() const { return info_; }
   cudaStream_t stream() const { return stream_; }
-  cublasHandle_t cublas() const { return cublas_; }
   cublasLtHandle_t cublaslt() const { return cublaslt_; }
   Gemm& gemm() const { return *gemm_; }
   void synchronize() const;
@@ -188,7 +184,6 @@ class Runtime {
  private:
   DeviceInfo info_;
   cudaStream_t stream_ = nullptr;
-  cublasHandle_t cublas_ = nullptr;
   cublasLtHandle_t cublaslt_ = nullptr;
   DeviceBuffer lt_workspace_;
   std::unique_ptr<Gemm> gemm_;

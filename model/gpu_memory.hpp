@@ -31,7 +31,6 @@ const char* mem_category_name(MemCategory c);
 struct KernelScratch {
   int64_t router_partials = 0;    // router_forward's per-warp partial sums
   int64_t moe_dispatch = 0;       // moe_dispatch_indices' counts
-  int64_t expert_gemm_pointers = 0;  // per layer: the grouped expert GEMMs' pointer arrays
   int64_t attention_backward = 0;
   int64_t norm_backward = 0;      // max of rmsnorm / qknorm+rope backward scratch
   int64_t embedding_backward = 0;
@@ -71,7 +70,10 @@ struct GpuLayerBuffers {
   float *probs, *router_lse, *topk_w, *lb_weight, *aux;  // aux: this layer's LB and RZ
   int32_t *topk_idx, *offsets, *slot_token, *token_slot;
   Bf16 *xe, *gate_up, *ye, *moe_out;
-  void** expert_gemm_pointers;
+  // [E] each, written once: expert e's stacked gate|up and its down weights, and their
+  // gradients (null for a frozen expert), for the grouped expert GEMMs.
+  const Bf16 **gate_up_weights, **down_weights;
+  float **gate_up_grads, **down_grads;
 
   // f(T*& pointer, int64_t count, const char* name) for every buffer.
   template <class F>
@@ -106,7 +108,10 @@ struct GpuLayerBuffers {
     f(gate_up, S * 2 * H, "gate_up");
     f(ye, S * d, "ye");
     f(moe_out, N * d, "moe_out");
-    f(expert_gemm_pointers, s.k.expert_gemm_pointers / int64_t(sizeof(void*)), "expert_gemm_pointers");
+    f(gate_up_weights, E, "gate_up_weights");
+    f(down_weights, E, "down_weights");
+    f(gate_up_grads, E, "gate_up_grads");
+    f(down_grads, E, "down_grads");
   }
 };
 
@@ -130,6 +135,7 @@ struct GpuBuffers {
   // Kernel scratch and small state.
   float* router_partials;
   int32_t* dispatch_scratch;
+  int32_t* trained_experts;  // [E]: the owned experts, whose weight gradients the GEMMs compute
   std::byte *attention_scratch, *norm_scratch, *embedding_scratch, *global_norm_scratch, *rope_table;
   float* count_scale;  // [E]: the decayed aux-loss factor on owned experts' LB counts
   double* loss_sums;   // Σ CE, Σ lse²
@@ -176,6 +182,7 @@ struct GpuBuffers {
 
     work(router_partials, s.k.router_partials / 4, "router_partials");
     work(dispatch_scratch, s.k.moe_dispatch / 4, "dispatch_scratch");
+    work(trained_experts, s.experts, "trained_experts");
     work(attention_scratch, s.k.attention_backward, "attention_scratch");
     work(norm_scratch, s.k.norm_backward, "norm_scratch");
     work(embedding_scratch, s.k.embedding_backward, "embedding_scratch");

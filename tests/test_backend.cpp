@@ -343,7 +343,6 @@ KernelScratch scratch_for(int64_t tokens) {
   KernelScratch k;
   k.router_partials = 4 * (3 * tokens + 17);
   k.moe_dispatch = 4 * 1001;
-  k.expert_gemm_pointers = 8 * 337;
   k.attention_backward = 77 * tokens;
   k.norm_backward = 4099;
   k.embedding_backward = 555555;
@@ -407,7 +406,7 @@ TEST_CASE("gpu memory plan: categories add up to the arena plus the runtime work
     // Per-layer buffers are named "<name>.<layer>", one per layer, sized per layer.
     CHECK(p.find("gate_up.1").bytes == 2 * N * m.top_k * 2 * m.expert_hidden);
     CHECK(p.find("lse.0").bytes == 4 * N * m.n_heads);
-    CHECK(p.find("expert_gemm_pointers.1").bytes == scratch_for(N).expert_gemm_pointers);
+    CHECK(p.find("down_grads.1").bytes == 8 * m.n_experts);  // one pointer per expert
     CHECK_THROWS(p.find("lse." + std::to_string(m.n_layers)));
     CHECK_THROWS(p.find("no such buffer"));
   }
@@ -421,10 +420,10 @@ TEST_CASE("gpu memory plan: activations grow linearly with micro_batch; the lm c
   auto plan = [&](int64_t B) { return plan_gpu_memory(m, layout, own, B, scratch_for(B * m.seq_len)); };
   const GpuMemoryPlan p1 = plan(1), p2 = plan(2);
   // Activations: a part per token, and per layer a few of fixed size: the expert
-  // offsets, LB weights and aux losses, and the expert GEMMs' pointer arrays.
+  // offsets, LB weights and aux losses, and the experts' four pointer tables.
   const int64_t per_sequence = p2.bytes(MemCategory::activations) - p1.bytes(MemCategory::activations);
   const int64_t fixed = p1.bytes(MemCategory::activations) - per_sequence;
-  CHECK(fixed == m.n_layers * (4 * (m.n_experts + 1) + 4 * m.n_experts + 8 + scratch_for(1).expert_gemm_pointers));
+  CHECK(fixed == m.n_layers * (4 * (m.n_experts + 1) + 4 * m.n_experts + 8 + 4 * 8 * m.n_experts));
   for (int64_t B : {2, 3, 5, 8}) {
     CAPTURE(B);
     const GpuMemoryPlan p = plan(B);

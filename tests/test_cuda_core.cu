@@ -1,6 +1,4 @@
 // Device runtime: handles, the arena (alignment, guards, poison), clear memory errors.
-#include <cublas_v2.h>
-
 #include <string>
 
 #include "cuda/launch.cuh"
@@ -16,19 +14,8 @@ GPU_TEST_CASE("cuda runtime: device, stream and handles") {
                  << rt.info().cc_minor << ", " << rt.info().sm_count << " SMs, " << format_bytes(rt.info().total_bytes));
   CHECK(rt.info().cc_major >= 8);
   CHECK(rt.stream() != nullptr);
-  CHECK(rt.cublas() != nullptr);
   CHECK(rt.cublaslt() != nullptr);
-  // The cuBLAS handle shares the GEMM workspace with gemm(): it must be bound to the
-  // same (only) stream, and gemm() refuses any other.
-  cudaStream_t bound = nullptr;
-  cublas_check(cublasGetStream(rt.cublas(), &bound));
-  CHECK(bound == rt.stream());
-  // bf16-output GEMMs (the expert GEMMs' cublasGemmEx) reduce split-k partial sums in
-  // fp32, as the CPU reference and the emulator do: the precision the step tests'
-  // tolerances assume.
-  cublasMath_t math = CUBLAS_DEFAULT_MATH;
-  cublas_check(cublasGetMathMode(rt.cublas(), &math));
-  CHECK((math & CUBLAS_MATH_DISALLOW_REDUCED_PRECISION_REDUCTION) != 0);
+  // Every GEMM plan shares one workspace: gemm() refuses any stream but the runtime's.
   cudaStream_t other = nullptr;
   cuda_check(cudaStreamCreateWithFlags(&other, cudaStreamNonBlocking));
   DevTensor<float> out(16);

@@ -1,19 +1,16 @@
-// CUDA router, dispatch/combine, SwiGLU and the whole MoE layer against the CPU
-// reference ops (engine/ops). Inputs are drawn fresh every run, every output buffer
+// CUDA router, dispatch/combine and SwiGLU against the CPU reference ops
+// (model/cpu/ops.hpp); the experts' GEMMs are test_cuda_grouped_gemm's, the whole MoE
+// block in the model test_gpu_step's. Inputs are drawn fresh every run, every output buffer
 // is NaN-poisoned first (0xFF bytes: NaN in fp32 and bf16), and the CPU reference
 // sees exactly the bf16 values the GPU sees, so what is measured is the GPU's own
 // rounding. Tolerances (‖gpu − cpu‖ / ‖cpu‖):
 //   fp32 router math (probs, lse, weights, LB, RZ, fp32 dlogits): 1e-5 … 1e-4
 //     (summation order only);
 //   bf16 outputs of one rounding (gather/combine, SwiGLU, bf16 dlogits): 1e-2
-//     (bf16 has a 2^-9 relative step, ≈ 2e-3 per rounding);
-//   MoE layer forward output: 1e-2, activation and expert weight gradients: 2e-2,
-//     router weight gradient: 3e-2 (several chained bf16 roundings: gu, h, ye, dye,
-//     dh, dgu, dxe, dlogits).
+//     (bf16 has a 2^-9 relative step, ≈ 2e-3 per rounding).
 // Router logits are built from values on a 1/8 grid so the fp32 logits are exact on
 // both sides whatever the summation order: top-k choices (many exact ties, broken to
 // the lower index) then must agree exactly, not just "almost always".
-#include <cublas_v2.h>
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
 
@@ -32,7 +29,6 @@
 #include "model/cpu/ops.hpp"
 #include "tests/cuda_test.cuh"
 #include "tests/kernel_cases.hpp"
-#include "tests/moe_layer_buffers.cuh"
 
 namespace {
 
@@ -390,7 +386,7 @@ GPU_TEST_CASE("cuda swiglu: forward and backward vs CPU, interleaved gate|up row
     CHECK_REL("swiglu dup", g_du.data(), dup.data(), n, 1e-2);
     // The recomputed h is the forward's h, bit for bit (same fp32 expression).
     CHECK_SAME("swiglu backward h recompute", to_float(d_h2.download()), g_h);
-    // h_out aliasing dh (how MoeLayer calls it).
+    // h_out aliasing dh (how the GPU model calls it).
     d_dgu.poison();
     spes::cuda::swiglu_backward(dg_ptr, du_ptr, d_dh.get(), d_dh.get(), g_ptr, u_ptr, rows, H, ld, stream());
     CHECK_SAME("swiglu in-place h over dh", to_float(d_dh.download()), g_h);
@@ -399,302 +395,6 @@ GPU_TEST_CASE("cuda swiglu: forward and backward vs CPU, interleaved gate|up row
 }
 
 // ---- the MoE layer ------------------------------------------------------------------------------
-namespace {
-
-struct LayerCase {
-  const char* what;
-  int64_t N, d, E, K, H;
-  bool renorm;
-  bool fused_layout;        // gate, up, down per expert (the layout's order) vs up, gate, down
-  std::vector<int> owned;   // the rest are frozen
-  spes::cuda::ExpertGemm gemm;
-  int force_empty = -1;     // this expert never gets a token
-  int force_all = -1;       // every token picks this expert (use K = 1)
-};
-
-struct LayerInputs {
-  Vec x, router, dout, count_scale;
-  std::vector<Vec> gate, up, down;  // per expert, bf16-exact
-};
-
-struct LayerRef {
-  Vec out, dx, drouter;
-  std::vector<Vec> dgate, dup, ddown;
-  IVec topk_idx, offsets;
-  float lb = 0, rz = 0;
-};
-
-LayerInputs make_inputs(const LayerCase& c) {
-  const int64_t N = c.N, d = c.d, E = c.E, H = c.H;
-  LayerInputs in;
-  // x and the router on a 1/8 grid: fp32 logits are exact sums (multiples of 1/64,
-  // far below 2^24/64), so CPU and GPU route identically.
-  in.x = grid_vector(N * d, 1.0f, 0.125f, 4.0f);
-  in.router = grid_vector(E * d, 0.25f, 0.125f, 2.0f);
-  if (c.force_empty >= 0 || c.force_all >= 0) {
-    for (int64_t t = 0; t < N; ++t) in.x[t * d] = 1.0f;  // a constant feature
-    if (c.force_empty >= 0) in.router[c.force_empty * d] = -32.0f;
-    if (c.force_all >= 0) in.router[c.force_all * d] = 32.0f;
-  }
-  in.dout = round_bf16(spes::test::random_vector(N * d));
-  in.count_scale = uniform_vector(E, 0.7f, 1.0f);
-  for (int64_t e = 0; e < E; ++e) {
-    in.gate.push_back(round_bf16(spes::test::random_vector(H * d, 1.0f / std::sqrt(float(d)))));
-    in.up.push_back(round_bf16(spes::test::random_vector(H * d, 1.0f / std::sqrt(float(d)))));
-    in.down.push_back(round_bf16(spes::test::random_vector(d * H, 1.0f / std::sqrt(float(H)))));
-  }
-  return in;
-}
-
-// The MoE layer composed from the CPU reference ops, fp32 throughout. Gradients are
-// increments (zero-initialised), computed for every expert.
-LayerRef cpu_layer(const LayerCase& c, const LayerInputs& in, float lb_loss_scale, float rz_loss_scale) {
-  using namespace spes::cpu;
-  const int64_t N = c.N, d = c.d, E = c.E, K = c.K, H = c.H, S = N * K;
-  LayerRef r;
-  Vec probs(N * E), lse(N), w(N * K);
-  r.topk_idx.resize(N * K);
-  matmul_forward(probs.data(), in.x.data(), in.router.data(), N, d, E);  // logits
-  const Vec logits = probs;
-  router_forward(probs.data(), lse.data(), r.topk_idx.data(), w.data(), logits.data(), N, E, K, c.renorm);
-  r.offsets.resize(E + 1);
-  IVec slot_token(S), token_slot(S);
-  moe_dispatch_indices(r.offsets.data(), slot_token.data(), token_slot.data(), r.topk_idx.data(), N, E, K);
-  Vec xe(S * d), g(S * H), u(S * H), h(S * H), ye(S * d);
-  moe_gather_forward(xe.data(), in.x.data(), slot_token.data(), S, d);
-  for (int64_t e = 0; e < E; ++e) {
-    const int64_t o = r.offsets[e], m = r.offsets[e + 1] - o;
-    if (m == 0) continue;
-    matmul_forward(g.data() + o * H, xe.data() + o * d, in.gate[e].data(), m, d, H);
-    matmul_forward(u.data() + o * H, xe.data() + o * d, in.up[e].data(), m, d, H);
-  }
-  swiglu_forward(h.data(), g.data(), u.data(), S * H);
-  for (int64_t e = 0; e < E; ++e) {
-    const int64_t o = r.offsets[e], m = r.offsets[e + 1] - o;
-    if (m > 0) matmul_forward(ye.data() + o * d, h.data() + o * H, in.down[e].data(), m, H, d);
-  }
-  r.out.resize(N * d);
-  moe_combine_forward(r.out.data(), ye.data(), w.data(), token_slot.data(), N, K, d);
-
-  Vec lb_weight(E);
-  double lb = 0.0, rz = 0.0;
-  for (int64_t e = 0; e < E; ++e) {
-    double psum = 0.0;
-    for (int64_t t = 0; t < N; ++t) psum += probs[t * E + e];
-    const double wgt = double(in.count_scale[e]) * (r.offsets[e + 1] - r.offsets[e]) * double(E) / (double(K) * N * N);
-    lb_weight[e] = static_cast<float>(wgt);
-    lb += wgt * psum;
-  }
-  for (int64_t t = 0; t < N; ++t) rz += double(lse[t]) * lse[t];
-  r.lb = static_cast<float>(lb);
-  r.rz = static_cast<float>(rz / N);
-
-  // backward
-  Vec dye(S * d), dw(S), dh(S * H), dg(S * H), du(S * H), dxe(S * d), tmp(S * d);
-  moe_combine_backward(dye.data(), dw.data(), in.dout.data(), ye.data(), w.data(), token_slot.data(), N, K, d);
-  r.dgate.assign(E, Vec(H * d, 0.0f));
-  r.dup.assign(E, Vec(H * d, 0.0f));
-  r.ddown.assign(E, Vec(d * H, 0.0f));
-  for (int64_t e = 0; e < E; ++e) {
-    const int64_t o = r.offsets[e], m = r.offsets[e + 1] - o;
-    if (m > 0)
-      matmul_backward(dh.data() + o * H, r.ddown[e].data(), dye.data() + o * d, h.data() + o * H,
-                      in.down[e].data(), m, H, d);
-  }
-  swiglu_backward(dg.data(), du.data(), dh.data(), g.data(), u.data(), S * H);
-  for (int64_t e = 0; e < E; ++e) {
-    const int64_t o = r.offsets[e], m = r.offsets[e + 1] - o;
-    if (m == 0) continue;
-    matmul_backward(dxe.data() + o * d, r.dgate[e].data(), dg.data() + o * H, xe.data() + o * d,
-                    in.gate[e].data(), m, d, H);
-    matmul_backward(tmp.data() + o * d, r.dup[e].data(), du.data() + o * H, xe.data() + o * d, in.up[e].data(),
-                    m, d, H);
-    for (int64_t i = o * d; i < (o + m) * d; ++i) dxe[i] += tmp[i];
-  }
-  r.dx.resize(N * d);
-  moe_gather_backward(r.dx.data(), dxe.data(), token_slot.data(), N, K, d);
-  Vec lb_dprob(E), dlogits(N * E), dx_router(N * d);
-  for (int64_t e = 0; e < E; ++e) lb_dprob[e] = lb_loss_scale * lb_weight[e];
-  router_backward(dlogits.data(), dw.data(), probs.data(), lse.data(), r.topk_idx.data(), w.data(),
-                  lb_dprob.data(), rz_loss_scale / float(N), N, E, K, c.renorm);
-  r.drouter.assign(E * d, 0.0f);
-  matmul_backward(dx_router.data(), r.drouter.data(), dlogits.data(), in.x.data(), in.router.data(), N, d, E);
-  for (int64_t i = 0; i < N * d; ++i) r.dx[i] += dx_router[i];
-  return r;
-}
-
-double rms(const Vec& v) {
-  double s = 0.0;
-  for (float x : v) s += double(x) * x;
-  return std::sqrt(s / std::max<size_t>(v.size(), 1));
-}
-
-// Starting gradients with the size of the expected increment, so "accumulated"
-// and "overwritten" are told apart by the tolerance.
-Vec initial_grad(const Vec& increment) {
-  const float scale = static_cast<float>(std::max(rms(increment), 1e-3));
-  return spes::test::random_vector(static_cast<int64_t>(increment.size()), scale);
-}
-
-void check_layer(const LayerCase& c) {
-  using namespace spes::cuda;
-  CAPTURE(c.what);
-  CAPTURE(c.gemm == ExpertGemm::grouped ? "grouped" : "per_expert");
-  const int64_t N = c.N, d = c.d, E = c.E, K = c.K, H = c.H;
-  const float lb_loss_scale = 0.5f, rz_loss_scale = 0.25f;  // large, so both terms show in the check
-  const LayerInputs in = make_inputs(c);
-  const LayerRef ref = cpu_layer(c, in, lb_loss_scale, rz_loss_scale);
-
-  // Flat expert buffers like the parameter layout: one block of 3·H·d per expert.
-  const int64_t blk = 3 * H * d;
-  const int64_t gate_off = c.fused_layout ? 0 : H * d, up_off = c.fused_layout ? H * d : 0, down_off = 2 * H * d;
-  Vec wflat(E * blk);
-  for (int64_t e = 0; e < E; ++e) {
-    std::copy(in.gate[e].begin(), in.gate[e].end(), wflat.begin() + e * blk + gate_off);
-    std::copy(in.up[e].begin(), in.up[e].end(), wflat.begin() + e * blk + up_off);
-    std::copy(in.down[e].begin(), in.down[e].end(), wflat.begin() + e * blk + down_off);
-  }
-  std::vector<bool> owned(E, false);
-  for (int e : c.owned) owned[e] = true;
-  // Gradient buffer with a block for every expert; frozen blocks hold a sentinel that
-  // must survive (no weight-gradient GEMM may touch them) and get null pointers.
-  Vec gflat(E * blk, 12345.0f);
-  std::vector<Vec> init_gate(E), init_up(E), init_down(E);
-  for (int64_t e = 0; e < E; ++e) {
-    if (!owned[e]) continue;
-    init_gate[e] = initial_grad(ref.dgate[e]);
-    init_up[e] = initial_grad(ref.dup[e]);
-    init_down[e] = initial_grad(ref.ddown[e]);
-    std::copy(init_gate[e].begin(), init_gate[e].end(), gflat.begin() + e * blk + gate_off);
-    std::copy(init_up[e].begin(), init_up[e].end(), gflat.begin() + e * blk + up_off);
-    std::copy(init_down[e].begin(), init_down[e].end(), gflat.begin() + e * blk + down_off);
-  }
-  const Vec init_router = initial_grad(ref.drouter);
-
-  const std::vector<bf16> wflat16 = to_bf16(wflat);
-  Dev<bf16> d_w(wflat16), d_router(to_bf16(in.router)), d_x(to_bf16(in.x)), d_dout(to_bf16(in.dout));
-  Dev<bf16> d_out(N * d), d_dx(N * d);
-  Dev<float> d_g(gflat), d_grouter(init_router), d_scale(in.count_scale);
-  const MoeShape shape{N, d, E, K, H, c.renorm};
-  spes::test::MoeLayerBuffers bufs(shape);  // poisoned
-
-  MoeWeights weights;
-  weights.router = d_router.get();
-  MoeGrads grads;
-  grads.router = d_grouter.get();
-  for (int64_t e = 0; e < E; ++e) {
-    weights.gate.push_back(d_w.get() + e * blk + gate_off);
-    weights.up.push_back(d_w.get() + e * blk + up_off);
-    weights.down.push_back(d_w.get() + e * blk + down_off);
-    grads.gate.push_back(owned[e] ? d_g.get() + e * blk + gate_off : nullptr);
-    grads.up.push_back(owned[e] ? d_g.get() + e * blk + up_off : nullptr);
-    grads.down.push_back(owned[e] ? d_g.get() + e * blk + down_off : nullptr);
-  }
-  // The runtime's cuBLAS handle: bound to its stream, with the workspace it shares
-  // with cuBLASLt — the configuration the trainer runs.
-  cublasHandle_t cublas = spes::test::runtime().cublas();
-  MoeLayer layer(shape, c.gemm, weights, grads, bufs.saved, bufs.scratch);
-  layer.forward(cublas, d_out.get(), d_x.get(), d_scale.get(), stream());
-  layer.backward(cublas, d_dx.get(), d_dout.get(), d_x.get(), lb_loss_scale, rz_loss_scale, stream());
-  // Grouped: whichever sites cuBLAS refused now run per expert (checked against the
-  // CPU below like the rest); per_expert never touches the grouped API.
-  const int fallback_sites = layer.grouped_fallback_sites();
-  if (c.gemm == ExpertGemm::per_expert) CHECK(fallback_sites == 0);
-  else MESSAGE("grouped GEMM: " << fallback_sites << " site(s) fell back to per-expert GEMMs");
-  // The emulated cuBLAS told to take bf16 in with fp32 out (ctest's
-  // emu_test_cuda_moe_grouped_all) refuses nothing: every site ran grouped.
-  if (const char* all = std::getenv("SPES_EMU_GROUPED_BF16_F32"); all && std::string(all) == "1")
-    CHECK(fallback_sites == 0);
-
-  // Routing identical to the CPU (exact logits), offsets on the host too.
-  const IVec g_idx = spes::test::copy_to_host(layer.saved().topk_idx, N * K);
-  const IVec g_off = spes::test::copy_to_host(layer.saved().offsets, E + 1);
-  CHECK_SAME("layer top-k indices", g_idx, ref.topk_idx);
-  CHECK_SAME("layer offsets (device)", g_off, ref.offsets);
-  CHECK_SAME("layer offsets (host copy)", IVec(layer.expert_offsets().begin(), layer.expert_offsets().end()),
-             ref.offsets);
-  const Vec aux = spes::test::copy_to_host(layer.saved().aux, 2);
-  CHECK_REL("layer LB", &aux[0], &ref.lb, 1, 1e-4);
-  CHECK_REL("layer RZ", &aux[1], &ref.rz, 1, 1e-4);
-
-  const Vec out = to_float(d_out.download()), dx = to_float(d_dx.download());
-  CHECK_REL("layer out", out.data(), ref.out.data(), N * d, 1e-2);
-  CHECK_REL("layer dx", dx.data(), ref.dx.data(), N * d, 2e-2);
-  const Vec grouter = d_grouter.download();
-  Vec want_router(E * d);
-  for (int64_t i = 0; i < E * d; ++i) want_router[i] = init_router[i] + ref.drouter[i];
-  CHECK_REL("layer d router (accumulated)", grouter.data(), want_router.data(), E * d, 3e-2);
-
-  const Vec g = d_g.download();
-  for (int64_t e = 0; e < E; ++e) {
-    CAPTURE(e);
-    const float* ge = g.data() + e * blk;
-    if (!owned[e]) {
-      bool untouched = true;
-      for (int64_t i = 0; i < blk; ++i) untouched = untouched && ge[i] == 12345.0f;
-      CHECK_MESSAGE(untouched, "frozen expert " << e << ": its (unused) gradient region was written");
-      continue;
-    }
-    Vec want_gate(H * d), want_up(H * d), want_down(d * H);
-    for (int64_t i = 0; i < H * d; ++i) {
-      want_gate[i] = init_gate[e][i] + ref.dgate[e][i];
-      want_up[i] = init_up[e][i] + ref.dup[e][i];
-      want_down[i] = init_down[e][i] + ref.ddown[e][i];
-    }
-    CHECK_REL("layer d gate (owned, accumulated)", ge + gate_off, want_gate.data(), H * d, 2e-2);
-    CHECK_REL("layer d up (owned, accumulated)", ge + up_off, want_up.data(), H * d, 2e-2);
-    CHECK_REL("layer d down (owned, accumulated)", ge + down_off, want_down.data(), d * H, 2e-2);
-  }
-  // No weight is ever written, frozen or owned (the optimizer does that).
-  const std::vector<bf16> w_after = d_w.download();
-  CHECK_MESSAGE(bits_equal(w_after.data(), wflat16.data(), sizeof(bf16) * wflat16.size()),
-                "expert weights changed");
-
-  // Determinism: the same step again (fresh grads) gives the same bits.
-  d_out.poison();
-  d_dx.poison();
-  d_g.upload(gflat);
-  d_grouter.upload(init_router);
-  layer.forward(cublas, d_out.get(), d_x.get(), d_scale.get(), stream());
-  layer.backward(cublas, d_dx.get(), d_dout.get(), d_x.get(), lb_loss_scale, rz_loss_scale, stream());
-  // A site that fell back stays there (no retry), and the same problems meet the same answers.
-  CHECK(layer.grouped_fallback_sites() == fallback_sites);
-  CHECK_SAME("layer out, second run", to_float(d_out.download()), out);
-  CHECK_SAME("layer dx, second run", to_float(d_dx.download()), dx);
-  CHECK_SAME("layer expert grads, second run", d_g.download(), g);
-  CHECK_SAME("layer router grad, second run", d_grouter.download(), grouter);
-}
-
-}  // namespace
-
-GPU_TEST_CASE("cuda MoE layer: forward and every gradient vs CPU, frozen experts, both GEMM paths") {
-  using spes::cuda::ExpertGemm;
-  for (ExpertGemm gemm : {ExpertGemm::per_expert, ExpertGemm::grouped}) {
-    check_layer({"fused gate|up, half frozen", 256, 64, 8, 2, 96, false, true, {0, 2, 3, 6}, gemm});
-    check_layer({"separate gate/up, renorm, odd sizes (scalar kernels)", 300, 60, 6, 3, 36, true, false, {1, 4},
-                 gemm});
-    check_layer({"fine-grained, 3/4 frozen", 512, 128, 32, 8, 64, true, true, {0, 9, 18, 27, 4, 13, 22, 31},
-                 gemm});
-    check_layer({"all owned", 200, 64, 4, 2, 64, false, true, {0, 1, 2, 3}, gemm});
-    check_layer({"all frozen (router only)", 200, 64, 4, 2, 64, false, false, {}, gemm});
-  }
-}
-
-GPU_TEST_CASE("cuda MoE layer: an empty expert, and all tokens on one expert") {
-  using spes::cuda::ExpertGemm;
-  for (ExpertGemm gemm : {ExpertGemm::per_expert, ExpertGemm::grouped}) {
-    LayerCase empty{"expert 5 empty", 256, 64, 8, 2, 64, false, true, {1, 5, 6}, gemm};
-    empty.force_empty = 5;
-    check_layer(empty);
-    LayerCase one{"every token on expert 2", 300, 64, 4, 1, 64, false, true, {2, 3}, gemm};
-    one.force_all = 2;
-    check_layer(one);
-    LayerCase one_frozen{"every token on frozen expert 1, renorm", 300, 64, 4, 1, 64, true, true, {0, 3}, gemm};
-    one_frozen.force_all = 1;
-    check_layer(one_frozen);
-  }
-}
-
 // Argument checks throw on the host before any CUDA call: no GPU needed (fake device
 // addresses, never dereferenced; one bad argument per call). Misaligned bf16 views are
 // fine here (element-wise fallback); missing pointers and bad strides are not.

@@ -361,13 +361,19 @@ GPU_TEST_CASE("gpu step: one step equals the CPU's, every token routed to every 
 }
 
 GPU_TEST_CASE("gpu step: one step equals the CPU's, top-2 routing") {
-  auto dir = test::temp_dir("gpu-step-top2");
   StepTolerances tol;
   tol.shared = 1e-1;
   tol.routed = 3e-1;
   tol.moved_slots = 2e-2;
-  compare_one_step(gpu_config(dir, {"train.lb_coef=0.05", "train.router_z_coef=0.01", "train.lm_z_coef=0.001"}),
-                   tol);
+  // The routing weights as the top-k probabilities, and divided by their sum (renorm):
+  // the router's backward differs between the two.
+  for (const char* renorm : {"false", "true"}) {
+    CAPTURE(renorm);
+    auto dir = test::temp_dir(std::string("gpu-step-top2-renorm-") + renorm);
+    compare_one_step(gpu_config(dir, {"train.lb_coef=0.05", "train.router_z_coef=0.01", "train.lm_z_coef=0.001",
+                                      std::string("model.norm_topk_prob=") + renorm}),
+                     tol);
+  }
 }
 
 // The lm head and cross-entropy over several chunks with a padded logits row stride —

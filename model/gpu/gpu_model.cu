@@ -6,10 +6,14 @@
 #include "cuda/check.cuh"
 #include "cuda/crossentropy.cuh"
 #include "cuda/embedding.cuh"
+#include "cuda/grouped_gemm.cuh"
 #include "cuda/loss.cuh"
 #include "cuda/matmul.cuh"
+#include "cuda/moe.cuh"
 #include "cuda/rmsnorm.cuh"
 #include "cuda/rope.cuh"
+#include "cuda/router.cuh"
+#include "cuda/swiglu.cuh"
 
 namespace spes {
 
@@ -32,31 +36,46 @@ DeviceBuffers carve_buffers(const GpuMemoryPlan& plan, cuda::DeviceArena& arena)
 GpuModel::GpuModel(const ModelConfig& cfg, const ParamLayout& layout, const Ownership& own, const GpuSizes& sizes,
                    cuda::Runtime& rt, const DeviceBuffers& buf)
     : cfg_(cfg), layout_(layout), own_(own), B_(sizes.tokens / cfg.seq_len), T_(cfg.seq_len), N_(sizes.tokens),
-      V_(cfg.vocab_size), Vpad_(sizes.vocab_stride), chunk_(sizes.lm_chunk), rt_(rt), stream_(rt.stream()), b_(buf),
-      embedding_scratch_bytes_(size_t(sizes.k.embedding_backward)), host_sums_(2), host_aux_(size_t(2 * cfg.n_layers)), host_count_scale_(size_t(cfg.n_experts)) {
-  const int64_t d = cfg.d_model, E = cfg.n_experts;
-  const cuda::MoeShape shape{N_, d, E, cfg.top_k, cfg.expert_hidden, cfg.norm_topk_prob};
-  const cuda::MoeScratch scratch{b_.router_partials, b_.dispatch_scratch, b_.expert_h, b_.d_ye,
-                                 b_.d_gate_up,       b_.d_topk_w,         b_.d_router_logits};
-  for (int l = 0; l < cfg.n_layers; ++l) {
-    const GpuLayerBuffers<bf16>& a = b_.layers[size_t(l)];
-    const cuda::MoeSaved saved{a.probs,      a.router_lse, a.topk_idx, a.topk_w, a.offsets, a.slot_token, a.token_slot,
-                               a.lb_weight,  a.aux,        a.xe,       a.gate_up, a.ye,     a.expert_gemm_pointers};
-    const LayerOffsets& o = layout_.layers[size_t(l)];
-    cuda::MoeWeights mw;
-    cuda::MoeGrads mg;
-    mw.router = w(o.router);
-    mg.router = grad_of(o.router);
+      S_(sizes.slots()), V_(cfg.vocab_size), Vpad_(sizes.vocab_stride), chunk_(sizes.lm_chunk), rt_(rt),
+      stream_(rt.stream()), b_(buf), embedding_scratch_bytes_(size_t(sizes.k.embedding_backward)), host_sums_(2),
+      host_aux_(size_t(2 * cfg.n_layers)), host_offsets_(size_t(cfg.n_layers * (cfg.n_experts + 1))),
+      host_count_scale_(size_t(cfg.n_experts)) {
+  upload_expert_tables();
+  cuda::rope_table_init(reinterpret_cast<float2*>(b_.rope_table), T_, cfg.head_dim(), cfg.rope_theta, stream_);
+  cuda_check(cudaStreamSynchronize(stream_));  // the pinned staging of the tables is freed on return
+}
+
+// Each layer's per-expert pointer tables and the trained-experts list, which the grouped
+// expert GEMMs read on the device. Weights and gradients never move: written once.
+// Expert e's gate and up weights are adjacent in the layout ([gate; up] is one
+// [2H, d] matrix, one GEMM), and so are their gradients in owned space.
+void GpuModel::upload_expert_tables() {
+  const int64_t E = cfg_.n_experts, L = cfg_.n_layers, Hd = cfg_.expert_hidden * cfg_.d_model;
+  cuda::PinnedBuffer<const void*> tables{size_t(4 * E * L)};
+  cuda::PinnedBuffer<int32_t> trained{size_t(E)};
+  n_trained_ = 0;
+  for (int64_t e = 0; e < E; ++e)
+    if (own_.owns_expert(int(e))) trained[size_t(n_trained_++)] = int32_t(e);
+  for (int64_t l = 0; l < L; ++l) {
+    const void** t = tables.data() + 4 * E * l;
     for (int64_t e = 0; e < E; ++e) {
       const ExpertOffsets& x = layout_.experts[size_t(l)][size_t(e)];
-      mw.gate.push_back(w(x.gate)), mw.up.push_back(w(x.up)), mw.down.push_back(w(x.down));
-      // Frozen experts: null gradients, so the layer runs no weight-gradient GEMMs.
-      mg.gate.push_back(grad_of(x.gate)), mg.up.push_back(grad_of(x.up)), mg.down.push_back(grad_of(x.down));
+      if (x.up != x.gate + Hd) throw Error("GpuModel: expert gate and up weights are not adjacent in the layout");
+      t[e] = w(x.gate);
+      t[E + e] = w(x.down);
+      t[2 * E + e] = grad_of(x.gate);
+      t[3 * E + e] = grad_of(x.down);
     }
-    moe_.push_back(std::make_unique<cuda::MoeLayer>(shape, kModelExpertGemm, std::move(mw), std::move(mg), saved,
-                                                    scratch));
+    const GpuLayerBuffers<bf16>& a = b_.layers[size_t(l)];
+    const size_t table = size_t(E) * sizeof(void*);
+    cuda_check(cudaMemcpyAsync(a.gate_up_weights, t, table, cudaMemcpyHostToDevice, stream_));
+    cuda_check(cudaMemcpyAsync(a.down_weights, t + E, table, cudaMemcpyHostToDevice, stream_));
+    cuda_check(cudaMemcpyAsync(a.gate_up_grads, t + 2 * E, table, cudaMemcpyHostToDevice, stream_));
+    cuda_check(cudaMemcpyAsync(a.down_grads, t + 3 * E, table, cudaMemcpyHostToDevice, stream_));
   }
-  cuda::rope_table_init(reinterpret_cast<float2*>(b_.rope_table), T_, cfg.head_dim(), cfg.rope_theta, stream_);
+  cuda_check(cudaMemcpyAsync(b_.trained_experts, trained.data(), size_t(E) * sizeof(int32_t), cudaMemcpyHostToDevice,
+                             stream_));
+  cuda_check(cudaStreamSynchronize(stream_));  // before the pinned staging goes
 }
 
 GpuModel::~GpuModel() = default;
@@ -108,10 +127,24 @@ void GpuModel::layer_forward(int l, float aux_factor) {
   cuda::attention_forward(a.att, a.lse, a.q, a.k, a.v, B_, T_, cfg_.n_heads, cfg_.n_kv_heads, hd, stream_);
   cuda::matmul_forward(g, a.attn_out, DType::bf16, a.att, w(o.wo), N_, d, d, stream_);
 
-  // MoE block: h = x_in + attn_out (fused into the norm), then route, experts, combine.
+  // MoE block: h = x_in + attn_out (fused into the norm), then route, group tokens by
+  // expert, run every expert on its rows (one grouped GEMM per product for all experts,
+  // their row ranges read on the device), combine. The router's logits land in probs,
+  // which router_forward overwrites; the aux losses' statistics stay on the device.
+  const int64_t E = cfg_.n_experts, K = cfg_.top_k, H = cfg_.expert_hidden;
   cuda::rmsnorm_forward(a.an2, a.rstd2, a.h, a.x_in, a.attn_out, w(o.moe_norm), N_, d, eps, stream_);
+  cuda::matmul_forward(g, a.probs, DType::f32, a.an2, w(o.router), N_, d, E, stream_);
+  cuda::router_forward(a.probs, a.router_lse, a.topk_idx, a.topk_w, b_.router_partials, a.probs, N_, E, K,
+                       cfg_.norm_topk_prob, stream_);
+  cuda::moe_dispatch_indices(a.offsets, a.slot_token, a.token_slot, b_.dispatch_scratch, a.topk_idx, N_, E, K,
+                             stream_);
   set_count_scale(aux_factor);
-  moe_[size_t(l)]->forward(rt_.cublas(), a.moe_out, a.an2, b_.count_scale, stream_);
+  cuda::router_aux_forward(a.aux, a.lb_weight, b_.router_partials, a.offsets, b_.count_scale, N_, E, K, stream_);
+  cuda::moe_gather_forward(a.xe, a.an2, a.slot_token, S_, d, stream_);
+  cuda::grouped_matmul_forward(a.gate_up, a.xe, a.gate_up_weights, a.offsets, S_, E, d, 2 * H, stream_);
+  cuda::swiglu_forward(b_.expert_h, a.gate_up, a.gate_up + H, S_, H, 2 * H, stream_);
+  cuda::grouped_matmul_forward(a.ye, b_.expert_h, a.down_weights, a.offsets, S_, E, H, d, stream_);
+  cuda::moe_combine_forward(a.moe_out, a.ye, a.topk_w, a.token_slot, N_, K, d, stream_);
 }
 
 // The lm head and cross-entropy, chunk by chunk: logits = fnorm·W_lmᵀ, then the fused
@@ -141,19 +174,24 @@ LossParts GpuModel::read_loss_parts(int64_t loss_tokens) {
   const int L = int(cfg_.n_layers);
   cuda::loss_sums(b_.loss_sums, b_.ce_losses, b_.ce_lse, loss_tokens, stream_);
   cuda_check(cudaMemcpyAsync(host_sums_.data(), b_.loss_sums, 2 * sizeof(double), cudaMemcpyDeviceToHost, stream_));
-  for (int l = 0; l < L; ++l)
-    cuda_check(cudaMemcpyAsync(host_aux_.data() + 2 * l, b_.layers[size_t(l)].aux, 2 * sizeof(float),
+  const int64_t E = cfg_.n_experts;
+  for (int l = 0; l < L; ++l) {
+    const GpuLayerBuffers<bf16>& a = b_.layers[size_t(l)];
+    cuda_check(cudaMemcpyAsync(host_aux_.data() + 2 * l, a.aux, 2 * sizeof(float), cudaMemcpyDeviceToHost, stream_));
+    cuda_check(cudaMemcpyAsync(host_offsets_.data() + l * (E + 1), a.offsets, size_t(E + 1) * sizeof(int32_t),
                                cudaMemcpyDeviceToHost, stream_));
+  }
   cuda_check(cudaStreamSynchronize(stream_));
   LossParts parts;
   parts.ce = host_sums_[0] / double(loss_tokens);
   parts.lm_z = host_sums_[1] / double(loss_tokens);
-  parts.expert_counts.assign(size_t(L * cfg_.n_experts), 0);
+  parts.expert_counts.assign(size_t(L * E), 0);
   for (int l = 0; l < L; ++l) {
     parts.lb += double(host_aux_[size_t(2 * l)]) / double(L);
     parts.router_z += double(host_aux_[size_t(2 * l + 1)]) / double(L);
-    const auto off = moe_[size_t(l)]->expert_offsets();
-    for (int64_t e = 0; e < cfg_.n_experts; ++e) parts.expert_counts[l * cfg_.n_experts + e] = off[e + 1] - off[e];
+    const int32_t* off = host_offsets_.data() + l * (E + 1);
+    if (off[0] != 0 || off[E] != S_) throw Error("GpuModel: the expert offsets do not cover the routed slots (kernel bug)");
+    for (int64_t e = 0; e < E; ++e) parts.expert_counts[l * E + e] = off[e + 1] - off[e];
   }
   return parts;
 }
@@ -178,9 +216,29 @@ void GpuModel::layer_backward(int l, const LossConfig& loss, float grad_scale) {
   const float2* rope = reinterpret_cast<const float2*>(b_.rope_table);
   cuda::Gemm& g = rt_.gemm();
 
-  // MoE branch; the layer's LB and RZ enter the loss as lb_coef/L and router_z_coef/L.
-  moe_[size_t(l)]->backward(rt_.cublas(), b_.d_a, b_.d_x, a.an2, float(grad_scale * loss.lb_coef / double(L)),
-                            float(grad_scale * loss.router_z_coef / double(L)), stream_);
+  // MoE branch, from d_x = dLoss/dx_out to d_a = dLoss/dan2. expert_h gets dh, then
+  // the forward h recomputed in its place (for the down weight gradient); d_ye gets
+  // dye, then dxe once dye is used. Frozen experts get no weight-gradient tiles.
+  const int64_t E = cfg_.n_experts, K = cfg_.top_k, H = cfg_.expert_hidden;
+  cuda::moe_combine_backward(b_.d_ye, b_.d_topk_w, b_.d_x, a.ye, a.topk_w, a.token_slot, N_, K, d, stream_);
+  cuda::grouped_matmul_backward_input(b_.expert_h, b_.d_ye, a.down_weights, a.offsets, S_, E, H, d, stream_);
+  cuda::swiglu_backward(b_.d_gate_up, b_.d_gate_up + H, b_.expert_h, b_.expert_h, a.gate_up, a.gate_up + H, S_, H,
+                        2 * H, stream_);
+  cuda::grouped_matmul_backward_weight(a.down_grads, b_.d_ye, b_.expert_h, a.offsets, b_.trained_experts, n_trained_,
+                                       S_, E, H, d, stream_);
+  cuda::grouped_matmul_backward_input(b_.d_ye, b_.d_gate_up, a.gate_up_weights, a.offsets, S_, E, d, 2 * H, stream_);
+  cuda::grouped_matmul_backward_weight(a.gate_up_grads, b_.d_gate_up, a.xe, a.offsets, b_.trained_experts,
+                                       n_trained_, S_, E, d, 2 * H, stream_);
+  cuda::moe_gather_backward(b_.d_a, b_.d_ye, a.token_slot, N_, K, d, stream_);
+  // The router: the layer's LB and RZ enter the loss as lb_coef/L and router_z_coef/L;
+  // d_a += dlogits·Wr, dWr += dlogitsᵀ·an2.
+  cuda::router_backward(b_.d_router_logits, b_.d_topk_w, a.probs, a.router_lse, a.topk_idx, a.topk_w, a.lb_weight,
+                        float(grad_scale * loss.lb_coef / double(L)),
+                        float(grad_scale * loss.router_z_coef / double(L)) / float(N_), N_, E, K,
+                        cfg_.norm_topk_prob, stream_);
+  cuda::matmul_backward_input(g, b_.d_a, DType::bf16, b_.d_router_logits, w(o.router), N_, d, E, stream_, true);
+  if (float* dw = grad_of(o.router))
+    cuda::matmul_backward_weight(g, dw, b_.d_router_logits, a.an2, N_, d, E, stream_);
   cuda::rmsnorm_backward(b_.d_x, grad_of(o.moe_norm), b_.norm_scratch, b_.d_a, b_.d_x, a.h, w(o.moe_norm), a.rstd2,
                          N_, d, stream_);  // d_x is now dLoss/dh
 

@@ -3,7 +3,9 @@
 // train_gpt2.cu. What differs is only how each step runs:
 //   - activations and compute weights are bf16, statistics and loss math fp32;
 //   - RMSNorm is fused with the residual add that feeds it (cuda/rmsnorm), QK-norm
-//     with RoPE (cuda/rope), the whole MoE block is one cuda::MoeLayer per layer;
+//     with RoPE (cuda/rope); each expert product is one grouped GEMM for all experts
+//     (cuda/grouped_gemm), which reads the experts' row ranges on the device, so the
+//     host never waits inside a micro-batch until its loss is read back;
 //   - the lm head and cross-entropy run on chunks of tokens, forward and backward
 //     together, so the [tokens, vocab] logits never exist at once (cuda/crossentropy).
 // Every buffer is a field of GpuBuffers (model/gpu_memory.hpp), carved from the
@@ -14,19 +16,13 @@
 #include <string>
 #include <vector>
 
-#include "cuda/moe.cuh"
+#include "cuda/common.cuh"
 #include "cuda/runtime.cuh"
 #include "model/gpu_memory.hpp"
 #include "model/layout.hpp"
 #include "model/loss.hpp"
 
 namespace spes {
-
-// How the model runs its expert GEMMs: grouped, one cuBLAS call per product and
-// layer. Per-expert calls run faster alone but keep the host busy with one call per
-// expert and product, which cost more than they saved in the whole step
-// (bench/RESULTS.md, "GPU").
-inline constexpr cuda::ExpertGemm kModelExpertGemm = cuda::ExpertGemm::grouped;
 
 using DeviceBuffers = GpuBuffers<cuda::bf16>;
 
@@ -60,22 +56,25 @@ class GpuModel {
   void layer_backward(int l, const LossConfig& loss, float grad_scale);
   LossParts read_loss_parts(int64_t loss_tokens);
   void set_count_scale(float aux_factor);
+  void upload_expert_tables();
   float* grad_of(int64_t offset) const;
   const cuda::bf16* w(int64_t offset) const { return b_.weights + offset; }
 
   ModelConfig cfg_;
   ParamLayout layout_;
   Ownership own_;
-  int64_t B_, T_, N_, V_, Vpad_, chunk_;
+  int64_t B_, T_, N_, S_, V_, Vpad_, chunk_;
   cuda::Runtime& rt_;
   cudaStream_t stream_;
   const DeviceBuffers& b_;
-  std::vector<std::unique_ptr<cuda::MoeLayer>> moe_;  // per layer
   size_t embedding_scratch_bytes_;
+  int64_t n_trained_ = 0;  // owned experts: the weight-gradient GEMMs' list
   float last_aux_factor_ = -1.0f;
-  // Pinned host copies: Σ CE and Σ lse²; LB and RZ per layer; the count scale.
+  // Pinned host copies: Σ CE and Σ lse²; LB and RZ per layer; the expert offsets per
+  // layer (the load metrics); the count scale.
   cuda::PinnedBuffer<double> host_sums_;
   cuda::PinnedBuffer<float> host_aux_;
+  cuda::PinnedBuffer<int32_t> host_offsets_;
   cuda::PinnedBuffer<float> host_count_scale_;
 };
 

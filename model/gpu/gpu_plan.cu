@@ -19,7 +19,8 @@ void check_gpu_shape(const ModelConfig& m, const std::string& config_path) {
   if (m.head_dim() != 32 && m.head_dim() != 64 && m.head_dim() != 128)
     refuse("d_model / n_heads = " + std::to_string(m.head_dim()) +
            ": the GPU attention kernels support head dims 32, 64 and 128");
-  if (m.d_model % 8 || m.kv_dim() % 8) refuse("d_model and the kv width must be multiples of 8 on the GPU");
+  if (m.d_model % 8 || m.kv_dim() % 8 || m.expert_hidden % 8)
+    refuse("d_model, the kv width and expert_hidden must be multiples of 8 on the GPU (16-byte rows)");
   if (!m.qk_norm) refuse("qk_norm = false: the GPU's RoPE kernel is fused with the QK-norm");
   if (m.n_experts > cuda::kRouterMaxExperts || m.top_k > cuda::kRouterMaxTopK)
     refuse("the GPU router supports at most " + std::to_string(cuda::kRouterMaxExperts) + " experts and top_k " +
@@ -45,7 +46,6 @@ KernelScratch gpu_kernel_scratch(const ModelConfig& m, int64_t micro_batch, int6
   KernelScratch k;
   k.router_partials = 4 * cuda::router_partials_count(N, E);
   k.moe_dispatch = 4 * cuda::moe_dispatch_scratch_count(N, E, K);
-  k.expert_gemm_pointers = int64_t(sizeof(void*)) * cuda::moe_gemm_pointer_count(E);
   k.attention_backward = int64_t(cuda::attention_backward_scratch_bytes(micro_batch, m.seq_len, m.n_heads));
   // One fp32 partial row per resident block of a norm backward (rmsnorm over d,
   // qk-norm+RoPE over d and the kv width): at most every block the device holds.

@@ -1,8 +1,7 @@
 // The dispatch / gather / combine kernels of the real cuda/moe.cu, compiled unchanged
 // as C++ (CMakeLists.txt) and run on the host emulator (emu.hpp) through their
 // launchers, against the CPU model (cpu::moe_dispatch_indices, moe_gather_*,
-// moe_combine_*), as test_cuda_moe.cu does on a GPU. (MoeLayer, which runs the
-// expert GEMMs on cuBLAS, is not emulated.)
+// moe_combine_*), as test_cuda_moe.cu does on a GPU.
 //
 // Exact: the dispatch permutation (offsets, slot_token, token_slot: the CPU's stable
 // expert-major order, whatever order the chunks' shared-memory atomics and the warps'

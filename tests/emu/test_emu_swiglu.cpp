@@ -115,7 +115,7 @@ void check_swiglu(const Case& c, ErrorReport& report) {
   check_rerun_identical("swiglu fwd " + shape, {&d_h}, forward);
   check_rerun_identical("swiglu bwd " + shape, {&d_h2, &d_dgu, &d_dup}, backward);
 
-  // h_out aliasing dh (how MoeLayer calls it): h lands over dh, the gradients as before.
+  // h_out aliasing dh (how the GPU model calls it): h lands over dh, the gradients as before.
   d_dgu.poison();
   d_dup.poison();
   spes::cuda::swiglu_backward(dg_ptr, du_ptr, d_dh.as<bf16>(), d_dh.as<bf16>(), g_ptr, u_ptr, rows, H, ld, nullptr);
