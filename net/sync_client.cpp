@@ -123,7 +123,7 @@ struct SyncClient::Impl {
   std::vector<float> inflight;  // θ as pushed, then θ_global of that round
   std::vector<float> pushed;    // owned space: θ as pushed
   std::thread inflight_thread;
-  SyncStats inflight_stats;
+  RoundReport inflight_stats;
   std::exception_ptr inflight_error;
 
   Impl(const SyncClientParams& params, SyncClientOptions op)
@@ -414,7 +414,7 @@ struct SyncClient::Impl {
   // sync_base inside): the coordinator then sends only the chunks changed since, so
   // the experts of nodes that missed rounds do not travel. A wrong guess shows in the
   // state hash; force_snapshot stays set, so the next attempt asks for everything.
-  void snapshot(float* params, SyncStats& st) {
+  void snapshot(float* params, RoundReport& st) {
     refuse_reset_if_ahead();
     const bool partial = !force_snapshot;  // after a failed snapshot it stays set: everything next time
     write_frame(writer.snapshot_request(partial ? round : -1));
@@ -517,7 +517,7 @@ struct SyncClient::Impl {
     }
   }
 
-  void receive_result(float* params, SyncStats& st) {
+  void receive_result(float* params, RoundReport& st) {
     const int64_t r = round + 1;
     uint32_t got = 0;
     bool reset = false;
@@ -583,9 +583,9 @@ struct SyncClient::Impl {
     }
   }
 
-  SyncStats sync_round(float* params, int64_t step) {
+  RoundReport sync_round(float* params, int64_t step) {
     const auto t0 = Clock::now();
-    SyncStats st;
+    RoundReport st;
     bytes_up = bytes_down = 0;
     const auto give_up = t0 + to_duration(opt.retry_for_s);
     int attempt = 0;
@@ -667,7 +667,7 @@ void SyncClient::start_round(const float* params, int64_t step) {
 
 bool SyncClient::round_in_flight() const { return impl_->inflight_thread.joinable(); }
 
-SyncStats SyncClient::finish_round(float* params) {
+RoundReport SyncClient::finish_round(float* params) {
   Impl& I = *impl_;
   I.inflight_thread.join();
   if (I.inflight_error) std::rethrow_exception(std::exchange(I.inflight_error, nullptr));
@@ -690,7 +690,7 @@ SyncStats SyncClient::finish_round(float* params) {
   return I.inflight_stats;
 }
 
-SyncStats SyncClient::sync_round(float* params, int64_t step) {
+RoundReport SyncClient::sync_round(float* params, int64_t step) {
   std::lock_guard<std::mutex> lk(impl_->mu);
   return impl_->sync_round(params, step);
 }

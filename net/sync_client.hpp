@@ -58,7 +58,9 @@ struct SyncState {
   std::vector<float> residual;  // owned space; empty for fp32
 };
 
-struct SyncStats {
+// What one sync round did, as the node saw it (the trainer keeps a few of these
+// fields in its CSV: engine/sync_hook.hpp's SyncStats).
+struct RoundReport {
   int64_t round = 0;          // the round the node now holds
   double ms = 0;              // wall time of sync_round
   double push_ms = 0, wait_ms = 0, pull_ms = 0;  // encode+send, coordinator merge, receive+apply+hash
@@ -90,7 +92,7 @@ class SyncClient {
   // One sync round at optimizer step `step`. Throws NetError when the coordinator
   // refuses this node (secret, run id, fingerprint, codec...) or stays unreachable
   // for retry_for_s.
-  SyncStats sync_round(float* params, int64_t step);
+  RoundReport sync_round(float* params, int64_t step);
 
   // Overlapped rounds ([spes] overlap): start_round pushes a copy of params on a
   // helper thread and returns at once, so the node keeps training; finish_round
@@ -101,7 +103,7 @@ class SyncClient {
   // No other call may run while a round is in flight.
   void start_round(const float* params, int64_t step);
   bool round_in_flight() const;
-  SyncStats finish_round(float* params);
+  RoundReport finish_round(float* params);
 
   SyncState state() const;
   // Resume from a saved state (disconnects). An empty base keeps the current one; a

@@ -213,12 +213,12 @@ struct TestNode {
       for (const Range& r : own.space.ranges())
         for (int64_t i = r.begin; i < r.end; ++i) params[i] += 1e-3f * noise(own.node_id, step, i);
   }
-  SyncStats sync() { return client->sync_round(params.data(), step); }
+  RoundReport sync() { return client->sync_round(params.data(), step); }
 };
 
 // Every node trains, then all sync concurrently (each sync_round blocks until the round closes).
-inline std::vector<SyncStats> sync_all(std::vector<std::unique_ptr<TestNode>>& nodes, bool train = true) {
-  std::vector<SyncStats> st(nodes.size());
+inline std::vector<RoundReport> sync_all(std::vector<std::unique_ptr<TestNode>>& nodes, bool train = true) {
+  std::vector<RoundReport> st(nodes.size());
   std::vector<std::thread> ts;
   std::vector<std::string> errors(nodes.size());
   for (size_t i = 0; i < nodes.size(); ++i)

@@ -28,7 +28,7 @@ bool all_finite(const std::vector<float>& x) { return first_non_finite(x.data(),
 // residual at packed index `at` (so the client itself encodes it); then all sync
 // concurrently. st and err: each node's stats and error ("" when it synced).
 void poisoned_sync(std::vector<std::unique_ptr<TestNode>>& nodes, int hostile, int64_t at, float huge,
-                   std::vector<SyncStats>& st, std::vector<std::string>& err) {
+                   std::vector<RoundReport>& st, std::vector<std::string>& err) {
   st.assign(nodes.size(), {});
   err.assign(nodes.size(), "");
   std::vector<std::thread> ts;
@@ -67,7 +67,7 @@ int poisoned_rounds(const std::string& codec, float huge) {
 
   int refused_round = 0;
   for (int r = 1; r <= 6 && !refused_round; ++r) {
-    std::vector<SyncStats> st;
+    std::vector<RoundReport> st;
     std::vector<std::string> err;
     poisoned_sync(nodes, 2, target, huge, st, err);  // the owned space starts with the shared block
     REQUIRE_MESSAGE(err[2] == "", err[2]);
@@ -97,7 +97,7 @@ int poisoned_rounds(const std::string& codec, float huge) {
   REQUIRE(refused_round >= 1);
   // The honest node goes on from a finite θ (alone: the round closes on its timeout).
   nodes[2]->train();
-  const SyncStats s = nodes[2]->sync();
+  const RoundReport s = nodes[2]->sync();
   CHECK(s.round == refused_round + 1);
   CHECK(all_finite(nodes[2]->params));
   CHECK(s.state_hash == co.c->stats().state_hash);
@@ -135,7 +135,7 @@ TEST_CASE("finite: a refused push is refused as a whole: nothing it pushed befor
   REQUIRE(target_packed == nodes[0]->own.space.size() - 1);
   for (int r = 1; r <= 6; ++r) {
     const std::vector<float> before = nodes[2]->params;  // θ of round r − 1 (node 2 is in sync)
-    std::vector<SyncStats> st;
+    std::vector<RoundReport> st;
     std::vector<std::string> err;
     poisoned_sync(nodes, 1, target_packed, 1.5e38f, st, err);
     const std::string honest_errors = err[1] + err[2];

@@ -129,13 +129,13 @@ TEST_CASE("outer: nesterov over 3 rounds, an expert missing and coordinator rest
   nodes[0]->train();
   const std::vector<float> before = theta, m_before = m;
   expected_round(nodes, {0}, o, theta, m);
-  const SyncStats a = nodes[0]->sync();
+  const RoundReport a = nodes[0]->sync();
   CHECK(a.participants == 1);
   CHECK(same_bits(nodes[0]->params, theta));
   const Range e1 = nodes[1]->own.space.ranges().back();  // one of node 1's experts
   CHECK(std::equal(theta.begin() + e1.begin, theta.begin() + e1.end, before.begin() + e1.begin));
   CHECK(std::equal(m.begin() + e1.begin, m.begin() + e1.end, m_before.begin() + e1.begin));
-  const SyncStats b = nodes[1]->sync();  // its late push is refused; it resyncs
+  const RoundReport b = nodes[1]->sync();  // its late push is refused; it resyncs
   CHECK(b.resynced);
   check_nodes_hold(nodes, theta, *co);
   restart(theta, m, 2, 30);

@@ -75,7 +75,7 @@ TEST_CASE("faults: coordinator process SIGKILLed mid-round and restarted -> node
   const int kRounds = 6;
   for (int r = 1; r <= kRounds; ++r) {
     for (auto& n : nodes) n->train();
-    std::vector<SyncStats> st(2);
+    std::vector<RoundReport> st(2);
     std::vector<std::string> err(2);
     // Node 1 is late, so the kill lands while node 0's push waits in an open round.
     std::vector<std::thread> ts;
@@ -144,7 +144,7 @@ TEST_CASE("faults: SIGKILL of the coordinator at random points over 20 rounds lo
   int kills = 0;
   for (int r = 1; r <= 20; ++r) {
     for (auto& n : nodes) n->train();
-    std::vector<SyncStats> st(2);
+    std::vector<RoundReport> st(2);
     std::vector<std::string> err(2);
     const int late_ms = int(g() % 40);
     std::vector<std::thread> ts;
