@@ -227,12 +227,6 @@ void SyncClient::restore(const SyncState& s) {
   }
 }
 
-int64_t SyncClient::round() const { return impl_->held.round; }
-
-uint64_t SyncClient::base_hash(const float* params) const {
-  return held_state_hash(impl_->held, impl_->node.space, params, impl_->node.layout.total);
-}
-
 void SyncClient::disconnect() {
   std::lock_guard<std::mutex> lk(impl_->turn);
   impl_->link.disconnect();

@@ -99,7 +99,7 @@ class SyncClient {
   // waits for that round (if it has not arrived yet) and applies it keeping the
   // local progress since the push: θ ← θ_global + (θ − θ_pushed) on the owned
   // ranges, θ ← θ_global elsewhere (after a resync from a snapshot: θ_global).
-  // The returned stats' state_hash is θ_global's, checked against the coordinator.
+  // The returned report's state_hash is θ_global's, checked against the coordinator.
   // No other call may run while a round is in flight.
   void start_round(const float* params, int64_t step);
   bool round_in_flight() const;
@@ -109,10 +109,7 @@ class SyncClient {
   // Resume from a saved state (disconnects). An empty base keeps the current one; a
   // residual of the wrong size (another codec) restarts the error feedback at zero.
   void restore(const SyncState& s);
-
-  int64_t round() const;
-  // Hash of θ at the last round: params outside the owned ranges, sync_base inside.
-  uint64_t base_hash(const float* params) const;
+  // Closes the connection; the next round reconnects.
   void disconnect();
 
  private:

@@ -71,7 +71,7 @@ TEST_CASE("state: without --fresh a missing or unreadable state refuses to start
     const std::vector<float> before = n->params;
     CHECK_THROWS_WITH_AS(n->sync(), doctest::Contains("ahead of the coordinator"), NetError);
     CHECK(n->params == before);
-    CHECK(n->client->round() == 3);
+    CHECK(n->client->state().round == 3);
   }
   CHECK(co->c->stats().round == 0);
   co.reset();
