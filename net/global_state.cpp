@@ -53,7 +53,6 @@ GlobalState StatePersistence::open(bool fresh, const std::function<void(float*)>
     throw NetError(path_ + ": no coordinator state; the first start of a run needs --fresh (a restart needs the "
                    "state_dir of its run)");
   try {
-    if (state_file_format(path_) < 3) convert_legacy();
     s.file = StateReader::open(path_, n_params);
   } catch (const NetError& e) {
     throw NetError(std::string(e.what()) + restart_hint);
@@ -91,21 +90,6 @@ void StatePersistence::check_identity(const PersistedState& ps) const {
   if (ps.fingerprint != rules_.fingerprint)
     throw NetError(path_ + " holds a different model (fingerprint " + hash_hex(ps.fingerprint) + " vs " +
                    hash_hex(rules_.fingerprint) + ")");
-}
-
-// A file written before format 3 is read whole (once, at start), checked, and
-// rewritten as format 3 with this run's sections.
-void StatePersistence::convert_legacy() {
-  const int64_t n_params = rules_.n_params;
-  std::vector<float> theta(static_cast<size_t>(n_params)), residual, momentum;
-  const PersistedState ps = load_state_file(path_, theta, &residual, &momentum);
-  check_identity(ps);
-  if (state_hash(theta.data(), n_params) != ps.state_hash) throw NetError(path_ + ": state hash does not match its θ");
-  PersistedState h = header(ps.round, ps.step);
-  if (h.has_residual && residual.empty()) residual.assign(size_t(n_params), 0.0f);
-  if (h.has_momentum && momentum.empty()) momentum.assign(size_t(n_params), 0.0f);
-  save_state_file(path_, h, theta, h.has_residual ? &residual : nullptr, h.has_momentum ? &momentum : nullptr);
-  log_("%s: converted to state file format 3 (random access)", path_.c_str());
 }
 
 std::string StatePersistence::folder() const {

@@ -65,7 +65,6 @@ class StatePersistence {
  private:
   PersistedState header(int64_t round, int64_t step) const;
   void check_identity(const PersistedState& ps) const;  // this run's, this model's
-  void convert_legacy();
   PersistRules rules_;
   const LineLog& log_;
   std::string path_;

@@ -18,6 +18,7 @@
 #include <filesystem>
 #include <fstream>
 #include <functional>
+#include <iterator>
 #include <memory>
 #include <sstream>
 #include <string>
@@ -79,6 +80,46 @@ inline uint16_t free_loopback_port() {
 
 inline std::string temp_dir(const std::string& name) { return spes::test::temp_dir("net-" + name).string(); }
 
+// A whole state file written and read back through StateWriter / StateReader (the
+// coordinator writes and reads it a chunk at a time). save: residual / momentum
+// null = none. load: theta has the model's size; the residual and the momentum are
+// read when the file has them and the pointer is not null.
+inline void save_state_file(const std::string& path, PersistedState info, const std::vector<float>& theta,
+                            const std::vector<float>* residual, const std::vector<float>* momentum = nullptr) {
+  info.has_residual = residual != nullptr;
+  info.has_momentum = momentum != nullptr;
+  const int64_t n = int64_t(theta.size());
+  StateWriter w(path, info, n);
+  w.write(Section::theta, 0, n, theta.data());
+  if (residual) w.write(Section::residual, 0, n, residual->data());
+  if (momentum) w.write(Section::momentum, 0, n, momentum->data());
+  w.commit();
+}
+
+inline PersistedState load_state_file(const std::string& path, std::vector<float>& theta,
+                                      std::vector<float>* residual, std::vector<float>* momentum = nullptr) {
+  const auto r = StateReader::open(path, int64_t(theta.size()));
+  const int64_t n = r->size();
+  r->read(Section::theta, 0, n, theta.data());
+  for (auto [section, out] : {std::pair{Section::residual, residual}, std::pair{Section::momentum, momentum}})
+    if (out && r->has(section)) out->resize(size_t(n)), r->read(section, 0, n, out->data());
+  return r->info();
+}
+
+// Rewrites the header of the state file at `path` to claim another format (its
+// CRC made to match: only the format is wrong).
+inline void set_state_file_format(const std::string& path, uint32_t format) {
+  std::string bytes;
+  {
+    std::ifstream f(path, std::ios::binary);
+    bytes.assign(std::istreambuf_iterator<char>(f), {});
+  }
+  std::memcpy(bytes.data() + 8, &format, 4);
+  const uint32_t crc = crc32c(bytes.data(), 4092);
+  std::memcpy(bytes.data() + 4092, &crc, 4);
+  std::ofstream(path, std::ios::binary | std::ios::trunc).write(bytes.data(), std::streamsize(bytes.size()));
+}
+
 // A completed round's state file holding theta (and a residual / momentum when
 // given) and the writer of the next round's, in a temp folder: what the merge and
 // the publication read and write at a round's close.
@@ -104,28 +145,6 @@ struct RoundFiles {
     return v;
   }
 };
-
-// A state file as format 1 (no momentum fields) or 2 wrote it, before format 3:
-// header, θ, [residual], [momentum], CRC32C of all before it. Only to test that they
-// still load.
-inline void write_legacy_state_file(const std::string& path, uint32_t format, const PersistedState& s,
-                                    const std::vector<float>& theta, const std::vector<float>* momentum = nullptr,
-                                    const std::vector<float>* residual = nullptr) {
-  std::string b("SPESCOOR");
-  auto put = [&b](auto v) { b.append(reinterpret_cast<const char*>(&v), sizeof v); };
-  auto floats = [&b](const std::vector<float>& v) { b.append(reinterpret_cast<const char*>(v.data()), v.size() * 4); };
-  put(format), put(s.codec), put(s.fingerprint), put(s.round), put(s.step), put(int64_t(theta.size()));
-  put(state_hash(theta.data(), int64_t(theta.size()))), put(uint32_t(residual ? 1 : 0));
-  put(uint32_t(s.run_id.size()));
-  b += s.run_id;
-  if (format >= 2) put(uint32_t(momentum ? 1 : 0)), put(momentum ? state_hash(momentum->data(), int64_t(theta.size())) : 0);
-  floats(theta);
-  if (residual) floats(*residual);
-  if (momentum) floats(*momentum);
-  put(crc32c(b.data(), b.size()));
-  std::filesystem::create_directories(std::filesystem::path(path).parent_path());
-  std::ofstream(path, std::ios::binary | std::ios::trunc).write(b.data(), std::streamsize(b.size()));
-}
 
 // The coordinator of a test config, as the program builds it, with the tests' secret.
 inline CoordinatorParams test_coordinator_params(const Config& cfg, const std::string& secret = "test-secret-0123456789") {

@@ -117,59 +117,61 @@ TEST_CASE("state: the coordinator owns the step; a node reporting a wrong or bac
   CHECK(co.c->stats().csv_rows.find("\n3,15,2,") != std::string::npos);
 }
 
-TEST_CASE("state: `spes-engine coordinator` without a state and without --fresh exits 1 with one line") {
+TEST_CASE("state: `spes-engine coordinator` without a state, or with one of another format, exits 1 with one line") {
   test::TempDir dir("coordinator-no-state");
   const Config c = test::small_config(dir.path, {"spes.n_nodes=2", "spes.sync_steps=2", "spes.coordinator=\"127.0.0.1:29999\"",
                                                  "spes.state_dir=\"" + (dir / "coordinator") + "\""});
   const std::string config = dir / "c.toml";
   std::ofstream(config) << config_to_toml(c);
-  const std::string cmd = std::string(SPES_ENGINE_BIN) + " coordinator " + config + " > " + (dir / "out") + " 2> " +
-                          (dir / "err");
-  const int status = std::system(cmd.c_str());
-  REQUIRE(WIFEXITED(status));
-  CHECK(WEXITSTATUS(status) == 1);
-  std::ifstream in(dir / "err");
-  std::vector<std::string> lines;
-  for (std::string l; std::getline(in, l);) lines.push_back(l);
-  REQUIRE(lines.size() == 1);
-  CHECK(lines[0].find(dir / "coordinator/state.bin") != std::string::npos);
-  CHECK(lines[0].find("--fresh") != std::string::npos);
-  CHECK_FALSE(std::filesystem::exists(dir / "coordinator/state.bin"));
+  const std::string state = dir / "coordinator/state.bin";
+  // The one line on stderr of a coordinator that must exit 1.
+  auto error_line = [&] {
+    const std::string cmd = std::string(SPES_ENGINE_BIN) + " coordinator " + config + " > " + (dir / "out") + " 2> " +
+                            (dir / "err");
+    const int status = std::system(cmd.c_str());
+    REQUIRE(WIFEXITED(status));
+    CHECK(WEXITSTATUS(status) == 1);
+    std::ifstream in(dir / "err");
+    std::vector<std::string> lines;
+    for (std::string l; std::getline(in, l);) lines.push_back(l);
+    REQUIRE(lines.size() == 1);
+    return lines[0];
+  };
+  std::string line = error_line();
+  CHECK(line.find(state) != std::string::npos);
+  CHECK(line.find("--fresh") != std::string::npos);
+  CHECK_FALSE(std::filesystem::exists(state));
+
+  // A state file of format 2: its magic and format are all the coordinator reads.
+  std::filesystem::create_directories(dir / "coordinator");
+  {
+    std::ofstream out(state, std::ios::binary);
+    const uint32_t format = 2;
+    out << "SPESCOOR";
+    out.write(reinterpret_cast<const char*>(&format), 4);
+  }
+  line = error_line();
+  CHECK(line.find(state + ": format 2, but this build reads only format 3") != std::string::npos);
 }
 
-TEST_CASE("state: a format-2 state of a lossy run with a momentum is converted at start, bit for bit") {
-  const std::string dir = temp_dir("state-convert");
+TEST_CASE("state: a state file of another format refuses the start in one line naming the file and both formats") {
+  const std::string dir = temp_dir("state-format");
   const int64_t n = 3000;
-  const size_t count = static_cast<size_t>(n);
-  std::vector<float> theta(count), residual(count), momentum(count);
-  for (int64_t i = 0; i < n; ++i)
-    theta[size_t(i)] = noise(1, 0, uint64_t(i)), residual[size_t(i)] = noise(2, 0, uint64_t(i)) * 1e-3f,
-    momentum[size_t(i)] = noise(3, 0, uint64_t(i));
-  PersistedState old;
-  old.run_id = "convert";
-  old.fingerprint = 77;
-  old.round = 12;
-  old.step = 120;
-  old.codec = uint32_t(Codec::int8);
-  write_legacy_state_file(dir + "/state.bin", 2, old, theta, &momentum, &residual);
+  std::vector<float> theta(static_cast<size_t>(n), 0.25f);
+  PersistedState ps;
+  ps.run_id = "format";
+  ps.fingerprint = 77;
+  ps.round = 12;
+  const std::string path = dir + "/state.bin";
+  save_state_file(path, ps, theta, nullptr);
+  set_state_file_format(path, 2);
   const LineLog log("[test]", false);
-  StatePersistence persistence(PersistRules{dir, "convert", 77, Codec::int8, n, true}, log);
-  const GlobalState s = persistence.open(false, nullptr, "");
-  CHECK(state_file_format(dir + "/state.bin") == 3);
-  CHECK(s.round == 12);
-  CHECK(s.step == 120);
-  CHECK(s.hash == state_hash(theta.data(), n));
-  for (auto [section, want] : {std::pair{Section::theta, &theta}, std::pair{Section::residual, &residual},
-                               std::pair{Section::momentum, &momentum}}) {
-    std::vector<float> got(count);
-    s.file->read(section, 0, n, got.data());
-    CHECK(std::memcmp(got.data(), want->data(), size_t(n) * 4) == 0);
-  }
-  // Another run's file is refused before anything is rewritten.
-  write_legacy_state_file(dir + "/state.bin", 2, old, theta, &momentum, &residual);
-  StatePersistence other(PersistRules{dir, "another-run", 77, Codec::int8, n, true}, log);
-  CHECK_THROWS_WITH_AS(other.open(false, nullptr, ""), doctest::Contains("belongs to run 'convert'"), NetError);
-  CHECK(state_file_format(dir + "/state.bin") == 2);
+  StatePersistence persistence(PersistRules{dir, "format", 77, Codec::fp32, n, false}, log);
+  const std::string want = "coordinator state " + path +
+                           ": format 2, but this build reads only format 3; to start a new run from the seed "
+                           "instead, pass --fresh";
+  CHECK_THROWS_WITH_AS(persistence.open(false, nullptr, ""), want.c_str(), NetError);
+  CHECK(state_file_format(path) == 2);  // left as it was
   std::filesystem::remove_all(dir);
 }
 
