@@ -56,7 +56,7 @@ struct CoordinatorParams {
   TlsFiles tls;                             // TLS 1.3: the run's CA, the coordinator's certificate and key (off: empty)
   std::string address = "127.0.0.1:29500";  // "host:port" to bind
   double round_timeout_s = 600;
-  std::string state_dir;                    // state.bin lives here
+  std::string state_dir;                    // coordinator_state.bin lives here
   int64_t sync_steps = 0;                   // optimizer steps per round (≥ 1): round r's step is r·sync_steps
   MergeWarmup merge;
   OuterOptimizer outer;                     // after the mean, before the warm-up (net/outer_optimizer)

@@ -12,7 +12,8 @@
 namespace spes::net {
 
 StatePersistence::StatePersistence(PersistRules rules, const LineLog& log)
-    : rules_(std::move(rules)), log_(log), path_((std::filesystem::path(rules_.state_dir) / "state.bin").string()) {}
+    : rules_(std::move(rules)), log_(log),
+      path_((std::filesystem::path(rules_.state_dir) / kCoordinatorStateFile).string()) {}
 
 PersistedState StatePersistence::header(int64_t round, int64_t step) const {
   PersistedState h;
@@ -30,6 +31,7 @@ GlobalState StatePersistence::open(bool fresh, const std::function<void(float*)>
                                    const std::string& init_source) {
   const int64_t n_params = rules_.n_params;
   GlobalState s;
+  adopt_old_name();
   if (fresh) {
     if (!init_theta) throw NetError("coordinator: no init_theta to start a fresh run from");
     if (std::filesystem::exists(path_)) log_("--fresh: replacing the persisted state in %s", path_.c_str());
@@ -90,6 +92,22 @@ void StatePersistence::check_identity(const PersistedState& ps) const {
   if (ps.fingerprint != rules_.fingerprint)
     throw NetError(path_ + " holds a different model (fingerprint " + hash_hex(ps.fingerprint) + " vs " +
                    hash_hex(rules_.fingerprint) + ")");
+}
+
+// The coordinator's file was called state.bin, like a node's checkpoint file; a
+// state_dir from then still holds it. The first start there renames it (and its
+// .next scratch) once, so the run goes on from its state; a state.bin that is not
+// a coordinator state file is left alone.
+void StatePersistence::adopt_old_name() {
+  namespace fs = std::filesystem;
+  const fs::path old = fs::path(folder()) / "state.bin";
+  std::error_code ec;
+  if (fs::exists(path_, ec) || !fs::is_regular_file(old, ec) || state_file_format(old.string()) == 0) return;
+  fs::rename(old, path_, ec);
+  if (ec) throw NetError(old.string() + ": cannot rename to " + path_ + ": " + ec.message());
+  const fs::path old_next = old.string() + ".next";
+  if (fs::exists(old_next, ec)) fs::rename(old_next, path_ + ".next", ec);
+  log_("%s renamed to %s (the coordinator's state file has its own name)", old.c_str(), path_.c_str());
 }
 
 std::string StatePersistence::folder() const {

@@ -1,7 +1,7 @@
-// The coordinator's persisted state (spes.state_dir/state.bin): θ, round, step,
-// fingerprint and run id, plus the download residual of a lossy codec and the
-// outer optimizer's momentum, so a restarted coordinator resumes the run with no
-// round lost.
+// The coordinator's persisted state (spes.state_dir/coordinator_state.bin): θ,
+// round, step, fingerprint and run id, plus the download residual of a lossy codec
+// and the outer optimizer's momentum, so a restarted coordinator resumes the run
+// with no round lost.
 //
 // The file is also where the coordinator's θ lives between rounds (issue 14: a
 // coordinator in ≤ 1.5× the model): it is read back in chunks (pread) to serve
@@ -13,7 +13,7 @@
 // into place: a crash leaves the old file or the new one, never half of one. The
 // header has its own CRC32C and a 64-bit hash of each section (θ's is the state
 // hash), all checked on load; nothing non-finite is written or loaded.
-// The temporary file is state.bin.next, and a commit swaps it with state.bin
+// The temporary file is <file>.next, and a commit swaps it with the file
 // (renameat2 RENAME_EXCHANGE, atomic): the previous state then lies in .next and is
 // overwritten in place by the next round. Reusing its pages halves the cost of a
 // persist on tmpfs (fresh pages are allocated, cleared and later freed by the kernel,

@@ -131,11 +131,11 @@ struct RoundFiles {
              const std::vector<float>* momentum = nullptr) {
     PersistedState h;
     h.run_id = "round-files";
-    save_state_file(dir + "/state.bin", h, theta, residual, momentum);
-    old = StateReader::open(dir + "/state.bin", int64_t(theta.size()));
+    save_state_file(dir + "/coordinator_state.bin", h, theta, residual, momentum);
+    old = StateReader::open(dir + "/coordinator_state.bin", int64_t(theta.size()));
     h.has_residual = residual != nullptr;
     h.has_momentum = momentum != nullptr;
-    next = std::make_unique<StateWriter>(dir + "/state.bin", h, int64_t(theta.size()));
+    next = std::make_unique<StateWriter>(dir + "/coordinator_state.bin", h, int64_t(theta.size()));
   }
   ~RoundFiles() { std::filesystem::remove_all(dir); }
   void commit() { old = next->commit(); }  // the next round's file becomes the completed one

@@ -190,7 +190,7 @@ TEST_CASE("finite: a merged update that is not finite is not applied nor publish
 
 TEST_CASE("finite: a state file is never written with, nor loaded from, a non-finite value") {
   const std::string dir = temp_dir("finite-state");
-  const std::string path = dir + "/state.bin";
+  const std::string path = dir + "/coordinator_state.bin";
   std::vector<float> theta(300, 0.5f);
   PersistedState ps;
   ps.run_id = "r";

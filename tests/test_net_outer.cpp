@@ -98,12 +98,12 @@ TEST_CASE("outer: nesterov over 3 rounds, an expert missing and coordinator rest
   auto co = std::make_unique<CoordThread>(cfg, first);
   CoordinatorOptions opt;
   opt.port = co->port();
-  // Restarts the coordinator from its state.bin (round timeout for the next round),
+  // Restarts the coordinator from its coordinator_state.bin (round timeout for the next round),
   // after checking that the file holds exactly the expected θ and momentum.
   auto restart = [&](const std::vector<float>& theta, const std::vector<float>& m, int64_t round, double timeout_s) {
     co.reset();
     std::vector<float> t(theta.size()), mom;
-    const PersistedState ps = load_state_file(cfg.spes.state_dir + "/state.bin", t, nullptr, &mom);
+    const PersistedState ps = load_state_file(cfg.spes.state_dir + "/coordinator_state.bin", t, nullptr, &mom);
     CHECK(ps.has_momentum);
     CHECK(ps.round == round);
     CHECK(same_bits(t, theta));
@@ -188,7 +188,7 @@ TEST_CASE("outer: a chunk whose step is not finite keeps θ_old and its momentum
 
 TEST_CASE("outer: state file keeps the momentum; another format is refused in one line naming it") {
   const std::string dir = temp_dir("outer-state");
-  const std::string path = dir + "/state.bin";
+  const std::string path = dir + "/coordinator_state.bin";
   std::vector<float> theta(100), mom(100);
   for (size_t i = 0; i < theta.size(); ++i) theta[i] = float(i), mom[i] = -0.5f * float(i);
   PersistedState ps;

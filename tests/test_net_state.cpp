@@ -38,7 +38,7 @@ CoordinatorOptions quiet(bool fresh) {
 TEST_CASE("state: without --fresh a missing or unreadable state refuses to start; a node ahead refuses a reset") {
   Config cfg = tiny_config(2, "bf16");
   cfg.spes.state_dir = temp_dir("state-missing");
-  const std::string state = cfg.spes.state_dir + "/state.bin";
+  const std::string state = cfg.spes.state_dir + "/coordinator_state.bin";
   auto start = [&](bool fresh) { return std::make_unique<CoordThread>(test_coordinator_params(cfg), quiet(fresh)); };
   const std::string missing = state + ": no coordinator state";
   CHECK_THROWS_WITH_AS(start(false), doctest::Contains(missing.c_str()), NetError);
@@ -123,7 +123,7 @@ TEST_CASE("state: `spes-engine coordinator` without a state, or with one of anot
                                                  "spes.state_dir=\"" + (dir / "coordinator") + "\""});
   const std::string config = dir / "c.toml";
   std::ofstream(config) << config_to_toml(c);
-  const std::string state = dir / "coordinator/state.bin";
+  const std::string state = dir / "coordinator/coordinator_state.bin";
   // The one line on stderr of a coordinator that must exit 1.
   auto error_line = [&] {
     const std::string cmd = std::string(SPES_ENGINE_BIN) + " coordinator " + config + " > " + (dir / "out") + " 2> " +
@@ -162,7 +162,7 @@ TEST_CASE("state: a state file of another format refuses the start in one line n
   ps.run_id = "format";
   ps.fingerprint = 77;
   ps.round = 12;
-  const std::string path = dir + "/state.bin";
+  const std::string path = dir + "/coordinator_state.bin";
   save_state_file(path, ps, theta, nullptr);
   set_state_file_format(path, 2);
   const LineLog log("[test]", false);
@@ -173,6 +173,42 @@ TEST_CASE("state: a state file of another format refuses the start in one line n
   CHECK_THROWS_WITH_AS(persistence.open(false, nullptr, ""), want.c_str(), NetError);
   CHECK(state_file_format(path) == 2);  // left as it was
   std::filesystem::remove_all(dir);
+}
+
+TEST_CASE("state: a state_dir holding the old name state.bin is picked up once; a state.bin of another kind is not") {
+  const std::string dir = temp_dir("state-old-name");
+  const int64_t n = 3000;
+  std::vector<float> theta(static_cast<size_t>(n), 0.25f);
+  PersistedState ps;
+  ps.run_id = "old-name";
+  ps.fingerprint = 77;
+  ps.round = 12;
+  ps.step = 120;
+  save_state_file(dir + "/state.bin", ps, theta, nullptr);
+  std::ofstream(dir + "/state.bin.next") << "the previous round's scratch";
+  const LineLog log("[test]", false);
+  const PersistRules rules{dir, "old-name", 77, Codec::fp32, n, false};
+  {
+    StatePersistence persistence(rules, log);
+    const GlobalState s = persistence.open(false, nullptr, "");
+    CHECK(s.round == 12);
+    CHECK(s.hash == state_hash(theta.data(), n));
+  }
+  CHECK_FALSE(std::filesystem::exists(dir + "/state.bin"));
+  CHECK_FALSE(std::filesystem::exists(dir + "/state.bin.next"));
+  CHECK(std::filesystem::exists(dir + "/coordinator_state.bin"));
+  CHECK(std::filesystem::exists(dir + "/coordinator_state.bin.next"));
+  StatePersistence again(rules, log);
+  CHECK(again.open(false, nullptr, "").round == 12);
+
+  // A node's checkpoint file of the same name is no coordinator state: left alone.
+  const std::string other = temp_dir("state-old-name-other");
+  std::ofstream(other + "/state.bin") << "SPESCKPT and a node's checkpoint";
+  StatePersistence none(PersistRules{other, "old-name", 77, Codec::fp32, n, false}, log);
+  CHECK_THROWS_WITH_AS(none.open(false, nullptr, ""), doctest::Contains("no coordinator state"), NetError);
+  CHECK(std::filesystem::exists(other + "/state.bin"));
+  std::filesystem::remove_all(dir);
+  std::filesystem::remove_all(other);
 }
 
 TEST_CASE("state: a round's close writes every element of the next file (a NaN-filled .next leaves no trace)") {
@@ -189,7 +225,7 @@ TEST_CASE("state: a round's close writes every element of the next file (a NaN-f
   RoundFiles files(theta, &residual, &momentum);
   {
     const std::vector<float> nan(3 * count, std::nanf(""));
-    std::fstream f(files.dir + "/state.bin.next", std::ios::in | std::ios::out | std::ios::binary);
+    std::fstream f(files.dir + "/coordinator_state.bin.next", std::ios::in | std::ios::out | std::ios::binary);
     f.seekp(4096);
     f.write(reinterpret_cast<const char*>(nan.data()), std::streamsize(nan.size() * 4));
   }

@@ -439,7 +439,7 @@ TEST_CASE("faults: coordinator restart (in-process) -> nodes continue, no round 
 
 TEST_CASE("persistence: state file round trip and corruption detected") {
   const std::string dir = temp_dir("state");
-  const std::string path = dir + "/state.bin";
+  const std::string path = dir + "/coordinator_state.bin";
   std::vector<float> theta(1000), res(1000);
   for (size_t i = 0; i < theta.size(); ++i) theta[i] = float(i) * 0.5f, res[i] = -float(i);
   PersistedState ps;
@@ -472,7 +472,7 @@ TEST_CASE("persistence: state file round trip and corruption detected") {
 
 TEST_CASE("persistence: a 40 MiB state (several write calls) loads back bit for bit; a flipped byte is caught") {
   const std::string dir = temp_dir("state-big");
-  const std::string path = dir + "/state.bin";
+  const std::string path = dir + "/coordinator_state.bin";
   const size_t n = size_t(10) << 20;  // 40 MiB per array
   std::vector<float> theta(n), res(n);
   for (size_t i = 0; i < n; ++i) theta[i] = float(i % 9973) * 0.25f, res[i] = -float(i % 7919);
