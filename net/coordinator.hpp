@@ -99,7 +99,7 @@ struct CoordinatorStats {
   int64_t late_pushes = 0;            // pushes refused as "stale round"
   int64_t snapshots = 0;
   int64_t bytes_in = 0, bytes_out = 0;
-  std::string csv_rows;               // every round row written so far (tests, `local`)
+  std::string csv_rows;               // every round row written so far
 };
 
 class Coordinator {
@@ -114,7 +114,6 @@ class Coordinator {
   Coordinator& operator=(const Coordinator&) = delete;
 
   uint16_t port() const;
-  std::string bind_address() const;  // the address actually bound
   void run();   // serves in the calling thread until stop()
   void stop();  // thread-safe; every published round is on disk already
   CoordinatorStats stats() const;  // thread-safe

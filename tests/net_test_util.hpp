@@ -381,6 +381,27 @@ inline HelloFields make_hello(const Config& cfg, int id, const std::array<uint8_
   return h;
 }
 
+// A frame around any envelope a test builds in `b`, with fields no real peer sends.
+inline std::vector<uint8_t> envelope_frame(flatbuffers::FlatBufferBuilder& b, wire::Message type,
+                                           flatbuffers::Offset<void> msg) {
+  b.Finish(wire::CreateEnvelope(b, type, msg));
+  std::vector<uint8_t> f(kHeaderBytes + b.GetSize());
+  write_header(f.data(), uint32_t(b.GetSize()), crc32c(b.GetBufferPointer(), b.GetSize()));
+  std::memcpy(f.data() + kHeaderBytes, b.GetBufferPointer(), b.GetSize());
+  return f;
+}
+
+// The Hello FrameWriter::hello builds, but claiming protocol version `version`.
+inline std::vector<uint8_t> hello_frame(const HelloFields& h, uint16_t version) {
+  flatbuffers::FlatBufferBuilder b;
+  auto run = b.CreateString(h.run_id);
+  auto nn = b.CreateVector(h.node_nonce.data(), h.node_nonce.size());
+  auto pr = b.CreateVector(h.proof.data(), h.proof.size());
+  auto m = wire::CreateHello(b, version, run, h.node_id, h.fingerprint, wire::Codec(h.codec), h.sync_round,
+                             h.state_hash, nn, pr);
+  return envelope_frame(b, wire::Message_Hello, m.Union());
+}
+
 // The reply to a Hello: the Error's code and reason, or "welcome".
 struct Reply {
   bool welcome = false;
