@@ -23,7 +23,6 @@
 
 #include "engine/base/error.hpp"
 #include "net/address.hpp"
-#include "net/digest.hpp"
 #include "net/line_log.hpp"
 #include "net/node_handshake.hpp"
 #include "net/node_heartbeat.hpp"
