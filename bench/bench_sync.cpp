@@ -422,7 +422,7 @@ int main(int argc, char** argv) {
           std::vector<float> params = init;
           perturb(params, own, 1);
           const auto t0 = Clock::now();
-          const net::SyncStats st = client.sync_round(params.data(), 100);
+          const net::RoundReport st = client.sync_round(params.data(), 100);
           const double s = std::chrono::duration<double>(Clock::now() - t0).count();
           // Overlapped: push, "train" for kOverlapTrainS, then apply the round.
           perturb(params, own, 2);
@@ -467,7 +467,7 @@ int main(int argc, char** argv) {
     net::SyncClient client(sp, o);
     std::vector<float> params = init;
     double best = 1e30;
-    net::SyncStats st, best_st;
+    net::RoundReport st, best_st;
     for (int r = 1; r <= rounds; ++r) {
       perturb(params, own, r);
       const auto t0 = Clock::now();
@@ -507,7 +507,7 @@ int main(int argc, char** argv) {
       clients.push_back(std::make_unique<net::SyncClient>(sp, o));
       params.push_back(init);
     }
-    std::vector<net::SyncStats> st(4);
+    std::vector<net::RoundReport> st(4);
     double secs = 0;
     for (int r = 1; r <= 2; ++r) {
       for (int p = 0; p < 4; ++p) perturb(params[p], owns[p], r * 10 + p);

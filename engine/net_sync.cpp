@@ -37,7 +37,7 @@ net::MergeWarmup merge_warmup(const SpesConfig& s) {
   return m;
 }
 
-SyncStats engine_stats(const net::SyncStats& s) {
+SyncStats engine_stats(const net::RoundReport& s) {
   SyncStats out;
   out.round = s.round;
   out.ms = s.ms;

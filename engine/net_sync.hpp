@@ -8,13 +8,12 @@
 #include <span>
 
 #include "engine/config.hpp"
+#include "engine/sync_hook.hpp"
 #include "model/layout.hpp"
 #include "net/coordinator.hpp"
 #include "net/sync_client.hpp"
 
 namespace spes {
-
-class SyncHook;  // engine/trainer.hpp (not included: its SyncStats would clash with net::SyncStats in net tests)
 
 // The coordinator of this config's run: every node's ownership and fingerprint,
 // [spes] settings, the secret (secret_file / $SPES_SECRET) and a fresh run's θ from

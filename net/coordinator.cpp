@@ -120,7 +120,7 @@ struct Coordinator::Impl final : SessionHandler {
   asio::steady_timer round_timer{io};
   std::unique_ptr<asio::signal_set> signals;
   SessionServer server;
-  tcp::endpoint bound;  // read by other threads (port(), bind_address()): set once in the constructor
+  tcp::endpoint bound;  // read by other threads (port()): set once in the constructor
   bool stopped = false;
 
   mutable std::mutex stats_mu;
@@ -378,7 +378,6 @@ Coordinator::Coordinator(CoordinatorParams params, CoordinatorOptions opt)
 Coordinator::~Coordinator() = default;
 
 uint16_t Coordinator::port() const { return impl_->bound.port(); }
-std::string Coordinator::bind_address() const { return impl_->bound.address().to_string(); }
 
 void Coordinator::run() {
   Impl& I = *impl_;

@@ -58,7 +58,7 @@ struct CoordinatorParams {
   TlsFiles tls;                             // TLS 1.3: the run's CA, the coordinator's certificate and key (off: empty)
   std::string address = "127.0.0.1:29500";  // "host:port" to bind
   double round_timeout_s = 600;
-  std::string state_dir;                    // state.bin lives here
+  std::string state_dir;                    // coordinator_state.bin lives here
   int64_t sync_steps = 0;                   // optimizer steps per round (≥ 1): round r's step is r·sync_steps
   MergeWarmup merge;
   OuterOptimizer outer;                     // after the mean, before the warm-up (net/outer_optimizer)
@@ -101,7 +101,7 @@ struct CoordinatorStats {
   int64_t late_pushes = 0;            // pushes refused as "stale round"
   int64_t snapshots = 0;
   int64_t bytes_in = 0, bytes_out = 0;
-  std::string csv_rows;               // every round row written so far (tests, `local`)
+  std::string csv_rows;               // every round row written so far
 };
 
 class Coordinator {
@@ -116,7 +116,6 @@ class Coordinator {
   Coordinator& operator=(const Coordinator&) = delete;
 
   uint16_t port() const;
-  std::string bind_address() const;  // the address actually bound
   void run();   // serves in the calling thread until stop()
   void stop();  // thread-safe; every published round is on disk already
   CoordinatorStats stats() const;  // thread-safe

@@ -124,24 +124,6 @@ void StateHasher::stripes(const uint8_t* p, size_t count) {
   stripes_scalar(acc_, stripe_, p, count);
 }
 
-uint64_t state_hash_scalar_for_tests(const void* data, size_t n) {
-  // Same digest as StateHasher, without the AVX2 path (tests compare the two).
-  uint64_t acc[8];
-  for (int j = 0; j < 8; ++j) acc[j] = kKeys.scramble[j] ^ P1;
-  uint32_t pos = 0;
-  const auto* p = static_cast<const uint8_t*>(data);
-  stripes_scalar(acc, pos, p, n / 64);
-  uint64_t hh = mix64(uint64_t(n) ^ P5);
-  for (int j = 0; j < 8; ++j) hh = rotl(hh ^ mix64(acc[j] + kKeys.scramble[j]), 27) * P1 + P4;
-  const size_t tail = n % 64;
-  for (size_t i = 0; i < tail; i += 8) {
-    uint64_t w = 0;
-    std::memcpy(&w, p + n / 64 * 64 + i, std::min<size_t>(8, tail - i));
-    hh = rotl(hh ^ mix64(w ^ kKeys.stripe[0][i / 8]), 31) * P2 + P3;
-  }
-  return mix64(hh);
-}
-
 void StateHasher::update(const void* data, size_t n) {
   const auto* p = static_cast<const uint8_t*>(data);
   total_ += n;

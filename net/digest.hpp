@@ -42,8 +42,6 @@ class StateHasher {
 };
 
 uint64_t state_hash(const float* x, int64_t n);
-// The portable (non-SIMD) path of the same hash, for tests.
-uint64_t state_hash_scalar_for_tests(const void* data, size_t n);
 
 using Digest = std::array<uint8_t, 32>;
 Digest hmac_sha256(const std::string& key, std::span<const uint8_t> message);

@@ -90,13 +90,13 @@ OwnedFrame own(const FrameView& f) {
 
 uint32_t FrameWriter::checksum(const uint8_t* p, size_t n) { return crc32c(p, n); }
 
-FrameView FrameWriter::finish(wire::Message type, flatbuffers::Offset<void> msg, uint16_t version) {
+FrameView FrameWriter::finish(wire::Message type, flatbuffers::Offset<void> msg) {
   auto env = wire::CreateEnvelope(b_, type, msg);
   b_.Finish(env);
   FrameView f;
   f.body = b_.GetBufferPointer();
   f.body_size = b_.GetSize();
-  write_header(header_.data(), uint32_t(f.body_size), crc32c(f.body, f.body_size), version);
+  write_header(header_.data(), uint32_t(f.body_size), crc32c(f.body, f.body_size));
   f.header = header_.data();
   return f;
 }
@@ -112,7 +112,7 @@ FrameView FrameWriter::hello(const HelloFields& h) {
   auto run = b_.CreateString(h.run_id);
   auto nn = b_.CreateVector(h.node_nonce.data(), h.node_nonce.size());
   auto pr = b_.CreateVector(h.proof.data(), h.proof.size());
-  auto m = wire::CreateHello(b_, h.protocol_version, run, h.node_id, h.fingerprint, wire::Codec(h.codec),
+  auto m = wire::CreateHello(b_, kProtocolVersion, run, h.node_id, h.fingerprint, wire::Codec(h.codec),
                              h.sync_round, h.state_hash, nn, pr);
   return finish(wire::Message_Hello, m.Union());
 }

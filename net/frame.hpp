@@ -81,7 +81,6 @@ struct HelloFields {
   uint64_t state_hash = 0;
   std::array<uint8_t, kNonceBytes> node_nonce{};
   std::array<uint8_t, kProofBytes> proof{};
-  uint16_t protocol_version = kProtocolVersion;  // tests send others
 };
 
 struct WelcomeFields {
@@ -150,11 +149,8 @@ class FrameWriter {
     return finish(wire::Message_SnapshotChunk, m.Union());
   }
 
-  // Escape hatch for tests: any envelope, any header version.
-  flatbuffers::FlatBufferBuilder& builder() { return b_; }
-  FrameView finish(wire::Message type, flatbuffers::Offset<void> msg, uint16_t version = kProtocolVersion);
-
  private:
+  FrameView finish(wire::Message type, flatbuffers::Offset<void> msg);
   static uint32_t checksum(const uint8_t* p, size_t n);
   flatbuffers::FlatBufferBuilder b_;
   std::array<uint8_t, kHeaderBytes> header_{};

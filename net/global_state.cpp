@@ -12,7 +12,8 @@
 namespace spes::net {
 
 StatePersistence::StatePersistence(PersistRules rules, const LineLog& log)
-    : rules_(std::move(rules)), log_(log), path_((std::filesystem::path(rules_.state_dir) / "state.bin").string()) {}
+    : rules_(std::move(rules)), log_(log),
+      path_((std::filesystem::path(rules_.state_dir) / kCoordinatorStateFile).string()) {}
 
 PersistedState StatePersistence::header(int64_t round, int64_t step) const {
   PersistedState h;
@@ -30,6 +31,7 @@ GlobalState StatePersistence::open(bool fresh, const std::function<void(float*)>
                                    const std::string& init_source) {
   const int64_t n_params = rules_.n_params;
   GlobalState s;
+  adopt_old_name();
   if (fresh) {
     if (!init_theta) throw NetError("coordinator: no init_theta to start a fresh run from");
     if (std::filesystem::exists(path_)) log_("--fresh: replacing the persisted state in %s", path_.c_str());
@@ -53,7 +55,6 @@ GlobalState StatePersistence::open(bool fresh, const std::function<void(float*)>
     throw NetError(path_ + ": no coordinator state; the first start of a run needs --fresh (a restart needs the "
                    "state_dir of its run)");
   try {
-    if (state_file_format(path_) < 3) convert_legacy();
     s.file = StateReader::open(path_, n_params);
   } catch (const NetError& e) {
     throw NetError(std::string(e.what()) + restart_hint);
@@ -93,19 +94,20 @@ void StatePersistence::check_identity(const PersistedState& ps) const {
                    hash_hex(rules_.fingerprint) + ")");
 }
 
-// A file written before format 3 is read whole (once, at start), checked, and
-// rewritten as format 3 with this run's sections.
-void StatePersistence::convert_legacy() {
-  const int64_t n_params = rules_.n_params;
-  std::vector<float> theta(static_cast<size_t>(n_params)), residual, momentum;
-  const PersistedState ps = load_state_file(path_, theta, &residual, &momentum);
-  check_identity(ps);
-  if (state_hash(theta.data(), n_params) != ps.state_hash) throw NetError(path_ + ": state hash does not match its θ");
-  PersistedState h = header(ps.round, ps.step);
-  if (h.has_residual && residual.empty()) residual.assign(size_t(n_params), 0.0f);
-  if (h.has_momentum && momentum.empty()) momentum.assign(size_t(n_params), 0.0f);
-  save_state_file(path_, h, theta, h.has_residual ? &residual : nullptr, h.has_momentum ? &momentum : nullptr);
-  log_("%s: converted to state file format 3 (random access)", path_.c_str());
+// The coordinator's file was called state.bin, like a node's checkpoint file; a
+// state_dir from then still holds it. The first start there renames it (and its
+// .next scratch) once, so the run goes on from its state; a state.bin that is not
+// a coordinator state file is left alone.
+void StatePersistence::adopt_old_name() {
+  namespace fs = std::filesystem;
+  const fs::path old = fs::path(folder()) / "state.bin";
+  std::error_code ec;
+  if (fs::exists(path_, ec) || !fs::is_regular_file(old, ec) || state_file_format(old.string()) == 0) return;
+  fs::rename(old, path_, ec);
+  if (ec) throw NetError(old.string() + ": cannot rename to " + path_ + ": " + ec.message());
+  const fs::path old_next = old.string() + ".next";
+  if (fs::exists(old_next, ec)) fs::rename(old_next, path_ + ".next", ec);
+  log_("%s renamed to %s (the coordinator's state file has its own name)", old.c_str(), path_.c_str());
 }
 
 std::string StatePersistence::folder() const {

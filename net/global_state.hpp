@@ -1,9 +1,9 @@
 // The coordinator's global state — θ in fp32, the lossy codecs' download residual,
 // the outer optimizer's momentum, the completed round, its step and state hash —
-// and its persistence in state_dir/state.bin (format: net/state_file). θ, residual
-// and momentum are not held in memory: they are read from the open state file as
-// needed, and each round writes the next file (issue 14: the coordinator in ≤ 1.5×
-// the model). Write-ahead: every round is durably persisted before it is
+// and its persistence in state_dir/coordinator_state.bin (format: net/state_file).
+// θ, residual and momentum are not held in memory: they are read from the open
+// state file as needed, and each round writes the next file, so the coordinator
+// needs about 1.5× the model's memory. Write-ahead: every round is durably persisted before it is
 // published, so a crash at any instant loses no round a node has seen. The state is
 // the run's: at start it is loaded (run id, model fingerprint, state hash and
 // finiteness checked) and its absence is an error; only an explicit `fresh` start
@@ -20,6 +20,9 @@
 #include "net/state_file.hpp"
 
 namespace spes::net {
+
+// The coordinator's state file in state_dir.
+constexpr const char* kCoordinatorStateFile = "coordinator_state.bin";
 
 struct GlobalState {
   // θ, and for a lossy codec the download residual (what the download has not carried
@@ -65,7 +68,7 @@ class StatePersistence {
  private:
   PersistedState header(int64_t round, int64_t step) const;
   void check_identity(const PersistedState& ps) const;  // this run's, this model's
-  void convert_legacy();
+  void adopt_old_name();
   PersistRules rules_;
   const LineLog& log_;
   std::string path_;

@@ -22,8 +22,6 @@ std::string format(const char* fmt, ...) {
   return buf;
 }
 
-}  // namespace
-
 const char* phase_name(RoundPhase p) {
   switch (p) {
     case RoundPhase::waiting: return "waiting";
@@ -33,6 +31,8 @@ const char* phase_name(RoundPhase p) {
   }
   return "?";
 }
+
+}  // namespace
 
 RoundMachine::RoundMachine(RoundRules rules, int64_t completed_round, LineSink log)
     : rules_(std::move(rules)), log_(std::move(log)), completed_(completed_round) {

@@ -27,7 +27,6 @@
 namespace spes::net {
 
 enum class RoundPhase { waiting, collecting, merging, publishing };
-const char* phase_name(RoundPhase p);
 
 struct RoundRules {
   int n_nodes = 1;
@@ -73,11 +72,8 @@ class RoundMachine {
   // completed_round: the round θ holds at start (0 for a fresh run, else the persisted one).
   RoundMachine(RoundRules rules, int64_t completed_round, LineSink log = {});
 
-  RoundPhase phase() const { return phase_; }
-  int64_t completed() const { return completed_; }
   int64_t open_round() const { return completed_ + 1; }
   int done_count() const;
-  bool timed_out() const { return timed_out_; }
 
   // ---- membership -------------------------------------------------------------
   // Node authenticated holding θ of node_round; hash_matches: its state hash equals
@@ -85,7 +81,6 @@ class RoundMachine {
   bool node_joined(int node, int64_t node_round, bool hash_matches);
   void node_snapshot(int node);  // it is being sent θ of the completed round
   void node_left(int node);      // its pushes so far stay in the round; it gets no result
-  int64_t synced_round(int node) const { return nodes_.at(size_t(node)).synced_round; }
 
   // ---- pushes ------------------------------------------------------------------
   // Checked first for every PushChunk and PushDone; stale ones count as late pushes.

@@ -20,8 +20,8 @@ namespace spes::net {
 namespace {
 
 constexpr char kMagic[8] = {'S', 'P', 'E', 'S', 'C', 'O', 'O', 'R'};
-constexpr uint32_t kFormat = 3;           // 3: random access (1: sequential, 2: + the outer momentum)
-constexpr int64_t kHeaderSize = 4096;     // format 3: the sections start here
+constexpr uint32_t kFormat = 3;
+constexpr int64_t kHeaderSize = 4096;     // the sections start here
 constexpr size_t kMaxRunId = 1024;
 constexpr int64_t kBlockElems = 1 << 20;  // streaming passes read 4 MiB at a time
 
@@ -62,7 +62,7 @@ bool holds(const PersistedState& info, Section s) {
   return s == Section::theta || (s == Section::residual ? info.has_residual : info.has_momentum);
 }
 
-// ---- format 3 header --------------------------------------------------------
+// ---- header -----------------------------------------------------------------
 
 struct SectionHashes {
   uint64_t theta = 0, residual = 0, momentum = 0;
@@ -164,96 +164,12 @@ SectionHashes hash_and_check(int fd, const std::string& path, const PersistedSta
   return h;
 }
 
-// ---- formats 1 and 2: one sequential stream with a trailing CRC32C ------------
-
-class LegacyReader {
- public:
-  LegacyReader(const std::string& path) : path_(path) {
-    fd_ = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
-    if (fd_ < 0) fail(path, "cannot open: " + errno_text());
-  }
-  ~LegacyReader() { ::close(fd_); }
-  void read(void* p, size_t n) {
-    pread_exact(fd_, label(path_), p, n, at_);
-    at_ += int64_t(n);
-    crc_ = crc32c(p, n, crc_);
-  }
-  template <class T>
-  T get() {
-    T v;
-    read(&v, sizeof v);
-    return v;
-  }
-  uint32_t stored_crc() {
-    uint32_t c;
-    pread_exact(fd_, label(path_), &c, 4, at_);
-    return c;
-  }
-  uint32_t crc() const { return crc_; }
-
- private:
-  std::string path_;
-  int fd_ = -1;
-  int64_t at_ = 0;
-  uint32_t crc_ = 0;
-};
-
-void check_finite(const std::string& path, const char* what, const std::vector<float>& x) {
-  const int64_t i = first_non_finite(x.data(), int64_t(x.size()));
-  if (i >= 0)
-    fail(path, std::string("holds a non-finite ") + what + " (" + std::to_string(x[size_t(i)]) + " at parameter " +
-                   std::to_string(i) + ")");
-}
-
-PersistedState load_legacy(const std::string& path, uint32_t format, std::vector<float>& theta,
-                           std::vector<float>* residual, std::vector<float>* momentum) {
-  LegacyReader r(path);
-  r.get<uint64_t>();  // magic, checked by the caller
-  r.get<uint32_t>();  // format
-  PersistedState s;
-  s.codec = r.get<uint32_t>();
-  s.fingerprint = r.get<uint64_t>();
-  s.round = r.get<int64_t>();
-  s.step = r.get<int64_t>();
-  const int64_t n = r.get<int64_t>();
-  s.state_hash = r.get<uint64_t>();
-  const uint32_t has_residual = r.get<uint32_t>();
-  const uint32_t run_len = r.get<uint32_t>();
-  if (run_len > kMaxRunId || has_residual > 1) fail(path, "corrupt header");
-  s.run_id.resize(run_len);
-  r.read(s.run_id.data(), run_len);
-  if (format >= 2) {
-    const uint32_t has_momentum = r.get<uint32_t>();
-    s.momentum_hash = r.get<uint64_t>();
-    if (has_momentum > 1) fail(path, "corrupt header");
-    s.has_momentum = has_momentum == 1;
-  }
-  s.has_residual = has_residual == 1;
-  if (n != int64_t(theta.size()))
-    fail(path, "holds " + std::to_string(n) + " parameters, the model has " + std::to_string(theta.size()));
-  r.read(theta.data(), theta.size() * 4);
-  std::vector<float> res(s.has_residual ? theta.size() : 0), mom(s.has_momentum ? theta.size() : 0);
-  r.read(res.data(), res.size() * 4);
-  r.read(mom.data(), mom.size() * 4);
-  if (r.stored_crc() != r.crc()) fail(path, "checksum mismatch (corrupt file)");
-  check_finite(path, "θ", theta);
-  check_finite(path, "download residual", res);
-  if (s.has_momentum && state_hash(mom.data(), int64_t(mom.size())) != s.momentum_hash)
-    fail(path, "the outer momentum does not match its hash");
-  check_finite(path, "outer momentum", mom);
-  if (residual && s.has_residual) *residual = std::move(res);
-  if (momentum && s.has_momentum) *momentum = std::move(mom);
-  return s;
-}
-
-// The file's format, refusing what is not a state file or is newer than this build.
-uint32_t checked_format(const std::string& path) {
+// Refuses what is not a state file, or is a state file of another format.
+void check_format(const std::string& path) {
   const uint32_t format = state_file_format(path);
   if (format == 0) fail(path, "not a coordinator state file");
-  if (format > kFormat)
-    fail(path, "format version " + std::to_string(format) + " is not one this build reads (1 to " +
-                   std::to_string(kFormat) + "); written by a newer spes-engine?");
-  return format;
+  if (format != kFormat)
+    fail(path, "format " + std::to_string(format) + ", but this build reads only format " + std::to_string(kFormat));
 }
 
 }  // namespace
@@ -270,8 +186,7 @@ StateReader::~StateReader() {
 bool StateReader::has(Section s) const { return holds(info_, s); }
 
 std::shared_ptr<const StateReader> StateReader::open(const std::string& path, int64_t n_params) {
-  if (checked_format(path) != kFormat)
-    fail(path, "internal: formats 1 and 2 load with load_state_file, not as a StateReader");
+  check_format(path);
   const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
   if (fd < 0) fail(path, "cannot open: " + errno_text());
   std::shared_ptr<StateReader> r(new StateReader(path, fd, {}, 0));  // owns fd from here
@@ -370,7 +285,7 @@ std::shared_ptr<const StateReader> StateWriter::commit() {
   return r;
 }
 
-// ---- formats and whole-vector forms -------------------------------------------
+// ---- format -----------------------------------------------------------------
 
 uint32_t state_file_format(const std::string& path) {
   const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
@@ -384,31 +299,6 @@ uint32_t state_file_format(const std::string& path) {
   uint32_t format;
   std::memcpy(&format, head + 8, 4);
   return format;
-}
-
-void save_state_file(const std::string& path, const PersistedState& s, const std::vector<float>& theta,
-                     const std::vector<float>* residual, const std::vector<float>* momentum) {
-  PersistedState info = s;
-  info.has_residual = residual != nullptr;
-  info.has_momentum = momentum != nullptr;
-  const int64_t n = int64_t(theta.size());
-  StateWriter w(path, info, n);
-  w.write(Section::theta, 0, n, theta.data());
-  if (residual) w.write(Section::residual, 0, n, residual->data());
-  if (momentum) w.write(Section::momentum, 0, n, momentum->data());
-  w.commit();
-}
-
-PersistedState load_state_file(const std::string& path, std::vector<float>& theta, std::vector<float>* residual,
-                               std::vector<float>* momentum) {
-  const uint32_t format = checked_format(path);
-  if (format < 3) return load_legacy(path, format, theta, residual, momentum);
-  const auto r = StateReader::open(path, int64_t(theta.size()));
-  const int64_t n = r->size();
-  r->read(Section::theta, 0, n, theta.data());
-  if (residual && r->has(Section::residual)) residual->resize(size_t(n)), r->read(Section::residual, 0, n, residual->data());
-  if (momentum && r->has(Section::momentum)) momentum->resize(size_t(n)), r->read(Section::momentum, 0, n, momentum->data());
-  return r->info();
 }
 
 }  // namespace spes::net

@@ -1,24 +1,24 @@
-// The coordinator's persisted state (spes.state_dir/state.bin): θ, round, step,
-// fingerprint and run id, plus the download residual of a lossy codec and the
-// outer optimizer's momentum, so a restarted coordinator resumes the run with no
-// round lost.
+// The coordinator's persisted state (spes.state_dir/coordinator_state.bin): θ,
+// round, step, fingerprint and run id, plus the download residual of a lossy codec
+// and the outer optimizer's momentum, so a restarted coordinator resumes the run
+// with no round lost.
 //
 // The file is also where the coordinator's θ lives between rounds (issue 14: a
 // coordinator in ≤ 1.5× the model): it is read back in chunks (pread) to serve
 // snapshots and to merge, so only the merge's accumulator is model-sized in memory.
-// Hence format 3 is random-access: a 4 KiB header, then the sections θ, residual,
+// Hence the file is random-access: a 4 KiB header, then the sections θ, residual,
 // momentum (n floats each, the last two only when present). A new round's file is
 // written in any order under a temporary name (StateWriter), read back once to hash
 // and check every section, then its header is written, fsynced, and it is renamed
 // into place: a crash leaves the old file or the new one, never half of one. The
 // header has its own CRC32C and a 64-bit hash of each section (θ's is the state
 // hash), all checked on load; nothing non-finite is written or loaded.
-// The temporary file is state.bin.next, and a commit swaps it with state.bin
+// The temporary file is <file>.next, and a commit swaps it with the file
 // (renameat2 RENAME_EXCHANGE, atomic): the previous state then lies in .next and is
 // overwritten in place by the next round. Reusing its pages halves the cost of a
 // persist on tmpfs (fresh pages are allocated, cleared and later freed by the kernel,
 // and stall when two threads write them).
-// Formats 1 and 2 (one sequential CRC'd stream, written before format 3) still load.
+// The header names its format (3); a file of any other format is refused.
 #pragma once
 #include <cstdint>
 #include <memory>
@@ -45,10 +45,9 @@ enum class Section { theta, residual, momentum };
 // second commit after it (which overwrites the file, renamed to .next by the first).
 class StateReader {
  public:
-  // Checks the header, the size, every section's hash and that every value is
-  // finite (one streaming pass, chunk-sized memory). Formats 1 and 2 are refused
-  // here (state_file_format says which a file is; load_state_file reads them).
-  // Throws NetError naming the file.
+  // Checks the format, the header, the size, every section's hash and that every
+  // value is finite (one streaming pass, chunk-sized memory). Throws NetError naming
+  // the file.
   static std::shared_ptr<const StateReader> open(const std::string& path, int64_t n_params);
   ~StateReader();
   StateReader(const StateReader&) = delete;
@@ -102,13 +101,5 @@ class StateWriter {
 
 // Which format a state file is (0: not a state file). Throws NetError when unreadable.
 uint32_t state_file_format(const std::string& path);
-
-// Whole-vector forms (tests, format conversion). save: momentum / residual null =
-// none. load: any format; theta must have the model's size; the residual and the
-// momentum are read when the file has them and the pointer is not null.
-void save_state_file(const std::string& path, const PersistedState& s, const std::vector<float>& theta,
-                     const std::vector<float>* residual, const std::vector<float>* momentum = nullptr);
-PersistedState load_state_file(const std::string& path, std::vector<float>& theta, std::vector<float>* residual,
-                               std::vector<float>* momentum = nullptr);
 
 }  // namespace spes::net

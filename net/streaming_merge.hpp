@@ -52,9 +52,7 @@ class StreamingMerge {
   // it are ignored. Nothing of the refused push reaches θ, at the price of the
   // others' contributions to those chunks for one round.
   void withdraw(const std::vector<int>& chunks);
-  bool voided(int c) const { return void_[size_t(c)] != 0; }
 
-  int contributors(int c) const { return count_[c]; }
   // Mean new value of every contributed chunk (θ_old read chunk by chunk from `old`,
   // the completed round's state), then the outer step, whose momentum goes into
   // `next` (every chunk of it, when the state has one); with merge_alpha > 0 the

@@ -58,7 +58,9 @@ struct SyncState {
   std::vector<float> residual;  // owned space; empty for fp32
 };
 
-struct SyncStats {
+// What one sync round did, as the node saw it (the trainer keeps a few of these
+// fields in its CSV: engine/sync_hook.hpp's SyncStats).
+struct RoundReport {
   int64_t round = 0;          // the round the node now holds
   double ms = 0;              // wall time of sync_round
   double push_ms = 0, wait_ms = 0, pull_ms = 0;  // encode+send, coordinator merge, receive+apply+hash
@@ -90,27 +92,24 @@ class SyncClient {
   // One sync round at optimizer step `step`. Throws NetError when the coordinator
   // refuses this node (secret, run id, fingerprint, codec...) or stays unreachable
   // for retry_for_s.
-  SyncStats sync_round(float* params, int64_t step);
+  RoundReport sync_round(float* params, int64_t step);
 
   // Overlapped rounds ([spes] overlap): start_round pushes a copy of params on a
   // helper thread and returns at once, so the node keeps training; finish_round
   // waits for that round (if it has not arrived yet) and applies it keeping the
   // local progress since the push: θ ← θ_global + (θ − θ_pushed) on the owned
   // ranges, θ ← θ_global elsewhere (after a resync from a snapshot: θ_global).
-  // The returned stats' state_hash is θ_global's, checked against the coordinator.
+  // The returned report's state_hash is θ_global's, checked against the coordinator.
   // No other call may run while a round is in flight.
   void start_round(const float* params, int64_t step);
   bool round_in_flight() const;
-  SyncStats finish_round(float* params);
+  RoundReport finish_round(float* params);
 
   SyncState state() const;
   // Resume from a saved state (disconnects). An empty base keeps the current one; a
   // residual of the wrong size (another codec) restarts the error feedback at zero.
   void restore(const SyncState& s);
-
-  int64_t round() const;
-  // Hash of θ at the last round: params outside the owned ranges, sync_base inside.
-  uint64_t base_hash(const float* params) const;
+  // Closes the connection; the next round reconnects.
   void disconnect();
 
  private:

@@ -18,6 +18,7 @@
 #include <filesystem>
 #include <fstream>
 #include <functional>
+#include <iterator>
 #include <memory>
 #include <sstream>
 #include <string>
@@ -79,6 +80,46 @@ inline uint16_t free_loopback_port() {
 
 inline std::string temp_dir(const std::string& name) { return spes::test::temp_dir("net-" + name).string(); }
 
+// A whole state file written and read back through StateWriter / StateReader (the
+// coordinator writes and reads it a chunk at a time). save: residual / momentum
+// null = none. load: theta has the model's size; the residual and the momentum are
+// read when the file has them and the pointer is not null.
+inline void save_state_file(const std::string& path, PersistedState info, const std::vector<float>& theta,
+                            const std::vector<float>* residual, const std::vector<float>* momentum = nullptr) {
+  info.has_residual = residual != nullptr;
+  info.has_momentum = momentum != nullptr;
+  const int64_t n = int64_t(theta.size());
+  StateWriter w(path, info, n);
+  w.write(Section::theta, 0, n, theta.data());
+  if (residual) w.write(Section::residual, 0, n, residual->data());
+  if (momentum) w.write(Section::momentum, 0, n, momentum->data());
+  w.commit();
+}
+
+inline PersistedState load_state_file(const std::string& path, std::vector<float>& theta,
+                                      std::vector<float>* residual, std::vector<float>* momentum = nullptr) {
+  const auto r = StateReader::open(path, int64_t(theta.size()));
+  const int64_t n = r->size();
+  r->read(Section::theta, 0, n, theta.data());
+  for (auto [section, out] : {std::pair{Section::residual, residual}, std::pair{Section::momentum, momentum}})
+    if (out && r->has(section)) out->resize(size_t(n)), r->read(section, 0, n, out->data());
+  return r->info();
+}
+
+// Rewrites the header of the state file at `path` to claim another format (its
+// CRC made to match: only the format is wrong).
+inline void set_state_file_format(const std::string& path, uint32_t format) {
+  std::string bytes;
+  {
+    std::ifstream f(path, std::ios::binary);
+    bytes.assign(std::istreambuf_iterator<char>(f), {});
+  }
+  std::memcpy(bytes.data() + 8, &format, 4);
+  const uint32_t crc = crc32c(bytes.data(), 4092);
+  std::memcpy(bytes.data() + 4092, &crc, 4);
+  std::ofstream(path, std::ios::binary | std::ios::trunc).write(bytes.data(), std::streamsize(bytes.size()));
+}
+
 // A completed round's state file holding theta (and a residual / momentum when
 // given) and the writer of the next round's, in a temp folder: what the merge and
 // the publication read and write at a round's close.
@@ -90,11 +131,11 @@ struct RoundFiles {
              const std::vector<float>* momentum = nullptr) {
     PersistedState h;
     h.run_id = "round-files";
-    save_state_file(dir + "/state.bin", h, theta, residual, momentum);
-    old = StateReader::open(dir + "/state.bin", int64_t(theta.size()));
+    save_state_file(dir + "/coordinator_state.bin", h, theta, residual, momentum);
+    old = StateReader::open(dir + "/coordinator_state.bin", int64_t(theta.size()));
     h.has_residual = residual != nullptr;
     h.has_momentum = momentum != nullptr;
-    next = std::make_unique<StateWriter>(dir + "/state.bin", h, int64_t(theta.size()));
+    next = std::make_unique<StateWriter>(dir + "/coordinator_state.bin", h, int64_t(theta.size()));
   }
   ~RoundFiles() { std::filesystem::remove_all(dir); }
   void commit() { old = next->commit(); }  // the next round's file becomes the completed one
@@ -104,28 +145,6 @@ struct RoundFiles {
     return v;
   }
 };
-
-// A state file as format 1 (no momentum fields) or 2 wrote it, before format 3:
-// header, θ, [residual], [momentum], CRC32C of all before it. Only to test that they
-// still load.
-inline void write_legacy_state_file(const std::string& path, uint32_t format, const PersistedState& s,
-                                    const std::vector<float>& theta, const std::vector<float>* momentum = nullptr,
-                                    const std::vector<float>* residual = nullptr) {
-  std::string b("SPESCOOR");
-  auto put = [&b](auto v) { b.append(reinterpret_cast<const char*>(&v), sizeof v); };
-  auto floats = [&b](const std::vector<float>& v) { b.append(reinterpret_cast<const char*>(v.data()), v.size() * 4); };
-  put(format), put(s.codec), put(s.fingerprint), put(s.round), put(s.step), put(int64_t(theta.size()));
-  put(state_hash(theta.data(), int64_t(theta.size()))), put(uint32_t(residual ? 1 : 0));
-  put(uint32_t(s.run_id.size()));
-  b += s.run_id;
-  if (format >= 2) put(uint32_t(momentum ? 1 : 0)), put(momentum ? state_hash(momentum->data(), int64_t(theta.size())) : 0);
-  floats(theta);
-  if (residual) floats(*residual);
-  if (momentum) floats(*momentum);
-  put(crc32c(b.data(), b.size()));
-  std::filesystem::create_directories(std::filesystem::path(path).parent_path());
-  std::ofstream(path, std::ios::binary | std::ios::trunc).write(b.data(), std::streamsize(b.size()));
-}
 
 // The coordinator of a test config, as the program builds it, with the tests' secret.
 inline CoordinatorParams test_coordinator_params(const Config& cfg, const std::string& secret = "test-secret-0123456789") {
@@ -213,12 +232,12 @@ struct TestNode {
       for (const Range& r : own.space.ranges())
         for (int64_t i = r.begin; i < r.end; ++i) params[i] += 1e-3f * noise(own.node_id, step, i);
   }
-  SyncStats sync() { return client->sync_round(params.data(), step); }
+  RoundReport sync() { return client->sync_round(params.data(), step); }
 };
 
 // Every node trains, then all sync concurrently (each sync_round blocks until the round closes).
-inline std::vector<SyncStats> sync_all(std::vector<std::unique_ptr<TestNode>>& nodes, bool train = true) {
-  std::vector<SyncStats> st(nodes.size());
+inline std::vector<RoundReport> sync_all(std::vector<std::unique_ptr<TestNode>>& nodes, bool train = true) {
+  std::vector<RoundReport> st(nodes.size());
   std::vector<std::thread> ts;
   std::vector<std::string> errors(nodes.size());
   for (size_t i = 0; i < nodes.size(); ++i)
@@ -360,6 +379,27 @@ inline HelloFields make_hello(const Config& cfg, int id, const std::array<uint8_
   h.state_hash = 0;
   h.proof = hmac_sha256(secret, hello_proof_message(nonce, h.run_id, id, h.fingerprint));
   return h;
+}
+
+// A frame around any envelope a test builds in `b`, with fields no real peer sends.
+inline std::vector<uint8_t> envelope_frame(flatbuffers::FlatBufferBuilder& b, wire::Message type,
+                                           flatbuffers::Offset<void> msg) {
+  b.Finish(wire::CreateEnvelope(b, type, msg));
+  std::vector<uint8_t> f(kHeaderBytes + b.GetSize());
+  write_header(f.data(), uint32_t(b.GetSize()), crc32c(b.GetBufferPointer(), b.GetSize()));
+  std::memcpy(f.data() + kHeaderBytes, b.GetBufferPointer(), b.GetSize());
+  return f;
+}
+
+// The Hello FrameWriter::hello builds, but claiming protocol version `version`.
+inline std::vector<uint8_t> hello_frame(const HelloFields& h, uint16_t version) {
+  flatbuffers::FlatBufferBuilder b;
+  auto run = b.CreateString(h.run_id);
+  auto nn = b.CreateVector(h.node_nonce.data(), h.node_nonce.size());
+  auto pr = b.CreateVector(h.proof.data(), h.proof.size());
+  auto m = wire::CreateHello(b, version, run, h.node_id, h.fingerprint, wire::Codec(h.codec), h.sync_round,
+                             h.state_hash, nn, pr);
+  return envelope_frame(b, wire::Message_Hello, m.Union());
 }
 
 // The reply to a Hello: the Error's code and reason, or "welcome".

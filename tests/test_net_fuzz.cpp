@@ -92,10 +92,7 @@ TEST_CASE("fuzz: 10,000 hostile frames are refused; the coordinator keeps servin
         break;
       }
       case 6: {  // well-formed Hello with out-of-bounds or random fields
-        std::array<uint8_t, kNonceBytes> nonce{};
-        HelloFields h = make_hello(cfg, 0, nonce);
-        auto& b = w.builder();
-        b.Clear();
+        flatbuffers::FlatBufferBuilder b;
         std::string run(g() % 300, 'x');
         std::vector<uint8_t> nn(g() % 64), pr(g() % 64);
         auto run_o = b.CreateString(run);
@@ -103,8 +100,7 @@ TEST_CASE("fuzz: 10,000 hostile frames are refused; the coordinator keeps servin
         auto pr_o = b.CreateVector(pr);
         auto m = wire::CreateHello(b, uint16_t(g() % 3), run_o, int32_t(g()), g(), wire::Codec(g() % 4),
                                    int64_t(g()), g(), nn_o, pr_o);
-        out = frame_bytes(w.finish(wire::Message_Hello, m.Union()));
-        (void)h;
+        out = envelope_frame(b, wire::Message_Hello, m.Union());
         break;
       }
       case 7: {  // authenticated node, then a bad message
@@ -156,13 +152,12 @@ TEST_CASE("fuzz: 10,000 hostile frames are refused; the coordinator keeps servin
           }));
           if (bad_crc) {
             // Flip the chunk checksum and re-seal the frame: only the chunk check can catch it.
-            auto& b = w.builder();
-            b.Clear();
+            flatbuffers::FlatBufferBuilder b;
             std::vector<uint8_t> payload(bytes, 0);
             auto pv = b.CreateVector(payload);
             auto m = wire::CreatePushChunk(b, t.round, t.node_id, t.step, t.begin, t.end, wire::Codec(t.codec),
                                            crc32c(payload.data(), payload.size()) ^ 1u, pv);
-            out = frame_bytes(w.finish(wire::Message_PushChunk, m.Union()));
+            out = envelope_frame(b, wire::Message_PushChunk, m.Union());
           }
         }
         break;

@@ -14,23 +14,17 @@ namespace {
 
 // Sends a Hello built by `edit` and returns the coordinator's reply.
 template <class Edit>
-Reply hello_reply(const CoordThread& co, const Config& cfg, Edit&& edit, uint16_t header_version = kProtocolVersion) {
+Reply hello_reply(const CoordThread& co, const Config& cfg, Edit&& edit, uint16_t header_version = kProtocolVersion,
+                  uint16_t hello_version = kProtocolVersion) {
   RawConn c;
   REQUIRE(c.connect(co.port()));
   std::array<uint8_t, kNonceBytes> nonce;
   REQUIRE(read_challenge(c, nonce));
   HelloFields h = make_hello(cfg, 0, nonce);
   edit(h, nonce);
-  FrameWriter w;
-  if (header_version == kProtocolVersion) {
-    REQUIRE(c.send_frame(w.hello(h)));
-  } else {
-    FrameView v = w.hello(h);
-    std::vector<uint8_t> hdr(v.header, v.header + kHeaderBytes);
-    hdr[4] = uint8_t(header_version);
-    REQUIRE(c.send_all(hdr.data(), hdr.size()));
-    REQUIRE(c.send_all(v.body, v.body_size));
-  }
+  std::vector<uint8_t> f = hello_frame(h, hello_version);
+  f[4] = uint8_t(header_version);  // the header's version (u16 little-endian at offset 4)
+  REQUIRE(c.send_all(f.data(), f.size()));
   Reply r = read_reply(c);
   CHECK(c.wait_closed());  // refused → closed
   return r;
@@ -56,7 +50,7 @@ TEST_CASE("refusals: each mismatch gets an Error with a plain reason; the coordi
                  h.proof = hmac_sha256("wrong-secret-0123456789", hello_proof_message(n, h.run_id, 0, h.fingerprint));
                }),
                wire::ErrorCode_auth, "authentication failed");
-  expect_error(hello_reply(co, cfg, [](HelloFields& h, auto&) { h.protocol_version = 2; }),
+  expect_error(hello_reply(co, cfg, [](HelloFields&, auto&) {}, kProtocolVersion, 2),
                wire::ErrorCode_protocol_version, "protocol version mismatch");
   expect_error(hello_reply(co, cfg, [](HelloFields&, auto&) {}, 7), wire::ErrorCode_protocol_version,
                "protocol version mismatch");

@@ -75,7 +75,7 @@ TEST_CASE("faults: coordinator process SIGKILLed mid-round and restarted -> node
   const int kRounds = 6;
   for (int r = 1; r <= kRounds; ++r) {
     for (auto& n : nodes) n->train();
-    std::vector<SyncStats> st(2);
+    std::vector<RoundReport> st(2);
     std::vector<std::string> err(2);
     // Node 1 is late, so the kill lands while node 0's push waits in an open round.
     std::vector<std::thread> ts;
@@ -122,7 +122,7 @@ TEST_CASE("faults: coordinator process SIGKILLed mid-round and restarted -> node
   for (size_t i = 1; i < rounds.size(); ++i) CHECK(rounds[i] > rounds[i - 1]);
   CHECK(rounds.back() == kRounds);
   std::vector<float> theta(nodes[0]->params.size());
-  const PersistedState ps = load_state_file(cfg.spes.state_dir + "/state.bin", theta, nullptr);
+  const PersistedState ps = load_state_file(cfg.spes.state_dir + "/coordinator_state.bin", theta, nullptr);
   CHECK(ps.round == kRounds);
   CHECK(std::memcmp(theta.data(), nodes[0]->params.data(), theta.size() * 4) == 0);
   std::filesystem::remove_all(dir);
@@ -130,9 +130,9 @@ TEST_CASE("faults: coordinator process SIGKILLed mid-round and restarted -> node
 
 TEST_CASE("faults: SIGKILL of the coordinator at random points over 20 rounds loses no published round") {
   // Write-ahead persistence: whenever the kill lands (between rounds, during the
-  // pushes, during the merge or the write of state.bin, during the publication), the
-  // restarted coordinator holds every round a node has seen, and after each round
-  // the nodes' θ is the persisted θ.
+  // pushes, during the merge or the write of the state file, during the
+  // publication), the restarted coordinator holds every round a node has seen, and
+  // after each round the nodes' θ is the persisted θ.
   const std::string dir = temp_dir("kill9-random");
   const std::string csv = dir + "/rounds.csv";
   const uint16_t port = free_loopback_port();
@@ -144,7 +144,7 @@ TEST_CASE("faults: SIGKILL of the coordinator at random points over 20 rounds lo
   int kills = 0;
   for (int r = 1; r <= 20; ++r) {
     for (auto& n : nodes) n->train();
-    std::vector<SyncStats> st(2);
+    std::vector<RoundReport> st(2);
     std::vector<std::string> err(2);
     const int late_ms = int(g() % 40);
     std::vector<std::thread> ts;
@@ -173,7 +173,7 @@ TEST_CASE("faults: SIGKILL of the coordinator at random points over 20 rounds lo
     CHECK(std::memcmp(nodes[0]->params.data(), nodes[1]->params.data(), nodes[0]->params.size() * 4) == 0);
     std::vector<float> theta(nodes[0]->params.size());
     std::vector<float> residual;
-    const PersistedState ps = load_state_file(cfg.spes.state_dir + "/state.bin", theta, &residual);
+    const PersistedState ps = load_state_file(cfg.spes.state_dir + "/coordinator_state.bin", theta, &residual);
     CHECK(ps.round == r);
     CHECK(ps.state_hash == st[0].state_hash);
     CHECK(std::memcmp(theta.data(), nodes[0]->params.data(), theta.size() * 4) == 0);

@@ -38,7 +38,7 @@ CoordinatorOptions quiet(bool fresh) {
 TEST_CASE("state: without --fresh a missing or unreadable state refuses to start; a node ahead refuses a reset") {
   Config cfg = tiny_config(2, "bf16");
   cfg.spes.state_dir = temp_dir("state-missing");
-  const std::string state = cfg.spes.state_dir + "/state.bin";
+  const std::string state = cfg.spes.state_dir + "/coordinator_state.bin";
   auto start = [&](bool fresh) { return std::make_unique<CoordThread>(test_coordinator_params(cfg), quiet(fresh)); };
   const std::string missing = state + ": no coordinator state";
   CHECK_THROWS_WITH_AS(start(false), doctest::Contains(missing.c_str()), NetError);
@@ -71,7 +71,7 @@ TEST_CASE("state: without --fresh a missing or unreadable state refuses to start
     const std::vector<float> before = n->params;
     CHECK_THROWS_WITH_AS(n->sync(), doctest::Contains("ahead of the coordinator"), NetError);
     CHECK(n->params == before);
-    CHECK(n->client->round() == 3);
+    CHECK(n->client->state().round == 3);
   }
   CHECK(co->c->stats().round == 0);
   co.reset();
@@ -117,60 +117,98 @@ TEST_CASE("state: the coordinator owns the step; a node reporting a wrong or bac
   CHECK(co.c->stats().csv_rows.find("\n3,15,2,") != std::string::npos);
 }
 
-TEST_CASE("state: `spes-engine coordinator` without a state and without --fresh exits 1 with one line") {
+TEST_CASE("state: `spes-engine coordinator` without a state, or with one of another format, exits 1 with one line") {
   test::TempDir dir("coordinator-no-state");
   const Config c = test::small_config(dir.path, {"spes.n_nodes=2", "spes.sync_steps=2", "spes.coordinator=\"127.0.0.1:29999\"",
                                                  "spes.state_dir=\"" + (dir / "coordinator") + "\""});
   const std::string config = dir / "c.toml";
   std::ofstream(config) << config_to_toml(c);
-  const std::string cmd = std::string(SPES_ENGINE_BIN) + " coordinator " + config + " > " + (dir / "out") + " 2> " +
-                          (dir / "err");
-  const int status = std::system(cmd.c_str());
-  REQUIRE(WIFEXITED(status));
-  CHECK(WEXITSTATUS(status) == 1);
-  std::ifstream in(dir / "err");
-  std::vector<std::string> lines;
-  for (std::string l; std::getline(in, l);) lines.push_back(l);
-  REQUIRE(lines.size() == 1);
-  CHECK(lines[0].find(dir / "coordinator/state.bin") != std::string::npos);
-  CHECK(lines[0].find("--fresh") != std::string::npos);
-  CHECK_FALSE(std::filesystem::exists(dir / "coordinator/state.bin"));
+  const std::string state = dir / "coordinator/coordinator_state.bin";
+  // The one line on stderr of a coordinator that must exit 1.
+  auto error_line = [&] {
+    const std::string cmd = std::string(SPES_ENGINE_BIN) + " coordinator " + config + " > " + (dir / "out") + " 2> " +
+                            (dir / "err");
+    const int status = std::system(cmd.c_str());
+    REQUIRE(WIFEXITED(status));
+    CHECK(WEXITSTATUS(status) == 1);
+    std::ifstream in(dir / "err");
+    std::vector<std::string> lines;
+    for (std::string l; std::getline(in, l);) lines.push_back(l);
+    REQUIRE(lines.size() == 1);
+    return lines[0];
+  };
+  std::string line = error_line();
+  CHECK(line.find(state) != std::string::npos);
+  CHECK(line.find("--fresh") != std::string::npos);
+  CHECK_FALSE(std::filesystem::exists(state));
+
+  // A state file of format 2: its magic and format are all the coordinator reads.
+  std::filesystem::create_directories(dir / "coordinator");
+  {
+    std::ofstream out(state, std::ios::binary);
+    const uint32_t format = 2;
+    out << "SPESCOOR";
+    out.write(reinterpret_cast<const char*>(&format), 4);
+  }
+  line = error_line();
+  CHECK(line.find(state + ": format 2, but this build reads only format 3") != std::string::npos);
 }
 
-TEST_CASE("state: a format-2 state of a lossy run with a momentum is converted at start, bit for bit") {
-  const std::string dir = temp_dir("state-convert");
+TEST_CASE("state: a state file of another format refuses the start in one line naming the file and both formats") {
+  const std::string dir = temp_dir("state-format");
   const int64_t n = 3000;
-  const size_t count = static_cast<size_t>(n);
-  std::vector<float> theta(count), residual(count), momentum(count);
-  for (int64_t i = 0; i < n; ++i)
-    theta[size_t(i)] = noise(1, 0, uint64_t(i)), residual[size_t(i)] = noise(2, 0, uint64_t(i)) * 1e-3f,
-    momentum[size_t(i)] = noise(3, 0, uint64_t(i));
-  PersistedState old;
-  old.run_id = "convert";
-  old.fingerprint = 77;
-  old.round = 12;
-  old.step = 120;
-  old.codec = uint32_t(Codec::int8);
-  write_legacy_state_file(dir + "/state.bin", 2, old, theta, &momentum, &residual);
+  std::vector<float> theta(static_cast<size_t>(n), 0.25f);
+  PersistedState ps;
+  ps.run_id = "format";
+  ps.fingerprint = 77;
+  ps.round = 12;
+  const std::string path = dir + "/coordinator_state.bin";
+  save_state_file(path, ps, theta, nullptr);
+  set_state_file_format(path, 2);
   const LineLog log("[test]", false);
-  StatePersistence persistence(PersistRules{dir, "convert", 77, Codec::int8, n, true}, log);
-  const GlobalState s = persistence.open(false, nullptr, "");
-  CHECK(state_file_format(dir + "/state.bin") == 3);
-  CHECK(s.round == 12);
-  CHECK(s.step == 120);
-  CHECK(s.hash == state_hash(theta.data(), n));
-  for (auto [section, want] : {std::pair{Section::theta, &theta}, std::pair{Section::residual, &residual},
-                               std::pair{Section::momentum, &momentum}}) {
-    std::vector<float> got(count);
-    s.file->read(section, 0, n, got.data());
-    CHECK(std::memcmp(got.data(), want->data(), size_t(n) * 4) == 0);
-  }
-  // Another run's file is refused before anything is rewritten.
-  write_legacy_state_file(dir + "/state.bin", 2, old, theta, &momentum, &residual);
-  StatePersistence other(PersistRules{dir, "another-run", 77, Codec::int8, n, true}, log);
-  CHECK_THROWS_WITH_AS(other.open(false, nullptr, ""), doctest::Contains("belongs to run 'convert'"), NetError);
-  CHECK(state_file_format(dir + "/state.bin") == 2);
+  StatePersistence persistence(PersistRules{dir, "format", 77, Codec::fp32, n, false}, log);
+  const std::string want = "coordinator state " + path +
+                           ": format 2, but this build reads only format 3; to start a new run from the seed "
+                           "instead, pass --fresh";
+  CHECK_THROWS_WITH_AS(persistence.open(false, nullptr, ""), want.c_str(), NetError);
+  CHECK(state_file_format(path) == 2);  // left as it was
   std::filesystem::remove_all(dir);
+}
+
+TEST_CASE("state: a state_dir holding the old name state.bin is picked up once; a state.bin of another kind is not") {
+  const std::string dir = temp_dir("state-old-name");
+  const int64_t n = 3000;
+  std::vector<float> theta(static_cast<size_t>(n), 0.25f);
+  PersistedState ps;
+  ps.run_id = "old-name";
+  ps.fingerprint = 77;
+  ps.round = 12;
+  ps.step = 120;
+  save_state_file(dir + "/state.bin", ps, theta, nullptr);
+  std::ofstream(dir + "/state.bin.next") << "the previous round's scratch";
+  const LineLog log("[test]", false);
+  const PersistRules rules{dir, "old-name", 77, Codec::fp32, n, false};
+  {
+    StatePersistence persistence(rules, log);
+    const GlobalState s = persistence.open(false, nullptr, "");
+    CHECK(s.round == 12);
+    CHECK(s.hash == state_hash(theta.data(), n));
+  }
+  CHECK_FALSE(std::filesystem::exists(dir + "/state.bin"));
+  CHECK_FALSE(std::filesystem::exists(dir + "/state.bin.next"));
+  CHECK(std::filesystem::exists(dir + "/coordinator_state.bin"));
+  CHECK(std::filesystem::exists(dir + "/coordinator_state.bin.next"));
+  StatePersistence again(rules, log);
+  CHECK(again.open(false, nullptr, "").round == 12);
+
+  // A node's checkpoint file of the same name is no coordinator state: left alone.
+  const std::string other = temp_dir("state-old-name-other");
+  std::ofstream(other + "/state.bin") << "SPESCKPT and a node's checkpoint";
+  StatePersistence none(PersistRules{other, "old-name", 77, Codec::fp32, n, false}, log);
+  CHECK_THROWS_WITH_AS(none.open(false, nullptr, ""), doctest::Contains("no coordinator state"), NetError);
+  CHECK(std::filesystem::exists(other + "/state.bin"));
+  std::filesystem::remove_all(dir);
+  std::filesystem::remove_all(other);
 }
 
 TEST_CASE("state: a round's close writes every element of the next file (a NaN-filled .next leaves no trace)") {
@@ -187,7 +225,7 @@ TEST_CASE("state: a round's close writes every element of the next file (a NaN-f
   RoundFiles files(theta, &residual, &momentum);
   {
     const std::vector<float> nan(3 * count, std::nanf(""));
-    std::fstream f(files.dir + "/state.bin.next", std::ios::in | std::ios::out | std::ios::binary);
+    std::fstream f(files.dir + "/coordinator_state.bin.next", std::ios::in | std::ios::out | std::ios::binary);
     f.seekp(4096);
     f.write(reinterpret_cast<const char*>(nan.data()), std::streamsize(nan.size() * 4));
   }

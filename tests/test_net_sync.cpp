@@ -37,7 +37,7 @@ std::vector<float> expected_merge(const std::vector<std::unique_ptr<TestNode>>& 
   return out;
 }
 
-void check_all_equal(const std::vector<std::unique_ptr<TestNode>>& nodes, const std::vector<SyncStats>& st,
+void check_all_equal(const std::vector<std::unique_ptr<TestNode>>& nodes, const std::vector<RoundReport>& st,
                      const CoordThread& co) {
   const uint64_t h = co.c->stats().state_hash;
   for (size_t i = 0; i < nodes.size(); ++i) {
@@ -142,7 +142,7 @@ TEST_CASE("sync: one node owning every expert equals local training (fp32, bitwi
   for (int r = 1; r <= 3; ++r) {
     node.train();
     local.train();
-    const SyncStats s = node.sync();
+    const RoundReport s = node.sync();
     CHECK(s.round == r);
     CHECK(std::memcmp(node.params.data(), local.params.data(), node.params.size() * 4) == 0);
   }
@@ -159,7 +159,7 @@ TEST_CASE("overlap: one node owning every expert follows θ_global + (θ − θ_
     CHECK(node.client->round_in_flight());
     node.train();  // training goes on while the round is in flight
     const std::vector<float> local = node.params;
-    const SyncStats s = node.client->finish_round(node.params.data());
+    const RoundReport s = node.client->finish_round(node.params.data());
     CHECK_FALSE(node.client->round_in_flight());
     CHECK(s.round == r);
     // One node's fp32 push comes back bit for bit: θ_global = θ_pushed, whose hash
@@ -185,7 +185,7 @@ TEST_CASE("overlap: frozen parameters take θ_global, owned ones keep the progre
     n->train();
     local.push_back(n->params);
   }
-  std::vector<SyncStats> st;
+  std::vector<RoundReport> st;
   for (auto& n : nodes) st.push_back(n->client->finish_round(n->params.data()));
   CHECK(st[0].state_hash == st[1].state_hash);
   CHECK(st[0].state_hash == co.c->stats().state_hash);
@@ -293,7 +293,7 @@ TEST_CASE("faults: a node killed mid-round -> the round closes on timeout with q
   nodes[2]->step = step2;
   nodes[2]->client->restore(ckpt2);
   nodes[2]->train();
-  const SyncStats s2 = nodes[2]->sync();
+  const RoundReport s2 = nodes[2]->sync();
   CHECK(s2.resynced);
   CHECK(s2.round == 2);
   CHECK(std::memcmp(nodes[2]->params.data(), alive[0]->params.data(), alive[0]->params.size() * 4) == 0);
@@ -315,11 +315,11 @@ TEST_CASE("faults: a late push gets 'stale round' and the node resyncs from a sn
   for (int p = 0; p < 2; ++p) nodes.push_back(std::make_unique<TestNode>(cfg, p, co.address()));
   check_all_equal(nodes, sync_all(nodes), co);  // round 1: both, connections stay open
   nodes[0]->train();
-  const SyncStats a = nodes[0]->sync();  // round 2 closes alone after the timeout
+  const RoundReport a = nodes[0]->sync();  // round 2 closes alone after the timeout
   CHECK(a.round == 2);
   CHECK(a.participants == 1);
   nodes[1]->train();
-  const SyncStats b = nodes[1]->sync();  // pushes round 2, which is closed
+  const RoundReport b = nodes[1]->sync();  // pushes round 2, which is closed
   CHECK(b.resynced);
   CHECK(b.round == 2);
   CHECK(b.state_hash == a.state_hash);
@@ -370,7 +370,7 @@ TEST_CASE("changed-only download: a missing node's experts do not travel, and it
   // Node 3 comes back: its late push is refused, and it downloads only what changed after
   // its round (round 2's changes: not its own experts), then is bit-identical again.
   nodes[3]->train();
-  const SyncStats s3 = nodes[3]->sync();
+  const RoundReport s3 = nodes[3]->sync();
   CHECK(s3.resynced);
   CHECK(s3.round == 2);
   CHECK(s3.state_hash == co.c->stats().state_hash);
@@ -410,7 +410,7 @@ TEST_CASE("faults: coordinator restart (in-process) -> nodes continue, no round 
   // Restart mid-round: node 0 has pushed round 4 and waits; the coordinator dies;
   // node 1 pushes to the new one; node 0 reconnects and resends. Round 4 completes.
   for (auto& n : nodes) n->train();
-  SyncStats s0;
+  RoundReport s0;
   const int64_t in0 = co->c->stats().bytes_in;
   std::thread t0([&] { s0 = nodes[0]->sync(); });
   // Node 0's whole push (≈ 1 byte per owned parameter with int8) has arrived.
@@ -419,7 +419,7 @@ TEST_CASE("faults: coordinator restart (in-process) -> nodes continue, no round 
   CHECK(co->c->stats().round == 3);
   co.reset();
   co = std::make_unique<CoordThread>(cfg, opt);
-  const SyncStats s1 = nodes[1]->sync();
+  const RoundReport s1 = nodes[1]->sync();
   t0.join();
   CHECK(pushed);
   CHECK(s0.round == 4);
@@ -439,7 +439,7 @@ TEST_CASE("faults: coordinator restart (in-process) -> nodes continue, no round 
 
 TEST_CASE("persistence: state file round trip and corruption detected") {
   const std::string dir = temp_dir("state");
-  const std::string path = dir + "/state.bin";
+  const std::string path = dir + "/coordinator_state.bin";
   std::vector<float> theta(1000), res(1000);
   for (size_t i = 0; i < theta.size(); ++i) theta[i] = float(i) * 0.5f, res[i] = -float(i);
   PersistedState ps;
@@ -472,7 +472,7 @@ TEST_CASE("persistence: state file round trip and corruption detected") {
 
 TEST_CASE("persistence: a 40 MiB state (several write calls) loads back bit for bit; a flipped byte is caught") {
   const std::string dir = temp_dir("state-big");
-  const std::string path = dir + "/state.bin";
+  const std::string path = dir + "/coordinator_state.bin";
   const size_t n = size_t(10) << 20;  // 40 MiB per array
   std::vector<float> theta(n), res(n);
   for (size_t i = 0; i < n; ++i) theta[i] = float(i % 9973) * 0.25f, res[i] = -float(i % 7919);

@@ -50,21 +50,12 @@ TEST_CASE("insecure: plaintext without a secret off loopback refuses to start un
                        NetError);
   CHECK_THROWS_WITH_AS(Coordinator(test_coordinator_params(cfg, "too-short"), opt), doctest::Contains("at least 16"),
                        NetError);
-  {
-    Coordinator c(test_coordinator_params(cfg, "a-long-enough-secret"), opt);
-    CHECK(c.bind_address() == "0.0.0.0");
-  }
+  CHECK_NOTHROW(Coordinator(test_coordinator_params(cfg, "a-long-enough-secret"), opt));
   cfg.spes.allow_insecure = true;
-  {
-    Coordinator c(test_coordinator_params(cfg, ""), opt);
-    CHECK(c.bind_address() == "0.0.0.0");
-  }
+  CHECK_NOTHROW(Coordinator(test_coordinator_params(cfg, ""), opt));
   cfg.spes.allow_insecure = false;
   cfg.spes.coordinator = "127.0.0.1:0";
-  {
-    Coordinator c(test_coordinator_params(cfg, ""), opt);  // loopback: plaintext is fine
-    CHECK(c.bind_address() == "127.0.0.1");
-  }
+  CHECK_NOTHROW(Coordinator(test_coordinator_params(cfg, ""), opt));  // loopback: plaintext is fine
 
   // A node dialing a remote coordinator in plaintext refuses too, before any byte is sent.
   CHECK_THROWS_WITH_AS(TestNode(cfg, 0, "192.0.2.1:29500", {}, ""), doctest::Contains("refusing plaintext"), NetError);
