@@ -183,8 +183,11 @@ void SyncClient::start_round(const float* params, int64_t step) {
   I.pushed.resize(size_t(I.node.space.size()));
   I.node.space.gather(params, I.pushed.data());
   I.inflight_error = nullptr;
+  // The round holds the link's turn as sync_round does: otherwise the idle heartbeat
+  // thread could write on the socket while the round does.
   I.inflight_thread = std::thread([&I, step] {
     try {
+      std::lock_guard<std::mutex> lk(I.turn);
       I.inflight_report = I.sync_round(I.inflight.data(), step);
     } catch (...) {
       I.inflight_error = std::current_exception();
