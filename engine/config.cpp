@@ -19,13 +19,6 @@
 namespace spes {
 namespace {
 
-// Keys earlier versions wrote into checkpoints that mean nothing now; read and ignored
-// so those checkpoints still load. [spes] persist_every: every round is persisted
-// before it is published since write-ahead persistence (issue 13).
-bool is_retired(const std::string& section, const std::string& key) {
-  return section == "spes" && key == "persist_every";
-}
-
 constexpr int64_t kMaxInt = std::numeric_limits<int64_t>::max();
 
 // Where a key's value came from: "file:line" or "--set model.x=1".
@@ -119,12 +112,11 @@ class SectionReader {
     out = v->as_string().str;
   }
 
-  // Every key present but never read is a typo or a key of another version —
-  // except a retired key, which the config.toml of an older checkpoint still holds.
+  // Every key present but never read is a typo or a key of another version.
   void reject_unknown() const {
     if (!table_) return;
     for (const auto& [key, v] : *table_) {
-      if (read_.count(key) || is_retired(section_, key)) continue;
+      if (read_.count(key)) continue;
       std::string known;
       for (const auto& k : read_order_) known += (known.empty() ? "" : ", ") + k;
       throw ConfigError(origins_.where(section_, key, v) + ": unknown key [" + section_ + "] " + key +
