@@ -35,7 +35,7 @@ DataSpec data_spec(const Config& c) {
   s.train_manifest = c.data.train;
   s.validation_manifest = c.data.validation;
   s.val_fraction = c.data.val_fraction;
-  s.dtype = c.data.token_dtype == "uint32" ? TokenDtype::kUint32 : TokenDtype::kUint16;
+  s.dtype = c.data.token_dtype;
   s.seq_len = c.model.seq_len;
   s.vocab_size = c.model.vocab_size;
   s.base_seed = c.train.seed;
