@@ -1,7 +1,9 @@
-// TOML → Config with every key checked. Errors name the file, the line (where
-// toml11 knows it), the key and what was expected, on one line.
+// TOML → Config with every key checked, Config → TOML, and the reference table:
+// three visitors of the one key list (engine/config_keys.hpp). Errors name the file,
+// the line (where toml11 knows it), the key and what was expected, on one line.
 #include "engine/config.hpp"
 
+#include <algorithm>
 #include <cmath>
 #include <cstdio>
 #include <filesystem>
