@@ -66,9 +66,9 @@ Config bench_config(const std::string& codec, int n_nodes, int size, uint16_t po
   m.seq_len = 1024;
   c.train.seed = 1;
   c.spes.n_nodes = n_nodes;
-  c.spes.ownership = n_nodes == 1 ? "all" : "partitioned";
+  c.spes.ownership = n_nodes == 1 ? OwnershipMode::all : OwnershipMode::partitioned;
   c.spes.experts_per_node = n_nodes == 1 ? 0 : m.n_experts / n_nodes;
-  c.spes.codec = codec;
+  c.spes.codec = net::parse_codec(codec);
   c.spes.run_id = "bench";
   c.spes.coordinator = "127.0.0.1:" + std::to_string(port);
   c.spes.round_timeout_s = 600;
@@ -303,7 +303,7 @@ double mode_round_seconds(const char* self, const std::string& mode, const std::
   std::vector<float> params(size_t(layout.total));
   init_parameters(params.data(), c.model, layout, c.train.seed);
   const pid_t pid = spawn_coordinator(self, "fp32", 1, size, port, mode, certs);
-  const Ownership own = make_ownership(c.model, layout, 0, 1, "all", 0);
+  const Ownership own = make_ownership(c.model, layout, 0, 1, OwnershipMode::all, 0);
   net::SyncClientParams sp = sync_client_params(c, layout, own, params);
   sp.secret = mode == "plain" ? "" : kSecret;
   if (mode == "tls") sp.tls = tls_files(certs, "node-0");
@@ -412,7 +412,7 @@ int main(int argc, char** argv) {
         const pid_t pid = spawn_coordinator(self, codec, 1, small, port);
         {
           ThrottledProxy proxy(port, mbit * 1e6 / 8);
-          const Ownership own = make_ownership(c.model, layout, 0, 1, "all", 0);
+          const Ownership own = make_ownership(c.model, layout, 0, 1, OwnershipMode::all, 0);
           net::SyncClientParams sp = sync_client_params(c, layout, own, init);
           sp.secret = kSecret;
           sp.coordinator = "127.0.0.1:" + std::to_string(proxy.port());
@@ -459,7 +459,7 @@ int main(int argc, char** argv) {
     const uint16_t port = free_port();
     const Config c = bench_config(codec, 1, small, port);
     const pid_t pid = spawn_coordinator(self, codec, 1, small, port, "plain");
-    const Ownership own = make_ownership(c.model, layout, 0, 1, "all", 0);
+    const Ownership own = make_ownership(c.model, layout, 0, 1, OwnershipMode::all, 0);
     net::SyncClientParams sp = sync_client_params(c, layout, own, init);
     sp.secret = "";  // plaintext: the codecs and the merge against raw TCP; part 3 adds security
     net::SyncClientOptions o;
@@ -499,7 +499,7 @@ int main(int argc, char** argv) {
     std::vector<Ownership> owns;
     std::vector<std::vector<float>> params;
     for (int p = 0; p < 4; ++p) {
-      owns.push_back(make_ownership(c.model, layout, p, 4, "partitioned", 2));
+      owns.push_back(make_ownership(c.model, layout, p, 4, OwnershipMode::partitioned, 2));
       net::SyncClientParams sp = sync_client_params(c, layout, owns[p], init);
       sp.secret = "";
       net::SyncClientOptions o;

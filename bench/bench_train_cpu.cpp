@@ -38,7 +38,7 @@ int main(int argc, char** argv) {
   const int threads = c.train.threads > 0 ? int(c.train.threads) : omp_get_num_procs();
   omp_set_num_threads(threads);
   ParamLayout layout = make_layout(m);
-  Ownership own = make_ownership(m, layout, 0, 1, "all", 0);
+  Ownership own = make_ownership(m, layout, 0, 1, OwnershipMode::all, 0);
   std::vector<float> params(layout.total), grads(own.space.size()), mom1(own.space.size()), mom2(own.space.size());
   init_parameters(params.data(), m, layout, c.train.seed);
   CpuModel model(m, layout, own, c.train.micro_batch, m.seq_len);

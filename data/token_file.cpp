@@ -22,14 +22,12 @@ static_assert(std::endian::native == std::endian::little,
               "token files are read in place; a big-endian host needs byte swapping here");
 
 TokenDtype parse_token_dtype(std::string_view name) {
-  if (name == "uint16") return TokenDtype::kUint16;
-  if (name == "uint32") return TokenDtype::kUint32;
-  throw DataError("token dtype '" + std::string(name) + "' is not supported (expected uint16 or uint32)");
+  if (const auto dtype = enum_from_name(kTokenDtypeNames, name)) return *dtype;
+  throw DataError("token dtype '" + std::string(name) + "' is not supported (expected " +
+                  join_names(kTokenDtypeNames, "", ", ", " or ") + ")");
 }
 
-const char* token_dtype_name(TokenDtype dtype) {
-  return dtype == TokenDtype::kUint16 ? "uint16" : "uint32";
-}
+const char* token_dtype_name(TokenDtype dtype) { return name_of(kTokenDtypeNames, dtype); }
 
 // ---- TokenFile ---------------------------------------------------------------
 

@@ -18,9 +18,13 @@
 #include <string_view>
 #include <vector>
 
+#include "engine/base/enum_names.hpp"
+
 namespace spes {
 
 enum class TokenDtype : uint8_t { kUint16, kUint32 };
+inline constexpr EnumName<TokenDtype> kTokenDtypeNames[] = {{TokenDtype::kUint16, "uint16"},
+                                                            {TokenDtype::kUint32, "uint32"}};
 
 // "uint16" | "uint32"; anything else throws DataError.
 TokenDtype parse_token_dtype(std::string_view name);

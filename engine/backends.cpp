@@ -52,12 +52,12 @@ std::unique_ptr<TrainBackend> make_node_gpu_backend(const Config& cfg, const Par
 #endif
 
 std::unique_ptr<TrainBackend> make_backend(const Config& cfg, const ParamLayout& layout, const Ownership& own) {
-  const std::string& device = cfg.train.device;
+  const Device device = cfg.train.device;
   const long long node = (long long)cfg.spes.node_id;
 #ifdef SPES_HAVE_CUDA
   std::string why;
-  if (device == "cuda") return make_node_gpu_backend(cfg, layout, own);
-  if (device == "auto" && cuda::gpu_available(&why)) {
+  if (device == Device::cuda) return make_node_gpu_backend(cfg, layout, own);
+  if (device == Device::automatic && cuda::gpu_available(&why)) {
     try {
       auto gpu = make_node_gpu_backend(cfg, layout, own);
       std::fprintf(stderr, "[node %lld] device = \"auto\": training on the GPU\n", node);
@@ -68,12 +68,12 @@ std::unique_ptr<TrainBackend> make_backend(const Config& cfg, const ParamLayout&
   }
 #else
   const std::string why = "this binary was built without CUDA";
-  if (device == "cuda")
+  if (device == Device::cuda)
     throw ConfigError(cfg.path + ": [train] device = \"cuda\" but " + why + " (rebuild with nvcc on the PATH)");
 #endif
   auto backend = std::make_unique<CpuBackend>(cfg.model, cfg.train.loss, layout, own, cfg.train.micro_batch,
                                               cfg.train.threads);
-  if (device == "auto")
+  if (device == Device::automatic)
     std::fprintf(stderr, "[node %lld] device = \"auto\": training on the CPU (no usable GPU: %s)\n", node, why.c_str());
   return backend;
 }

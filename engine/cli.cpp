@@ -34,6 +34,8 @@ const Command kCommands[] = {
     {"plot", plot_command,
      "CSV columns as an SVG line plot: plot CSV... --x COL --y COL [--group COL] [--logy] [-o out.svg] [--title T]"},
     {"certs", certs_command, "the run's CA and TLS certificates: certs CONFIG --out DIR [--host H]... [--days N]"},
+    {"reference", reference_command,
+     "a reference table of the READMEs as markdown: reference config|csv|rounds-csv"},
 };
 
 void usage(std::FILE* to) {

@@ -321,7 +321,7 @@ int local_command(const std::vector<std::string>& args) {
   // nodes (unless the user chose devices with [train] gpus or CUDA_VISIBLE_DEVICES).
   int gpus = 0;
 #ifdef SPES_HAVE_CUDA
-  if (c.train.device != "cpu" && c.train.gpus.empty() && !std::getenv("CUDA_VISIBLE_DEVICES") && c.spes.n_nodes > 1)
+  if (c.train.device != Device::cpu && c.train.gpus.empty() && !std::getenv("CUDA_VISIBLE_DEVICES") && c.spes.n_nodes > 1)
     gpus = cuda::gpu_count();
 #endif
   auto node_gpus = [&](int64_t n) {

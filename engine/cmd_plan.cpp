@@ -8,6 +8,7 @@
 #include <cctype>
 #include <cstdio>
 #include <functional>
+#include <optional>
 
 #include "engine/args.hpp"
 #include "engine/base/log.hpp"
@@ -133,21 +134,25 @@ int plan_command(const std::vector<std::string>& args) {
   Config central = spes;  // the same model on one node that owns every expert
   central.spes.n_nodes = 1;
   central.spes.node_id = 0;
-  central.spes.ownership = "all";
+  central.spes.ownership = OwnershipMode::all;
   central.spes.experts_per_node = 0;
 
+  std::optional<Device> chosen;
+  if (!device.empty()) {
+    chosen = enum_from_name(kDeviceNames, device);
+    if (!chosen || *chosen == Device::automatic) throw UsageError("--device " + device + ": expected cuda or cpu");
+  }
 #ifdef SPES_HAVE_CUDA
-  if (device.empty()) device = "cuda";
-  const bool exact = device == "cuda" && cuda::gpu_available();
+  const bool gpu = chosen.value_or(Device::cuda) == Device::cuda;
+  const bool exact = gpu && cuda::gpu_available();
 #else
-  if (device.empty()) device = "cpu";
-  if (device == "cuda") throw UsageError("--device cuda: this binary was built without CUDA");
+  const bool gpu = chosen.value_or(Device::cpu) == Device::cuda;
+  if (gpu) throw UsageError("--device cuda: this binary was built without CUDA");
   const bool exact = false;
 #endif
-  if (device != "cuda" && device != "cpu") throw UsageError("--device " + device + ": expected cuda or cpu");
   Planner plan = plan_cpu;
 #ifdef SPES_HAVE_CUDA
-  if (device == "cuda") plan = [exact](const Config& c, int64_t b) { return plan_gpu(c, b, exact); };
+  if (gpu) plan = [exact](const Config& c, int64_t b) { return plan_gpu(c, b, exact); };
 #endif
 
   const std::vector<Line> node = plan(spes, per_device), twin = plan(central, per_device);
@@ -156,14 +161,14 @@ int plan_command(const std::vector<std::string>& args) {
                                        spes.spes.ownership, spes.spes.experts_per_node);
   int owned_experts = 0;
   for (bool o : own.owned) owned_experts += o;
-  const char* unit = device == "cuda" ? "GPU" : "CPU node";
+  const char* unit = gpu ? "GPU" : "CPU node";
   std::printf("%s, node %lld of %lld (trains %d of %lld experts), micro-batch %lld x %lld tokens per %s, %s%s\n\n",
               spes.path.c_str(), (long long)spes.spes.node_id, (long long)spes.spes.n_nodes, owned_experts,
               (long long)spes.model.n_experts, (long long)per_device, (long long)spes.model.seq_len,
-              device == "cuda" ? "GPU" : "node",
-              device == "cuda" ? "GPU backend" : "CPU backend",
-              device == "cuda" ? (exact ? " (sizes from this GPU)" : " (kernel scratch estimated: no GPU here)") : "");
-  const bool per_node = device == "cuda" && gpus > 1;
+              gpu ? "GPU" : "node",
+              gpu ? "GPU backend" : "CPU backend",
+              gpu ? (exact ? " (sizes from this GPU)" : " (kernel scratch estimated: no GPU here)") : "");
+  const bool per_node = gpu && gpus > 1;
   std::printf("| category | SPES node, per %s |%s centralized, per %s | SPES / centralized |\n", unit,
               per_node ? strprintf(" SPES node, %lld GPUs |", (long long)gpus).c_str() : "", unit);
   std::printf("| --- | --- |%s --- | --- |\n", per_node ? " --- |" : "");
@@ -174,12 +179,12 @@ int plan_command(const std::vector<std::string>& args) {
   };
   for (size_t i = 0; i < node.size(); ++i) row(node[i].category, node[i].bytes, twin[i].bytes);
   row("**total**", total(node), total(twin));
-  if (device == "cuda")
+  if (gpu)
     std::printf("\nHost (pinned): the fp32 θ a sync round and checkpoints read, %s per node.\n",
                 gib(4 * layout.total).c_str());
   if (!memory.empty()) {
     // What the GPU backend keeps free besides its arena (handles, context growth, NCCL).
-    const int64_t reserve = device == "cuda" ? (int64_t(512) << 20) + (gpus > 1 ? int64_t(1) << 30 : 0) : 0;
+    const int64_t reserve = gpu ? (int64_t(512) << 20) + (gpus > 1 ? int64_t(1) << 30 : 0) : 0;
     const int64_t bytes = parse_size(memory), usable = bytes - reserve;
     std::printf("\nLargest micro-batch per %s in %s%s: SPES node %lld, centralized %lld", unit, gib(bytes).c_str(),
                 reserve ? strprintf(" (%s kept free, as the backend does)", gib(reserve).c_str()).c_str() : "",

@@ -24,6 +24,7 @@ int plan_command(const std::vector<std::string>& args);           // cmd_plan.cp
 int upcycle_command(const std::vector<std::string>& args);        // cmd_upcycle.cpp
 int plot_command(const std::vector<std::string>& args);           // cmd_plot.cpp
 int certs_command(const std::vector<std::string>& args);          // cmd_certs.cpp
+int reference_command(const std::vector<std::string>& args);      // cmd_reference.cpp
 
 // The coordinator's --dump-state hook (net::CoordinatorParams::on_round): θ as an HF
 // export in DIR/round-NNNNNNNN at every `every`-th round; empty when dir is "".

@@ -1,32 +1,54 @@
-// TOML → Config with every key checked. Errors name the file, the line (where
-// toml11 knows it), the key and what was expected, on one line.
+// TOML → Config with every key checked, Config → TOML, and the reference table:
+// three visitors of the one key list (engine/config_keys.hpp). Errors name the file,
+// the line (where toml11 knows it), the key and what was expected, on one line.
 #include "engine/config.hpp"
 
+#include <algorithm>
 #include <cmath>
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
-#include <limits>
 #include <map>
 #include <memory>
-#include <set>
+#include <optional>
 #include <sstream>
 #include <toml.hpp>
 
 #include "data/tokenizer.hpp"
 #include "engine/base/error.hpp"
+#include "engine/config_keys.hpp"
 
 namespace spes {
 namespace {
 
-// Keys earlier versions wrote into checkpoints that mean nothing now; read and ignored
-// so those checkpoints still load. [spes] persist_every: every round is persisted
-// before it is published since write-ahead persistence (issue 13).
-bool is_retired(const std::string& section, const std::string& key) {
-  return section == "spes" && key == "persist_every";
-}
+using config_keys::Interval;
+using config_keys::kMaxInt;
 
-constexpr int64_t kMaxInt = std::numeric_limits<int64_t>::max();
+std::string num(double x) {
+  char buf[32];
+  std::snprintf(buf, sizeof buf, "%g", x);
+  return buf;
+}
+std::string num(int64_t x) { return std::to_string(x); }
+
+// What each kind of key allows, as the reader's errors ("expected ...") and the
+// reference table say it.
+std::string allowed_integer(int64_t lo, int64_t hi) {
+  return "an integer in [" + num(lo) + ", " + (hi == kMaxInt ? "inf" : num(hi)) + "]";
+}
+std::string allowed_real(Interval r) {
+  return std::string("a number in ") + (r.lo_open ? "(" : "[") + num(r.lo) + ", " +
+         (std::isinf(r.hi) ? "inf" : num(r.hi)) + (r.hi_open || std::isinf(r.hi) ? ")" : "]");
+}
+std::string allowed_integer_list(int64_t lo, int64_t hi) {
+  return "a list of integers in [" + num(lo) + ", " + num(hi) + "]";
+}
+const char* const kAllowedBoolean = "true or false";
+const char* const kAllowedString = "a string";
+template <class E, size_t N>
+std::string allowed_choice(const EnumName<E> (&names)[N]) {
+  return "one of " + join_names(names, "\"", " ", " ");
+}
 
 // Where a key's value came from: "file:line" or "--set model.x=1".
 struct Origins {
@@ -49,39 +71,51 @@ std::string show(const toml::value& v) {
   return s;
 }
 
-// Reads the keys of one section, checking type and range, and remembers which keys
-// were read so that anything left over is reported as unknown.
-class SectionReader {
- public:
-  SectionReader(const toml::table* table, std::string section, const Origins& origins)
-      : table_(table), section_(std::move(section)), origins_(origins) {}
+std::string resolve(const std::filesystem::path& base, const std::string& p) {
+  if (p.empty() || std::filesystem::path(p).is_absolute()) return p;
+  return (base / p).lexically_normal().string();
+}
 
-  void integer(const char* key, int64_t& out, int64_t lo, int64_t hi) {
+// The key-list visitor that reads a TOML document into a Config: checks each key's
+// type and range, resolves path keys against `base`, and reports any key of a
+// section that is not in its list as unknown.
+class Reader {
+ public:
+  Reader(const toml::table& root, const Origins& origins, std::filesystem::path base)
+      : root_(root), origins_(origins), base_(std::move(base)) {}
+
+  template <class Body>
+  void section(const char* name, Body body) {
+    section_ = name;
+    auto it = root_.find(name);
+    table_ = it == root_.end() ? nullptr : &it->second.as_table();
+    read_order_.clear();
+    body();
+    reject_unknown();
+  }
+
+  void integer(const char* key, int64_t& out, int64_t lo, int64_t hi, const char*) {
     const toml::value* v = find(key);
     if (!v) return;
-    if (!v->is_integer() || v->as_integer() < lo || v->as_integer() > hi)
-      fail(key, *v, "an integer in [" + num(lo) + ", " + (hi == kMaxInt ? "inf" : num(hi)) + "]");
+    if (!v->is_integer() || v->as_integer() < lo || v->as_integer() > hi) fail(key, *v, allowed_integer(lo, hi));
     out = v->as_integer();
   }
-  void unsigned_integer(const char* key, uint64_t& out) {
+  void unsigned_integer(const char* key, uint64_t& out, const char* doc) {
     int64_t x = static_cast<int64_t>(out);
-    integer(key, x, 0, kMaxInt);
+    integer(key, x, 0, kMaxInt, doc);
     out = static_cast<uint64_t>(x);
   }
-  // lo_open / hi_open make the bound exclusive.
-  void real(const char* key, double& out, double lo, double hi, bool lo_open = false, bool hi_open = false) {
+  void real(const char* key, double& out, Interval r, const char*) {
     const toml::value* v = find(key);
     if (!v) return;
     double x = 0;
     bool ok = v->is_floating() || v->is_integer();
     if (ok) x = v->is_floating() ? v->as_floating() : double(v->as_integer());
-    ok = ok && std::isfinite(x) && (lo_open ? x > lo : x >= lo) && (hi_open ? x < hi : x <= hi);
-    if (!ok)
-      fail(key, *v, std::string("a number in ") + (lo_open ? "(" : "[") + num(lo) + ", " +
-                        (std::isinf(hi) ? "inf" : num(hi)) + (hi_open || std::isinf(hi) ? ")" : "]"));
+    ok = ok && std::isfinite(x) && (r.lo_open ? x > r.lo : x >= r.lo) && (r.hi_open ? x < r.hi : x <= r.hi);
+    if (!ok) fail(key, *v, allowed_real(r));
     out = x;
   }
-  void integer_list(const char* key, std::vector<int64_t>& out, int64_t lo, int64_t hi) {
+  void integer_list(const char* key, std::vector<int64_t>& out, int64_t lo, int64_t hi, const char*) {
     const toml::value* v = find(key);
     if (!v) return;
     std::vector<int64_t> xs;
@@ -91,170 +125,88 @@ class SectionReader {
         ok = ok && x.is_integer() && x.as_integer() >= lo && x.as_integer() <= hi;
         if (ok) xs.push_back(x.as_integer());
       }
-    if (!ok) fail(key, *v, "a list of integers in [" + num(lo) + ", " + num(hi) + "]");
+    if (!ok) fail(key, *v, allowed_integer_list(lo, hi));
     out = xs;
   }
-  void boolean(const char* key, bool& out) {
+  void boolean(const char* key, bool& out, const char*) {
     const toml::value* v = find(key);
     if (!v) return;
-    if (!v->is_boolean()) fail(key, *v, "true or false");
+    if (!v->is_boolean()) fail(key, *v, kAllowedBoolean);
     out = v->as_boolean();
   }
-  void string(const char* key, std::string& out, const std::vector<std::string>& allowed = {}) {
+  void string(const char* key, std::string& out, const char*) {
     const toml::value* v = find(key);
     if (!v) return;
-    bool ok = v->is_string();
-    if (ok && !allowed.empty()) {
-      ok = false;
-      for (const auto& a : allowed) ok = ok || a == v->as_string().str;
-    }
-    if (!ok) {
-      std::string want = "a string";
-      if (!allowed.empty()) {
-        want = "one of";
-        for (const auto& a : allowed) want += " \"" + a + "\"";
-      }
-      fail(key, *v, want);
-    }
+    if (!v->is_string()) fail(key, *v, kAllowedString);
     out = v->as_string().str;
   }
+  void path(const char* key, std::string& out, const char* doc) {
+    string(key, out, doc);
+    out = resolve(base_, out);
+  }
+  template <class E, size_t N>
+  void choice(const char* key, E& out, const EnumName<E> (&names)[N], const char*) {
+    const toml::value* v = find(key);
+    if (!v) return;
+    std::optional<E> e;
+    if (v->is_string()) e = enum_from_name(names, v->as_string().str);
+    if (!e) fail(key, *v, allowed_choice(names));
+    out = *e;
+  }
 
-  // Every key present but never read is a typo or a key of another version —
-  // except a retired key, which the config.toml of an older checkpoint still holds.
+ private:
+  const toml::value* find(const char* key) {
+    read_order_.push_back(key);
+    if (!table_) return nullptr;
+    auto it = table_->find(key);
+    return it == table_->end() ? nullptr : &it->second;
+  }
+  // Every key present but not in the section's list is a typo or a key of another version.
   void reject_unknown() const {
     if (!table_) return;
     for (const auto& [key, v] : *table_) {
-      if (read_.count(key) || is_retired(section_, key)) continue;
+      if (std::find(read_order_.begin(), read_order_.end(), key) != read_order_.end()) continue;
       std::string known;
       for (const auto& k : read_order_) known += (known.empty() ? "" : ", ") + k;
       throw ConfigError(origins_.where(section_, key, v) + ": unknown key [" + section_ + "] " + key +
                         " (known keys: " + known + ")");
     }
   }
-
- private:
-  const toml::value* find(const char* key) {
-    read_.insert(key);
-    read_order_.push_back(key);
-    if (!table_) return nullptr;
-    auto it = table_->find(key);
-    return it == table_->end() ? nullptr : &it->second;
-  }
   [[noreturn]] void fail(const char* key, const toml::value& v, const std::string& expected) const {
     throw ConfigError(origins_.where(section_, key, v) + ": [" + section_ + "] " + key + " = " + show(v) +
                       ": expected " + expected);
   }
-  static std::string num(double x) {
-    char buf[32];
-    std::snprintf(buf, sizeof buf, "%g", x);
-    return buf;
-  }
-  static std::string num(int64_t x) { return std::to_string(x); }
 
-  const toml::table* table_;
-  std::string section_;
+  const toml::table& root_;
   const Origins& origins_;
-  std::set<std::string> read_;
+  std::filesystem::path base_;
+  std::string section_;
+  const toml::table* table_ = nullptr;
   std::vector<std::string> read_order_;
 };
 
-const std::vector<std::string> kSections = {"model", "train", "optim", "data", "spes", "checkpoint"};
+// The section names of the key list, in order; the keys themselves are skipped.
+struct SectionNames {
+  std::vector<std::string> names;
+  template <class Body>
+  void section(const char* name, Body) {
+    names.push_back(name);
+  }
+  template <class... A> void integer(const A&...) {}
+  template <class... A> void unsigned_integer(const A&...) {}
+  template <class... A> void real(const A&...) {}
+  template <class... A> void integer_list(const A&...) {}
+  template <class... A> void boolean(const A&...) {}
+  template <class... A> void string(const A&...) {}
+  template <class... A> void path(const A&...) {}
+  template <class... A> void choice(const A&...) {}
+};
 
-void read_model(SectionReader r, ModelConfig& m) {
-  r.integer("vocab_size", m.vocab_size, 2, int64_t(1) << 31);
-  r.integer("d_model", m.d_model, 2, 65536);
-  r.integer("n_layers", m.n_layers, 1, 1024);
-  r.integer("n_heads", m.n_heads, 1, 1024);
-  r.integer("n_kv_heads", m.n_kv_heads, 1, 1024);
-  r.integer("n_experts", m.n_experts, 1, 4096);
-  r.integer("top_k", m.top_k, 1, 4096);
-  r.integer("expert_hidden", m.expert_hidden, 1, 1 << 20);
-  r.integer("seq_len", m.seq_len, 1, 1 << 20);
-  r.real("rope_theta", m.rope_theta, 0, INFINITY, true);
-  r.boolean("qk_norm", m.qk_norm);
-  r.real("norm_eps", m.norm_eps, 0, 1, true);
-  r.boolean("norm_topk_prob", m.norm_topk_prob);
-  r.boolean("tie_embeddings", m.tie_embeddings);
-  r.real("init_std", m.init_std, 0, 1, true);
-  r.reject_unknown();
-}
-
-void read_train(SectionReader r, TrainConfig& t) {
-  r.string("device", t.device, {"auto", "cuda", "cpu"});
-  r.unsigned_integer("seed", t.seed);
-  r.integer("steps", t.steps, 1, kMaxInt);
-  r.integer("micro_batch", t.micro_batch, 1, 1 << 20);
-  r.integer("global_batch", t.global_batch, 1, 1 << 24);
-  r.integer("threads", t.threads, 0, 4096);
-  r.integer_list("gpus", t.gpus, 0, 1023);
-  r.integer("eval_every", t.eval_every, 0, kMaxInt);
-  r.integer("eval_batches", t.eval_batches, 0, 1 << 20);
-  r.integer("max_steps_this_run", t.max_steps_this_run, 0, kMaxInt);
-  r.string("init", t.init);
-  r.real("lb_coef", t.loss.lb_coef, 0, INFINITY);
-  r.real("router_z_coef", t.loss.router_z_coef, 0, INFINITY);
-  r.real("lm_z_coef", t.loss.lm_z_coef, 0, INFINITY);
-  r.boolean("decayed_aux_loss", t.loss.decayed_aux_loss);
-  r.reject_unknown();
-}
-
-void read_optim(SectionReader r, OptimConfig& o) {
-  r.real("lr", o.lr, 0, 10, true);
-  r.real("beta1", o.beta1, 0, 1, false, true);
-  r.real("beta2", o.beta2, 0, 1, false, true);
-  r.real("eps", o.eps, 0, 1, true);
-  r.real("weight_decay", o.weight_decay, 0, 10);
-  r.boolean("decay_norms_and_embeddings", o.decay_norms_and_embeddings);
-  r.integer("warmup_steps", o.warmup_steps, 0, kMaxInt);
-  r.integer("decay_steps", o.decay_steps, 1, kMaxInt);
-  r.real("lr_floor", o.lr_floor, 0, 1);
-  r.real("grad_clip", o.grad_clip, 0, INFINITY);
-  r.reject_unknown();
-}
-
-void read_data(SectionReader r, DataConfig& d) {
-  r.string("train", d.train);
-  r.string("validation", d.validation);
-  r.real("val_fraction", d.val_fraction, 0, 0.5);
-  r.string("token_dtype", d.token_dtype, {"uint16", "uint32"});
-  r.string("tokenizer", d.tokenizer);
-  r.reject_unknown();
-}
-
-void read_spes(SectionReader r, SpesConfig& s) {
-  r.integer("node_id", s.node_id, 0, 1 << 16);
-  r.integer("n_nodes", s.n_nodes, 1, 1 << 16);
-  r.string("ownership", s.ownership, {"partitioned", "all"});
-  r.integer("experts_per_node", s.experts_per_node, 0, 4096);
-  r.integer("sync_steps", s.sync_steps, 0, kMaxInt);
-  r.string("run_id", s.run_id);
-  r.string("coordinator", s.coordinator);
-  r.string("codec", s.codec, {"fp32", "bf16", "int8", "sparse"});
-  r.boolean("overlap", s.overlap);
-  r.string("secret_file", s.secret_file);
-  r.boolean("allow_insecure", s.allow_insecure);
-  r.string("tls_ca", s.tls_ca);
-  r.string("tls_cert", s.tls_cert);
-  r.string("tls_key", s.tls_key);
-  r.real("round_timeout_s", s.round_timeout_s, 0, INFINITY, true);
-  r.integer("min_nodes", s.min_nodes, 1, 1 << 16);
-  r.string("state_dir", s.state_dir);
-  r.real("merge_alpha", s.merge_alpha, 0, 1);
-  r.integer("merge_topk", s.merge_topk, 1, 4096);
-  r.integer("merge_interval", s.merge_interval, 0, kMaxInt);
-  r.integer("merge_decay_steps", s.merge_decay_steps, 0, kMaxInt);
-  r.string("outer_optimizer", s.outer_optimizer, {"average", "nesterov"});
-  if (s.outer_optimizer == "nesterov") s.outer_lr = 0.7, s.outer_momentum = 0.9;  // DiLoCo's, unless given
-  r.real("outer_lr", s.outer_lr, 0, 10, true);
-  r.real("outer_momentum", s.outer_momentum, 0, 1, false, true);
-  r.reject_unknown();
-}
-
-void read_checkpoint(SectionReader r, CheckpointConfig& c) {
-  r.string("dir", c.dir);
-  r.integer("every", c.every, 0, kMaxInt);
-  r.integer("keep", c.keep, 1, 1 << 20);
-  r.reject_unknown();
+std::vector<std::string> section_names() {
+  SectionNames v;
+  Config c;
+  config_keys::config_sections(v, c);
+  return v.names;
 }
 
 // Checks that involve several keys; each names every key involved.
@@ -279,7 +231,7 @@ void check_consistency(const Config& c) {
   const SpesConfig& s = c.spes;
   if (s.node_id >= s.n_nodes)
     fail("[spes] node_id = " + std::to_string(s.node_id) + " must be < n_nodes = " + std::to_string(s.n_nodes));
-  if (s.ownership == "partitioned") {
+  if (s.ownership == OwnershipMode::partitioned) {
     int64_t k = s.experts_per_node ? s.experts_per_node : m.n_experts / s.n_nodes;
     if (s.experts_per_node == 0 && m.n_experts % s.n_nodes != 0)
       fail("[spes] n_nodes = " + std::to_string(s.n_nodes) + " does not divide [model] n_experts = " +
@@ -295,17 +247,12 @@ void check_consistency(const Config& c) {
     fail("[spes] min_nodes = " + std::to_string(s.min_nodes) + " exceeds n_nodes = " + std::to_string(s.n_nodes));
   if (s.merge_alpha > 0 && (s.merge_interval == 0 || s.merge_decay_steps == 0))
     fail("[spes] merge_alpha > 0 needs merge_interval > 0 and merge_decay_steps > 0");
-  if (s.outer_optimizer == "average" && s.outer_momentum != 0) {
+  if (s.outer_optimizer == net::OuterKind::average && s.outer_momentum != 0) {
     char v[32];
     std::snprintf(v, sizeof v, "%g", s.outer_momentum);
     fail("[spes] outer_momentum = " + std::string(v) + " needs outer_optimizer = \"nesterov\" (average has none)");
   }
   if (c.data.train.empty()) fail("[data] train: a manifest path is required");
-}
-
-std::string resolve(const std::filesystem::path& base, const std::string& p) {
-  if (p.empty() || std::filesystem::path(p).is_absolute()) return p;
-  return (base / p).lexically_normal().string();
 }
 
 // "--set section.key=value": the value is TOML (1, 0.5, true, "x"); a bare word
@@ -333,44 +280,39 @@ void apply_override(toml::value& root, const std::string& arg, Origins& origins)
   origins.set_by[section + "." + key] = arg;
 }
 
+// nesterov's outer_lr and outer_momentum default to DiLoCo's 0.7 and 0.9 where the
+// config does not set them (the key list's defaults are average's, 1 and 0).
+void apply_nesterov_defaults(const toml::table& root, SpesConfig& s) {
+  if (s.outer_optimizer != net::OuterKind::nesterov) return;
+  auto it = root.find("spes");
+  auto given = [&](const char* key) { return it != root.end() && it->second.as_table().count(key) > 0; };
+  if (!given("outer_lr")) s.outer_lr = 0.7;
+  if (!given("outer_momentum")) s.outer_momentum = 0.9;
+}
+
 Config build_config(toml::value root, const std::string& name, const std::filesystem::path& base,
                     const std::vector<std::string>& overrides) {
   Origins origins{name, {}};
   for (const auto& o : overrides) apply_override(root, o, origins);
   if (!root.is_table()) root = toml::table{};
+  const std::vector<std::string> sections = section_names();
   for (const auto& [section, v] : root.as_table()) {
-    bool known = false;
-    for (const auto& s : kSections) known = known || s == section;
     const auto line = v.location().line();
     const std::string where = line > 0 ? name + ":" + std::to_string(line) : name;
-    if (!known)
-      throw ConfigError(where + ": unknown section [" + section +
-                        "] (known: [model] [train] [optim] [data] [spes] [checkpoint])");
+    if (std::find(sections.begin(), sections.end(), section) == sections.end()) {
+      std::string known;
+      for (const auto& s : sections) known += (known.empty() ? "[" : " [") + s + "]";
+      throw ConfigError(where + ": unknown section [" + section + "] (known: " + known + ")");
+    }
     if (!v.is_table()) throw ConfigError(where + ": " + section + " must be a section [" + section + "]");
   }
-  auto section = [&](const char* s) -> const toml::table* {
-    auto it = root.as_table().find(s);
-    return it == root.as_table().end() ? nullptr : &it->second.as_table();
-  };
   Config c;
   c.path = name;
-  read_model(SectionReader(section("model"), "model", origins), c.model);
-  read_train(SectionReader(section("train"), "train", origins), c.train);
-  read_optim(SectionReader(section("optim"), "optim", origins), c.optim);
-  read_data(SectionReader(section("data"), "data", origins), c.data);
-  read_spes(SectionReader(section("spes"), "spes", origins), c.spes);
-  read_checkpoint(SectionReader(section("checkpoint"), "checkpoint", origins), c.checkpoint);
+  Reader reader(root.as_table(), origins, base);
+  config_keys::config_sections(reader, c);
+  apply_nesterov_defaults(root.as_table(), c.spes);
   check_consistency(c);
-  c.data.train = resolve(base, c.data.train);
-  c.data.validation = resolve(base, c.data.validation);
   if (c.data.tokenizer != "bytes") c.data.tokenizer = resolve(base, c.data.tokenizer);
-  c.checkpoint.dir = resolve(base, c.checkpoint.dir);
-  c.train.init = resolve(base, c.train.init);
-  c.spes.secret_file = resolve(base, c.spes.secret_file);
-  c.spes.tls_ca = resolve(base, c.spes.tls_ca);
-  c.spes.tls_cert = resolve(base, c.spes.tls_cert);
-  c.spes.tls_key = resolve(base, c.spes.tls_key);
-  c.spes.state_dir = resolve(base, c.spes.state_dir);
   return c;
 }
 
@@ -401,22 +343,24 @@ Config parse_config_text(const std::string& text, const std::string& name,
 }
 
 namespace {
-std::string fmt(double x) {
+
+// TOML spellings of values (the writer); a double keeps all its bits.
+std::string toml_value(double x) {
   char buf[40];
   std::snprintf(buf, sizeof buf, "%.17g", x);
   std::string s = buf;
   if (s.find_first_of(".eEn") == std::string::npos) s += ".0";  // stay a TOML float
   return s;
 }
-std::string fmt(int64_t x) { return std::to_string(x); }
-std::string fmt(uint64_t x) { return std::to_string(x); }
-std::string fmt(bool x) { return x ? "true" : "false"; }
-std::string fmt(const std::vector<int64_t>& xs) {
+std::string toml_value(int64_t x) { return std::to_string(x); }
+std::string toml_value(uint64_t x) { return std::to_string(x); }
+std::string toml_value(bool x) { return x ? "true" : "false"; }
+std::string toml_value(const std::vector<int64_t>& xs) {
   std::string out = "[";
   for (size_t i = 0; i < xs.size(); ++i) out += (i ? ", " : "") + std::to_string(xs[i]);
   return out + "]";
 }
-std::string fmt(const std::string& x) {
+std::string toml_value(const std::string& x) {
   std::string out = "\"";
   for (char ch : x) {
     if (ch == '"' || ch == '\\') out += '\\';
@@ -424,51 +368,88 @@ std::string fmt(const std::string& x) {
   }
   return out + "\"";
 }
+
+// The key-list visitor that writes a Config as TOML, every key with its value.
+class Writer {
+ public:
+  template <class Body>
+  void section(const char* name, Body body) {
+    os_ << (os_.tellp() > 0 ? "\n[" : "[") << name << "]\n";
+    body();
+  }
+  void integer(const char* key, int64_t x, int64_t, int64_t, const char*) { put(key, toml_value(x)); }
+  void unsigned_integer(const char* key, uint64_t x, const char*) { put(key, toml_value(x)); }
+  void real(const char* key, double x, Interval, const char*) { put(key, toml_value(x)); }
+  void integer_list(const char* key, const std::vector<int64_t>& xs, int64_t, int64_t, const char*) {
+    put(key, toml_value(xs));
+  }
+  void boolean(const char* key, bool x, const char*) { put(key, toml_value(x)); }
+  void string(const char* key, const std::string& x, const char*) { put(key, toml_value(x)); }
+  void path(const char* key, const std::string& x, const char*) { put(key, toml_value(x)); }
+  template <class E, size_t N>
+  void choice(const char* key, E x, const EnumName<E> (&names)[N], const char*) {
+    put(key, toml_value(std::string(name_of(names, x))));
+  }
+  std::string str() const { return os_.str(); }
+
+ private:
+  void put(const char* key, const std::string& value) { os_ << key << " = " << value << "\n"; }
+  std::ostringstream os_;
+};
+
+// The key-list visitor that prints the markdown reference: one row per key with its
+// default (the value the key list's members start with), what it allows and its doc.
+class ReferenceTable {
+ public:
+  ReferenceTable() { os_ << "| key | default | allowed | meaning |\n| --- | --- | --- | --- |\n"; }
+  template <class Body>
+  void section(const char* name, Body body) {
+    os_ << "| **[" << name << "]** | | | |\n";
+    body();
+  }
+  void integer(const char* key, int64_t x, int64_t lo, int64_t hi, const char* doc) {
+    row(key, toml_value(x), allowed_integer(lo, hi), doc);
+  }
+  void unsigned_integer(const char* key, uint64_t x, const char* doc) {
+    row(key, toml_value(x), allowed_integer(0, kMaxInt), doc);
+  }
+  void real(const char* key, double x, Interval r, const char* doc) { row(key, num(x), allowed_real(r), doc); }
+  void integer_list(const char* key, const std::vector<int64_t>& xs, int64_t lo, int64_t hi, const char* doc) {
+    row(key, toml_value(xs), allowed_integer_list(lo, hi), doc);
+  }
+  void boolean(const char* key, bool x, const char* doc) { row(key, toml_value(x), kAllowedBoolean, doc); }
+  void string(const char* key, const std::string& x, const char* doc) {
+    row(key, toml_value(x), kAllowedString, doc);
+  }
+  void path(const char* key, const std::string& x, const char* doc) {
+    row(key, toml_value(x), "a path", doc);
+  }
+  template <class E, size_t N>
+  void choice(const char* key, E x, const EnumName<E> (&names)[N], const char* doc) {
+    row(key, toml_value(std::string(name_of(names, x))), allowed_choice(names), doc);
+  }
+  std::string str() const { return os_.str(); }
+
+ private:
+  void row(const char* key, const std::string& value, const std::string& allowed, const char* doc) {
+    os_ << "| `" << key << "` | " << value << " | " << allowed << " | " << doc << " |\n";
+  }
+  std::ostringstream os_;
+};
+
 }  // namespace
 
 std::string config_to_toml(const Config& c) {
-  std::ostringstream os;
-  auto kv = [&](const char* k, const auto& v) { os << k << " = " << fmt(v) << "\n"; };
-  const ModelConfig& m = c.model;
-  os << "[model]\n";
-  kv("vocab_size", m.vocab_size); kv("d_model", m.d_model); kv("n_layers", m.n_layers);
-  kv("n_heads", m.n_heads); kv("n_kv_heads", m.n_kv_heads); kv("n_experts", m.n_experts);
-  kv("top_k", m.top_k); kv("expert_hidden", m.expert_hidden); kv("seq_len", m.seq_len);
-  kv("rope_theta", m.rope_theta); kv("qk_norm", m.qk_norm); kv("norm_eps", m.norm_eps);
-  kv("norm_topk_prob", m.norm_topk_prob); kv("tie_embeddings", m.tie_embeddings); kv("init_std", m.init_std);
-  const TrainConfig& t = c.train;
-  os << "\n[train]\n";
-  kv("device", t.device); kv("seed", t.seed); kv("steps", t.steps); kv("micro_batch", t.micro_batch);
-  kv("global_batch", t.global_batch); kv("threads", t.threads); kv("gpus", t.gpus); kv("eval_every", t.eval_every);
-  kv("eval_batches", t.eval_batches); kv("max_steps_this_run", t.max_steps_this_run);
-  kv("init", t.init);
-  kv("lb_coef", t.loss.lb_coef); kv("router_z_coef", t.loss.router_z_coef); kv("lm_z_coef", t.loss.lm_z_coef);
-  kv("decayed_aux_loss", t.loss.decayed_aux_loss);
-  const OptimConfig& o = c.optim;
-  os << "\n[optim]\n";
-  kv("lr", o.lr); kv("beta1", o.beta1); kv("beta2", o.beta2); kv("eps", o.eps);
-  kv("weight_decay", o.weight_decay); kv("decay_norms_and_embeddings", o.decay_norms_and_embeddings);
-  kv("warmup_steps", o.warmup_steps); kv("decay_steps", o.decay_steps); kv("lr_floor", o.lr_floor);
-  kv("grad_clip", o.grad_clip);
-  const DataConfig& d = c.data;
-  os << "\n[data]\n";
-  kv("train", d.train); kv("validation", d.validation); kv("val_fraction", d.val_fraction);
-  kv("token_dtype", d.token_dtype); kv("tokenizer", d.tokenizer);
-  const SpesConfig& s = c.spes;
-  os << "\n[spes]\n";
-  kv("node_id", s.node_id); kv("n_nodes", s.n_nodes); kv("ownership", s.ownership);
-  kv("experts_per_node", s.experts_per_node); kv("sync_steps", s.sync_steps); kv("run_id", s.run_id);
-  kv("coordinator", s.coordinator); kv("codec", s.codec); kv("overlap", s.overlap); kv("secret_file", s.secret_file);
-  kv("allow_insecure", s.allow_insecure); kv("tls_ca", s.tls_ca); kv("tls_cert", s.tls_cert);
-  kv("tls_key", s.tls_key); kv("round_timeout_s", s.round_timeout_s);
-  kv("min_nodes", s.min_nodes); kv("state_dir", s.state_dir);
-  kv("merge_alpha", s.merge_alpha); kv("merge_topk", s.merge_topk); kv("merge_interval", s.merge_interval);
-  kv("merge_decay_steps", s.merge_decay_steps); kv("outer_optimizer", s.outer_optimizer);
-  kv("outer_lr", s.outer_lr); kv("outer_momentum", s.outer_momentum);
-  const CheckpointConfig& k = c.checkpoint;
-  os << "\n[checkpoint]\n";
-  kv("dir", k.dir); kv("every", k.every); kv("keep", k.keep);
-  return os.str();
+  Writer w;
+  config_keys::config_sections(w, c);
+  return w.str();
+}
+
+std::string config_reference_markdown() {
+  ReferenceTable t;
+  const Config defaults;
+  config_keys::config_sections(t, defaults);
+  return t.str();
 }
 
 void check_tokenizer(const Config& c) {
@@ -485,7 +466,7 @@ void check_tokenizer(const Config& c) {
                       " is smaller than the vocabulary of [data] tokenizer " + tok->name() + " (" + std::to_string(n) +
                       " tokens); set vocab_size >= " + std::to_string(n));
   }
-  if (c.data.token_dtype == "uint16" && n > 65536) {
+  if (c.data.token_dtype == TokenDtype::kUint16 && n > 65536) {
     throw ConfigError(c.path + ": [data] token_dtype = \"uint16\" cannot hold the ids of [data] tokenizer " +
                       tok->name() + " (" + std::to_string(n) + " tokens); use \"uint32\"");
   }

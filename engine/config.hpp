@@ -1,17 +1,29 @@
 // The run configuration: one TOML file with sections [model] [train] [optim]
 // [data] [spes] [checkpoint]; every key is validated (type, range, unknown keys)
-// and can be overridden with --set section.key=value.
+// and can be overridden with --set section.key=value. The keys themselves (names,
+// allowed values, docs) are listed once, in engine/config_keys.hpp.
 #pragma once
 #include <cstdint>
 #include <string>
 #include <vector>
 
+#include "data/token_file.hpp"
+#include "engine/base/enum_names.hpp"
+#include "model/layout.hpp"
 #include "model/model_config.hpp"
+#include "net/codec.hpp"
+#include "net/outer_optimizer.hpp"
 
 namespace spes {
 
+// [train] device: automatic = the GPU when one works and the model's shape runs
+// there, else the CPU.
+enum class Device { automatic, cuda, cpu };
+inline constexpr EnumName<Device> kDeviceNames[] = {
+    {Device::automatic, "auto"}, {Device::cuda, "cuda"}, {Device::cpu, "cpu"}};
+
 struct TrainConfig {
-  std::string device = "auto";  // "auto" | "cuda" | "cpu"
+  Device device = Device::automatic;
   uint64_t seed = 1234;
   int64_t steps = 1000;         // optimizer steps of the whole run
   int64_t micro_batch = 8;      // sequences per forward/backward
@@ -42,7 +54,7 @@ struct DataConfig {
   std::string train;            // manifest: one token file per line
   std::string validation;       // manifest; empty = hold out val_fraction of train
   double val_fraction = 0.0;
-  std::string token_dtype = "uint16";  // "uint16" | "uint32"
+  TokenDtype token_dtype = TokenDtype::kUint16;
   // The tokenizer the data was made with: "bytes", a tokenizer.json path, or "" (not
   // declared: nothing to check beyond each token id < [model] vocab_size).
   std::string tokenizer;
@@ -51,13 +63,13 @@ struct DataConfig {
 struct SpesConfig {
   int64_t node_id = 0;
   int64_t n_nodes = 1;
-  std::string ownership = "partitioned";  // "partitioned" | "all"
+  OwnershipMode ownership = OwnershipMode::partitioned;
   int64_t experts_per_node = 0;           // 0 = n_experts / n_nodes
   int64_t sync_steps = 0;                 // 0 = no sync (plain local training)
   // --- sync protocol (net/) ---
   std::string run_id = "spes-run";
   std::string coordinator = "127.0.0.1:29500";  // host:port the nodes dial / it binds
-  std::string codec = "fp32";             // "fp32" | "bf16" | "int8" | "sparse"
+  net::Codec codec = net::Codec::fp32;
   bool overlap = false;                   // overlapped rounds: train on while a round is in flight
   std::string secret_file;                // shared secret for HMAC auth (or env SPES_SECRET)
   bool allow_insecure = false;            // no secret, no TLS and a non-loopback address
@@ -73,7 +85,7 @@ struct SpesConfig {
   int64_t merge_interval = 0;             // steps; merge at rounds whose step is a multiple
   int64_t merge_decay_steps = 0;          // α decays linearly to 0 over these steps
   // --- outer optimizer (net/outer_optimizer): steps θ by the round's merged delta ---
-  std::string outer_optimizer = "average";  // "average" | "nesterov"
+  net::OuterKind outer_optimizer = net::OuterKind::average;
   double outer_lr = 1.0;                  // default 1 for average, 0.7 for nesterov (DiLoCo)
   double outer_momentum = 0.0;            // nesterov only; default 0.9
 };
@@ -103,6 +115,9 @@ Config parse_config_text(const std::string& text, const std::string& name,
                          const std::vector<std::string>& overrides = {});
 // TOML text that parses back to the same Config (stored inside checkpoints).
 std::string config_to_toml(const Config& c);
+// The markdown table of every key (engine/README.md, "Configuration"; printed by
+// `spes-engine reference config`).
+std::string config_reference_markdown();
 
 // Opens [data] tokenizer (when set) and checks it against the model: [model]
 // vocab_size must be at least the tokenizer's vocabulary (larger is padding) and

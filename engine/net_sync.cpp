@@ -106,7 +106,7 @@ net::CoordinatorParams coordinator_params(const Config& cfg) {
   p.run_id = s.run_id;
   p.n_nodes = int(s.n_nodes);
   p.min_nodes = s.min_nodes;
-  p.codec = net::parse_codec(s.codec);
+  p.codec = s.codec;
   p.secret = net::load_secret(s.secret_file);
   p.allow_insecure = s.allow_insecure;
   p.tls = tls_files(s, "coordinator");
@@ -115,7 +115,7 @@ net::CoordinatorParams coordinator_params(const Config& cfg) {
   p.state_dir = s.state_dir;
   p.sync_steps = s.sync_steps;
   p.merge = merge_warmup(s);
-  p.outer = {net::parse_outer_kind(s.outer_optimizer), s.outer_lr, s.outer_momentum};
+  p.outer = {s.outer_optimizer, s.outer_lr, s.outer_momentum};
   p.layout = make_layout(cfg.model);
   p.n_experts = cfg.model.n_experts;
   for (int node = 0; node < p.n_nodes; ++node) {
@@ -135,7 +135,7 @@ net::SyncClientParams sync_client_params(const Config& cfg, const ParamLayout& l
   p.run_id = s.run_id;
   p.node_id = own.node_id;
   p.n_nodes = int(s.n_nodes);
-  p.codec = net::parse_codec(s.codec);
+  p.codec = s.codec;
   p.secret = net::load_secret(s.secret_file);
   p.allow_insecure = s.allow_insecure;
   p.tls = tls_files(s, net::node_cert_name(own.node_id));

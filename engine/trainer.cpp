@@ -4,6 +4,7 @@
 #include <cmath>
 #include <cstdio>
 #include <filesystem>
+#include <optional>
 #include <ostream>
 
 #include "engine/base/csv.hpp"
@@ -35,13 +36,74 @@ DataSpec data_spec(const Config& c) {
   s.train_manifest = c.data.train;
   s.validation_manifest = c.data.validation;
   s.val_fraction = c.data.val_fraction;
-  s.dtype = c.data.token_dtype == "uint32" ? TokenDtype::kUint32 : TokenDtype::kUint16;
+  s.dtype = c.data.token_dtype;
   s.seq_len = c.model.seq_len;
   s.vocab_size = c.model.vocab_size;
   s.base_seed = c.train.seed;
   s.node_id = c.spes.node_id;
   return s;
 }
+
+// One step as its CSV row shows it.
+struct StepRecord {
+  int64_t step = 0, tokens = 0;
+  double loss = 0;
+  LossParts parts;  // the step's mean over its micro-batches
+  double lr = 0, grad_norm = 0, step_ms = 0, tokens_per_s = 0;
+  std::optional<double> mfu;     // on a GPU only
+  double expert_load_cv = 0;
+  std::optional<double> val_ce;  // on eval steps only
+  SyncStats sync;
+};
+
+std::string val_ce_field(const StepRecord& r) { return r.val_ce ? csv_field("%.6f", *r.val_ce) : ""; }
+
+// The columns of the training CSV, in order (engine/README.md, "CSV columns").
+const CsvColumn<StepRecord> kStepColumns[] = {
+    {"step", [](const StepRecord& r) { return csv_field("%lld", (long long)r.step); }, "optimizer steps done"},
+    {"tokens", [](const StepRecord& r) { return csv_field("%lld", (long long)r.tokens); },
+     "training tokens consumed by this node so far"},
+    {"loss", [](const StepRecord& r) { return csv_field("%.6f", r.loss); },
+     "total loss = ce + lb_coef·lb + router_z_coef·router_z + lm_z_coef·lm_z"},
+    {"ce", [](const StepRecord& r) { return csv_field("%.6f", r.parts.ce); }, "cross-entropy (nats/token)"},
+    {"lb", [](const StepRecord& r) { return csv_field("%.6f", r.parts.lb); },
+     "load-balancing loss (1 = perfectly balanced), mean over layers"},
+    {"router_z", [](const StepRecord& r) { return csv_field("%.6f", r.parts.router_z); },
+     "router z-loss, mean over layers"},
+    {"lm_z", [](const StepRecord& r) { return csv_field("%.6f", r.parts.lm_z); }, "lm-head z-loss"},
+    {"lr", [](const StepRecord& r) { return csv_field("%.6e", r.lr); }, "learning rate of this step"},
+    {"grad_norm", [](const StepRecord& r) { return csv_field("%.6f", r.grad_norm); },
+     "global gradient norm before clipping"},
+    {"step_ms", [](const StepRecord& r) { return csv_field("%.1f", r.step_ms); },
+     "wall time of the step (sync round and eval included)"},
+    {"tokens_per_s", [](const StepRecord& r) { return csv_field("%.1f", r.tokens_per_s); },
+     "this node's throughput: the step's tokens over `step_ms`"},
+    {"mfu", [](const StepRecord& r) { return r.mfu ? csv_field("%.4f", *r.mfu) : ""; },
+     "model FLOPs utilisation on a GPU: (6 × active parameters + 6·L·T·d attention) FLOPs per token "
+     "(`model/flops`: only the top-k experts count) × tokens/s over the device's dense bf16 peak (datasheet for "
+     "H100/H200/A100, else a GEMM measured at start-up, named in the log); empty on the CPU"},
+    {"expert_load_cv", [](const StepRecord& r) { return csv_field("%.4f", r.expert_load_cv); },
+     "coefficient of variation of tokens per expert, mean over layers (0 = balanced)"},
+    {"val_ce", val_ce_field, "validation cross-entropy on eval steps, empty otherwise"},
+    {"sync_round", [](const StepRecord& r) { return csv_field("%lld", (long long)r.sync.round); },
+     "the sync round done after this step (0 when none)"},
+    {"sync_ms", [](const StepRecord& r) { return csv_field("%.1f", r.sync.ms); },
+     "wall time of that round (0 when none)"},
+    {"bytes_up", [](const StepRecord& r) { return csv_field("%lld", (long long)r.sync.bytes_up); },
+     "bytes this node sent in that round (0 when none)"},
+    {"bytes_down", [](const StepRecord& r) { return csv_field("%lld", (long long)r.sync.bytes_down); },
+     "bytes this node received in that round (0 when none)"},
+    {"sync_inflight_ms", [](const StepRecord& r) { return csv_field("%.1f", r.sync.inflight_ms); },
+     "`overlap` only: how long the round applied at this step was in flight since its push (0 otherwise)"},
+    {"sync_wait_ms", [](const StepRecord& r) { return csv_field("%.1f", r.sync.wait_ms); },
+     "`overlap` only: how long the step loop waited for that round (0 otherwise)"},
+    {"state_hash",
+     [](const StepRecord& r) {
+       return r.sync.round > 0 ? csv_field("%016llx", (unsigned long long)r.sync.state_hash) : "";
+     },
+     "hash of θ after that round (hex; empty on steps without a round); identical on every node and the "
+     "coordinator (with `overlap`: of the round's θ_global, applied at this step)"},
+};
 
 // The loss parts of a step: the mean over its micro-batches; expert counts summed.
 void accumulate(LossParts& sum, const LossParts& p, int64_t n_micro) {
@@ -102,10 +164,9 @@ void Trainer::load_params(const CheckpointState& s, const std::string& source) {
 
 void Trainer::set_sync_hook(std::unique_ptr<SyncHook> hook) { sync_ = std::move(hook); }
 
-const char* Trainer::csv_header() {
-  return "step,tokens,loss,ce,lb,router_z,lm_z,lr,grad_norm,step_ms,tokens_per_s,mfu,expert_load_cv,"
-         "val_ce,sync_round,sync_ms,bytes_up,bytes_down,sync_inflight_ms,sync_wait_ms,state_hash";
-}
+std::string Trainer::csv_header() { return spes::csv_header(kStepColumns); }
+
+std::string Trainer::csv_reference_markdown() { return spes::csv_reference_markdown(kStepColumns); }
 
 std::string Trainer::node_prefix() const { return "[node " + std::to_string(cfg_.spes.node_id) + "]"; }
 
@@ -149,7 +210,8 @@ Trainer::StepStats Trainer::train_step(std::ostream& csv) {
   const float grad_scale = 1.0f / float(n_micro);
   backend_->zero_grads();
 
-  LossParts sum;
+  StepRecord rec;
+  LossParts& sum = rec.parts;
   sum.expert_counts.assign(cfg_.model.n_layers * cfg_.model.n_experts, 0);
   for (int64_t i = 0; i < n_micro; ++i) {
     data_->train.next_batch(inputs_.data(), targets_.data(), cfg_.train.micro_batch);
@@ -179,27 +241,23 @@ Trainer::StepStats Trainer::train_step(std::ostream& csv) {
   const int64_t step_tokens = cfg_.train.global_batch * cfg_.model.seq_len;
   tokens_seen_ += step_tokens;
 
-  const SyncStats sync = sync_if_due();
-  std::string val;
+  rec.sync = sync_if_due();
   const bool last = step_ == cfg_.train.steps;
   if (data_->validation && ((cfg_.train.eval_every > 0 && step_ % cfg_.train.eval_every == 0) || last))
-    val = CsvRow().addf("%.6f", evaluate(cfg_.train.eval_batches).ce).str();
-  const double step_ms = ms_since(t0);
-  CsvRow row;
-  row.addf("%lld", (long long)step_).addf("%lld", (long long)tokens_seen_);
-  row.addf("%.6f", loss).addf("%.6f", sum.ce).addf("%.6f", sum.lb).addf("%.6f", sum.router_z).addf("%.6f", sum.lm_z);
-  const double tokens_per_s = double(step_tokens) / (step_ms / 1000.0);
-  row.addf("%.6e", s.lr).addf("%.6f", grad_norm).addf("%.1f", step_ms).addf("%.1f", tokens_per_s);
-  // MFU: active training FLOPs over the device's dense bf16 peak; empty on the CPU.
+    rec.val_ce = evaluate(cfg_.train.eval_batches).ce;
+  rec.step_ms = ms_since(t0);
+  rec.step = step_;
+  rec.tokens = tokens_seen_;
+  rec.loss = loss;
+  rec.lr = s.lr;
+  rec.grad_norm = grad_norm;
+  rec.tokens_per_s = double(step_tokens) / (rec.step_ms / 1000.0);
+  // MFU: active training FLOPs over the device's dense bf16 peak; none on the CPU.
   const double peak = backend_->peak_flops().flops;
-  row.add(peak > 0 ? CsvRow().addf("%.4f", train_flops_per_token(cfg_.model) * tokens_per_s / peak).str() : "");
-  row.addf("%.4f", expert_load_cv(sum.expert_counts, cfg_.model.n_layers, cfg_.model.n_experts)).add(val);
-  row.addf("%lld", (long long)sync.round).addf("%.1f", sync.ms);
-  row.addf("%lld", (long long)sync.bytes_up).addf("%lld", (long long)sync.bytes_down);
-  row.addf("%.1f", sync.inflight_ms).addf("%.1f", sync.wait_ms);
-  row.add(sync.round > 0 ? CsvRow().addf("%016llx", (unsigned long long)sync.state_hash).str() : "");
-  csv << row.str() << std::endl;  // flushed: a reader following stdout sees every step
-  return {loss, tokens_per_s, val};
+  if (peak > 0) rec.mfu = train_flops_per_token(cfg_.model) * rec.tokens_per_s / peak;
+  rec.expert_load_cv = expert_load_cv(sum.expert_counts, cfg_.model.n_layers, cfg_.model.n_experts);
+  csv << csv_row(kStepColumns, rec) << std::endl;  // flushed: a reader following stdout sees every step
+  return {loss, rec.tokens_per_s, val_ce_field(rec)};
 }
 
 void Trainer::save(bool final) {

@@ -46,7 +46,10 @@ class Trainer {
   void load_params(const CheckpointState& s, const std::string& source);
 
   EvalResult evaluate(int64_t max_batches);  // mean CE on the validation data
-  static const char* csv_header();
+  // The CSV's header line, and its columns as a markdown table (engine/README.md,
+  // "CSV columns"; printed by `spes-engine reference csv`).
+  static std::string csv_header();
+  static std::string csv_reference_markdown();
 
   const Config& config() const { return cfg_; }
   const ParamLayout& layout() const { return layout_; }

@@ -74,16 +74,16 @@ const ParamTensor* ParamLayout::find(const std::string& name) const {
 }
 
 Ownership make_ownership(const ModelConfig& m, const ParamLayout& layout, int node_id, int n_nodes,
-                         const std::string& ownership, int64_t experts_per_node) {
+                         OwnershipMode ownership, int64_t experts_per_node) {
   const int E = static_cast<int>(m.n_experts);
   Ownership o;
   o.node_id = node_id;
   o.n_nodes = n_nodes;
   o.owners.assign(E, {});
-  if (ownership == "all") {
+  if (ownership == OwnershipMode::all) {
     for (int e = 0; e < E; ++e)
       for (int p = 0; p < n_nodes; ++p) o.owners[e].push_back(p);
-  } else if (ownership == "partitioned") {
+  } else {
     const int64_t k = experts_per_node ? experts_per_node : E / n_nodes;
     for (int p = 0; p < n_nodes; ++p)
       for (int64_t i = 0; i < k; ++i) {
@@ -91,8 +91,6 @@ Ownership make_ownership(const ModelConfig& m, const ParamLayout& layout, int no
         if (std::find(owners.begin(), owners.end(), p) == owners.end()) owners.push_back(p);
       }
     for (auto& owners : o.owners) std::sort(owners.begin(), owners.end());
-  } else {
-    throw std::invalid_argument("unknown ownership '" + ownership + "'");
   }
   o.owned.assign(E, false);
   for (int e = 0; e < E; ++e)

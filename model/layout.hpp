@@ -9,6 +9,7 @@
 #include <string>
 #include <vector>
 
+#include "engine/base/enum_names.hpp"
 #include "model/model_config.hpp"
 #include "model/owned_space.hpp"
 
@@ -66,11 +67,16 @@ struct Ownership {
   bool owns_expert(int e) const { return owned[e]; }
 };
 
-// ownership "all": every node owns every expert (centralized, DiLoCo/FedAvg).
-// "partitioned": node p owns experts (p·k + i) mod E for i < k, k = experts_per_node
+// How experts are spread over the nodes ([spes] ownership).
+enum class OwnershipMode { partitioned, all };
+inline constexpr EnumName<OwnershipMode> kOwnershipModeNames[] = {{OwnershipMode::partitioned, "partitioned"},
+                                                                  {OwnershipMode::all, "all"}};
+
+// ownership all: every node owns every expert (centralized, DiLoCo/FedAvg).
+// partitioned: node p owns experts (p·k + i) mod E for i < k, k = experts_per_node
 // (n_experts / n_nodes when 0), so n_nodes·k > E replicates experts.
 Ownership make_ownership(const ModelConfig& m, const ParamLayout& layout, int node_id,
-                         int n_nodes, const std::string& ownership, int64_t experts_per_node);
+                         int n_nodes, OwnershipMode ownership, int64_t experts_per_node);
 
 // A run of owned tensors that one AdamW update covers: contiguous in the flat layout
 // and in owned space. With split_decay_classes, a run never mixes norms and

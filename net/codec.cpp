@@ -177,22 +177,11 @@ bool decode_slice(Codec c, const uint8_t* in, int64_t n, int64_t i0, int64_t i1,
 }  // namespace
 
 Codec parse_codec(const std::string& name) {
-  if (name == "fp32") return Codec::fp32;
-  if (name == "bf16") return Codec::bf16;
-  if (name == "int8") return Codec::int8;
-  if (name == "sparse") return Codec::sparse;
-  throw ConfigError("[spes] codec: expected \"fp32\", \"bf16\", \"int8\" or \"sparse\", got \"" + name + "\"");
+  if (const auto c = enum_from_name(kCodecNames, name)) return *c;
+  throw ConfigError("[spes] codec: expected " + join_names(kCodecNames, "\"", ", ", " or ") + ", got \"" + name + "\"");
 }
 
-const char* codec_name(Codec c) {
-  switch (c) {
-    case Codec::fp32: return "fp32";
-    case Codec::bf16: return "bf16";
-    case Codec::int8: return "int8";
-    case Codec::sparse: return "sparse";
-  }
-  return "?";
-}
+const char* codec_name(Codec c) { return name_of(kCodecNames, c); }
 
 bool codec_is_lossy(Codec c) { return c != Codec::fp32; }
 

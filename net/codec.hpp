@@ -16,9 +16,13 @@
 #include <cstdint>
 #include <string>
 
+#include "engine/base/enum_names.hpp"
+
 namespace spes::net {
 
 enum class Codec : uint8_t { fp32 = 0, bf16 = 1, int8 = 2, sparse = 3 };  // = wire::Codec values
+inline constexpr EnumName<Codec> kCodecNames[] = {
+    {Codec::fp32, "fp32"}, {Codec::bf16, "bf16"}, {Codec::int8, "int8"}, {Codec::sparse, "sparse"}};
 
 constexpr int64_t kInt8Block = 128;  // elements per int8 scale
 

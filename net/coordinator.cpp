@@ -18,6 +18,7 @@
 #include <ostream>
 #include <thread>
 
+#include "engine/base/csv.hpp"
 #include "engine/base/error.hpp"
 #include "model/expert_merge.hpp"
 #include "net/asio_util.hpp"
@@ -39,6 +40,39 @@ using tcp = asio::ip::tcp;
 using Clock = std::chrono::steady_clock;
 
 namespace {
+
+// One closed round as its row of the rounds CSV shows it.
+struct RoundRecord {
+  int64_t round = 0, step = 0;
+  int participants = 0;
+  std::string missing_nodes;
+  int64_t late_pushes = 0, bytes_in = 0, bytes_out = 0;
+  double merge_alpha = 0, merge_ms = 0;
+  uint64_t state_hash = 0;
+};
+
+// The columns of the rounds CSV, in order (net/README.md, "Coordinator CSV").
+const CsvColumn<RoundRecord> kRoundColumns[] = {
+    {"round", [](const RoundRecord& r) { return csv_field("%" PRId64, r.round); }, "the round"},
+    {"step", [](const RoundRecord& r) { return csv_field("%" PRId64, r.step); },
+     "its step: round × `sync_steps`"},
+    {"participants", [](const RoundRecord& r) { return csv_field("%d", r.participants); },
+     "nodes whose push the round merged"},
+    {"missing_nodes", [](const RoundRecord& r) { return r.missing_nodes; },
+     "the other nodes, e.g. `1;3` (empty when every node took part)"},
+    {"late_pushes", [](const RoundRecord& r) { return csv_field("%" PRId64, r.late_pushes); },
+     "stale pushes refused while the round was open"},
+    {"bytes_in", [](const RoundRecord& r) { return csv_field("%" PRId64, r.bytes_in); },
+     "bytes the coordinator received since the previous round's row"},
+    {"bytes_out", [](const RoundRecord& r) { return csv_field("%" PRId64, r.bytes_out); },
+     "bytes of the round's result, summed over its recipients"},
+    {"merge_alpha", [](const RoundRecord& r) { return csv_field("%.6g", r.merge_alpha); },
+     "the expert-merging warm-up's α at this round (0 when off)"},
+    {"merge_ms", [](const RoundRecord& r) { return csv_field("%.2f", r.merge_ms); },
+     "the round's close: the merge and the write-ahead persist of the next state file, which are one pass"},
+    {"state_hash", [](const RoundRecord& r) { return hash_hex(r.state_hash); },
+     "hash of θ after the round (hex), the one every node checks"},
+};
 
 const CoordinatorParams& checked(const CoordinatorParams& p, const CoordinatorOptions& opt) {
   if (p.n_nodes < 1) throw NetError("coordinator: n_nodes must be ≥ 1");
@@ -339,10 +373,17 @@ void Coordinator::Impl::close_round(const RoundClose& rc) {
   for (int node : to)
     if (auto s = server.node_session(node)) recipients.push_back(std::move(s));
   // The row and the stats first: a node may see its result before this function returns.
-  char row[512];
-  std::snprintf(row, sizeof row, "%" PRId64 ",%" PRId64 ",%d,%s,%" PRId64 ",%" PRId64 ",%" PRId64 ",%.6g,%.2f,%s\n",
-                r, step, rc.participants, rc.missing.c_str(), rc.late_pushes, server.take_round_bytes_in(),
-                pub->bytes * int64_t(recipients.size()), alpha, merge_ms, hash_hex(state.hash).c_str());
+  const RoundRecord record{r,
+                           step,
+                           rc.participants,
+                           rc.missing,
+                           rc.late_pushes,
+                           server.take_round_bytes_in(),
+                           pub->bytes * int64_t(recipients.size()),
+                           alpha,
+                           merge_ms,
+                           state.hash};
+  const std::string row = csv_row(kRoundColumns, record) + "\n";
   if (opt.csv) *opt.csv << row << std::flush;
   update_stats([&](CoordinatorStats& st) {
     st.round = state.round;
@@ -416,8 +457,8 @@ CoordinatorStats Coordinator::stats() const {
   return st;
 }
 
-const char* Coordinator::csv_header() {
-  return "round,step,participants,missing_nodes,late_pushes,bytes_in,bytes_out,merge_alpha,merge_ms,state_hash";
-}
+std::string Coordinator::csv_header() { return spes::csv_header(kRoundColumns); }
+
+std::string Coordinator::csv_reference_markdown() { return spes::csv_reference_markdown(kRoundColumns); }
 
 }  // namespace spes::net

@@ -119,7 +119,10 @@ class Coordinator {
   void run();   // serves in the calling thread until stop()
   void stop();  // thread-safe; every published round is on disk already
   CoordinatorStats stats() const;  // thread-safe
-  static const char* csv_header();
+  // The rounds CSV's header line, and its columns as a markdown table (net/README.md,
+  // "Coordinator CSV"; printed by `spes-engine reference rounds-csv`).
+  static std::string csv_header();
+  static std::string csv_reference_markdown();
 
  private:
   struct Impl;

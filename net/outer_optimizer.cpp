@@ -8,13 +8,7 @@
 
 namespace spes::net {
 
-OuterKind parse_outer_kind(const std::string& s) {
-  if (s == "average") return OuterKind::average;
-  if (s == "nesterov") return OuterKind::nesterov;
-  throw NetError("unknown outer optimizer '" + s + "' (expected \"average\" or \"nesterov\")");
-}
-
-const char* outer_kind_name(OuterKind k) { return k == OuterKind::nesterov ? "nesterov" : "average"; }
+const char* outer_kind_name(OuterKind k) { return name_of(kOuterKindNames, k); }
 
 namespace {
 

@@ -14,9 +14,13 @@
 #include <cstdint>
 #include <string>
 
+#include "engine/base/enum_names.hpp"
+
 namespace spes::net {
 
 enum class OuterKind { average, nesterov };
+inline constexpr EnumName<OuterKind> kOuterKindNames[] = {{OuterKind::average, "average"},
+                                                          {OuterKind::nesterov, "nesterov"}};
 
 struct OuterOptimizer {
   OuterKind kind = OuterKind::average;
@@ -27,8 +31,6 @@ struct OuterOptimizer {
   bool has_momentum() const { return kind == OuterKind::nesterov; }
 };
 
-// "average" | "nesterov"; throws NetError naming the value otherwise.
-OuterKind parse_outer_kind(const std::string& s);
 const char* outer_kind_name(OuterKind k);
 
 // The outer step of one contributed chunk of n params: target holds the merged mean

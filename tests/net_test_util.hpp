@@ -40,7 +40,7 @@ extern char** environ;
 
 namespace spes::net::testing {
 
-inline Config tiny_config(int n_nodes, const std::string& codec = "fp32", const std::string& ownership = "partitioned") {
+inline Config tiny_config(int n_nodes, Codec codec = Codec::fp32, OwnershipMode ownership = OwnershipMode::partitioned) {
   Config c;
   c.model.vocab_size = 64;
   c.model.d_model = 32;
@@ -54,7 +54,7 @@ inline Config tiny_config(int n_nodes, const std::string& codec = "fp32", const 
   c.train.seed = 7;
   c.spes.n_nodes = n_nodes;
   c.spes.ownership = ownership;
-  c.spes.experts_per_node = ownership == "all" ? 0 : c.model.n_experts / n_nodes;
+  c.spes.experts_per_node = ownership == OwnershipMode::all ? 0 : c.model.n_experts / n_nodes;
   c.spes.sync_steps = 5;
   c.spes.run_id = "net-test";
   c.spes.coordinator = "127.0.0.1:0";
@@ -374,7 +374,7 @@ inline HelloFields make_hello(const Config& cfg, int id, const std::array<uint8_
   h.run_id = cfg.spes.run_id;
   h.node_id = id;
   h.fingerprint = model_fingerprint(cfg.model, layout, own);
-  h.codec = parse_codec(cfg.spes.codec);
+  h.codec = cfg.spes.codec;
   h.sync_round = 0;
   h.state_hash = 0;
   h.proof = hmac_sha256(secret, hello_proof_message(nonce, h.run_id, id, h.fingerprint));

@@ -59,8 +59,8 @@ struct Node {
   std::vector<float> theta;
 
   explicit Node(bool partitioned = true, uint64_t seed = 7)
-      : own(partitioned ? make_ownership(cfg, layout, 1, 2, "partitioned", 0)
-                        : make_ownership(cfg, layout, 0, 1, "all", 0)) {
+      : own(partitioned ? make_ownership(cfg, layout, 1, 2, OwnershipMode::partitioned, 0)
+                        : make_ownership(cfg, layout, 0, 1, OwnershipMode::all, 0)) {
     theta.resize(size_t(layout.total));
     init_parameters(theta.data(), cfg, layout, seed);
     // Norm weights away from 1 so their gradients and decay are exercised.
@@ -365,8 +365,8 @@ TEST_CASE("gpu memory plan: categories add up to the arena plus the runtime work
   const ParamLayout layout = make_layout(m);
   for (const bool partitioned : {true, false}) {
     CAPTURE(partitioned);
-    const Ownership own = partitioned ? make_ownership(m, layout, 1, 2, "partitioned", 0)
-                                      : make_ownership(m, layout, 0, 1, "all", 0);
+    const Ownership own = partitioned ? make_ownership(m, layout, 1, 2, OwnershipMode::partitioned, 0)
+                                      : make_ownership(m, layout, 0, 1, OwnershipMode::all, 0);
     const int64_t owned = own.space.size(), B = 3, N = B * m.seq_len;
     const GpuMemoryPlan p = plan_gpu_memory(m, layout, own, B, scratch_for(N));
 
@@ -416,7 +416,7 @@ TEST_CASE("gpu memory plan: activations grow linearly with micro_batch; the lm c
   ModelConfig m = small_model();
   m.d_model = 64, m.n_heads = 2, m.n_kv_heads = 1, m.seq_len = 32, m.vocab_size = 301;
   const ParamLayout layout = make_layout(m);
-  const Ownership own = make_ownership(m, layout, 1, 2, "partitioned", 0);
+  const Ownership own = make_ownership(m, layout, 1, 2, OwnershipMode::partitioned, 0);
   auto plan = [&](int64_t B) { return plan_gpu_memory(m, layout, own, B, scratch_for(B * m.seq_len)); };
   const GpuMemoryPlan p1 = plan(1), p2 = plan(2);
   // Activations: a part per token, and per layer a few of fixed size: the expert
@@ -440,7 +440,7 @@ TEST_CASE("gpu memory plan: activations grow linearly with micro_batch; the lm c
   ModelConfig big = m;
   big.vocab_size = 151665;
   const ParamLayout big_layout = make_layout(big);
-  const Ownership big_own = make_ownership(big, big_layout, 0, 1, "all", 0);
+  const Ownership big_own = make_ownership(big, big_layout, 0, 1, OwnershipMode::all, 0);
   auto big_plan = [&](int64_t B) {
     return plan_gpu_memory(big, big_layout, big_own, B, scratch_for(B * big.seq_len));
   };

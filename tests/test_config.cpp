@@ -2,6 +2,7 @@
 // one line naming the file (and line), the key and what was expected.
 #include <doctest/doctest.h>
 
+#include <filesystem>
 #include <string>
 #include <vector>
 
@@ -45,7 +46,7 @@ TEST_CASE("shipped configs load and validate") {
   CHECK(b.spes.n_nodes == 4);
   CHECK(b.spes.sync_steps == 100);
   Config central = load_config(std::string(SPES_SOURCE_DIR) + "/configs/spes-1b-central.toml");
-  CHECK(central.spes.ownership == "all");
+  CHECK(central.spes.ownership == OwnershipMode::all);
   CHECK(central.spes.n_nodes == 1);
 }
 
@@ -54,7 +55,7 @@ TEST_CASE("defaults, overrides and round trip through config_to_toml") {
   CHECK(c.model.d_model == 64);
   CHECK(c.model.n_kv_heads == 2);
   CHECK(c.optim.lr == doctest::Approx(0.003));
-  CHECK(c.train.device == "cpu");
+  CHECK(c.train.device == Device::cpu);
   CHECK_FALSE(c.model.qk_norm);
   Config back = parse_config_text(config_to_toml(c), "back.toml");
   CHECK(config_to_toml(back) == config_to_toml(c));
@@ -71,12 +72,17 @@ TEST_CASE("bad config input gives one clear line") {
   const std::string base = kMinimal;
   const std::vector<Case> cases = {
       {"unknown key", base + "[optim]\nlearning_rate = 1e-3\n", {}, {"cfg.toml:8", "unknown key [optim] learning_rate", "lr"}},
-      {"unknown section", base + "[optimizer]\nlr = 1.0\n", {}, {"cfg.toml:7", "unknown section [optimizer]"}},
+      {"unknown section", base + "[optimizer]\nlr = 1.0\n", {},
+       {"cfg.toml:7", "unknown section [optimizer] (known: [model] [train] [optim] [data] [spes] [checkpoint])"}},
       {"wrong type", "[model]\nd_model = \"big\"\n[data]\ntrain = \"t\"\n", {}, {"cfg.toml:2", "[model] d_model", "expected an integer"}},
       {"float for int", "[model]\nn_layers = 2.5\n[data]\ntrain = \"t\"\n", {}, {"cfg.toml:2", "n_layers", "integer"}},
       {"out of range", base + "[optim]\nbeta2 = 1.5\n", {}, {"cfg.toml:8", "[optim] beta2 = 1.5", "[0, 1)"}},
       {"negative", base + "[train]\nsteps = -3\n", {}, {"cfg.toml:8", "[train] steps = -3"}},
       {"bad enum", base + "[train]\ndevice = \"tpu\"\n", {}, {"[train] device", "\"auto\" \"cuda\" \"cpu\""}},
+      {"enum not a string", base + "[spes]\ncodec = 8\n", {},
+       {"cfg.toml:8: [spes] codec = 8: expected one of \"fp32\" \"bf16\" \"int8\" \"sparse\""}},
+      {"bad ownership", base, {"spes.ownership=some"},
+       {"--set spes.ownership=some: [spes] ownership = \"some\": expected one of \"partitioned\" \"all\""}},
       {"bool type", base, {"model.qk_norm=1"}, {"--set model.qk_norm=1", "true or false"}},
       {"heads do not divide", "[model]\nd_model = 100\nn_heads = 3\n[data]\ntrain = \"t\"\n", {}, {"d_model = 100", "n_heads = 3"}},
       {"kv heads", "[model]\nn_heads = 4\nn_kv_heads = 3\n[data]\ntrain = \"t\"\n", {}, {"n_kv_heads = 3"}},
@@ -100,12 +106,39 @@ TEST_CASE("bad config input gives one clear line") {
   }
 }
 
-TEST_CASE("a retired key in an older checkpoint's config.toml is ignored, an unknown one is not") {
-  // Checkpoints written before write-ahead persistence hold [spes] persist_every.
-  const Config c = parse_config_text(std::string(kMinimal) + "[spes]\npersist_every = 1\n", "old/config.toml");
-  CHECK(c.spes.sync_steps == parse_config_text(kMinimal, "new.toml").spes.sync_steps);
-  CHECK_THROWS_WITH_AS(parse_config_text(std::string(kMinimal) + "[spes]\npersist_evry = 1\n", "typo.toml"),
-                       doctest::Contains("unknown key [spes] persist_evry"), ConfigError);
+TEST_CASE("a key no longer in the key list is unknown") {
+  CHECK_THROWS_WITH_AS(parse_config_text(std::string(kMinimal) + "[spes]\npersist_every = 1\n", "old/config.toml"),
+                       doctest::Contains("old/config.toml:8: unknown key [spes] persist_every (known keys: node_id, "),
+                       ConfigError);
+}
+
+TEST_CASE("string settings are parsed into their enums and written back by name") {
+  const Config c = parse_config_text(kMinimal, "cfg.toml",
+                                     {"train.device=cuda", "data.token_dtype=uint32", "spes.ownership=all",
+                                      "spes.codec=int8", "spes.outer_optimizer=nesterov"});
+  CHECK(c.train.device == Device::cuda);
+  CHECK(c.data.token_dtype == TokenDtype::kUint32);
+  CHECK(c.spes.ownership == OwnershipMode::all);
+  CHECK(c.spes.codec == net::Codec::int8);
+  CHECK(c.spes.outer_optimizer == net::OuterKind::nesterov);
+  const std::string toml = config_to_toml(c);
+  for (const char* line : {"device = \"cuda\"\n", "token_dtype = \"uint32\"\n", "ownership = \"all\"\n",
+                           "codec = \"int8\"\n", "outer_optimizer = \"nesterov\"\n"})
+    CHECK_MESSAGE(toml.find(line) != std::string::npos, "missing: " << line);
+  const Config back = parse_config_text(toml, "back.toml");
+  CHECK(back.spes.codec == net::Codec::int8);
+  CHECK(config_to_toml(back) == toml);
+}
+
+TEST_CASE("path keys are relative to the config's folder; the tokenizer \"bytes\" is a name") {
+  const Config c = parse_config_text(std::string(kMinimal) + "tokenizer = \"bytes\"\n[checkpoint]\ndir = \"ck\"\n",
+                                     "cfg.toml", {"spes.state_dir=coord"});
+  const std::filesystem::path here = std::filesystem::current_path();
+  CHECK(c.data.train == (here / "train.manifest").string());
+  CHECK(c.data.tokenizer == "bytes");
+  CHECK(c.checkpoint.dir == (here / "ck").string());
+  CHECK(c.spes.state_dir == (here / "coord").string());
+  CHECK(c.spes.secret_file.empty());  // "" stays "" (not set)
 }
 
 TEST_CASE("missing config file is named") {

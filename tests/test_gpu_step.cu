@@ -447,7 +447,7 @@ GPU_TEST_CASE("gpu step: 300 steps end within 2% of the CPU run's training loss"
   auto dir = test::temp_dir("gpu-300");
   Config g = gpu_config(dir / "gpu");
   Config c = gpu_config(dir / "cpu");  // the same tokens in its own folder
-  c.train.device = "cpu";
+  c.train.device = Device::cpu;
   std::ostringstream gpu_csv, cpu_csv;
   Trainer(g).run(gpu_csv, false);
   Trainer(c).run(cpu_csv, false);
@@ -498,7 +498,7 @@ GPU_TEST_CASE("gpu resume: N steps equal N/2 + resume + N/2, bitwise; a GPU chec
   const EvalResult gpu_eval = full.evaluate(0);
   REQUIRE(gpu_eval.tokens > 0);
   Config cpu_cfg = full_cfg;
-  cpu_cfg.train.device = "cpu";
+  cpu_cfg.train.device = Device::cpu;
   Trainer cpu(cpu_cfg);
   const std::string ckpt = latest_checkpoint((std::filesystem::path(full_cfg.checkpoint.dir) / "node-1").string());
   REQUIRE_FALSE(ckpt.empty());

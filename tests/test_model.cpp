@@ -68,7 +68,7 @@ TEST_CASE("whole-model gradients match finite differences for every parameter ki
   Fixture f;
   const LossConfig loss = strong_aux();
   // Owns experts 0 and 1 of 4; the decayed aux factor 0.8 scales their LB counts.
-  Ownership own = make_ownership(f.cfg, f.layout, 0, 2, "partitioned", 0);
+  Ownership own = make_ownership(f.cfg, f.layout, 0, 2, OwnershipMode::partitioned, 0);
   const float aux = 0.8f;
   CpuModel model(f.cfg, f.layout, own, f.B, f.T);
   std::vector<float> grads(own.space.size(), 0.0f);
@@ -113,8 +113,8 @@ TEST_CASE("whole-model gradients match finite differences for every parameter ki
 TEST_CASE("frozen experts: no weight gradients, activation gradients still flow") {
   Fixture f;
   const LossConfig loss = strong_aux();
-  Ownership all = make_ownership(f.cfg, f.layout, 0, 1, "all", 0);
-  Ownership half = make_ownership(f.cfg, f.layout, 1, 2, "partitioned", 0);  // owns experts 2, 3
+  Ownership all = make_ownership(f.cfg, f.layout, 0, 1, OwnershipMode::all, 0);
+  Ownership half = make_ownership(f.cfg, f.layout, 1, 2, OwnershipMode::partitioned, 0);  // owns experts 2, 3
   REQUIRE(half.space.size() == f.layout.shared_count + 2 * f.layout.expert_block);
   REQUIRE(half.space.ranges().size() == 2);
   CpuModel m_all(f.cfg, f.layout, all, f.B, f.T), m_half(f.cfg, f.layout, half, f.B, f.T);
@@ -136,7 +136,7 @@ TEST_CASE("load-balancing loss is 1 for uniform routing") {
   Fixture f;
   for (const auto& L : f.layout.layers)
     for (int64_t i = 0; i < f.cfg.n_experts * f.cfg.d_model; ++i) f.params[L.router + i] = 0.0f;
-  Ownership all = make_ownership(f.cfg, f.layout, 0, 1, "all", 0);
+  Ownership all = make_ownership(f.cfg, f.layout, 0, 1, OwnershipMode::all, 0);
   CpuModel model(f.cfg, f.layout, all, f.B, f.T);
   LossParts p = model.forward(f.params.data(), f.inputs.data(), f.targets.data(), LossConfig{});
   CHECK(p.lb == doctest::Approx(1.0).epsilon(1e-6));
@@ -151,7 +151,7 @@ TEST_CASE("initial loss is close to ln(vocab)") {
   ParamLayout layout = make_layout(m);
   std::vector<float> params(layout.total);
   init_parameters(params.data(), m, layout, 1);
-  Ownership all = make_ownership(m, layout, 0, 1, "all", 0);
+  Ownership all = make_ownership(m, layout, 0, 1, OwnershipMode::all, 0);
   CpuModel model(m, layout, all, 2, m.seq_len);
   std::vector<int32_t> x(2 * m.seq_len), y(2 * m.seq_len);
   for (size_t i = 0; i < x.size(); ++i) {
@@ -204,7 +204,7 @@ TEST_CASE("layout: shared first, expert-major blocks, HF names, ownership ranges
   for (const auto& t : L.tensors) sum += t.numel();
   CHECK(sum == L.total);
   // 4 experts, 2 nodes x 3 experts: replicated experts (p·k + i) mod E.
-  Ownership o = make_ownership(m, L, 1, 2, "partitioned", 3);
+  Ownership o = make_ownership(m, L, 1, 2, OwnershipMode::partitioned, 3);
   // Node 0 owns {0, 1, 2}, node 1 owns {3, 0, 1}.
   CHECK(o.owners[0] == std::vector<int>{0, 1});
   CHECK(o.owners[1] == std::vector<int>{0, 1});
@@ -213,8 +213,8 @@ TEST_CASE("layout: shared first, expert-major blocks, HF names, ownership ranges
   CHECK(o.owned == std::vector<bool>{true, true, false, true});
   CHECK(o.space.packed_index(L.expert_begin(2)) == -1);
   CHECK(o.space.packed_index(L.expert_begin(3)) == L.shared_count + 2 * L.expert_block);
-  Ownership o0 = make_ownership(m, L, 0, 2, "partitioned", 3);
+  Ownership o0 = make_ownership(m, L, 0, 2, OwnershipMode::partitioned, 3);
   CHECK(model_fingerprint(m, L, o) == model_fingerprint(m, L, o0));  // one run, one fingerprint
-  Ownership solo = make_ownership(m, L, 0, 1, "all", 0);
+  Ownership solo = make_ownership(m, L, 0, 1, OwnershipMode::all, 0);
   CHECK(model_fingerprint(m, L, solo) != model_fingerprint(m, L, o0));
 }

@@ -54,7 +54,7 @@ void poisoned_sync(std::vector<std::unique_ptr<TestNode>>& nodes, int hostile, i
 // error-feedback residual, so the client itself encodes it); node 2 is honest.
 // Rounds go on until the hostile pushes are refused, at the latest after 6; returns
 // that round.
-int poisoned_rounds(const std::string& codec, float huge) {
+int poisoned_rounds(Codec codec, float huge) {
   Config cfg = tiny_config(3, codec);
   cfg.spes.round_timeout_s = 2;  // the refused round closes without the refused nodes
   CoordinatorOptions opt;
@@ -107,22 +107,22 @@ int poisoned_rounds(const std::string& codec, float huge) {
 }  // namespace
 
 TEST_CASE("finite: bf16 deltas that would overflow θ over rounds are refused, naming the node") {
-  CHECK(poisoned_rounds("bf16", 1.5e38f) >= 2);  // two such pushes fit one round; θ overflows later
+  CHECK(poisoned_rounds(Codec::bf16, 1.5e38f) >= 2);  // two such pushes fit one round; θ overflows later
 }
 
 TEST_CASE("finite: int8 deltas that would overflow θ over rounds are refused, naming the node") {
-  CHECK(poisoned_rounds("int8", 1.2e38f) >= 2);  // int8 carries at most 127 · 1e36 per round
+  CHECK(poisoned_rounds(Codec::int8, 1.2e38f) >= 2);  // int8 carries at most 127 · 1e36 per round
 }
 
 TEST_CASE("finite: two finite pushes whose sum passes the float range are merged; θ overflows later and is refused") {
-  CHECK(poisoned_rounds("bf16", 2.0e38f) >= 2);  // the accumulator is pre-scaled: the sum cannot overflow
+  CHECK(poisoned_rounds(Codec::bf16, 2.0e38f) >= 2);  // the accumulator is pre-scaled: the sum cannot overflow
 }
 
 TEST_CASE("finite: a refused push is refused as a whole: nothing it pushed before the bad chunk is merged") {
   // Node 0 walks one parameter of its own expert (its last chunk) towards +inf;
   // nodes 1 and 2 are honest. In the round its push is refused, the chunks it
   // pushed before (the shared block, its expert's first chunks) must not move.
-  Config cfg = tiny_config(3, "bf16");
+  Config cfg = tiny_config(3, Codec::bf16);
   cfg.spes.round_timeout_s = 2;
   CoordinatorOptions opt;
   opt.log = std::getenv("SPES_NET_TEST_LOG") != nullptr;

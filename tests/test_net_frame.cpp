@@ -148,7 +148,7 @@ TEST_CASE("grid: chunks cover the buffer, never straddle segments, and are found
   CHECK(at == L.total);
   CHECK(g.find(0, 5) == -1);
   CHECK(g.find(-5, 0) == -1);
-  const Ownership own = make_ownership(cfg.model, L, 1, 2, "partitioned", 0);
+  const Ownership own = make_ownership(cfg.model, L, 1, 2, OwnershipMode::partitioned, 0);
   int64_t covered = 0;
   for (const Range& r : own.space.ranges())
     for (int c : g.chunks_in(r)) covered += g.chunks[c].size();

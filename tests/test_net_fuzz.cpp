@@ -34,7 +34,7 @@ std::vector<uint8_t> bad_hello(const Config& cfg, std::mt19937_64& g) {
 }  // namespace
 
 TEST_CASE("fuzz: 10,000 hostile frames are refused; the coordinator keeps serving with bounded memory") {
-  const Config cfg = tiny_config(2, "int8");
+  const Config cfg = tiny_config(2, Codec::int8);
   CoordinatorOptions opt;
   opt.log = false;
   CoordThread co(cfg, opt);

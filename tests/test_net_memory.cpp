@@ -29,7 +29,7 @@ using namespace spes::net::testing;
 namespace {
 
 Config memory_config(const std::string& codec, uint16_t port) {
-  Config c = tiny_config(1, codec, "all");
+  Config c = tiny_config(1, parse_codec(codec), OwnershipMode::all);
   c.model.vocab_size = 8192;
   c.model.d_model = 512;
   c.model.n_layers = 4;

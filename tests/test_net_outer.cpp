@@ -66,8 +66,8 @@ TEST_CASE("outer: average with lr 1 is today's merge bit for bit; lr 0.5 is half
     // Two nodes: the coordinator's fp32 sum of two values equals the double sum
     // rounded once, so the reference below holds bit for bit (with more contributors
     // the sum rounds in arrival order: net/streaming_merge.hpp).
-    Config cfg = tiny_config(2, "fp32");
-    cfg.spes.outer_optimizer = "average";
+    Config cfg = tiny_config(2, Codec::fp32);
+    cfg.spes.outer_optimizer = OuterKind::average;
     cfg.spes.outer_lr = lr;
     CoordThread co(cfg);
     std::vector<std::unique_ptr<TestNode>> nodes;
@@ -86,8 +86,8 @@ TEST_CASE("outer: average with lr 1 is today's merge bit for bit; lr 0.5 is half
 }
 
 TEST_CASE("outer: nesterov over 3 rounds, an expert missing and coordinator restarts, equals the direct computation") {
-  Config cfg = tiny_config(2, "fp32");
-  cfg.spes.outer_optimizer = "nesterov";
+  Config cfg = tiny_config(2, Codec::fp32);
+  cfg.spes.outer_optimizer = OuterKind::nesterov;
   cfg.spes.outer_lr = 0.7;
   cfg.spes.outer_momentum = 0.9;
   cfg.spes.min_nodes = 1;
@@ -215,10 +215,11 @@ TEST_CASE("outer: state file keeps the momentum; another format is refused in on
 TEST_CASE("outer: config keys, DiLoCo defaults and one-line errors") {
   const std::string base = "[data]\ntrain = \"t\"\n[spes]\n";
   Config c = parse_config_text(base, "cfg.toml");
-  CHECK(c.spes.outer_optimizer == "average");
+  CHECK(c.spes.outer_optimizer == OuterKind::average);
   CHECK(c.spes.outer_lr == 1.0);
   CHECK(c.spes.outer_momentum == 0.0);
   c = parse_config_text(base + "outer_optimizer = \"nesterov\"\n", "cfg.toml");
+  CHECK(c.spes.outer_optimizer == OuterKind::nesterov);
   CHECK(c.spes.outer_lr == 0.7);
   CHECK(c.spes.outer_momentum == 0.9);
   c = parse_config_text(base, "cfg.toml", {"spes.outer_optimizer=nesterov", "spes.outer_lr=0.5"});

@@ -39,7 +39,7 @@ void expect_error(const Reply& r, wire::ErrorCode code, const char* words) {
 }  // namespace
 
 TEST_CASE("refusals: each mismatch gets an Error with a plain reason; the coordinator keeps serving") {
-  const Config cfg = tiny_config(2, "int8");
+  const Config cfg = tiny_config(2, Codec::int8);
   CoordinatorOptions opt;
   opt.log = false;
   CoordThread co(cfg, opt);
@@ -115,7 +115,7 @@ TEST_CASE("refusals: each mismatch gets an Error with a plain reason; the coordi
 
 TEST_CASE("refusals: a node refuses a coordinator that cannot prove the secret") {
   // A fake coordinator: correct framing, but its Welcome proof is not HMAC(secret, ...).
-  const Config cfg = tiny_config(1, "fp32", "all");
+  const Config cfg = tiny_config(1, Codec::fp32, OwnershipMode::all);
   int lfd = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
   sockaddr_in a{};
   a.sin_family = AF_INET;

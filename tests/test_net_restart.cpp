@@ -24,7 +24,7 @@ using namespace spes::net::testing;
 namespace {
 
 Config restart_config(const std::string& state_dir, uint16_t port) {
-  Config cfg = tiny_config(2, "int8");
+  Config cfg = tiny_config(2, Codec::int8);
   cfg.spes.state_dir = state_dir;
   cfg.spes.coordinator = "127.0.0.1:" + std::to_string(port);
   return cfg;

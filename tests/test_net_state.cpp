@@ -36,7 +36,7 @@ CoordinatorOptions quiet(bool fresh) {
 }  // namespace
 
 TEST_CASE("state: without --fresh a missing or unreadable state refuses to start; a node ahead refuses a reset") {
-  Config cfg = tiny_config(2, "bf16");
+  Config cfg = tiny_config(2, Codec::bf16);
   cfg.spes.state_dir = temp_dir("state-missing");
   const std::string state = cfg.spes.state_dir + "/coordinator_state.bin";
   auto start = [&](bool fresh) { return std::make_unique<CoordThread>(test_coordinator_params(cfg), quiet(fresh)); };
@@ -90,7 +90,7 @@ TEST_CASE("state: without --fresh a missing or unreadable state refuses to start
 }
 
 TEST_CASE("state: the coordinator owns the step; a node reporting a wrong or backwards step moves nothing") {
-  Config cfg = tiny_config(2, "fp32");
+  Config cfg = tiny_config(2, Codec::fp32);
   cfg.spes.merge_alpha = 0.5;
   cfg.spes.merge_interval = 5;  // = sync_steps: every round is a merge round
   cfg.spes.merge_decay_steps = 100;

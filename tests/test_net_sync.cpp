@@ -50,7 +50,7 @@ void check_all_equal(const std::vector<std::unique_ptr<TestNode>>& nodes, const 
 }  // namespace
 
 TEST_CASE("sync: 4 nodes x 3 rounds, fp32: hashes agree and θ follows the merge rules (experts bitwise, shared within 4 ulps)") {
-  const Config cfg = tiny_config(4, "fp32");
+  const Config cfg = tiny_config(4, Codec::fp32);
   CoordThread co(cfg);
   std::vector<std::unique_ptr<TestNode>> nodes;
   for (int p = 0; p < 4; ++p) nodes.push_back(std::make_unique<TestNode>(cfg, p, co.address()));
@@ -89,8 +89,8 @@ TEST_CASE("sync: 4 nodes x 3 rounds, fp32: hashes agree and θ follows the merge
 }
 
 TEST_CASE("sync: lossy codecs keep every node and the coordinator bit-identical") {
-  for (const char* codec : {"bf16", "int8"}) {
-    CAPTURE(codec);
+  for (const Codec codec : {Codec::bf16, Codec::int8}) {
+    CAPTURE(codec_name(codec));
     const Config cfg = tiny_config(2, codec);
     CoordThread co(cfg);
     std::vector<std::unique_ptr<TestNode>> nodes;
@@ -106,16 +106,16 @@ TEST_CASE("sync: lossy codecs keep every node and the coordinator bit-identical"
       double worst = 0;
       for (size_t i = 0; i < expect.size(); ++i)
         worst = std::max(worst, double(std::fabs(nodes[0]->params[i] - expect[i])));
-      CHECK(worst < (std::string(codec) == "int8" ? 2e-4 : 2e-4));
+      CHECK(worst < (codec == Codec::int8 ? 2e-4 : 2e-4));
       theta = nodes[0]->params;
       fp32_bytes = int64_t(nodes[0]->own.space.size()) * 4;
-      CHECK(st[0].bytes_up < fp32_bytes * (std::string(codec) == "int8" ? 0.3 : 0.55));
+      CHECK(st[0].bytes_up < fp32_bytes * (codec == Codec::int8 ? 0.3 : 0.55));
     }
   }
 }
 
 TEST_CASE("sync: sparse codec: hashes agree every round, bytes up and down ≤ 1/16 of fp32") {
-  const Config cfg = tiny_config(2, "sparse");
+  const Config cfg = tiny_config(2, Codec::sparse);
   CoordThread co(cfg);
   std::vector<std::unique_ptr<TestNode>> nodes;
   for (int p = 0; p < 2; ++p) nodes.push_back(std::make_unique<TestNode>(cfg, p, co.address()));
@@ -135,7 +135,7 @@ TEST_CASE("sync: sparse codec: hashes agree every round, bytes up and down ≤ 1
 }
 
 TEST_CASE("sync: one node owning every expert equals local training (fp32, bitwise)") {
-  Config cfg = tiny_config(1, "fp32", "all");
+  Config cfg = tiny_config(1, Codec::fp32, OwnershipMode::all);
   CoordThread co(cfg);
   TestNode node(cfg, 0, co.address());
   TestNode local(cfg, 0, co.address());  // never syncs
@@ -149,7 +149,7 @@ TEST_CASE("sync: one node owning every expert equals local training (fp32, bitwi
 }
 
 TEST_CASE("overlap: one node owning every expert follows θ_global + (θ − θ_pushed) bitwise") {
-  Config cfg = tiny_config(1, "fp32", "all");
+  Config cfg = tiny_config(1, Codec::fp32, OwnershipMode::all);
   CoordThread co(cfg);
   TestNode node(cfg, 0, co.address());
   for (int r = 1; r <= 3; ++r) {
@@ -173,7 +173,7 @@ TEST_CASE("overlap: one node owning every expert follows θ_global + (θ − θ_
 }
 
 TEST_CASE("overlap: frozen parameters take θ_global, owned ones keep the progress since the push") {
-  const Config cfg = tiny_config(2, "fp32");
+  const Config cfg = tiny_config(2, Codec::fp32);
   CoordThread co(cfg);
   std::vector<std::unique_ptr<TestNode>> nodes;
   for (int p = 0; p < 2; ++p) nodes.push_back(std::make_unique<TestNode>(cfg, p, co.address()));
@@ -207,7 +207,7 @@ TEST_CASE("overlap: frozen parameters take θ_global, owned ones keep the progre
 }
 
 TEST_CASE("sync: expert-merging warm-up at merge steps matches the standalone merge") {
-  Config cfg = tiny_config(2, "fp32");
+  Config cfg = tiny_config(2, Codec::fp32);
   cfg.spes.merge_alpha = 0.5;
   cfg.spes.merge_interval = 10;  // rounds at steps 5, 10, 15: merging at 10
   cfg.spes.merge_decay_steps = 40;
@@ -232,7 +232,7 @@ TEST_CASE("sync: expert-merging warm-up at merge steps matches the standalone me
 }
 
 TEST_CASE("faults: a node killed mid-round -> the round closes on timeout with quorum; restarted, it rejoins") {
-  Config cfg = tiny_config(3, "int8");
+  Config cfg = tiny_config(3, Codec::int8);
   cfg.model.n_experts = 3;
   cfg.spes.experts_per_node = 1;
   cfg.spes.min_nodes = 2;
@@ -307,7 +307,7 @@ TEST_CASE("faults: a node killed mid-round -> the round closes on timeout with q
 }
 
 TEST_CASE("faults: a late push gets 'stale round' and the node resyncs from a snapshot") {
-  Config cfg = tiny_config(2, "bf16");
+  Config cfg = tiny_config(2, Codec::bf16);
   cfg.spes.min_nodes = 1;
   cfg.spes.round_timeout_s = 0.2;
   CoordThread co(cfg);
@@ -331,7 +331,7 @@ TEST_CASE("faults: a late push gets 'stale round' and the node resyncs from a sn
 }
 
 TEST_CASE("changed-only download: a missing node's experts do not travel, and it catches up on what changed") {
-  Config cfg = tiny_config(4, "fp32");
+  Config cfg = tiny_config(4, Codec::fp32);
   cfg.spes.min_nodes = 3;
   cfg.spes.round_timeout_s = 0.3;
   CoordThread co(cfg);
@@ -384,7 +384,7 @@ TEST_CASE("changed-only download: a missing node's experts do not travel, and it
 }
 
 TEST_CASE("faults: coordinator restart (in-process) -> nodes continue, no round lost") {
-  Config cfg = tiny_config(2, "int8");
+  Config cfg = tiny_config(2, Codec::int8);
   cfg.spes.state_dir = temp_dir("restart");
   CoordinatorOptions first;
   first.fresh = true;  // the first start of a run
@@ -499,7 +499,7 @@ TEST_CASE("persistence: a 40 MiB state (several write calls) loads back bit for 
 }
 
 TEST_CASE("coordinator: --dump-state writes the global θ as an HF export at the chosen rounds") {
-  const Config cfg = tiny_config(2, "bf16");
+  const Config cfg = tiny_config(2, Codec::bf16);
   const std::string dump_dir = temp_dir("dump");
   CoordinatorParams params = test_coordinator_params(cfg);
   params.on_round = coordinator_hf_dump(cfg, dump_dir, 2);

@@ -150,9 +150,9 @@ TEST_CASE("tls: a corrupt certificate file is a clear error naming it, before an
 }
 
 TEST_CASE("tls: a TLS node against a plaintext coordinator is refused with a reason") {
-  CoordThread co(tiny_config(1, "fp32", "all"), quiet());
+  CoordThread co(tiny_config(1, Codec::fp32, OwnershipMode::all), quiet());
   Config cfg = tls_config(1);
-  cfg.spes.ownership = "all";
+  cfg.spes.ownership = OwnershipMode::all;
   cfg.spes.experts_per_node = 0;
   auto n = node_with_cert(cfg, 0, co.address(), run_certs(), "node-0");
   CHECK_THROWS_WITH_AS(n->sync(), doctest::Contains("TLS handshake with the coordinator failed"), NetError);

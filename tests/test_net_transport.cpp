@@ -158,7 +158,7 @@ TEST_CASE("refusal log: rate-limited per window, with the count of lines left ou
 }
 
 TEST_CASE("budget: a connection refused for the budget receives a busy Error before close") {
-  const Config cfg = tiny_config(1, "fp32", "all");
+  const Config cfg = tiny_config(1, Codec::fp32, OwnershipMode::all);
   CoordinatorOptions opt = quiet();
   opt.max_pending = 2;
   CoordThread co(cfg, opt);
@@ -239,7 +239,7 @@ TEST_CASE("deadlines: a silent dead peer's node id is free again within 5 s; hea
 }
 
 TEST_CASE("deadlines: a peer that never reads its snapshot is dropped within its deadline, buffers freed") {
-  Config cfg = tiny_config(1, "fp32", "all");
+  Config cfg = tiny_config(1, Codec::fp32, OwnershipMode::all);
   cfg.model.vocab_size = 4096;
   cfg.model.d_model = 256;
   cfg.model.expert_hidden = 512;  // ~22 MB of θ: far more than the socket buffers hold

@@ -20,7 +20,7 @@ TEST_CASE("plan: the CPU model allocates exactly its planned bytes") {
        {std::vector<std::string>{}, {"model.n_kv_heads=1", "model.top_k=1"}, {"model.tie_embeddings=true"}}) {
     const Config c = test::small_config(dir, sets);
     const ParamLayout L = make_layout(c.model);
-    const Ownership own = make_ownership(c.model, L, 0, 2, "partitioned", 0);
+    const Ownership own = make_ownership(c.model, L, 0, 2, OwnershipMode::partitioned, 0);
     for (int64_t batch : {1, 3}) {
       CpuModel m(c.model, L, own, batch, c.model.seq_len);
       const int64_t planned = CpuModel::planned_bytes(c.model, L, own, batch, c.model.seq_len);

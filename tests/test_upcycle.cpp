@@ -72,7 +72,7 @@ std::string upcycle_error(const ModelConfig& dense, const ModelConfig& moe) {
 // CpuModel logits [B·T, V] of θ on fixed tokens.
 std::vector<float> logits(const ModelConfig& m, const std::vector<float>& theta, LossParts* parts = nullptr) {
   const ParamLayout L = make_layout(m);
-  const Ownership own = make_ownership(m, L, 0, 1, "all", 0);
+  const Ownership own = make_ownership(m, L, 0, 1, OwnershipMode::all, 0);
   const int64_t B = 2, T = m.seq_len;
   std::vector<int32_t> in(B * T), tgt(B * T);
   for (int64_t i = 0; i < B * T; ++i) in[i] = int32_t((i * 7 + i / 3) % m.vocab_size), tgt[i] = int32_t((i * 5 + 1) % m.vocab_size);

@@ -1,6 +1,9 @@
 // CSV rows for stdout (README, Architecture: stdout is data). A row is built field by
-// field, each with its own printf format, and joined with commas; fields are numbers,
-// hex hashes and plain words, never text that would need quoting.
+// field, each printed with its own printf format (csv_field), and joined with commas;
+// fields are numbers, hex hashes and plain words, never text that would need quoting.
+//
+// A CSV that the engine prints is one table of CsvColumn: the header, every row and
+// the column reference in the READMEs all come from it, so they cannot drift apart.
 #pragma once
 #include <cstdarg>
 #include <cstdio>
@@ -8,6 +11,14 @@
 #include <string_view>
 
 namespace spes {
+
+// One column of a CSV whose rows are made from a Record.
+template <class Record>
+struct CsvColumn {
+  const char* name;
+  std::string (*format)(const Record&);  // the field; "" when the row has no value
+  const char* doc;                       // one line of markdown
+};
 
 class CsvRow {
  public:
@@ -17,19 +28,44 @@ class CsvRow {
     ++fields_;
     return *this;
   }
-  CsvRow& addf(const char* fmt, ...) __attribute__((format(printf, 2, 3))) {
-    char buf[128];
-    va_list ap;
-    va_start(ap, fmt);
-    std::vsnprintf(buf, sizeof buf, fmt, ap);
-    va_end(ap);
-    return add(buf);
-  }
   const std::string& str() const { return s_; }
 
  private:
   std::string s_;
   int fields_ = 0;
 };
+
+// Text for a field: printf into a string.
+inline std::string csv_field(const char* fmt, ...) __attribute__((format(printf, 1, 2)));
+inline std::string csv_field(const char* fmt, ...) {
+  char buf[128];
+  va_list ap;
+  va_start(ap, fmt);
+  std::vsnprintf(buf, sizeof buf, fmt, ap);
+  va_end(ap);
+  return buf;
+}
+
+template <class Columns>
+std::string csv_header(const Columns& columns) {
+  CsvRow row;
+  for (const auto& c : columns) row.add(c.name);
+  return row.str();
+}
+
+template <class Columns, class Record>
+std::string csv_row(const Columns& columns, const Record& r) {
+  CsvRow row;
+  for (const auto& c : columns) row.add(c.format(r));
+  return row.str();
+}
+
+// The markdown reference: | column | meaning |, one row per column.
+template <class Columns>
+std::string csv_reference_markdown(const Columns& columns) {
+  std::string out = "| column | meaning |\n| --- | --- |\n";
+  for (const auto& c : columns) out += std::string("| `") + c.name + "` | " + c.doc + " |\n";
+  return out;
+}
 
 }  // namespace spes

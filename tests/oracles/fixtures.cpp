@@ -68,7 +68,7 @@ void write_case(const std::string& out, bool tied, const std::vector<int32_t>& t
     export_hf(m, layout, params.data(), out + "/bf16", bf);
   }
 
-  const Ownership own = make_ownership(m, layout, 0, 1, "all", 0);
+  const Ownership own = make_ownership(m, layout, 0, 1, OwnershipMode::all, 0);
   const int64_t T = m.seq_len;
   CpuModel model(m, layout, own, 1, T);
   std::vector<int32_t> inputs(tokens.begin(), tokens.begin() + T), targets(tokens.begin() + 1, tokens.end());
