@@ -314,8 +314,11 @@ int main() {
     std::fprintf(stderr, "%d routings of %ld rows over %ld experts; worst max/mean expert load %.2f\n", kRoutings,
                  long(kS), long(kE), worst);
 
-    std::fprintf(stderr, "paths: portable%s\n",
-                 spes::cuda::grouped_gemm_sm90a_available() ? ", sm90a (ours)" : " (ours; no sm90a on this device)");
+    if (spes::cuda::grouped_gemm_sm90a_available())
+      std::fprintf(stderr, "paths: portable, sm90a (ours)\n");
+    else
+      std::fprintf(stderr, "paths: portable (ours); no sm90a: %s\n",
+                   spes::cuda::grouped_gemm_sm90a_unavailable_reason().c_str());
     std::printf("weights,product,S,E,C,OC,tflop,portable_ms,portable_tflops,sm90a_ms,sm90a_tflops,"
                 "cublas_grouped_ms,cublas_grouped_tflops,cublas_per_expert_ms,cublas_per_expert_tflops,dense_ms,"
                 "dense_tflops,ours_over_grouped,ours_over_per_expert,ours_over_dense,sm90a_over_portable\n");

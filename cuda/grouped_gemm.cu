@@ -366,8 +366,7 @@ GroupedGemmPath choose_path(const char* op, GroupedGemmPath requested) {
     case GroupedGemmPath::portable:
       return requested;
     case GroupedGemmPath::sm90a:
-      require(grouped_sm90::available(), op,
-              "the sm90a path needs a compute capability 9.0 GPU and a build with sm_90a code for it");
+      require(grouped_sm90::available(), op, "the sm90a path cannot run here: " + grouped_sm90::unavailable_reason());
       return requested;
     default:
       return grouped_sm90::available() ? GroupedGemmPath::sm90a : GroupedGemmPath::portable;
@@ -433,6 +432,7 @@ void rows_impl(const char* op, bf16* out, const bf16* a, const bf16* const* weig
 }  // namespace
 
 bool grouped_gemm_sm90a_available() { return grouped_sm90::available(); }
+std::string grouped_gemm_sm90a_unavailable_reason() { return grouped_sm90::unavailable_reason(); }
 
 void grouped_matmul_forward(bf16* out, const bf16* inp, const bf16* const* weights, const int32_t* offsets,
                             int64_t S, int64_t E, int64_t C, int64_t OC, cudaStream_t stream, GroupedGemmPath path) {

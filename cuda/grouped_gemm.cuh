@@ -30,6 +30,7 @@
 #include <cuda_runtime.h>
 
 #include <cstdint>
+#include <string>
 
 #include "cuda/common.cuh"
 
@@ -37,8 +38,10 @@ namespace spes::cuda {
 
 enum class GroupedGemmPath { automatic, portable, sm90a };
 
-// Whether the sm90a family can run on the current device (asked once per device).
+// Whether the sm90a family can run on the current device (asked once per device),
+// and if not, why (a sentence for test and bench output; empty when it can).
 bool grouped_gemm_sm90a_available();
+std::string grouped_gemm_sm90a_unavailable_reason();
 
 // out[s, 0:OC] = inp[s, 0:C] · W_eᵀ for every expert e and row s of it (bf16 out).
 // gate|up: C = d, OC = 2H (gate and up stacked in W_e); down: C = H, OC = d.

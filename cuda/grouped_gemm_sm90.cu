@@ -85,6 +85,7 @@ constexpr uint32_t kTileABytes = kBM * kBK * sizeof(bf16);
 constexpr uint32_t kTileBBytes = kBN * kBK * sizeof(bf16);
 constexpr uint32_t kStageBytes = kTileABytes + kTileBBytes;
 static_assert(kStages >= 3, "the pipeline keeps kStages − 2 k-steps of copies in flight");
+static_assert(2 * kStageBytes >= kBM * kBN * sizeof(bf16), "the bf16 output tile is staged in two stages");
 static_assert(kTileABytes % kAtomBytes == 0 && kStageBytes % kAtomBytes == 0 && kBlockBytes % kAtomBytes == 0,
               "atoms stay 1024-byte aligned");
 
@@ -225,8 +226,13 @@ __device__ __forceinline__ void mainloop(float (&acc)[kAcc], const Operands<A_MA
 }
 
 // Walks this CTA's tiles (Problem: find, operands, prefetch, store; see the two below).
+// `smem` is the dynamic shared memory, `stages` the shared address of the first stage;
+// the store may use the last two stages as scratch (`staging`, a generic pointer):
+// the next tile's prologue fills only the first kStages − 2, and its main loop refills
+// the others only after its first barrier, which every thread reaches after its store.
 template <class Problem>
-__device__ __forceinline__ void run_tiles(const Problem& problem, uint32_t stages) {
+__device__ __forceinline__ void run_tiles(const Problem& problem, unsigned char* smem, uint32_t stages) {
+  unsigned char* staging = smem + (stages + (kStages - 2) * kStageBytes - smem_addr(smem));
   float acc[kAcc] = {};  // every tile's first wgmma overwrites it; zeroed once so it is never read undefined
   int t = static_cast<int>(blockIdx.x);
   auto job = problem.find(t);
@@ -244,7 +250,7 @@ __device__ __forceinline__ void run_tiles(const Problem& problem, uint32_t stage
       prologue(op, stages);  // in flight while this tile is stored
       problem.prefetch(next);
     }
-    problem.store(job, acc);
+    problem.store(job, acc, staging);
     if (!next.valid) break;
     job = next;
   }
@@ -338,23 +344,33 @@ struct RowsProblem {
 
   __device__ __forceinline__ void prefetch(const Job&) const {}  // the store reads nothing
 
-  // bf16 pairs; rows past the expert's end and columns past N skipped (N % 8 == 0: a
-  // pair is wholly inside or outside).
-  __device__ __forceinline__ void store(const Job& j, const float (&acc)[kAcc]) const {
+  // bf16 out through shared memory, so that each warp writes whole 512-byte row
+  // segments with 16-byte stores (written straight from the accumulator fragment, a
+  // warp's store would cover 8 rows × 16 bytes). The [128][256] bf16 tile is staged
+  // with its 16-byte chunks XOR-swizzled by row % 8: the fragment's 8 rows of one
+  // column chunk then fall in 8 different bank groups, and the read back of one row's
+  // 32 chunks is conflict-free too. Rows past the expert's end and columns past N are
+  // not written (N % 8 == 0: a chunk is wholly inside or outside).
+  __device__ __forceinline__ void store(const Job& j, const float (&acc)[kAcc], unsigned char* staging) const {
+    constexpr int kRowChunks = kBN / 8;
     const int r0 = fragment_row(), c0 = fragment_col();
-    bf16* tile = out + int64_t(j.row0) * N + j.n0;
+    __nv_bfloat162* tile = reinterpret_cast<__nv_bfloat162*>(staging);
 #pragma unroll
     for (int h = 0; h < 2; ++h) {
       const int r = r0 + 8 * h;
-      if (r >= j.rows) continue;
-      bf16* row = tile + int64_t(r) * N;
 #pragma unroll
-      for (int jn = 0; jn < kBN / 8; ++jn) {
-        const int c = jn * 8 + c0;
-        if (j.n0 + c < N)
-          *reinterpret_cast<__nv_bfloat162*>(row + c) =
-              __floats2bfloat162_rn(acc[4 * jn + 2 * h], acc[4 * jn + 2 * h + 1]);
-      }
+      for (int jn = 0; jn < kRowChunks; ++jn)
+        tile[(r * kRowChunks + (jn ^ (r & 7))) * 4 + c0 / 2] =
+            __floats2bfloat162_rn(acc[4 * jn + 2 * h], acc[4 * jn + 2 * h + 1]);
+    }
+    __syncthreads();
+    const int lane = static_cast<int>(threadIdx.x) % kWarp, warp = static_cast<int>(threadIdx.x) / kWarp;
+    const bool col_ok = j.n0 + lane * 8 < N;
+    const int4* chunks = reinterpret_cast<const int4*>(staging);
+#pragma unroll 4
+    for (int r = warp; r < kBM; r += kThreads / kWarp) {
+      const int4 v = chunks[r * kRowChunks + (lane ^ (r & 7))];
+      if (r < j.rows && col_ok) *reinterpret_cast<int4*>(out + int64_t(j.row0 + r) * N + j.n0 + lane * 8) = v;
     }
   }
 };
@@ -370,7 +386,7 @@ __global__ void __launch_bounds__(kThreads, 1)
   Sched& sched = *reinterpret_cast<Sched*>(smem);
   const int row_tiles = scan_row_tiles(sched, offsets, E, S);
   const RowsProblem<B_MAJ> problem{out, a, weights, &sched, E, N, K, n_col_tiles, row_tiles * n_col_tiles};
-  run_tiles(problem, stages_address(smem));
+  run_tiles(problem, smem, stages_address(smem));
 #endif
 }
 
@@ -430,7 +446,7 @@ struct WgradProblem {
   // dW += acc, fp32 pairs. The loads go out kBatch at a time before their adds and
   // stores: written element by element, the compiler kept each load behind the
   // previous store (it cannot prove them apart), one memory round trip per pair.
-  __device__ __forceinline__ void store(const Job& j, const float (&acc)[kAcc]) const {
+  __device__ __forceinline__ void store(const Job& j, const float (&acc)[kAcc], unsigned char*) const {
     constexpr int kBatch = 16;
     const int r0 = fragment_row(), c0 = fragment_col();
     float* tile = dweights[j.expert] + int64_t(j.m0) * C + j.n0;
@@ -470,7 +486,7 @@ __global__ void __launch_bounds__(kThreads, 1)
 #if SPES_SM90A_DEVICE_CODE
   unsigned char* smem = dynamic_smem<unsigned char>;
   const WgradProblem problem{dweights, dout, inp, offsets, trained, S, E, C, OC, m_tiles, n_tiles, n_jobs};
-  run_tiles(problem, stages_address(smem));
+  run_tiles(problem, smem, stages_address(smem));
 #endif
 }
 
@@ -478,8 +494,9 @@ __global__ void __launch_bounds__(kThreads, 1)
 
 // What this family needs to know about a device, asked once per device.
 struct DeviceInfo {
-  bool sm90a = false;  // the kernels can run here (see available())
-  int sms = 0;         // multiprocessors: the persistent grid's size
+  bool sm90a = false;   // the kernels can run here (see available())
+  int sms = 0;          // multiprocessors: the persistent grid's size
+  std::string why_not;  // when !sm90a: the first requirement that failed
 };
 
 #if defined(SPES_SM90A_KERNELS)
@@ -488,14 +505,17 @@ constexpr bool kBuiltForSm90a = true;
 constexpr bool kBuiltForSm90a = false;
 #endif
 
-// A kernel whose loaded code is compute capability 9.0 machine code from PTX 9.0 or
-// later: with this file's 9.0 code built as sm_90a (kBuiltForSm90a), that code is it
-// (an older architecture's PTX JIT-compiled for the GPU reports its own ptxVersion).
+// Empty when the kernel's loaded code is compute capability 9.0 machine code from PTX
+// 9.0 or later: with this file's 9.0 code built as sm_90a (kBuiltForSm90a), that code
+// is it (an older architecture's PTX JIT-compiled for the GPU reports its own
+// ptxVersion). Else what was loaded.
 template <typename Kernel>
-bool runs_sm90a_code(Kernel kernel) {
+std::string loaded_code_mismatch(Kernel kernel) {
   cudaFuncAttributes fa{};
   cuda_check(cudaFuncGetAttributes(&fa, kernel));
-  return fa.binaryVersion == 90 && fa.ptxVersion >= 90;
+  if (fa.binaryVersion == 90 && fa.ptxVersion >= 90) return "";
+  return "the driver loaded its kernels as binary version " + std::to_string(fa.binaryVersion) + " from PTX " +
+         std::to_string(fa.ptxVersion) + ", not sm_90a code";
 }
 
 template <typename Kernel>
@@ -510,9 +530,17 @@ DeviceInfo query_device(int dev) {
   cuda_check(cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, dev));
   cuda_check(cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev));
   cuda_check(cudaDeviceGetAttribute(&d.sms, cudaDevAttrMultiProcessorCount, dev));
-  d.sm90a = kBuiltForSm90a && major == 9 && minor == 0 && kSmemBytes <= static_cast<size_t>(optin) &&
-            runs_sm90a_code(rows_kernel<Major::k>) && runs_sm90a_code(rows_kernel<Major::mn>) &&
-            runs_sm90a_code(wgrad_kernel);
+  if (!kBuiltForSm90a)
+    d.why_not = "this build has no sm_90a code (9.0 is not among its CUDA architectures, or it is the host emulator)";
+  else if (major != 9 || minor != 0)
+    d.why_not = "the GPU is compute capability " + std::to_string(major) + "." + std::to_string(minor) +
+                ", sm_90a code runs on 9.0 alone";
+  else if (kSmemBytes > static_cast<size_t>(optin))
+    d.why_not = "the kernels need " + std::to_string(kSmemBytes) + " bytes of shared memory per block, the GPU allows " +
+                std::to_string(optin);
+  else  // one kernel answers for the three: they are one module
+    d.why_not = loaded_code_mismatch(rows_kernel<Major::k>);
+  d.sm90a = d.why_not.empty();
   if (d.sm90a) {  // above 48 KB of dynamic shared memory a kernel must opt in, per device
     allow_smem(rows_kernel<Major::k>);
     allow_smem(rows_kernel<Major::mn>);
@@ -554,6 +582,8 @@ void rows(bf16* out, const bf16* a, const bf16* const* weights, const int32_t* o
 }  // namespace
 
 bool available() { return device_info().sm90a; }
+
+std::string unavailable_reason() { return device_info().why_not; }
 
 // The launchers' tile bounds (grouped_gemm.cu) are for 128 × 128 tiles: every count
 // here (128 × 256) is smaller, so the same checks keep these within int.

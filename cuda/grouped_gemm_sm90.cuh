@@ -8,6 +8,7 @@
 #include <cuda_runtime.h>
 
 #include <cstdint>
+#include <string>
 
 #include "cuda/common.cuh"
 
@@ -18,6 +19,8 @@ namespace spes::cuda::grouped_sm90 {
 // grouped_gemm_sm90.cu when it compiles it so) and whose kernels the driver loaded as
 // that code. Asked of the runtime once per device, then cached.
 bool available();
+// Why not, when !available() (else empty).
+std::string unavailable_reason();
 
 // The three products, same arguments and contract as grouped_matmul_* (already
 // checked); S > 0 and, for the weight gradient, n_trained > 0.

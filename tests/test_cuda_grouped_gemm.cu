@@ -345,10 +345,12 @@ void compare_paths(const PathCase& k) {
   };
   if (last > first) {
     const auto o_s = rows(sm90a.out, first, last, OC), o_p = rows(portable.out, first, last, OC);
-    CHECK_REL("forward out sm90a vs portable " + tag, o_s.data(), o_p.data(), int64_t(o_p.size()), kTolBf16);
+    const std::string n_out = "forward out sm90a vs portable " + tag;
+    CHECK_REL(n_out, o_s.data(), o_p.data(), int64_t(o_p.size()), kTolBf16);
     print_worst("forward out sm90a vs portable", o_s, o_p, OC);
     const auto i_s = rows(sm90a.dinp, first, last, C), i_p = rows(portable.dinp, first, last, C);
-    CHECK_REL("backward dinp sm90a vs portable " + tag, i_s.data(), i_p.data(), int64_t(i_p.size()), kTolBf16);
+    const std::string n_dinp = "backward dinp sm90a vs portable " + tag;
+    CHECK_REL(n_dinp, i_s.data(), i_p.data(), int64_t(i_p.size()), kTolBf16);
     print_worst("backward dinp sm90a vs portable", i_s, i_p, C);
   }
   CHECK_MESSAGE((poisoned(sm90a.out_raw, 0, first, OC) && poisoned(sm90a.out_raw, last, S, OC)),
@@ -367,7 +369,8 @@ void compare_paths(const PathCase& k) {
     }
   }
   if (!dw_p.empty()) {
-    CHECK_REL("backward dW sm90a vs portable " + tag, dw_s.data(), dw_p.data(), int64_t(dw_p.size()), kTolF32);
+    const std::string n_dw = "backward dW sm90a vs portable " + tag;
+    CHECK_REL(n_dw, dw_s.data(), dw_p.data(), int64_t(dw_p.size()), kTolF32);
     print_worst("backward dW sm90a vs portable", dw_s, dw_p, C);
   }
 
@@ -381,8 +384,7 @@ void compare_paths(const PathCase& k) {
 
 GPU_TEST_CASE("cuda grouped matmul: the sm90a path against the portable one, same inputs") {
   if (!spes::cuda::grouped_gemm_sm90a_available()) {
-    MESSAGE("SKIPPED: this device runs no sm90a path (it needs a compute capability 9.0 GPU and a build with "
-            "sm_90a code; the emulator has none)");
+    MESSAGE("SKIPPED: no sm90a path here: " << spes::cuda::grouped_gemm_sm90a_unavailable_reason());
     return;
   }
   // Routed at random like a trained router's skewed load, some experts empty.

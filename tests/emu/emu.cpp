@@ -978,6 +978,7 @@ cudaError_t cudaDeviceGetAttribute(int* value, cudaDeviceAttr attr, int device) 
     case cudaDevAttrMultiProcessorCount: *value = emu::kSms; break;
     case cudaDevAttrMaxBlocksPerMultiprocessor: *value = emu::kMaxBlocksPerSm; break;
     case cudaDevAttrComputeCapabilityMajor: *value = 9; break;
+    case cudaDevAttrComputeCapabilityMinor: *value = 0; break;
     default: emu::fail("cudaDeviceGetAttribute: attribute " + std::to_string(int(attr)) + " is not emulated");
   }
   return cudaSuccess;
