@@ -276,7 +276,7 @@ void run_weights(const char* name, int64_t C, int64_t OC, const std::vector<std:
     }
     const float t_dense = spes::bench::median_ms(dense, stream);
 
-    std::printf("%s,%s,%ld,%ld,%ld,%ld,%.4f,%s,%s,%s,%s,%s,%s,%s,%s,%s,%s,%s,%s,%s,%s,%s\n", name, product_name(p),
+    std::printf("%s,%s,%ld,%ld,%ld,%ld,%.4f,%s,%s,%s,%s,%s,%s,%s,%s,%s,%s,%s,%s,%s,%s\n", name, product_name(p),
                 long(kS), long(kE), long(C), long(OC), flops / 1e12, ms_cell(t_portable).c_str(),
                 tf_cell(flops, t_portable).c_str(), ms_cell(t_sm90a).c_str(), tf_cell(flops, t_sm90a).c_str(),
                 ms_cell(t_grouped).c_str(), tf_cell(flops, t_grouped).c_str(), ms_cell(t_per).c_str(),
