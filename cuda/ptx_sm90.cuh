@@ -5,9 +5,10 @@
 //
 // Everything here is device code for sm_90a alone (wgmma exists on no other target,
 // plain sm_90 included), so it is compiled under SPES_SM90A_DEVICE_CODE: empty in the
-// host pass, the sm_80 and sm_90 passes and the host emulator's build (tests/emu/),
-// which has no sm_90a and keeps these kernels' bodies empty. Not shadowed by the
-// emulator, unlike cuda/ptx.cuh: nothing here is compiled there.
+// host pass and the sm_80 and sm_90 passes, where the kernels that use it compile to
+// empty bodies. The host emulator (tests/emu/) shadows this file, as it does
+// cuda/ptx.cuh: its twin sets SPES_SM90A_DEVICE_CODE and emulates wgmma, so those
+// kernels run there too.
 #pragma once
 #include <cuda_runtime.h>
 
