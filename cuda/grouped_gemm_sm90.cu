@@ -3,8 +3,9 @@
 // a cp.async pipeline stages in shared memory in the layout wgmma reads through its
 // matrix descriptors. sm_90a only: this file is compiled for sm_90a where the build
 // targets compute capability 9.0 (CMakeLists.txt), and its kernel bodies are empty in
-// every other pass (SPES_SM90A_DEVICE_CODE, cuda/ptx_sm90.cuh). The launchers in
-// grouped_gemm.cu pick this family or the portable one (mma.sync, grouped_gemm.cu).
+// every other pass (SPES_SM90A_DEVICE_CODE, cuda/ptx_sm90.cuh; the host emulator,
+// tests/emu/, runs them with wgmma emulated). The launchers in grouped_gemm.cu pick
+// this family or the portable one (mma.sync, grouped_gemm.cu).
 //
 // Tiles. One CTA of two warpgroups (256 threads) computes a 128 × 256 output tile;
 // warpgroup w owns rows 64w.. and all 256 columns, one m64n256 accumulator (128 fp32
