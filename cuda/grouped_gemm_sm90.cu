@@ -53,6 +53,11 @@
 // the device offsets, one thread per expert) and each tile finds its expert there by
 // binary search. Every output element is written by one CTA and summed in a fixed
 // k order: no atomics, the same bits every run.
+//
+// Stores. bf16 outputs go through shared memory (the last two stages, which the next
+// tile's first copies leave alone) so that each warp writes whole 512-byte row
+// segments; the weight gradient's fp32 dW += tile reads dW, which each tile asks L2
+// for as it starts, so the read-modify-write at its end finds it there.
 #include "cuda/grouped_gemm_sm90.cuh"
 
 #include <algorithm>
