@@ -1,8 +1,10 @@
 // Grouped expert GEMMs (cuda/grouped_gemm.cuh) at the spes-1b expert shape: 16 experts,
 // top-2, N = 16384 tokens → S = 32768 routed rows, d = 768, H = 2048. For each expert
 // weight (gate|up: C = d, OC = 2H = 4096; down: C = H, OC = d) the three products
-// (forward, backward-input, weight gradient) are timed four ways on the same work:
-//   ours         one grouped_matmul_* launch, offsets read on the device;
+// (forward, backward-input, weight gradient) are timed five ways on the same work:
+//   portable     one grouped_matmul_* launch on the portable (mma.sync) path, offsets
+//                read on the device;
+//   sm90a        the same on the Hopper (wgmma) path, where the device runs it;
 //   grouped      one cublasGemmGroupedBatchedEx call over the non-empty experts;
 //   per_expert   one cublasGemmEx per non-empty expert;
 //   dense        one cublasGemmEx with all S rows as one expert: the same FLOPs, the
@@ -15,11 +17,13 @@
 // bench/common.cuh), each run a routing no other run used.
 //
 // stdout is a CSV, header first: per (weights, product) the time and TFLOP/s of each
-// way, and ours over each of the others as a ratio of TFLOP/s (> 1: ours faster).
-// A refused cuBLAS call (the grouped API with an fp32 output on some versions) leaves
-// its columns "nan". stderr gets the device, the routings' load imbalance and a check
-// of ours against cuBLAS per expert on one routing. Without a GPU: exit 77, the reason
-// on stderr.
+// way, and ours (the path the launchers take by default: sm90a where it runs, else
+// portable) over each of the others as a ratio of TFLOP/s (> 1: ours faster), and
+// sm90a over portable. A refused cuBLAS call (the grouped API with an fp32 output on
+// some versions) and a path the device does not run leave their columns "nan". stderr
+// gets the device, which paths it runs, the routings' load imbalance and a check of
+// each path against cuBLAS per expert on one routing. Without a GPU: exit 77, the
+// reason on stderr.
 #include <cublas_v2.h>
 
 #include <algorithm>
@@ -36,6 +40,9 @@ namespace {
 
 using spes::bench::DevBuf;
 using spes::cuda::bf16;
+using spes::cuda::GroupedGemmPath;
+
+const char* path_name(GroupedGemmPath p) { return p == GroupedGemmPath::sm90a ? "sm90a" : "portable"; }
 
 constexpr int64_t kTokens = 16384, kTopK = 2, kS = kTokens * kTopK, kE = 16, kD = 768, kH = 2048;
 constexpr int kRoutings = spes::bench::kWarmup + spes::bench::kRuns;
@@ -171,20 +178,22 @@ void run_weights(const char* name, int64_t C, int64_t OC, const std::vector<std:
   spes::bench::copy_to_device(d_offsets.p, all_offsets.data(), d_offsets.bytes, stream);
   const int32_t* offsets_of = d_offsets.as<int32_t>();
 
-  const Buffers ours_bufs{x.as<bf16>(), y.as<bf16>(), w.as<bf16>(), dx.as<bf16>(), dw.as<float>()};
+  const bool has_sm90a = spes::cuda::grouped_gemm_sm90a_available();
+  std::vector<GroupedGemmPath> paths{GroupedGemmPath::portable};
+  if (has_sm90a) paths.push_back(GroupedGemmPath::sm90a);
   for (Product p : {Product::forward, Product::backward_input, Product::backward_weight}) {
     const double flops = 2.0 * double(kS) * double(C) * double(OC);
-    auto ours = [&](int r) {
+    auto ours = [&](int r, GroupedGemmPath path) {
       const int32_t* off = offsets_of + r * (kE + 1);
       if (p == Product::forward)
         spes::cuda::grouped_matmul_forward(y.as<bf16>(), x.as<bf16>(), d_wt.as<const bf16* const>(), off, kS, kE, C,
-                                           OC, stream);
+                                           OC, stream, path);
       else if (p == Product::backward_input)
         spes::cuda::grouped_matmul_backward_input(dx.as<bf16>(), y.as<bf16>(), d_wt.as<const bf16* const>(), off, kS,
-                                                  kE, C, OC, stream);
+                                                  kE, C, OC, stream, path);
       else
         spes::cuda::grouped_matmul_backward_weight(d_dwt.as<float* const>(), y.as<bf16>(), x.as<bf16>(), off,
-                                                   d_trained.as<int32_t>(), kE, kS, kE, C, OC, stream);
+                                                   d_trained.as<int32_t>(), kE, kS, kE, C, OC, stream, path);
     };
     // cuBLAS on the same inputs; its outputs go to the *2 buffers (the check below).
     const Buffers cublas_bufs{x.as<bf16>(), p == Product::forward ? y2.as<bf16>() : y.as<bf16>(), w.as<bf16>(),
@@ -227,11 +236,11 @@ void run_weights(const char* name, int64_t C, int64_t OC, const std::vector<std:
     };
     auto dense = [&] { gemm(cublas, p, expert_op(p, cublas_bufs, 0, 0, kS, C, OC)); };
 
-    // Check: ours against cuBLAS per expert on routing 0 (fresh dW on both sides).
-    {
+    // Check: each path against cuBLAS per expert on routing 0 (fresh dW on both sides).
+    for (GroupedGemmPath path : paths) {
       spes::bench::zero(dw.p, dw.bytes, stream);
       spes::bench::zero(dw2.p, dw2.bytes, stream);
-      ours(0);
+      ours(0, path);
       per_expert(0);
       double err;
       if (p == Product::forward)
@@ -240,13 +249,20 @@ void run_weights(const char* name, int64_t C, int64_t OC, const std::vector<std:
         err = rel_err(to_host(dx.as<bf16>(), kS * C, stream), to_host(dx2.as<bf16>(), kS * C, stream));
       else
         err = rel_err(to_host(dw.as<float>(), kE * OC * C, stream), to_host(dw2.as<float>(), kE * OC * C, stream));
-      std::fprintf(stderr, "check %s %s: ours vs cuBLAS per expert, rel err %.3g (%s)\n", name, product_name(p), err,
-                   err <= (p == Product::backward_weight ? 1e-4 : 1e-2) ? "ok" : "MISMATCH");
+      std::fprintf(stderr, "check %s %s: %s vs cuBLAS per expert, rel err %.3g (%s)\n", name, product_name(p),
+                   path_name(path), err, err <= (p == Product::backward_weight ? 1e-4 : 1e-2) ? "ok" : "MISMATCH");
       if (p == Product::forward) spes::bench::fill(y.as<bf16>(), kS * OC, stream, 2, 1.0f);  // y is dout below
     }
 
     int next = 0;
-    const float t_ours = spes::bench::median_ms([&] { ours(next++ % kRoutings); }, stream);
+    const float t_portable =
+        spes::bench::median_ms([&] { ours(next++ % kRoutings, GroupedGemmPath::portable); }, stream);
+    float t_sm90a = -1;
+    if (has_sm90a) {
+      next = 0;
+      t_sm90a = spes::bench::median_ms([&] { ours(next++ % kRoutings, GroupedGemmPath::sm90a); }, stream);
+    }
+    const float t_ours = has_sm90a ? t_sm90a : t_portable;
     next = 0;
     const float t_per = spes::bench::median_ms([&] { per_expert(next++ % kRoutings); }, stream);
     float t_grouped = -1;
@@ -260,12 +276,13 @@ void run_weights(const char* name, int64_t C, int64_t OC, const std::vector<std:
     }
     const float t_dense = spes::bench::median_ms(dense, stream);
 
-    std::printf("%s,%s,%ld,%ld,%ld,%ld,%.4f,%s,%s,%s,%s,%s,%s,%s,%s,%s,%s,%s\n", name, product_name(p), long(kS),
-                long(kE), long(C), long(OC), flops / 1e12, ms_cell(t_ours).c_str(), tf_cell(flops, t_ours).c_str(),
+    std::printf("%s,%s,%ld,%ld,%ld,%ld,%.4f,%s,%s,%s,%s,%s,%s,%s,%s,%s,%s,%s,%s,%s,%s\n", name, product_name(p),
+                long(kS), long(kE), long(C), long(OC), flops / 1e12, ms_cell(t_portable).c_str(),
+                tf_cell(flops, t_portable).c_str(), ms_cell(t_sm90a).c_str(), tf_cell(flops, t_sm90a).c_str(),
                 ms_cell(t_grouped).c_str(), tf_cell(flops, t_grouped).c_str(), ms_cell(t_per).c_str(),
                 tf_cell(flops, t_per).c_str(), ms_cell(t_dense).c_str(), tf_cell(flops, t_dense).c_str(),
                 ratio_cell(t_ours, t_grouped).c_str(), ratio_cell(t_ours, t_per).c_str(),
-                ratio_cell(t_ours, t_dense).c_str());
+                ratio_cell(t_ours, t_dense).c_str(), ratio_cell(t_sm90a, t_portable).c_str());
     std::fflush(stdout);
   }
 }
@@ -297,9 +314,14 @@ int main() {
     std::fprintf(stderr, "%d routings of %ld rows over %ld experts; worst max/mean expert load %.2f\n", kRoutings,
                  long(kS), long(kE), worst);
 
-    std::printf("weights,product,S,E,C,OC,tflop,ours_ms,ours_tflops,cublas_grouped_ms,cublas_grouped_tflops,"
-                "cublas_per_expert_ms,cublas_per_expert_tflops,dense_ms,dense_tflops,ours_over_grouped,"
-                "ours_over_per_expert,ours_over_dense\n");
+    if (spes::cuda::grouped_gemm_sm90a_available())
+      std::fprintf(stderr, "paths: portable, sm90a (ours)\n");
+    else
+      std::fprintf(stderr, "paths: portable (ours); no sm90a: %s\n",
+                   spes::cuda::grouped_gemm_sm90a_unavailable_reason().c_str());
+    std::printf("weights,product,S,E,C,OC,tflop,portable_ms,portable_tflops,sm90a_ms,sm90a_tflops,"
+                "cublas_grouped_ms,cublas_grouped_tflops,cublas_per_expert_ms,cublas_per_expert_tflops,dense_ms,"
+                "dense_tflops,ours_over_grouped,ours_over_per_expert,ours_over_dense,sm90a_over_portable\n");
     cublasHandle_t cublas = nullptr;  // the peer: plain cuBLAS on the same stream
     cublas_check(cublasCreate(&cublas));
     cublas_check(cublasSetStream(cublas, rt.stream()));

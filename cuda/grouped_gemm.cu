@@ -42,10 +42,10 @@
 // (src-size 0: nothing read) and masked at the store; C and OC multiples of 8 keep
 // every 16-byte chunk wholly inside or outside.
 //
-// Paths. The launchers pick a kernel family per call (Path); this file holds the
-// portable mma.sync one. An sm_90a wgmma/TMA family would sit beside it, chosen by
-// the same launchers for a device and build that carry it, with the same scheduling
-// and contract.
+// Paths. The launchers check the arguments, then pick a kernel family per call
+// (GroupedGemmPath): this file's portable mma.sync one, or the Hopper wgmma one of
+// grouped_gemm_sm90.cu (same contract and tile order; its own file because it alone is
+// compiled for sm_90a), wherever that can run.
 #include "cuda/grouped_gemm.cuh"
 
 #include <climits>
@@ -56,6 +56,7 @@
 #include <utility>
 
 #include "cuda/check.cuh"
+#include "cuda/grouped_gemm_sm90.cuh"
 #include "cuda/launch.cuh"
 #include "cuda/ptx.cuh"
 
@@ -359,10 +360,18 @@ __global__ void __launch_bounds__(kThreads, 2)
 
 // ---- launchers ---------------------------------------------------------------------------
 
-// The kernel family a call runs on. Only the portable mma.sync family exists; a Hopper
-// (sm_90a wgmma) family would be added here and chosen per device.
-enum class Path { mma_sync };
-Path choose_path() { return Path::mma_sync; }
+// The kernel family a call runs on: `requested` resolved for the current device.
+GroupedGemmPath choose_path(const char* op, GroupedGemmPath requested) {
+  switch (requested) {
+    case GroupedGemmPath::portable:
+      return requested;
+    case GroupedGemmPath::sm90a:
+      require(grouped_sm90::available(), op, "the sm90a path cannot run here: " + grouped_sm90::unavailable_reason());
+      return requested;
+    default:
+      return grouped_sm90::available() ? GroupedGemmPath::sm90a : GroupedGemmPath::portable;
+  }
+}
 
 // Above 48 KB of dynamic shared memory a kernel must opt in, per device: done once per
 // (kernel, device), so steady-state launches (and graph capture) make no extra calls.
@@ -406,29 +415,27 @@ void check_row_grid(const char* op, int64_t S, int64_t E, int64_t C, int64_t OC,
 }
 
 // Forward and backward-input: `a` [S, K] per-row operand, out [S, N].
+// The portable family (the sm90a one has its own launchers, grouped_gemm_sm90.cu).
 template <Major B_MAJ>
 void rows_impl(const char* op, bf16* out, const bf16* a, const bf16* const* weights, const int32_t* offsets,
                int64_t S, int64_t E, int64_t N, int64_t K, cudaStream_t stream) {
-  if (S == 0) return;
   const int64_t n_col_tiles = ceil_div(N, kBN), row_tiles = ceil_div(S, kBM) + E;
-  switch (choose_path()) {
-    case Path::mma_sync: {
-      using Cfg = Config<Major::k, B_MAJ>;
-      auto kernel = grouped_rows_kernel<B_MAJ>;
-      allow_smem(op, kernel, Cfg::kSmem);
-      launch(kernel, static_cast<unsigned>(row_tiles * n_col_tiles), kThreads, Cfg::kSmem, stream, out, a, weights,
-             offsets, static_cast<int>(S), static_cast<int>(E), static_cast<int>(N), static_cast<int>(K),
-             static_cast<int>(n_col_tiles));
-      cuda_check_launch();
-      break;
-    }
-  }
+  using Cfg = Config<Major::k, B_MAJ>;
+  auto kernel = grouped_rows_kernel<B_MAJ>;
+  allow_smem(op, kernel, Cfg::kSmem);
+  launch(kernel, static_cast<unsigned>(row_tiles * n_col_tiles), kThreads, Cfg::kSmem, stream, out, a, weights,
+         offsets, static_cast<int>(S), static_cast<int>(E), static_cast<int>(N), static_cast<int>(K),
+         static_cast<int>(n_col_tiles));
+  cuda_check_launch();
 }
 
 }  // namespace
 
+bool grouped_gemm_sm90a_available() { return grouped_sm90::available(); }
+std::string grouped_gemm_sm90a_unavailable_reason() { return grouped_sm90::unavailable_reason(); }
+
 void grouped_matmul_forward(bf16* out, const bf16* inp, const bf16* const* weights, const int32_t* offsets,
-                            int64_t S, int64_t E, int64_t C, int64_t OC, cudaStream_t stream) {
+                            int64_t S, int64_t E, int64_t C, int64_t OC, cudaStream_t stream, GroupedGemmPath path) {
   const char* op = "grouped_matmul_forward";
   check_sizes(op, S, E, C, OC);
   check_row_grid(op, S, E, C, OC, OC);
@@ -438,12 +445,16 @@ void grouped_matmul_forward(bf16* out, const bf16* inp, const bf16* const* weigh
   require_ptr(offsets, sizeof(int32_t), op, "offsets");
   require_disjoint(out, size_t(S * OC) * sizeof(bf16), inp, size_t(S * C) * sizeof(bf16), op,
                    "out must not overlap inp");
-  rows_impl<Major::k>(op, out, inp, weights, offsets, S, E, OC, C, stream);
+  if (S == 0) return;
+  if (choose_path(op, path) == GroupedGemmPath::sm90a)
+    grouped_sm90::forward(out, inp, weights, offsets, S, E, C, OC, stream);
+  else
+    rows_impl<Major::k>(op, out, inp, weights, offsets, S, E, OC, C, stream);
 }
 
 void grouped_matmul_backward_input(bf16* dinp, const bf16* dout, const bf16* const* weights,
                                    const int32_t* offsets, int64_t S, int64_t E, int64_t C, int64_t OC,
-                                   cudaStream_t stream) {
+                                   cudaStream_t stream, GroupedGemmPath path) {
   const char* op = "grouped_matmul_backward_input";
   check_sizes(op, S, E, C, OC);
   check_row_grid(op, S, E, C, OC, C);
@@ -453,12 +464,17 @@ void grouped_matmul_backward_input(bf16* dinp, const bf16* dout, const bf16* con
   require_ptr(offsets, sizeof(int32_t), op, "offsets");
   require_disjoint(dinp, size_t(S * C) * sizeof(bf16), dout, size_t(S * OC) * sizeof(bf16), op,
                    "dinp must not overlap dout");
-  rows_impl<Major::mn>(op, dinp, dout, weights, offsets, S, E, C, OC, stream);
+  if (S == 0) return;
+  if (choose_path(op, path) == GroupedGemmPath::sm90a)
+    grouped_sm90::backward_input(dinp, dout, weights, offsets, S, E, C, OC, stream);
+  else
+    rows_impl<Major::mn>(op, dinp, dout, weights, offsets, S, E, C, OC, stream);
 }
 
 void grouped_matmul_backward_weight(float* const* dweights, const bf16* dout, const bf16* inp,
                                     const int32_t* offsets, const int32_t* trained_experts, int64_t n_trained,
-                                    int64_t S, int64_t E, int64_t C, int64_t OC, cudaStream_t stream) {
+                                    int64_t S, int64_t E, int64_t C, int64_t OC, cudaStream_t stream,
+                                    GroupedGemmPath path) {
   const char* op = "grouped_matmul_backward_weight";
   check_sizes(op, S, E, C, OC);
   require(n_trained >= 0 && n_trained <= E, op,
@@ -471,17 +487,16 @@ void grouped_matmul_backward_weight(float* const* dweights, const bf16* dout, co
   require_ptr(offsets, sizeof(int32_t), op, "offsets");
   require_ptr(trained_experts, sizeof(int32_t), op, "trained_experts");
   if (S == 0 || n_trained == 0) return;
-  switch (choose_path()) {
-    case Path::mma_sync: {
-      using Cfg = Config<Major::mn, Major::mn>;
-      allow_smem(op, grouped_wgrad_kernel, Cfg::kSmem);
-      launch(grouped_wgrad_kernel, static_cast<unsigned>(n_trained * m_tiles * n_tiles), kThreads, Cfg::kSmem,
-             stream, dweights, dout, inp, offsets, trained_experts, static_cast<int>(S), static_cast<int>(E),
-             static_cast<int>(C), static_cast<int>(OC), static_cast<int>(m_tiles), static_cast<int>(n_tiles));
-      cuda_check_launch();
-      break;
-    }
+  if (choose_path(op, path) == GroupedGemmPath::sm90a) {
+    grouped_sm90::backward_weight(dweights, dout, inp, offsets, trained_experts, n_trained, S, E, C, OC, stream);
+    return;
   }
+  using Cfg = Config<Major::mn, Major::mn>;
+  allow_smem(op, grouped_wgrad_kernel, Cfg::kSmem);
+  launch(grouped_wgrad_kernel, static_cast<unsigned>(n_trained * m_tiles * n_tiles), kThreads, Cfg::kSmem, stream,
+         dweights, dout, inp, offsets, trained_experts, static_cast<int>(S), static_cast<int>(E), static_cast<int>(C),
+         static_cast<int>(OC), static_cast<int>(m_tiles), static_cast<int>(n_tiles));
+  cuda_check_launch();
 }
 
 }  // namespace spes::cuda

@@ -19,24 +19,40 @@
 // S in [0, INT32_MAX], E in [1, 256], bf16 tensors 16-byte aligned, offsets and
 // trained_experts 4-byte aligned, pointer tables 8-byte aligned, the written
 // activation disjoint from the read one. S = 0 (or n_trained = 0) is a no-op.
+//
+// Two kernel families compute these, with the same contract and the same results up
+// to summation order: the portable one (mma.sync, any GPU of sm_80 or later) and the
+// Hopper one (wgmma, an sm_90 GPU in a build that carries sm_90a code). `path` picks:
+// automatic (the default) takes the Hopper family wherever it can run, else the
+// portable one; portable and sm90a force one, for tests and benches (sm90a throws
+// spes::Error where it cannot run).
 #pragma once
 #include <cuda_runtime.h>
 
 #include <cstdint>
+#include <string>
 
 #include "cuda/common.cuh"
 
 namespace spes::cuda {
 
+enum class GroupedGemmPath { automatic, portable, sm90a };
+
+// Whether the sm90a family can run on the current device (asked once per device),
+// and if not, why (a sentence for test and bench output; empty when it can).
+bool grouped_gemm_sm90a_available();
+std::string grouped_gemm_sm90a_unavailable_reason();
+
 // out[s, 0:OC] = inp[s, 0:C] · W_eᵀ for every expert e and row s of it (bf16 out).
 // gate|up: C = d, OC = 2H (gate and up stacked in W_e); down: C = H, OC = d.
 void grouped_matmul_forward(bf16* out, const bf16* inp, const bf16* const* weights, const int32_t* offsets,
-                            int64_t S, int64_t E, int64_t C, int64_t OC, cudaStream_t stream);
+                            int64_t S, int64_t E, int64_t C, int64_t OC, cudaStream_t stream,
+                            GroupedGemmPath path = GroupedGemmPath::automatic);
 
 // dinp[s, 0:C] = dout[s, 0:OC] · W_e (overwritten, bf16).
 void grouped_matmul_backward_input(bf16* dinp, const bf16* dout, const bf16* const* weights,
                                    const int32_t* offsets, int64_t S, int64_t E, int64_t C, int64_t OC,
-                                   cudaStream_t stream);
+                                   cudaStream_t stream, GroupedGemmPath path = GroupedGemmPath::automatic);
 
 // dweights[e] (fp32, [OC, C]) += dout[rows_e]ᵀ · inp[rows_e] for each expert e of the
 // DEVICE list trained_experts[0:n_trained] (distinct entries in [0, E); an entry
@@ -45,6 +61,7 @@ void grouped_matmul_backward_input(bf16* dinp, const bf16* dout, const bf16* con
 // for bit. Deterministic: no atomics, each element summed in a fixed order.
 void grouped_matmul_backward_weight(float* const* dweights, const bf16* dout, const bf16* inp,
                                     const int32_t* offsets, const int32_t* trained_experts, int64_t n_trained,
-                                    int64_t S, int64_t E, int64_t C, int64_t OC, cudaStream_t stream);
+                                    int64_t S, int64_t E, int64_t C, int64_t OC, cudaStream_t stream,
+                                    GroupedGemmPath path = GroupedGemmPath::automatic);
 
 }  // namespace spes::cuda

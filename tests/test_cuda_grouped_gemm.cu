@@ -8,8 +8,8 @@
 //   out, dinp (bf16)          1e-2: one bf16 rounding of an fp32 sum (≈ 2⁻⁹ relative
 //                             per element, ~1e-3 as a norm), as test_cuda_matmul;
 //   dW (fp32, prior + Σ)      1e-4: bf16 products are exact in fp32, so only the
-//                             summation order differs (k-steps of 32 rows, the
-//                             tensor core's adder tree vs OpenBLAS's), as
+//                             summation order differs (k-steps of 32 or 64 rows,
+//                             the tensor core's adder tree vs OpenBLAS's), as
 //                             test_cuda_matmul's fp32 outputs.
 // The worst element of each output is printed. Exact checks: rows outside every
 // expert keep their poison (and are never read: they hold NaN in the inputs); the dW
@@ -74,7 +74,17 @@ float from_bits(uint32_t b) {
   return f;
 }
 
-void check_case(const Case& k) {
+// The kernel families this device runs: the portable one always, sm90a where it can.
+std::vector<spes::cuda::GroupedGemmPath> device_paths() {
+  std::vector<spes::cuda::GroupedGemmPath> paths{spes::cuda::GroupedGemmPath::portable};
+  if (spes::cuda::grouped_gemm_sm90a_available()) paths.push_back(spes::cuda::GroupedGemmPath::sm90a);
+  return paths;
+}
+const char* path_name(spes::cuda::GroupedGemmPath p) {
+  return p == spes::cuda::GroupedGemmPath::sm90a ? "sm90a" : "portable";
+}
+
+void check_case(const Case& k, spes::cuda::GroupedGemmPath path) {
   const int64_t E = int64_t(k.counts.size()), C = k.C, OC = k.OC;
   std::vector<int32_t> offsets(E + 1);
   offsets[0] = k.lead;
@@ -85,8 +95,8 @@ void check_case(const Case& k) {
     for (int32_t e = 0; e < E; ++e) trained.push_back(e);
   std::vector<bool> is_trained(E, false);
   for (int32_t e : trained) is_trained[e] = true;
-  std::string tag = std::string(k.what) + ": S=" + std::to_string(S) + " E=" + std::to_string(E) +
-                    " C=" + std::to_string(C) + " OC=" + std::to_string(OC) + " rows";
+  std::string tag = std::string(path_name(path)) + ", " + k.what + ": S=" + std::to_string(S) +
+                    " E=" + std::to_string(E) + " C=" + std::to_string(C) + " OC=" + std::to_string(OC) + " rows";
   if (E <= 16) {
     for (int32_t c : k.counts) tag += " " + std::to_string(c);
   } else {
@@ -146,10 +156,10 @@ void check_case(const Case& k) {
     d_out.poison();
     d_dinp.poison();
     copy_to_device(d_dw.get(), dw_prior.data(), E * OC * C);
-    spes::cuda::grouped_matmul_forward(d_out, d_inp, d_w_table, d_offsets, S, E, C, OC, stream());
-    spes::cuda::grouped_matmul_backward_input(d_dinp, d_dout, d_w_table, d_offsets, S, E, C, OC, stream());
+    spes::cuda::grouped_matmul_forward(d_out, d_inp, d_w_table, d_offsets, S, E, C, OC, stream(), path);
+    spes::cuda::grouped_matmul_backward_input(d_dinp, d_dout, d_w_table, d_offsets, S, E, C, OC, stream(), path);
     spes::cuda::grouped_matmul_backward_weight(d_dw_table, d_dout, d_inp, d_offsets, d_trained,
-                                               int64_t(trained.size()), S, E, C, OC, stream());
+                                               int64_t(trained.size()), S, E, C, OC, stream(), path);
   };
   run();
   // bf16 poison is 0xFFFF: read back as float it is NaN; compare bits of the raw halves.
@@ -213,12 +223,14 @@ void check_case(const Case& k) {
 
 }  // namespace
 
-// Tiles are 128 rows × 128 columns × 32 of the reduction. The cases cover: empty
+// Every case runs on each path the device has (device_paths). Tiles are 128 rows ×
+// 128 columns × 32 of the reduction on the portable path, 128 × 256 × 64 on the sm90a
+// one. The cases cover: empty
 // experts, a 1-row expert, row counts of 7, 129 (a tile + 1) and 257, all rows in one
 // expert, E = 1, E = 16 with random counts, E = 256, rows outside every expert; C and
 // OC that are multiples of 128 and that are not (as an output width: 64, 72, 96, 136,
 // 200; as a reduction: 136 = 4·32 + 8, 200 = 6·32 + 8, 72 = 2·32 + 8), a long
-// reduction (512: the pipeline wraps its 4 stages), frozen experts and trained experts
+// reduction (512: either pipeline wraps its 4 stages), frozen experts and trained experts
 // with no rows.
 GPU_TEST_CASE("cuda grouped matmul: forward, backward-input and weight gradient vs cpu, per expert") {
   const std::vector<Case> cases = {
@@ -228,14 +240,11 @@ GPU_TEST_CASE("cuda grouped matmul: forward, backward-input and weight gradient 
       {{5, 0, 140}, 64, 64, {0, 1}, "rows outside every expert", 3, 4},
       {{33, 100}, 512, 256, {1}, "long reduction"},
   };
-  for (const Case& k : cases) check_case(k);
-
   // E = 16, routed at random, some experts empty; a few trained, one of them empty.
   std::vector<int32_t> counts(16);
   std::uniform_int_distribution<int32_t> d(0, 40);
   for (auto& c : counts) c = d(rng());
   counts[3] = counts[9] = 0;
-  check_case({counts, 72, 96, {0, 3, 4, 8, 15}, "E = 16, random routing"});
 
   // E = 256, the most the launchers take: the row-tile scan spans all 8 warps of the
   // CTA (E ≤ 32 stays within warp 0). Mostly empty experts, a few of every size class.
@@ -247,7 +256,171 @@ GPU_TEST_CASE("cuda grouped matmul: forward, backward-input and weight gradient 
   std::vector<int32_t> some;
   for (int32_t e = 5; e < 256; e += 25) some.push_back(e);  // 5, 30, …, 255
   some.push_back(37);
-  check_case({many, 64, 64, some, "E = 256"});
+  for (spes::cuda::GroupedGemmPath path : device_paths()) {
+    for (const Case& k : cases) check_case(k, path);
+    check_case({counts, 72, 96, {0, 3, 4, 8, 15}, "E = 16, random routing"}, path);
+    check_case({many, 64, 64, some, "E = 256"}, path);
+  }
+}
+
+// The two kernel families (GroupedGemmPath) on the same inputs: where the device runs
+// the sm90a one, every product on both paths must agree within the tolerances above
+// (bf16 outputs 1e-2, fp32 weight gradients 1e-4: only the summation order differs),
+// the sm90a path must give the same bits twice, leave rows outside every expert and
+// frozen experts' dW untouched. The cases above check each path against the CPU on
+// small shapes; these are larger: the spes-1b expert widths (C = 768, OC = 4096 and
+// back), reductions long enough to wrap the 4-stage pipeline many times (weight
+// gradients over hundreds of rows, backward-input over OC = 4096), more tiles than SMs
+// (the persistent grid walking several tiles per CTA), tails in every dimension,
+// E = 256. The host emulator (tests/emu/, whose device name says "emulated") runs the
+// last two only: the spes-1b widths take it minutes.
+namespace {
+
+struct PathCase {
+  std::vector<int32_t> counts;
+  int64_t C, OC;
+  std::vector<int32_t> trained;  // empty: all
+  const char* what;
+  int32_t lead = 0, trail = 0;
+};
+
+void compare_paths(const PathCase& k) {
+  using spes::cuda::GroupedGemmPath;
+  const int64_t E = int64_t(k.counts.size()), C = k.C, OC = k.OC;
+  std::vector<int32_t> offsets(E + 1);
+  offsets[0] = k.lead;
+  for (int64_t e = 0; e < E; ++e) offsets[e + 1] = offsets[e] + k.counts[e];
+  const int64_t first = offsets[0], last = offsets[E], S = last + k.trail;
+  std::vector<int32_t> trained = k.trained;
+  if (trained.empty())
+    for (int32_t e = 0; e < E; ++e) trained.push_back(e);
+  std::vector<bool> is_trained(E, false);
+  for (int32_t e : trained) is_trained[e] = true;
+  const std::string tag = std::string(k.what) + ": S=" + std::to_string(S) + " E=" + std::to_string(E) +
+                          " C=" + std::to_string(C) + " OC=" + std::to_string(OC);
+  INFO(tag);
+
+  std::vector<float> inp = rounded_bf16(random_vector(S * C)), dout = rounded_bf16(random_vector(S * OC));
+  for (int64_t s = 0; s < S; ++s)
+    if (s < first || s >= last) {
+      std::fill(inp.begin() + s * C, inp.begin() + (s + 1) * C, NAN);
+      std::fill(dout.begin() + s * OC, dout.begin() + (s + 1) * OC, NAN);
+    }
+  const std::vector<float> w = rounded_bf16(random_vector(E * OC * C, 1.0f / std::sqrt(float(C))));
+  // dW starts at 0 (trained) or a NaN sentinel (frozen): the comparison sees Σ alone.
+  std::vector<float> dw_prior(E * OC * C, 0.0f);
+  for (int64_t e = 0; e < E; ++e)
+    if (!is_trained[e])
+      std::fill(dw_prior.begin() + e * OC * C, dw_prior.begin() + (e + 1) * OC * C, from_bits(kSentinelBits));
+
+  auto d_inp = upload_bf16(inp), d_dout = upload_bf16(dout), d_w = upload_bf16(w);
+  auto d_offsets = upload(offsets), d_trained = upload(trained);
+  std::vector<const bf16*> w_table(E);
+  std::vector<float*> dw_table(E);
+  DevTensor<float> d_dw(E * OC * C);
+  for (int64_t e = 0; e < E; ++e) {
+    w_table[e] = d_w.get() + e * OC * C;
+    dw_table[e] = d_dw.get() + e * OC * C;
+  }
+  DevTensor<const bf16*> d_w_table(E);
+  DevTensor<float*> d_dw_table(E);
+  copy_to_device(d_w_table.get(), w_table.data(), E);
+  copy_to_device(d_dw_table.get(), dw_table.data(), E);
+  DevTensor<bf16> d_out(S * OC), d_dinp(S * C);
+
+  struct Outputs {
+    std::vector<float> out, dinp, dw;
+    std::vector<bf16> out_raw, dinp_raw;
+  };
+  auto run = [&](GroupedGemmPath path) {
+    d_out.poison();
+    d_dinp.poison();
+    copy_to_device(d_dw.get(), dw_prior.data(), E * OC * C);
+    spes::cuda::grouped_matmul_forward(d_out, d_inp, d_w_table, d_offsets, S, E, C, OC, stream(), path);
+    spes::cuda::grouped_matmul_backward_input(d_dinp, d_dout, d_w_table, d_offsets, S, E, C, OC, stream(), path);
+    spes::cuda::grouped_matmul_backward_weight(d_dw_table, d_dout, d_inp, d_offsets, d_trained,
+                                               int64_t(trained.size()), S, E, C, OC, stream(), path);
+    return Outputs{download(d_out.get(), S * OC), download(d_dinp.get(), S * C), download(d_dw.get(), E * OC * C),
+                   copy_to_host(d_out.get(), S * OC), copy_to_host(d_dinp.get(), S * C)};
+  };
+  const Outputs portable = run(GroupedGemmPath::portable), sm90a = run(GroupedGemmPath::sm90a);
+
+  const auto rows = [](const std::vector<float>& v, int64_t from, int64_t to, int64_t cols) {
+    return std::vector<float>(v.begin() + from * cols, v.begin() + to * cols);
+  };
+  const auto poisoned = [](const std::vector<bf16>& raw, int64_t from, int64_t to, int64_t cols) {
+    for (int64_t i = from * cols; i < to * cols; ++i) {
+      uint16_t b;
+      std::memcpy(&b, &raw[i], sizeof b);
+      if (b != 0xFFFF) return false;
+    }
+    return true;
+  };
+  if (last > first) {
+    const auto o_s = rows(sm90a.out, first, last, OC), o_p = rows(portable.out, first, last, OC);
+    const std::string n_out = "forward out sm90a vs portable " + tag;
+    CHECK_REL(n_out, o_s.data(), o_p.data(), int64_t(o_p.size()), kTolBf16);
+    print_worst("forward out sm90a vs portable", o_s, o_p, OC);
+    const auto i_s = rows(sm90a.dinp, first, last, C), i_p = rows(portable.dinp, first, last, C);
+    const std::string n_dinp = "backward dinp sm90a vs portable " + tag;
+    CHECK_REL(n_dinp, i_s.data(), i_p.data(), int64_t(i_p.size()), kTolBf16);
+    print_worst("backward dinp sm90a vs portable", i_s, i_p, C);
+  }
+  CHECK_MESSAGE((poisoned(sm90a.out_raw, 0, first, OC) && poisoned(sm90a.out_raw, last, S, OC)),
+                "sm90a forward wrote rows outside every expert");
+  CHECK_MESSAGE((poisoned(sm90a.dinp_raw, 0, first, C) && poisoned(sm90a.dinp_raw, last, S, C)),
+                "sm90a backward-input wrote rows outside every expert");
+
+  std::vector<float> dw_s, dw_p;
+  for (int64_t e = 0; e < E; ++e) {
+    const size_t from = size_t(e * OC * C), to = size_t((e + 1) * OC * C);
+    if (!is_trained[e]) {
+      CHECK_MESSAGE(all_bits(sm90a.dw, from, to, kSentinelBits), "sm90a: frozen expert " << e << ": dW changed");
+    } else {
+      dw_s.insert(dw_s.end(), sm90a.dw.begin() + from, sm90a.dw.begin() + to);
+      dw_p.insert(dw_p.end(), portable.dw.begin() + from, portable.dw.begin() + to);
+    }
+  }
+  if (!dw_p.empty()) {
+    const std::string n_dw = "backward dW sm90a vs portable " + tag;
+    CHECK_REL(n_dw, dw_s.data(), dw_p.data(), int64_t(dw_p.size()), kTolF32);
+    print_worst("backward dW sm90a vs portable", dw_s, dw_p, C);
+  }
+
+  const Outputs again = run(GroupedGemmPath::sm90a);
+  CHECK_MESSAGE(bitwise_equal(again.out, sm90a.out), "sm90a forward not deterministic");
+  CHECK_MESSAGE(bitwise_equal(again.dinp, sm90a.dinp), "sm90a backward-input not deterministic");
+  CHECK_MESSAGE(bitwise_equal(again.dw, sm90a.dw), "sm90a weight gradient not deterministic");
+}
+
+}  // namespace
+
+GPU_TEST_CASE("cuda grouped matmul: the sm90a path against the portable one, same inputs") {
+  if (!spes::cuda::grouped_gemm_sm90a_available()) {
+    MESSAGE("SKIPPED: no sm90a path here: " << spes::cuda::grouped_gemm_sm90a_unavailable_reason());
+    return;
+  }
+  // Routed at random like a trained router's skewed load, some experts empty.
+  auto routing = [](int n, int32_t max_rows) {
+    std::vector<int32_t> counts(n);
+    std::uniform_int_distribution<int32_t> d(0, max_rows);
+    for (auto& c : counts) c = d(rng());
+    counts[1] = 0;
+    return counts;
+  };
+  cudaDeviceProp prop{};
+  cuda_check(cudaGetDeviceProperties(&prop, runtime().info().ordinal));
+  const bool emulated = std::string(prop.name).find("emulated") != std::string::npos;
+  if (!emulated) {
+    compare_paths({routing(8, 700), 768, 4096, {}, "gate|up widths, E = 8"});
+    compare_paths({routing(8, 700), 2048, 768, {0, 2, 3, 5, 7}, "down widths, E = 8, some frozen"});
+  }
+  compare_paths({{1, 0, 7, 129, 300, 700}, 200, 136, {}, "tails: 1-, 7-, 129-row experts, C = 200, OC = 136", 5, 3});
+  std::vector<int32_t> many(256, 0);
+  std::uniform_int_distribution<int32_t> pick(0, 255), rows(1, 12);
+  for (int i = 0; i < 80; ++i) many[pick(rng())] = rows(rng());
+  many[255] = 1;
+  compare_paths({many, 264, 520, {}, "E = 256"});
 }
 
 // Argument checks run on the host before any CUDA call, so this case needs no GPU: the

@@ -154,12 +154,24 @@ struct Copy {
   uint64_t group;
 };
 
+// One thread's part of a wgmma.mma_async (sm_90a): its fragment of D, to be computed
+// from shared memory when the emulator runs it (see wgmma_bf16).
+struct Wgmma {
+  float* d;
+  int n;
+  uint64_t desc_a, desc_b;
+  bool accumulate, trans_a, trans_b;
+  uint64_t group;
+};
+
 struct Fiber {  // one CUDA thread
   void* stack_pointer = nullptr;  // while switched out
   bool exited = false;
   const char* waiting_at = "";  // for the deadlock report
   std::vector<Copy> in_flight;  // cp.async issued and not landed, in issue order
   uint64_t committed_groups = 0;  // also the number of the open group
+  std::vector<Wgmma> wgmma_pending;  // wgmma issued and not run, in issue order
+  uint64_t wgmma_groups = 0;         // committed wgmma groups; also the open one's number
 };
 
 enum class Collective : uint8_t { syncwarp, ldmatrix, ldmatrix_trans, mma, shfl_bfly, shfl_up, shfl_idx, match_any };
@@ -241,6 +253,7 @@ void yield(const char* waiting_at) {
 
 [[noreturn]] void fiber_main() {
   (*t_cta->body)();
+  if (!this_fiber().wgmma_pending.empty()) fail("a thread exited with a wgmma it never waited for");
   this_fiber().exited = true;
   ++t_cta->exited;
   ++t_cta->progress;
@@ -872,6 +885,90 @@ void mma_m16n8k16_bf16(float (&c)[4], const uint32_t (&a)[4], uint32_t b0, uint3
   std::memcpy(c, w.out[lane], sizeof c);
 }
 
+// ---- wgmma (sm_90a), one thread's fragment at a time ------------------------------
+// wgmma.mma_async.sync.aligned.m64nNk16.f32.bf16.bf16 (PTX ISA, "Asynchronous
+// Warpgroup Level Matrix Multiply-Accumulate"): the warpgroup's D (64 × N, fp32) (+)=
+// A (64 × 16) · B (16 × N), A and B in shared memory as the matrix descriptors say.
+// Thread t of the warpgroup (threadIdx.x % 128) holds D[16·(t/32) + (t%32)/4 + 8h]
+// [8j + 2·(t%4) + p] in d[4j + 2h + p]; each thread computes its own fragment here, in
+// fp32 in k order (the hardware's order is unspecified). Only what the kernels use is
+// emulated: the 128-byte swizzle, base offset 0; anything else fails.
+//
+// When: the hardware reads the operands at some point between the issue and the
+// wgmma.wait_group that retires the group. The emulator takes the opposite end of the
+// window to cp.async's landing (set_landing): with copies landing at wait_group, a
+// wgmma reads at issue (so one issued before its operands' copies were waited for and
+// fenced by a barrier reads poison); with copies landing at issue, it reads at its
+// wait_group (so a stage refilled before the wgmma reading it was waited for gives
+// the new data). A race-free kernel gives the same bits both ways.
+
+// Shared address of element (i, k), i along M (A) or N (B), k < 16, of an operand that
+// `desc` describes: K-major (mn_major false) 8-row atoms of 128-byte rows, the atoms
+// `sbo` apart, k contiguous; MN-major 64-element rows of one k, 8 k an atom, atoms
+// `sbo` apart along k and `lbo` apart along i. Then the 128-byte swizzle on the
+// address: bits 4-6 ^= bits 7-9.
+uint32_t wgmma_element_address(uint64_t desc, bool mn_major, unsigned i, unsigned k) {
+  const uint32_t start = uint32_t(desc & 0x3FFF) << 4, lbo = uint32_t((desc >> 16) & 0x3FFF) << 4,
+                 sbo = uint32_t((desc >> 32) & 0x3FFF) << 4;
+  const uint32_t a = mn_major ? start + (i % 64) * 2 + (i / 64) * lbo + (k % 8) * 128 + (k / 8) * sbo
+                              : start + (i % 8) * 128 + (i / 8) * sbo + k * 2;
+  return a ^ (((a >> 7) & 7) << 4);
+}
+
+void require_sw128(uint64_t desc, const char* which) {
+  if (desc >> 62 != 1) fail(std::string("wgmma: ") + which + " descriptor: only the 128-byte swizzle is emulated");
+  if ((desc >> 49) & 7) fail(std::string("wgmma: ") + which + " descriptor: a base offset is not emulated");
+}
+
+float shared_bf16(uint32_t addr) {
+  uint16_t bits;
+  std::memcpy(&bits, shared_bytes(addr, 2, "wgmma operand"), 2);
+  return as_float(uint32_t(bits) << 16);
+}
+
+void run_wgmma(const Wgmma& op) {
+  const unsigned t = threadIdx.x % 128, row0 = 16 * (t / 32) + (t % 32) / 4, col0 = 2 * (t % 4);
+  float a[2][16], b[16];
+  for (unsigned h = 0; h < 2; ++h)
+    for (unsigned k = 0; k < 16; ++k) a[h][k] = shared_bf16(wgmma_element_address(op.desc_a, op.trans_a, row0 + 8 * h, k));
+  for (int j = 0; j < op.n / 8; ++j)
+    for (unsigned p = 0; p < 2; ++p) {
+      for (unsigned k = 0; k < 16; ++k) b[k] = shared_bf16(wgmma_element_address(op.desc_b, op.trans_b, 8 * j + col0 + p, k));
+      for (unsigned h = 0; h < 2; ++h) {
+        float& d = op.d[4 * j + 2 * h + p];
+        float sum = op.accumulate ? d : 0.0f;
+        for (unsigned k = 0; k < 16; ++k) sum += a[h][k] * b[k];
+        d = sum;
+      }
+    }
+}
+
+void wgmma_bf16(float* d, int n, uint64_t desc_a, uint64_t desc_b, bool accumulate, bool trans_a, bool trans_b) {
+  if (blockDim.x % 128 != 0 || blockDim.y != 1 || blockDim.z != 1)
+    fail("wgmma: the block is not whole warpgroups along x");
+  if (n % 8 != 0 || n < 8 || n > 256) fail("wgmma: N must be a multiple of 8 in [8, 256]");
+  require_sw128(desc_a, "A");
+  require_sw128(desc_b, "B");
+  Fiber& f = this_fiber();
+  const Wgmma op{d, n, desc_a, desc_b, accumulate, trans_a, trans_b, f.wgmma_groups};
+  if (g_landing == Landing::at_wait)
+    run_wgmma(op);
+  else
+    f.wgmma_pending.push_back(op);
+}
+
+void wgmma_commit() { ++this_fiber().wgmma_groups; }
+
+// wgmma.wait_group n: every group but the n most recent committed is complete.
+void wgmma_wait(int n) {
+  Fiber& f = this_fiber();
+  const uint64_t complete_below = f.wgmma_groups > uint64_t(n) ? f.wgmma_groups - uint64_t(n) : 0;
+  auto first_pending = f.wgmma_pending.begin();
+  for (; first_pending != f.wgmma_pending.end() && first_pending->group < complete_below; ++first_pending)
+    run_wgmma(*first_pending);
+  f.wgmma_pending.erase(f.wgmma_pending.begin(), first_pending);
+}
+
 uint64_t shuffle(Shuffle mode, uint64_t value, int b) {
   const Collective kind = mode == Shuffle::bfly ? Collective::shfl_bfly
                           : mode == Shuffle::up ? Collective::shfl_up
@@ -978,6 +1075,7 @@ cudaError_t cudaDeviceGetAttribute(int* value, cudaDeviceAttr attr, int device) 
     case cudaDevAttrMultiProcessorCount: *value = emu::kSms; break;
     case cudaDevAttrMaxBlocksPerMultiprocessor: *value = emu::kMaxBlocksPerSm; break;
     case cudaDevAttrComputeCapabilityMajor: *value = 9; break;
+    case cudaDevAttrComputeCapabilityMinor: *value = 0; break;
     default: emu::fail("cudaDeviceGetAttribute: attribute " + std::to_string(int(attr)) + " is not emulated");
   }
   return cudaSuccess;

@@ -102,6 +102,11 @@ void cp_async_commit();
 void cp_async_wait(int n);
 void ldmatrix_x4(uint32_t (&r)[4], uint32_t addr, bool trans);
 void mma_m16n8k16_bf16(float (&c)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1);
+// What the shadow cuda/ptx_sm90.cuh calls: one thread's part of wgmma m64nNk16 bf16
+// (d: its n/2 accumulators), the group commit and wait (see emu.cpp).
+void wgmma_bf16(float* d, int n, uint64_t desc_a, uint64_t desc_b, bool accumulate, bool trans_a, bool trans_b);
+void wgmma_commit();
+void wgmma_wait(int n);
 enum class Shuffle { bfly, up, idx };
 uint64_t shuffle(Shuffle mode, uint64_t value, int b);  // the value of another lane
 uint32_t match_any(uint64_t value);                     // the lanes holding the same value

@@ -1,9 +1,13 @@
-// The real cuda/grouped_gemm.cu on the host emulator, for what the GPU test
+// The real cuda/grouped_gemm.cu and cuda/grouped_gemm_sm90.cu (both kernel families,
+// GroupedGemmPath) on the host emulator, for what the GPU test
 // (tests/test_cuda_grouped_gemm.cu, which also runs here as emu_test_cuda_grouped_gemm)
 // cannot show: races. Each product runs with cp.async landing at wait_group (a read of
 // a stage before its wait / barrier) and at issue (a prefetch into a stage other warps
-// still read), then with each warp running ahead of the others in both orders
-// (check_rerun_identical): a race-free kernel writes the same bits every time. A
+// still read); the emulated wgmma of the sm90a family reads its operands at the other
+// end of its window each time (at issue, then at its wait_group: a stage refilled
+// before the wgmma reading it was retired shows). Then each warp runs ahead of the
+// others in both orders (check_rerun_identical): a race-free kernel writes the same
+// bits every time. A
 // float64 reference bounds the results as the GPU test does (bf16 outputs 1e-2, the
 // fp32 weight gradient 1e-4), so a kernel that is consistently wrong fails too.
 //
@@ -54,9 +58,10 @@ struct Problem {
   }
 };
 
-void check_problem(const Problem& p) {
+void check_problem(const Problem& p, spes::cuda::GroupedGemmPath path) {
   const int64_t E = p.E(), S = p.S(), C = p.C, OC = p.OC;
-  const std::string tag = "S=" + std::to_string(S) + " E=" + std::to_string(E) + " C=" + std::to_string(C) +
+  const std::string tag = std::string(path == spes::cuda::GroupedGemmPath::sm90a ? "sm90a" : "portable") +
+                          ": S=" + std::to_string(S) + " E=" + std::to_string(E) + " C=" + std::to_string(C) +
                           " OC=" + std::to_string(OC);
   INFO(tag);
   rng().seed(kSeed);
@@ -97,16 +102,17 @@ void check_problem(const Problem& p) {
   }
   auto forward = [&] {
     spes::cuda::grouped_matmul_forward(d_out.as<bf16>(), d_inp.as<bf16>(), d_wt.as<const bf16*>(),
-                                       d_off.as<int32_t>(), S, E, C, OC, nullptr);
+                                       d_off.as<int32_t>(), S, E, C, OC, nullptr, path);
   };
   auto backward_input = [&] {
     spes::cuda::grouped_matmul_backward_input(d_dinp.as<bf16>(), d_dout.as<bf16>(), d_wt.as<const bf16*>(),
-                                              d_off.as<int32_t>(), S, E, C, OC, nullptr);
+                                              d_off.as<int32_t>(), S, E, C, OC, nullptr, path);
   };
   auto backward_weight = [&] {
     upload(d_dw, prior);
     spes::cuda::grouped_matmul_backward_weight(d_dwt.as<float*>(), d_dout.as<bf16>(), d_inp.as<bf16>(),
-                                               d_off.as<int32_t>(), d_tr.as<int32_t>(), E, S, E, C, OC, nullptr);
+                                               d_off.as<int32_t>(), d_tr.as<int32_t>(), E, S, E, C, OC, nullptr,
+                                               path);
   };
 
   struct Result {
@@ -138,10 +144,25 @@ void check_problem(const Problem& p) {
 
 }  // namespace
 
-// Tiles are 128 × 128 × 32 with 4 stages. C = 192 (6 k-steps forward: the ring of 4
-// stages wraps; a 64-column tail backward-input) and OC = 264 (8 k-steps + 8 backward-
-// input; a column tail of 8 forward); expert row counts 129 (a tile + 1), 0 and 40; the
-// weight gradient reduces over 129 rows (5 k-steps, the last of 1 row).
+// Portable: tiles 128 × 128 × 32 with 4 stages. C = 192 (6 k-steps forward: the ring
+// of 4 stages wraps; a 64-column tail backward-input) and OC = 264 (8 k-steps + 8
+// backward-input; a column tail of 8 forward); expert row counts 129 (a tile + 1), 0
+// and 40; the weight gradient reduces over 129 rows (5 k-steps, the last of 1 row).
 TEST_CASE("emulated grouped matmul: race-free under every cp.async landing and warp order") {
-  check_problem({{129, 0, 40}, 192, 264});
+  check_problem({{129, 0, 40}, 192, 264}, spes::cuda::GroupedGemmPath::portable);
+}
+
+// sm90a: tiles 128 × 256 × 64 with 4 stages, a persistent grid of 132 CTAs. C = 320 (5
+// k-steps forward: the ring wraps; a 64-column tail backward-input) and OC = 264 (5
+// k-steps, the last of 8, backward-input; a 8-column tail forward); row counts 129, 0,
+// 40 and 300 (the weight gradient over 300 rows: 5 k-steps, the last of 44). That is
+// fewer tiles than CTAs, so a second problem, 140 experts of 1 to 3 rows, gives 140
+// row tiles and 280 weight-gradient tiles: some CTAs walk two (the next tile's copies
+// in flight while the last one is stored).
+TEST_CASE("emulated grouped matmul, sm90a: race-free under every cp.async landing, wgmma timing and warp order") {
+  REQUIRE(spes::cuda::grouped_gemm_sm90a_available());
+  check_problem({{129, 0, 40, 300}, 320, 264}, spes::cuda::GroupedGemmPath::sm90a);
+  std::vector<int32_t> counts(140);
+  for (size_t e = 0; e < counts.size(); ++e) counts[e] = int32_t(1 + e % 3);
+  check_problem({counts, 64, 136}, spes::cuda::GroupedGemmPath::sm90a);
 }

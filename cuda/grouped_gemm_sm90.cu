@@ -1,0 +1,616 @@
+// Grouped expert GEMMs (contract: grouped_gemm.cuh), the Hopper path: warpgroup MMA
+// (wgmma.mma_async m64n256k16 bf16, fp32 accumulators in registers) on operands that
+// a cp.async pipeline stages in shared memory in the layout wgmma reads through its
+// matrix descriptors. sm_90a only: this file is compiled for sm_90a where the build
+// targets compute capability 9.0 (CMakeLists.txt), and its kernel bodies are empty in
+// every other pass (SPES_SM90A_DEVICE_CODE, cuda/ptx_sm90.cuh; the host emulator,
+// tests/emu/, runs them with wgmma emulated). The launchers in grouped_gemm.cu pick
+// this family or the portable one (mma.sync, grouped_gemm.cu).
+//
+// Tiles. One CTA of two warpgroups (256 threads) computes a 128 × 256 output tile;
+// warpgroup w owns rows 64w.. and all 256 columns, one m64n256 accumulator (128 fp32
+// registers per thread). Each k-step of 64 is 4 wgmma k16 per warpgroup on a stage of
+// shared memory holding A (128 × 64, 16 KB) and B (256 × 64, 32 KB); 4 stages (192 KB,
+// one CTA per SM). Why so: wgmma's operands come from shared memory, so the tile's
+// size sets the shared-memory and L2 traffic per FLOP: 128 × 256 reads 48 KB per 4.2
+// MFLOP, 1.33× the FLOP per byte of 128 × 128, and an n256 wgmma is the widest, the
+// fewest instructions per FLOP. 128 accumulators leave room under the 255-register cap
+// for the copy addressing (__launch_bounds__(256, 1)).
+//
+// Shared layout: 128-byte swizzle, the one wgmma layout where a 64-element k-step row
+// (128 bytes) is one swizzle row. Every line of 128 bytes holds 8 chunks of 16 bytes,
+// chunk c of line l stored at chunk position c ^ (l % 8) (wgmma un-swizzles on the
+// address bits: 4-6 XOR 7-9, so every 8-line atom starts 1024-byte aligned). Which
+// line is which depends on the operand's major-ness (Major), so that no operand is
+// ever transposed in memory:
+//   K-major (inp, dout as the A of forward / backward-input; W_e as the B of forward):
+//     line = one m (or n) row of the k-step, 64 k values; atoms of 8 rows stacked at
+//     1024 B (the descriptor's stride offset); k16 step kk starts 32·kk bytes in (its
+//     leading offset is unused for a swizzled K-major operand).
+//   MN-major (W_e as the B of backward-input; doutᵀ and inp in the weight gradient):
+//     line = one k of the k-step, 64 consecutive m (or n) values; the tile is MN/64
+//     blocks of 64 lines (8 KB, the descriptor's leading offset between blocks), each
+//     8 k-lines an atom (1024 B, its stride offset); k16 step kk starts 2 KB in.
+// The wgmma's transpose bits say which (trans-a, trans-b = 1: MN-major).
+//
+// Pipeline. cp.async of 16 bytes, predicated with zero fill for tails as on the
+// portable path (rows past an expert's end, columns past N, k past K read as 0 without
+// a read), issued by all 256 threads, each into a fixed swizzle phase. k-step kt: each
+// thread waits for its own copies of kt, fences them to the async proxy
+// (fence.proxy.async: wgmma reads through it), and a barrier makes everyone's visible;
+// then each warpgroup issues its 4 wgmma of kt as one group, refills the stage of
+// kt − 2 with k-step kt + 2 and waits until only that group is running. So the tensor
+// cores always have the next group queued behind the running one, and two k-steps of
+// copies are in flight behind them; the barrier of step kt is what proves both
+// warpgroups done with the stage of kt − 2 (their wait at the end of step kt − 1).
+//
+// Scheduling: a persistent grid, one CTA per SM, each CTA walking tiles t = blockIdx.x,
+// + gridDim.x, … in the portable path's order (forward / backward-input: row tiles
+// expert by expert, column tiles fastest; weight gradient: (trained expert, OC tile,
+// C tile)). A CTA issues the first copies of its next tile before it stores the
+// current one, so the store overlaps the next tile's pipeline fill. The row-tile
+// starts of all experts are scanned once per CTA into shared memory (a block scan of
+// the device offsets, one thread per expert) and each tile finds its expert there by
+// binary search. Every output element is written by one CTA and summed in a fixed
+// k order: no atomics, the same bits every run.
+//
+// Stores. bf16 outputs go through shared memory (the last two stages, which the next
+// tile's first copies leave alone) so that each warp writes whole 512-byte row
+// segments; the weight gradient's fp32 dW += tile reads dW, which each tile asks L2
+// for as it starts, so the read-modify-write at its end finds it there.
+#include "cuda/grouped_gemm_sm90.cuh"
+
+#include <algorithm>
+#include <map>
+#include <mutex>
+#include <string>
+
+#include "cuda/check.cuh"
+#include "cuda/launch.cuh"
+#include "cuda/ptx.cuh"
+#include "cuda/ptx_sm90.cuh"
+
+namespace spes::cuda::grouped_sm90 {
+namespace {
+
+constexpr int kBM = 128, kBN = 256, kBK = 64, kStages = 4;
+constexpr int kWarpgroup = 128, kWarpgroups = 2, kThreads = kWarpgroups * kWarpgroup;
+constexpr int kWgRows = kBM / kWarpgroups;  // 64: one wgmma's m
+constexpr int kWgmmaK = 16;
+constexpr int kAcc = kWgRows * kBN / kWarpgroup;  // fp32 accumulators per thread: 128
+constexpr int kMaxExperts = 256;
+static_assert(kMaxExperts <= kThreads, "the tile scan gives each expert one thread");
+static_assert(kWgRows == 64 && kBN == 256 && kWgmmaK == 16 && kAcc == 128,
+              "one m64n256k16 wgmma (128 accumulators per thread) per warpgroup and k16 step");
+
+// The 128-byte swizzle's units (see the file comment).
+constexpr uint32_t kLineBytes = kBK * sizeof(bf16);   // 128: one swizzle line
+constexpr uint32_t kAtomBytes = 8 * kLineBytes;       // 1024: one swizzle atom
+constexpr uint32_t kBlockBytes = kBK * kLineBytes;    // 8 KB: an MN-major block of 64 k-lines
+constexpr uint32_t kTileABytes = kBM * kBK * sizeof(bf16);
+constexpr uint32_t kTileBBytes = kBN * kBK * sizeof(bf16);
+constexpr uint32_t kStageBytes = kTileABytes + kTileBBytes;
+static_assert(kStages >= 3, "the pipeline keeps kStages − 2 k-steps of copies in flight");
+static_assert(2 * kStageBytes >= kBM * kBN * sizeof(bf16), "the bf16 output tile is staged in two stages");
+static_assert(kTileABytes % kAtomBytes == 0 && kStageBytes % kAtomBytes == 0 && kBlockBytes % kAtomBytes == 0,
+              "atoms stay 1024-byte aligned");
+
+// The row-tile scan's results, at the start of dynamic shared memory.
+struct Sched {
+  int tile_end[kMaxExperts];  // inclusive prefix of the experts' row-tile counts
+  int start[kMaxExperts];     // each expert's rows [start, end), clamped to [0, S]
+  int end[kMaxExperts];
+  int warp_total[kThreads / kWarp];
+};
+// The stages start at the first 1024-byte boundary after Sched.
+constexpr size_t kSmemBytes = sizeof(Sched) + kAtomBytes + size_t(kStages) * kStageBytes;
+
+// Which operand index is contiguous in global memory (see the file comment).
+enum class Major { k, mn };
+
+#if SPES_SM90A_DEVICE_CODE
+
+__device__ __forceinline__ int clamp_int(int x, int lo, int hi) { return x < lo ? lo : (x > hi ? hi : x); }
+
+// ---- global → shared -----------------------------------------------------------------
+
+// One thread's share of copying an operand tile (MN × kBK of a k-step) into its swizzled
+// shared layout. The tile is cut into lines of 8 chunks (K-major: an m/n row; MN-major:
+// a k row of MN/8 chunks); thread `tid` copies chunk `tid % chunks-per-line` of lines
+// line0, line0 + kLinesPerPass, …, whose swizzle phase (line % 8) is the same for every
+// pass, so its shared offsets are one base plus a multiple of kPassBytes.
+// Element (i, k), i < MN, is at src[i·ld + k] (K-major) or src[k·ld + i] (MN-major);
+// i ≥ mn_valid and k ≥ K are zero-filled without a read (the address given for them is
+// `base`, which the caller keeps inside its buffer).
+template <Major MAJ, int MN>
+struct TileCopy {
+  static constexpr int kLineChunks = MAJ == Major::k ? kBK / 8 : MN / 8;
+  static constexpr int kLinesPerPass = kThreads / kLineChunks;
+  static constexpr int kPasses = (MAJ == Major::k ? MN : kBK) / kLinesPerPass;
+  static constexpr uint32_t kPassBytes = kLinesPerPass * kLineBytes;
+  static_assert(kThreads % kLineChunks == 0 && kLinesPerPass % 8 == 0, "a thread keeps one swizzle phase");
+
+  const bf16* base;  // element (0, 0) of the tile
+  const bf16* src;   // this thread's first chunk at k-step 0
+  int64_t ld;
+  uint32_t smem_offset;  // this thread's first chunk in the tile, bytes
+  int line0, col;        // its first line and its column (K-major: k; MN-major: m or n)
+  int mn_valid, K;
+
+  __device__ __forceinline__ TileCopy(const bf16* tile, int64_t ld_, int mn_valid_, int K_)
+      : base(tile), ld(ld_), mn_valid(mn_valid_), K(K_) {
+    const int tid = static_cast<int>(threadIdx.x), chunk = tid % kLineChunks;
+    line0 = tid / kLineChunks;
+    col = chunk * 8;
+    src = tile + int64_t(line0) * ld + col;
+    const uint32_t swizzled = ((chunk & 7) ^ (line0 & 7)) << 4;
+    smem_offset = (MAJ == Major::k ? 0u : uint32_t(chunk / 8) * kBlockBytes) + uint32_t(line0) * kLineBytes + swizzled;
+  }
+
+  // Issues this thread's copies of k-step kt into the tile at shared address `tile`.
+  __device__ __forceinline__ void issue(uint32_t tile, int kt) const {
+    const int k0 = kt * kBK;
+    const int64_t pass_step = int64_t(kLinesPerPass) * ld;
+    const bf16* p = MAJ == Major::k ? src + k0 : src + int64_t(k0) * ld;
+#pragma unroll
+    for (int i = 0; i < kPasses; ++i, p += pass_step) {
+      const int line = line0 + i * kLinesPerPass;
+      const bool ok = MAJ == Major::k ? (line < mn_valid && k0 + col < K) : (k0 + line < K && col < mn_valid);
+      cp_async_16(tile + smem_offset + i * kPassBytes, ok ? p : base, ok);
+    }
+  }
+};
+
+// The descriptor of k16 step kk of an operand tile at shared address `tile` (see the
+// file comment for the two layouts).
+template <Major MAJ>
+__device__ __forceinline__ uint64_t operand_descriptor(uint32_t tile, int kk) {
+  if constexpr (MAJ == Major::k)
+    return sw128_descriptor(tile + kk * kWgmmaK * uint32_t(sizeof(bf16)), 16, kAtomBytes);
+  else
+    return sw128_descriptor(tile + kk * kWgmmaK * kLineBytes, kBlockBytes, kAtomBytes);
+}
+
+// ---- the main loop ---------------------------------------------------------------------
+
+// Both operands of one output tile: A (kBM × K) and B (kBN × K) with their copy plans.
+template <Major A_MAJ, Major B_MAJ>
+struct Operands {
+  TileCopy<A_MAJ, kBM> a;
+  TileCopy<B_MAJ, kBN> b;
+  int ktiles;
+};
+
+template <Major A_MAJ, Major B_MAJ>
+__device__ __forceinline__ void load_stage(const Operands<A_MAJ, B_MAJ>& op, uint32_t stages, int kt) {
+  const uint32_t stage = stages + uint32_t(kt % kStages) * kStageBytes;
+  op.a.issue(stage, kt);
+  op.b.issue(stage + kTileABytes, kt);
+}
+
+// The first kStages − 2 k-steps in flight, one commit group each (empty past K, so that
+// the group count, and with it the main loop's wait, is the same every step).
+template <Major A_MAJ, Major B_MAJ>
+__device__ __forceinline__ void prologue(const Operands<A_MAJ, B_MAJ>& op, uint32_t stages) {
+#pragma unroll
+  for (int s = 0; s < kStages - 2; ++s) {
+    if (s < op.ktiles) load_stage(op, stages, s);
+    cp_async_commit();
+  }
+}
+
+// acc = A·B over the tile's K (the first k16 step overwrites acc), after prologue(op).
+// Warpgroup w multiplies rows 64w.. of A (its 8 KB slice of the A tile in either layout)
+// by all of B. On return every wgmma has completed; copies of k-steps past K (empty
+// groups) may be all that is left in flight.
+template <Major A_MAJ, Major B_MAJ>
+__device__ __forceinline__ void mainloop(float (&acc)[kAcc], const Operands<A_MAJ, B_MAJ>& op, uint32_t stages) {
+  constexpr int kTransA = A_MAJ == Major::mn, kTransB = B_MAJ == Major::mn;
+  const uint32_t wg_a = uint32_t(threadIdx.x / kWarpgroup) * (kWgRows * kLineBytes);
+  static_assert(kWgRows * kLineBytes == kBlockBytes, "a warpgroup's A slice is 8 KB in both layouts");
+  for (int kt = 0; kt < op.ktiles; ++kt) {
+    cp_async_wait<kStages - 3>();  // this thread's copies of k-step kt have landed
+    fence_proxy_async_shared();    // … and are ordered before the tensor cores' reads
+    __syncthreads();               // everyone's have; both warpgroups are done with kt − 2
+    const uint32_t stage = stages + uint32_t(kt % kStages) * kStageBytes;
+    fence_accumulators(acc);
+    wgmma_fence();
+#pragma unroll
+    for (int kk = 0; kk < kBK / kWgmmaK; ++kk)
+      wgmma_m64n256k16_bf16<kTransA, kTransB>(acc, operand_descriptor<A_MAJ>(stage + wg_a, kk),
+                                               operand_descriptor<B_MAJ>(stage + kTileABytes, kk), kt > 0 || kk > 0);
+    wgmma_commit();
+    // Refill the stage of k-step kt − 2 (free since the barrier) with k-step kt + kStages − 2.
+    const int next = kt + kStages - 2;
+    if (next < op.ktiles) load_stage(op, stages, next);
+    cp_async_commit();
+    wgmma_wait<1>();  // k-step kt − 1's group is done: only kt's may still run
+    fence_accumulators(acc);
+  }
+  wgmma_wait<0>();
+  fence_accumulators(acc);
+}
+
+// Walks this CTA's tiles (Problem: find, operands, prefetch, store; see the two below).
+// `smem` is the dynamic shared memory, `stages` the shared address of the first stage;
+// the store may use the last two stages as scratch (`staging`, a generic pointer):
+// the next tile's prologue fills only the first kStages − 2, and its main loop refills
+// the others only after its first barrier, which every thread reaches after its store.
+template <class Problem>
+__device__ __forceinline__ void run_tiles(const Problem& problem, unsigned char* smem, uint32_t stages) {
+  unsigned char* staging = smem + (stages + (kStages - 2) * kStageBytes - smem_addr(smem));
+  float acc[kAcc] = {};  // every tile's first wgmma overwrites it; zeroed once so it is never read undefined
+  int t = static_cast<int>(blockIdx.x);
+  auto job = problem.find(t);
+  if (!job.valid) return;  // uniform: every thread computed the same job
+  auto op = problem.operands(job);
+  prologue(op, stages);
+  problem.prefetch(job);
+  while (true) {
+    mainloop(acc, op, stages);
+    __syncthreads();  // both warpgroups' wgmma are done with every stage: the next tile may refill them
+    t += static_cast<int>(gridDim.x);
+    const auto next = problem.find(t);
+    if (next.valid) {
+      op = problem.operands(next);
+      prologue(op, stages);  // in flight while this tile is stored
+      problem.prefetch(next);
+    }
+    problem.store(job, acc, staging);
+    if (!next.valid) break;
+    job = next;
+  }
+}
+
+// Shared address of the first stage: the first 1024-byte boundary after Sched.
+__device__ __forceinline__ uint32_t stages_address(unsigned char* smem) {
+  return (smem_addr(smem + sizeof(Sched)) + kAtomBytes - 1) & ~(kAtomBytes - 1);
+}
+
+// Thread (row, column) of accumulator pair acc[4j + 2h], acc[4j + 2h + 1]: row
+// 64·warpgroup + 16·warp + lane / 4 + 8h, columns 8j + 2·(lane % 4) and the next
+// (cuda/ptx_sm90.cuh, wgmma's D fragment).
+__device__ __forceinline__ int fragment_row() {
+  const int tid = static_cast<int>(threadIdx.x);
+  return (tid / kWarpgroup) * kWgRows + ((tid % kWarpgroup) / kWarp) * 16 + (tid % kWarp) / 4;
+}
+__device__ __forceinline__ int fragment_col() { return 2 * (static_cast<int>(threadIdx.x) % 4); }
+
+// ---- forward and backward-input ----------------------------------------------------------
+
+// Fills Sched: per expert its clamped rows and the inclusive prefix of row-tile counts
+// (ceil(rows / kBM)), by a block scan, one thread per expert. Returns the row-tile total.
+__device__ __forceinline__ int scan_row_tiles(Sched& s, const int32_t* offsets, int E, int S) {
+  const int tid = static_cast<int>(threadIdx.x), lane = tid % kWarp, warp = tid / kWarp;
+  int tiles = 0;
+  if (tid < E) {
+    const int start = clamp_int(offsets[tid], 0, S), end = clamp_int(offsets[tid + 1], start, S);
+    s.start[tid] = start;
+    s.end[tid] = end;
+    tiles = (end - start + kBM - 1) / kBM;
+  }
+  int incl = tiles;  // inclusive prefix within the warp
+#pragma unroll
+  for (int o = 1; o < kWarp; o <<= 1) {
+    const int y = __shfl_up_sync(0xffffffffu, incl, o);
+    if (lane >= o) incl += y;
+  }
+  if (lane == kWarp - 1) s.warp_total[warp] = incl;
+  __syncthreads();
+  int total = 0;
+#pragma unroll
+  for (int w = 0; w < kThreads / kWarp; ++w) {
+    if (w < warp) incl += s.warp_total[w];
+    total += s.warp_total[w];
+  }
+  if (tid < E) s.tile_end[tid] = incl;
+  __syncthreads();
+  return total;
+}
+
+// Forward (B_MAJ = k) and backward-input (B_MAJ = mn): out[s, 0:N] = a[s, 0:K] · B_e for
+// the rows s of each expert; forward N = OC, K = C, W_e is [N][K]; backward-input
+// N = C, K = OC, W_e is [K][N]. Tile t is row tile t / n_col_tiles, column tile
+// t % n_col_tiles.
+template <Major B_MAJ>
+struct RowsProblem {
+  bf16* out;
+  const bf16* a;
+  const bf16* const* weights;
+  const Sched* sched;
+  int E, N, K, n_col_tiles, n_tiles;
+
+  struct Job {
+    bool valid;
+    int expert, row0, rows, n0;
+  };
+
+  __device__ __forceinline__ Job find(int t) const {
+    if (t >= n_tiles) return {false, 0, 0, 0, 0};
+    const int rt = t / n_col_tiles;
+    int lo = 0, hi = E - 1;  // the first expert whose tiles end past rt (empty ones end where the last did)
+    while (lo < hi) {
+      const int mid = (lo + hi) / 2;
+      if (sched->tile_end[mid] > rt)
+        hi = mid;
+      else
+        lo = mid + 1;
+    }
+    const int first_tile = lo > 0 ? sched->tile_end[lo - 1] : 0;
+    const int row0 = sched->start[lo] + (rt - first_tile) * kBM;
+    return {true, lo, row0, min(kBM, sched->end[lo] - row0), (t % n_col_tiles) * kBN};
+  }
+
+  __device__ __forceinline__ Operands<Major::k, B_MAJ> operands(const Job& j) const {
+    const bf16* w = weights[j.expert];
+    const bf16* b = B_MAJ == Major::k ? w + int64_t(j.n0) * K : w + j.n0;
+    return {TileCopy<Major::k, kBM>(a + int64_t(j.row0) * K, K, j.rows, K),
+            TileCopy<B_MAJ, kBN>(b, B_MAJ == Major::k ? K : N, N - j.n0, K), (K + kBK - 1) / kBK};
+  }
+
+  __device__ __forceinline__ void prefetch(const Job&) const {}  // the store reads nothing
+
+  // bf16 out through shared memory, so that each warp writes whole 512-byte row
+  // segments with 16-byte stores (written straight from the accumulator fragment, a
+  // warp's store would cover 8 rows × 16 bytes). The [128][256] bf16 tile is staged
+  // with its 16-byte chunks XOR-swizzled by row % 8: the fragment's 8 rows of one
+  // column chunk then fall in 8 different bank groups, and the read back of one row's
+  // 32 chunks is conflict-free too. Rows past the expert's end and columns past N are
+  // not written (N % 8 == 0: a chunk is wholly inside or outside).
+  __device__ __forceinline__ void store(const Job& j, const float (&acc)[kAcc], unsigned char* staging) const {
+    constexpr int kRowChunks = kBN / 8;
+    const int r0 = fragment_row(), c0 = fragment_col();
+    __nv_bfloat162* tile = reinterpret_cast<__nv_bfloat162*>(staging);
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      const int r = r0 + 8 * h;
+#pragma unroll
+      for (int jn = 0; jn < kRowChunks; ++jn)
+        tile[(r * kRowChunks + (jn ^ (r & 7))) * 4 + c0 / 2] =
+            __floats2bfloat162_rn(acc[4 * jn + 2 * h], acc[4 * jn + 2 * h + 1]);
+    }
+    __syncthreads();
+    const int lane = static_cast<int>(threadIdx.x) % kWarp, warp = static_cast<int>(threadIdx.x) / kWarp;
+    const bool col_ok = j.n0 + lane * 8 < N;
+    const int4* chunks = reinterpret_cast<const int4*>(staging);
+#pragma unroll 4
+    for (int r = warp; r < kBM; r += kThreads / kWarp) {
+      const int4 v = chunks[r * kRowChunks + (lane ^ (r & 7))];
+      if (r < j.rows && col_ok) *reinterpret_cast<int4*>(out + int64_t(j.row0 + r) * N + j.n0 + lane * 8) = v;
+    }
+  }
+};
+
+#endif  // SPES_SM90A_DEVICE_CODE
+
+template <Major B_MAJ>
+__global__ void __launch_bounds__(kThreads, 1)
+    rows_kernel(bf16* __restrict__ out, const bf16* __restrict__ a, const bf16* const* __restrict__ weights,
+                const int32_t* __restrict__ offsets, int S, int E, int N, int K, int n_col_tiles) {
+#if SPES_SM90A_DEVICE_CODE
+  unsigned char* smem = dynamic_smem<unsigned char>;
+  Sched& sched = *reinterpret_cast<Sched*>(smem);
+  const int row_tiles = scan_row_tiles(sched, offsets, E, S);
+  const RowsProblem<B_MAJ> problem{out, a, weights, &sched, E, N, K, n_col_tiles, row_tiles * n_col_tiles};
+  run_tiles(problem, smem, stages_address(smem));
+#endif
+}
+
+#if SPES_SM90A_DEVICE_CODE
+
+// Weight gradient: dweights[e][m, n] += Σ_s dout[s, m]·inp[s, n] over the rows s of
+// expert e = trained[i], M = OC, N = C, K = the expert's row count; A = doutᵀ and
+// B = inp, both MN-major. Tile t = (i · m_tiles + OC tile) · n_tiles + C tile; a tile
+// of an expert outside [0, E) or with no rows is skipped (its dW is not even read).
+struct WgradProblem {
+  float* const* dweights;
+  const bf16* dout;
+  const bf16* inp;
+  const int32_t* offsets;
+  const int32_t* trained;
+  int S, E, C, OC, m_tiles, n_tiles, n_jobs;
+
+  struct Job {
+    bool valid;
+    int expert, start, rows, m0, n0;
+  };
+
+  // The first tile at t, t + gridDim.x, … that has work (t is advanced to it).
+  __device__ __forceinline__ Job find(int& t) const {
+    const int per_expert = m_tiles * n_tiles;
+    for (; t < n_jobs; t += static_cast<int>(gridDim.x)) {
+      const int e = trained[t / per_expert], rem = t % per_expert;
+      if (e < 0 || e >= E) continue;
+      const int start = clamp_int(offsets[e], 0, S), end = clamp_int(offsets[e + 1], start, S);
+      if (end == start) continue;
+      return {true, e, start, end - start, (rem / n_tiles) * kBM, (rem % n_tiles) * kBN};
+    }
+    return {false, 0, 0, 0, 0, 0};
+  }
+
+  __device__ __forceinline__ Operands<Major::mn, Major::mn> operands(const Job& j) const {
+    return {TileCopy<Major::mn, kBM>(dout + int64_t(j.start) * OC + j.m0, OC, OC - j.m0, j.rows),
+            TileCopy<Major::mn, kBN>(inp + int64_t(j.start) * C + j.n0, C, C - j.n0, j.rows),
+            (j.rows + kBK - 1) / kBK};
+  }
+
+  // The store reads the tile's dW: asked of L2 as the tile starts, it is there (not
+  // in DRAM) when the store comes, a whole main loop later. 128 rows of up to 8
+  // lines of 128 bytes: thread tid takes row tid / 2, lines 4·(tid % 2)...
+  __device__ __forceinline__ void prefetch(const Job& j) const {
+    const int tid = static_cast<int>(threadIdx.x), r = tid / 2;
+    if (j.m0 + r >= OC) return;
+    const float* row = dweights[j.expert] + int64_t(j.m0 + r) * C + j.n0;
+    constexpr int kLineFloats = 128 / sizeof(float);
+#pragma unroll
+    for (int l = 0; l < 4; ++l) {
+      const int c = ((tid % 2) * 4 + l) * kLineFloats;
+      if (j.n0 + c < C) prefetch_l2(row + c);
+    }
+  }
+
+  // dW += acc, fp32 pairs. The loads go out kBatch at a time before their adds and
+  // stores: written element by element, the compiler kept each load behind the
+  // previous store (it cannot prove them apart), one memory round trip per pair.
+  __device__ __forceinline__ void store(const Job& j, const float (&acc)[kAcc], unsigned char*) const {
+    constexpr int kBatch = 16;
+    const int r0 = fragment_row(), c0 = fragment_col();
+    float* tile = dweights[j.expert] + int64_t(j.m0) * C + j.n0;
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      const int r = r0 + 8 * h;
+      if (j.m0 + r >= OC) continue;
+      float* row = tile + int64_t(r) * C;
+#pragma unroll
+      for (int jb = 0; jb < kBN / 8; jb += kBatch) {
+        float2 v[kBatch];
+#pragma unroll
+        for (int b = 0; b < kBatch; ++b) {
+          const int c = (jb + b) * 8 + c0;
+          if (j.n0 + c < C) v[b] = *reinterpret_cast<const float2*>(row + c);
+        }
+#pragma unroll
+        for (int b = 0; b < kBatch; ++b) {
+          const int c = (jb + b) * 8 + c0;
+          if (j.n0 + c < C) {
+            v[b].x += acc[4 * (jb + b) + 2 * h];
+            v[b].y += acc[4 * (jb + b) + 2 * h + 1];
+            *reinterpret_cast<float2*>(row + c) = v[b];
+          }
+        }
+      }
+    }
+  }
+};
+
+#endif  // SPES_SM90A_DEVICE_CODE
+
+__global__ void __launch_bounds__(kThreads, 1)
+    wgrad_kernel(float* const* __restrict__ dweights, const bf16* __restrict__ dout, const bf16* __restrict__ inp,
+                 const int32_t* __restrict__ offsets, const int32_t* __restrict__ trained, int S, int E, int C, int OC,
+                 int m_tiles, int n_tiles, int n_jobs) {
+#if SPES_SM90A_DEVICE_CODE
+  unsigned char* smem = dynamic_smem<unsigned char>;
+  const WgradProblem problem{dweights, dout, inp, offsets, trained, S, E, C, OC, m_tiles, n_tiles, n_jobs};
+  run_tiles(problem, smem, stages_address(smem));
+#endif
+}
+
+// ---- launchers -----------------------------------------------------------------------------
+
+// What this family needs to know about a device, asked once per device.
+struct DeviceInfo {
+  bool sm90a = false;   // the kernels can run here (see available())
+  int sms = 0;          // multiprocessors: the persistent grid's size
+  std::string why_not;  // when !sm90a: the first requirement that failed
+};
+
+#if defined(SPES_SM90A_KERNELS)
+constexpr bool kBuiltForSm90a = true;
+#else
+constexpr bool kBuiltForSm90a = false;
+#endif
+
+// Empty when the kernel's loaded code is compute capability 9.0 machine code from PTX
+// 9.0 or later: with this file's 9.0 code built as sm_90a (kBuiltForSm90a), that code
+// is it (an older architecture's PTX JIT-compiled for the GPU reports its own
+// ptxVersion). Else what was loaded.
+template <typename Kernel>
+std::string loaded_code_mismatch(Kernel kernel) {
+  cudaFuncAttributes fa{};
+  cuda_check(cudaFuncGetAttributes(&fa, kernel));
+  if (fa.binaryVersion == 90 && fa.ptxVersion >= 90) return "";
+  return "the driver loaded its kernels as binary version " + std::to_string(fa.binaryVersion) + " from PTX " +
+         std::to_string(fa.ptxVersion) + ", not sm_90a code";
+}
+
+template <typename Kernel>
+void allow_smem(Kernel kernel) {
+  cuda_check(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(kSmemBytes)));
+}
+
+DeviceInfo query_device(int dev) {
+  DeviceInfo d;
+  int major = 0, minor = 0, optin = 0;
+  cuda_check(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev));
+  cuda_check(cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, dev));
+  cuda_check(cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev));
+  cuda_check(cudaDeviceGetAttribute(&d.sms, cudaDevAttrMultiProcessorCount, dev));
+  if (!kBuiltForSm90a)
+    d.why_not = "this build has no sm_90a code (9.0 is not among its CUDA architectures, or it is the host emulator)";
+  else if (major != 9 || minor != 0)
+    d.why_not = "the GPU is compute capability " + std::to_string(major) + "." + std::to_string(minor) +
+                ", sm_90a code runs on 9.0 alone";
+  else if (kSmemBytes > static_cast<size_t>(optin))
+    d.why_not = "the kernels need " + std::to_string(kSmemBytes) + " bytes of shared memory per block, the GPU allows " +
+                std::to_string(optin);
+  else  // one kernel answers for the three: they are one module
+    d.why_not = loaded_code_mismatch(rows_kernel<Major::k>);
+  d.sm90a = d.why_not.empty();
+  if (d.sm90a) {  // above 48 KB of dynamic shared memory a kernel must opt in, per device
+    allow_smem(rows_kernel<Major::k>);
+    allow_smem(rows_kernel<Major::mn>);
+    allow_smem(wgrad_kernel);
+  }
+  return d;
+}
+
+// The current device's DeviceInfo. Thread-safe: one mutex over all devices (a few
+// calls per step, one host thread per GPU).
+const DeviceInfo& device_info() {
+  static std::mutex mu;
+  static std::map<int, DeviceInfo> devices;
+  int dev = 0;
+  cuda_check(cudaGetDevice(&dev));
+  std::lock_guard<std::mutex> lock(mu);
+  auto it = devices.find(dev);
+  if (it == devices.end()) it = devices.emplace(dev, query_device(dev)).first;  // nothing stored on a throw
+  return it->second;
+}
+
+unsigned persistent_grid(int64_t tiles) {
+  return static_cast<unsigned>(std::min<int64_t>(tiles, device_info().sms));
+}
+
+// Forward and backward-input: `a` [S, K] per-row operand, out [S, N]. The grid's tile
+// bound (ceil(S/128) + E row tiles, Σ_e ceil(m_e/128) ≤ S/128 + E) only sizes the grid:
+// the CTAs walk the real tile count, which the device finds.
+template <Major B_MAJ>
+void rows(bf16* out, const bf16* a, const bf16* const* weights, const int32_t* offsets, int64_t S, int64_t E,
+          int64_t N, int64_t K, cudaStream_t stream) {
+  const int64_t n_col_tiles = ceil_div(N, kBN), row_tiles = ceil_div(S, kBM) + E;
+  launch(rows_kernel<B_MAJ>, persistent_grid(row_tiles * n_col_tiles), kThreads, kSmemBytes, stream, out, a, weights,
+         offsets, static_cast<int>(S), static_cast<int>(E), static_cast<int>(N), static_cast<int>(K),
+         static_cast<int>(n_col_tiles));
+  cuda_check_launch();
+}
+
+}  // namespace
+
+bool available() { return device_info().sm90a; }
+
+std::string unavailable_reason() { return device_info().why_not; }
+
+// The launchers' tile bounds (grouped_gemm.cu) are for 128 × 128 tiles: every count
+// here (128 × 256) is smaller, so the same checks keep these within int.
+void forward(bf16* out, const bf16* inp, const bf16* const* weights, const int32_t* offsets, int64_t S, int64_t E,
+             int64_t C, int64_t OC, cudaStream_t stream) {
+  rows<Major::k>(out, inp, weights, offsets, S, E, OC, C, stream);
+}
+
+void backward_input(bf16* dinp, const bf16* dout, const bf16* const* weights, const int32_t* offsets, int64_t S,
+                    int64_t E, int64_t C, int64_t OC, cudaStream_t stream) {
+  rows<Major::mn>(dinp, dout, weights, offsets, S, E, C, OC, stream);
+}
+
+void backward_weight(float* const* dweights, const bf16* dout, const bf16* inp, const int32_t* offsets,
+                     const int32_t* trained_experts, int64_t n_trained, int64_t S, int64_t E, int64_t C, int64_t OC,
+                     cudaStream_t stream) {
+  const int64_t m_tiles = ceil_div(OC, kBM), n_tiles = ceil_div(C, kBN), n_jobs = n_trained * m_tiles * n_tiles;
+  launch(wgrad_kernel, persistent_grid(n_jobs), kThreads, kSmemBytes, stream, dweights, dout, inp, offsets,
+         trained_experts, static_cast<int>(S), static_cast<int>(E), static_cast<int>(C), static_cast<int>(OC),
+         static_cast<int>(m_tiles), static_cast<int>(n_tiles), static_cast<int>(n_jobs));
+  cuda_check_launch();
+}
+
+}  // namespace spes::cuda::grouped_sm90

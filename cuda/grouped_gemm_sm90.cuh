@@ -1,0 +1,35 @@
+// The seam between the grouped GEMMs' launchers (cuda/grouped_gemm.cu) and their
+// Hopper family (cuda/grouped_gemm_sm90.cu): that family is a translation unit of its
+// own because it alone is compiled for sm_90a (wgmma exists on no other target; see
+// CMakeLists.txt), while the rest of cuda/ is built for the plain architectures.
+// Internal to cuda/: the public contract is cuda/grouped_gemm.cuh, whose launchers
+// check every argument before calling these.
+#pragma once
+#include <cuda_runtime.h>
+
+#include <cstdint>
+#include <string>
+
+#include "cuda/common.cuh"
+
+namespace spes::cuda::grouped_sm90 {
+
+// Whether the current device can run this family: a compute capability 9.0 GPU, and a
+// build whose code for it is sm_90a (CMake defines SPES_SM90A_KERNELS for
+// grouped_gemm_sm90.cu when it compiles it so) and whose kernels the driver loaded as
+// that code. Asked of the runtime once per device, then cached.
+bool available();
+// Why not, when !available() (else empty).
+std::string unavailable_reason();
+
+// The three products, same arguments and contract as grouped_matmul_* (already
+// checked); S > 0 and, for the weight gradient, n_trained > 0.
+void forward(bf16* out, const bf16* inp, const bf16* const* weights, const int32_t* offsets, int64_t S, int64_t E,
+             int64_t C, int64_t OC, cudaStream_t stream);
+void backward_input(bf16* dinp, const bf16* dout, const bf16* const* weights, const int32_t* offsets, int64_t S,
+                    int64_t E, int64_t C, int64_t OC, cudaStream_t stream);
+void backward_weight(float* const* dweights, const bf16* dout, const bf16* inp, const int32_t* offsets,
+                     const int32_t* trained_experts, int64_t n_trained, int64_t S, int64_t E, int64_t C, int64_t OC,
+                     cudaStream_t stream);
+
+}  // namespace spes::cuda::grouped_sm90

@@ -1,0 +1,41 @@
+// The emulator's twin of cuda/ptx_sm90.cuh: same names and signatures, the wgmma ones
+// forwarding to tests/emu/emu.hpp. The emulated H100 runs sm_90a code, so
+// SPES_SM90A_DEVICE_CODE is 1 here and the grouped GEMMs' Hopper kernels
+// (cuda/grouped_gemm_sm90.cu) run on it, their launchers told so by
+// SPES_SM90A_KERNELS (CMakeLists.txt, test_emu).
+#pragma once
+#include <cstdint>
+
+#include "tests/emu/emu.hpp"
+
+#define SPES_SM90A_DEVICE_CODE 1
+
+namespace spes::cuda {
+
+// The descriptor's bits as on the GPU (PTX ISA, "Matrix Descriptor Format"); the
+// emulated wgmma decodes them (emu::wgmma_element_address).
+inline uint64_t sw128_descriptor(uint32_t smem_addr, uint32_t lbo_bytes, uint32_t sbo_bytes) {
+  return uint64_t((smem_addr >> 4) & 0x3FFF) | (uint64_t((lbo_bytes >> 4) & 0x3FFF) << 16) |
+         (uint64_t((sbo_bytes >> 4) & 0x3FFF) << 32) | (uint64_t(1) << 62);
+}
+
+// Orderings the emulator has no use for: it has one proxy, no L2, and the compiler
+// does not reorder across its calls.
+inline void prefetch_l2(const void*) {}
+inline void fence_proxy_async_shared() {}
+inline void wgmma_fence() {}
+template <int N>
+void fence_accumulators(float (&)[N]) {}
+
+inline void wgmma_commit() { emu::wgmma_commit(); }
+template <int N>
+void wgmma_wait() {
+  emu::wgmma_wait(N);
+}
+
+template <int TRANS_A, int TRANS_B>
+void wgmma_m64n256k16_bf16(float (&d)[128], uint64_t desc_a, uint64_t desc_b, int accumulate) {
+  emu::wgmma_bf16(d, 256, desc_a, desc_b, accumulate != 0, TRANS_A != 0, TRANS_B != 0);
+}
+
+}  // namespace spes::cuda
