@@ -49,6 +49,7 @@
 #include "cuda/grouped_gemm.cuh"
 
 #include <climits>
+#include <cstdlib>
 #include <mutex>
 #include <set>
 #include <string>
@@ -360,6 +361,16 @@ __global__ void __launch_bounds__(kThreads, 2)
 
 // ---- launchers ---------------------------------------------------------------------------
 
+// SPES_GROUPED_GEMM=portable keeps the automatic choice on the portable path (read
+// once): a way around the Hopper kernels on a machine where they misbehave, and how a
+// bench times the whole step on each path in one run.
+bool portable_forced(const char* op) {
+  static const char* const value = std::getenv("SPES_GROUPED_GEMM");
+  require(value == nullptr || *value == '\0' || std::string(value) == "portable", op,
+          std::string("SPES_GROUPED_GEMM is \"") + (value ? value : "") + "\"; it may only be \"portable\" or unset");
+  return value != nullptr && std::string(value) == "portable";
+}
+
 // The kernel family a call runs on: `requested` resolved for the current device.
 GroupedGemmPath choose_path(const char* op, GroupedGemmPath requested) {
   switch (requested) {
@@ -369,7 +380,7 @@ GroupedGemmPath choose_path(const char* op, GroupedGemmPath requested) {
       require(grouped_sm90::available(), op, "the sm90a path cannot run here: " + grouped_sm90::unavailable_reason());
       return requested;
     default:
-      return grouped_sm90::available() ? GroupedGemmPath::sm90a : GroupedGemmPath::portable;
+      return grouped_sm90::available() && !portable_forced(op) ? GroupedGemmPath::sm90a : GroupedGemmPath::portable;
   }
 }
 

@@ -36,6 +36,9 @@
 
 namespace spes::cuda {
 
+// automatic: the sm90a family where it can run (a compute capability 9.0 GPU and a
+// build that carries sm_90a code), else the portable one; the environment variable
+// SPES_GROUPED_GEMM=portable keeps it on the portable one.
 enum class GroupedGemmPath { automatic, portable, sm90a };
 
 // Whether the sm90a family can run on the current device (asked once per device),
