@@ -159,7 +159,6 @@ struct Output {
   size_t bytes;
   template <class T>
   Output(const DevTensor<T>& t) : data(t.buf.get()), bytes(t.buf.bytes()) {}
-  Output(void* d, size_t b) : data(d), bytes(b) {}
 };
 
 #ifdef SPES_EMULATOR

@@ -48,6 +48,7 @@ std::vector<T> download(const emu::GlobalBuffer& src, int64_t n) {
   return {src.as<T>(), src.as<T>() + n};
 }
 
+// bitwise_equal, by the name test_emu_grouped_gemm.cpp calls it.
 template <class T>
 bool same_bits(const std::vector<T>& a, const std::vector<T>& b) {
   return bitwise_equal(a, b);
