@@ -2,7 +2,8 @@
 # The GPU check (bench/gpu_check/) rehearsed without a GPU, on this machine's build:
 #
 #   bundle: packs BUILD_DIR with `bundle.sh --rehearsal` into BUILD_DIR/gpu-check-rehearsal;
-#   quick:  runs that bundle's run.sh in quick mode;
+#   quick:  runs that bundle's run.sh in quick mode, with a stub `torch` module first on
+#           PYTHONPATH (no GPU, no transformers), so the PyTorch anchors run and exit 77;
 #   full:   runs it in full mode with SPES_CHECK_GPU_DEVICE=cpu (steps 2-3 train on the
 #           CPU), 8 training steps, a 10-step SPES run and no CPU benches.
 #
@@ -44,7 +45,13 @@ case $WHAT in
     done
     exit $((problems > 0))
     ;;
-  quick) args=() budget=285 ;;
+  quick)
+    args=() budget=285
+    mkdir -p "$OUT.stub/torch"
+    printf '%s\n' '__version__ = "0-stub"' 'class cuda:' '    @staticmethod' '    def is_available(): return False' \
+      > "$OUT.stub/torch/__init__.py"
+    export PYTHONPATH="$OUT.stub${PYTHONPATH:+:$PYTHONPATH}"
+    ;;
   full)
     args=(--full) budget=465
     export SPES_CHECK_GPU_DEVICE=cpu SPES_CHECK_TRAIN_STEPS=8 SPES_CHECK_SPES_STEPS=10 SPES_CHECK_CPU_BENCHES=0
@@ -87,6 +94,8 @@ if [[ $WHAT == quick ]]; then
   row "4. compute-sanitizer" SKIPPED "full mode only"
   row "5. CPU benches" SKIPPED "full mode only"
   has "without its 300-step case \(quick mode\)" "test_gpu_step runs without its 300-step case"
+  row "1c. Ours beside PyTorch (same GPU)" SKIPPED "PyTorch anchors: no GPU"
+  has "transformers not importable" "the anchors leave the model out without transformers"
 else
   has "^\*\*Rehearsal\*\*" "the rehearsal note"
   row "2. GPU vs CPU training (tiny-central)" PASS "final loss at step 8"

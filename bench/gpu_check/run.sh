@@ -178,6 +178,10 @@ unpack_and_probe() {
   fi
 }
 
+# The environment Python runs in: LD_LIBRARY_PATH as the caller had it (find_libraries
+# extends it for our binaries).
+if [[ -v LD_LIBRARY_PATH ]]; then PY_ENV=(env LD_LIBRARY_PATH="$LD_LIBRARY_PATH"); else PY_ENV=(env -u LD_LIBRARY_PATH); fi
+
 # cuBLAS, cuBLASLt and NCCL are not in the bundle: find the machine's, first where
 # the loader already looks, then in the CUDA folders, then in pip's nvidia/*/lib.
 find_libraries() {
@@ -273,26 +277,25 @@ run_bench() {
   fi
 }
 
-# Why the anchors cannot run here (empty: they can); the note on what they leave out.
-torch_missing() {
-  command -v python3 >/dev/null || { echo "python3 not found" && return; }
-  local err
-  if ! err=$(timeout 90 python3 -c 'import torch' 2>&1); then
-    echo "no PyTorch for $(command -v python3): $(tail -1 <<< "$err")"
-  fi
-}
-
 # run_anchors DEADLINE: bench/torch_anchors.py right after bench_train_gpu, with its
 # training FLOPs per token (for the model rows' TFLOP/s); torch.compile in full mode.
+# Skipped, with the reason, where python3 or torch is missing; without transformers
+# it leaves the model out. Python runs with the caller's LD_LIBRARY_PATH (PY_ENV):
+# torch brings its own cuBLAS.
 run_anchors() {
-  local D=$1 base="$L/torch/anchors" why gflop args=(--runs 5)
-  why=$(torch_missing)
+  local D=$1 base="$L/torch/anchors" why="" probe="" gflop args=(--runs 5)
+  if ! command -v python3 >/dev/null; then
+    why="python3 not found"
+  elif ! probe=$(timeout 90 "${PY_ENV[@]}" python3 -c \
+    'import importlib.util as u, torch; print(u.find_spec("transformers") is not None)' 2>&1); then
+    why="no PyTorch for $(command -v python3): $(tail -1 <<< "$probe")"
+  fi
   if [[ -n $why ]]; then
     skip_step "$base" "$why"
     say "PyTorch anchors: skipped: $why"
     return
   fi
-  if ! timeout 90 python3 -c 'import transformers' > /dev/null 2>&1; then
+  if [[ $(tail -1 <<< "$probe") != True ]]; then
     args+=(--skip-model)
     echo "transformers not importable: the OlmoeForCausalLM step was not timed" > "$base.note"
   fi
@@ -300,7 +303,7 @@ run_anchors() {
   [[ -n $gflop ]] && args+=(--train-flops-per-token "$(awk -v g="$gflop" 'BEGIN{printf "%.0f", g * 1e9}')")
   [[ $MODE == full ]] && args+=(--compile-budget-s "$COMPILE_BUDGET_S")
   # torch.compile's caches go to the work folder, like every scratch file.
-  run_step "$base" "$(cap "${ANCHORS_CAP[$MODE]}" "$D")" env TORCHINDUCTOR_CACHE_DIR="$WORK/torchinductor" \
+  run_step "$base" "$(cap "${ANCHORS_CAP[$MODE]}" "$D")" "${PY_ENV[@]}" TORCHINDUCTOR_CACHE_DIR="$WORK/torchinductor" \
     TRITON_CACHE_DIR="$WORK/triton" "${STDBUF[@]}" python3 "$HERE/torch_anchors.py" "${args[@]}"
   if [[ $(rc_of "$base") == 77 ]]; then
     say "PyTorch anchors: skipped: $(tail -1 "$base.err")"
