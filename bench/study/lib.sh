@@ -160,18 +160,18 @@ write_results() {
           for (i = 1; i <= m; ++i) { split(order[i], p, SUBSEP); printf "%s,%s,%.6f\n", p[1], p[2], sum[order[i]] / n[order[i]] } }' \
     "$OUT/curves.csv" > "$OUT/curves_mean.csv"
   {
-    echo "variant,seeds,final_val_ce,final_val_ce_spread,val_ce_quarter,val_ce_half,gap_to_central_pct,opt_grad_bytes_per_node,bytes_per_node_per_round,wall_s"
+    echo "variant,seeds,final_val_ce,final_val_ce_spread,val_ce_quarter,val_ce_half,gap_to_central_pct,opt_grad_bytes_per_node,bytes_per_node_per_round,wall_s,tokens,tokens_per_s"
     for v in "${VARIANTS[@]}"; do
       for s in "$OUT/runs/$v"/s*; do
         printf '%s,%s,%s,%s,%s\n' "$v" "$(tail -n 1 "$s/curve.csv" | cut -d, -f2)" \
           "$(awk -F, -v t=$((BUDGET / 4)) '$1 == t { print $2 }' "$s/curve.csv")" \
           "$(awk -F, -v t=$((BUDGET / 2)) '$1 == t { print $2 }' "$s/curve.csv")" \
-          "$(cat "$s/opt_grad_bytes")|$(cat "$s/bytes_round")|$(cat "$s/wall_s")"
+          "$(cat "$s/opt_grad_bytes")|$(cat "$s/bytes_round")|$(cat "$s/wall_s")|$(tail -n 1 "$s/curve.csv" | cut -d, -f1)"
       done
     done | awk -F, '
       { v = $1; if (!(v in n)) order[++m] = v; n[v]++; f[v] += $2; q[v] += $3; h[v] += $4
         if (n[v] == 1 || $2 < lo[v]) lo[v] = $2; if (n[v] == 1 || $2 > hi[v]) hi[v] = $2
-        split($5, x, "|"); og[v] = x[1]; br[v] += x[2]; w[v] += x[3]; hq[v] += ($3 != ""); hh[v] += ($4 != "") }
+        split($5, x, "|"); og[v] = x[1]; br[v] += x[2]; w[v] += x[3]; tk[v] += x[4]; hq[v] += ($3 != ""); hh[v] += ($4 != "") }
       END {
         c = ("central" in n) ? f["central"] / n["central"] : 0
         for (i = 1; i <= m; ++i) {
@@ -180,15 +180,16 @@ write_results() {
           half = (hh[v] == n[v]) ? sprintf("%.4f", h[v] / n[v]) : ""
           gap = (c > 0) ? sprintf("%+.1f", 100 * (fm - c) / c) : ""
           round_bytes = (br[v] > 0) ? sprintf("%.0f", br[v] / n[v]) : ""
-          printf("%s,%d,%.4f,%.4f,%s,%s,%s,%s,%s,%.1f\n", v, n[v], fm, (hi[v] - lo[v]) / 2, quarter, half, gap,
-                 og[v], round_bytes, w[v] / n[v])
+          printf("%s,%d,%.4f,%.4f,%s,%s,%s,%s,%s,%.1f,%.0f,%.0f\n", v, n[v], fm, (hi[v] - lo[v]) / 2, quarter, half,
+                 gap, og[v], round_bytes, w[v] / n[v], tk[v] / n[v], (w[v] > 0) ? tk[v] / w[v] : 0)
         } }'
   } > "$OUT/table.csv"
   write_markdown > "$OUT/table.md"
-  local sync_series  # the best variant itself is the sweep's sync_steps = $SYNC
-  sync_series=$(grep -E "^($BEST|$BEST-sync[0-9]+)," "$OUT/curves_mean.csv" | sed "s/^$BEST,/$BEST-sync$SYNC,/")
   "$BIN" plot "$OUT/curves_mean.csv" --x tokens --y val_ce --group variant --title \
     "validation CE against tokens (mean of seeds $SEEDS)" -o "$OUT/val_ce.svg"
+  [ -n "${SWEEP:-}" ] || return 0  # no sync sweep (the GPU-scale study)
+  local sync_series  # the best variant itself is the sweep's sync_steps = $SYNC
+  sync_series=$(grep -E "^($BEST|$BEST-sync[0-9]+)," "$OUT/curves_mean.csv" | sed "s/^$BEST,/$BEST-sync$SYNC,/")
   { echo "variant,tokens,val_ce"; echo "$sync_series"; } > "$OUT/curves_sync.csv"
   "$BIN" plot "$OUT/curves_sync.csv" --x tokens --y val_ce --group variant --title \
     "$BEST: sync interval sweep" -o "$OUT/val_ce_sync.svg"
@@ -198,19 +199,21 @@ write_markdown() {
   echo "Budget: $BUDGET tokens over all nodes ($STEPS steps × $NODES nodes × $NODE_BATCH × $SEQ tokens), seeds $SEEDS;"
   echo "validation CE on the same $EVAL_BATCHES held-out batches; ± is half the spread over the seeds."
   echo
-  echo "| variant | final val CE | CE at ¼ | CE at ½ | gap to central | opt+grad bytes/node | bytes/node/round | wall s |"
-  echo "| --- | --- | --- | --- | --- | --- | --- | --- |"
+  echo "| variant | final val CE | CE at ¼ | CE at ½ | gap to central | opt+grad bytes/node | bytes/node/round | wall s | tokens | tokens/s |"
+  echo "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |"
   awk -F, 'NR > 1 {
     og = $8 == "" ? "-" : sprintf("%.1f MiB", $8 / 2^20); br = $9 == "" ? "-" : sprintf("%.2f MiB", $9 / 2^20)
-    printf "| %s | %s ± %s | %s | %s | %s | %s | %s | %s |\n", $1, $3, $4, ($5 == "" ? "-" : $5),
-      ($6 == "" ? "-" : $6), ($7 == "" ? "-" : $7 "%"), og, br, $10 }' "$OUT/table.csv"
+    printf "| %s | %s ± %s | %s | %s | %s | %s | %s | %s | %s | %s |\n", $1, $3, $4, ($5 == "" ? "-" : $5),
+      ($6 == "" ? "-" : $6), ($7 == "" ? "-" : $7 "%"), og, br, $10, $11, $12 }' "$OUT/table.csv"
 }
 
 # Every variant has a row in the table and a series in val_ce.svg; the sweep plot has
 # the best variant. A missing piece fails the study (and its CI smoke test).
 check_results() {
   local v bad=0
-  for f in table.md table.csv val_ce.svg val_ce_sync.svg; do
+  local files=(table.md table.csv val_ce.svg)
+  [ -n "${SWEEP:-}" ] && files+=(val_ce_sync.svg)
+  for f in "${files[@]}"; do
     [ -s "$OUT/$f" ] || { echo "study: $OUT/$f is missing or empty" >&2; bad=1; }
   done
   for v in "${VARIANTS[@]}"; do
@@ -220,7 +223,8 @@ check_results() {
     awk -F, -v v="$v" '$1 == v && $3 !~ /^[0-9.]+$/ { exit 1 }' "$OUT/table.csv" ||
       { echo "study: $v has no final validation CE" >&2; bad=1; }
   done
-  grep -q ">variant=$BEST-sync$SYNC<" "$OUT/val_ce_sync.svg" || { echo "study: no sweep series in val_ce_sync.svg" >&2; bad=1; }
+  [ -z "${SWEEP:-}" ] || grep -q ">variant=$BEST-sync$SYNC<" "$OUT/val_ce_sync.svg" ||
+    { echo "study: no sweep series in val_ce_sync.svg" >&2; bad=1; }
   [ "$bad" = 0 ] || exit 1
   echo "study: table and plots hold every variant: ${VARIANTS[*]}" >&2
 }

@@ -1,0 +1,128 @@
+#!/usr/bin/env bash
+# Does SPES hold at scale? The study on one GPU at 30-100× the tiny study's tokens,
+# on a corpus a machine that can download nothing already holds: the Python sources
+# of its own installation (bench/study/python_corpus.py).
+#
+#   bench/study/gpu_scale.sh [--smoke] [--tokens N] [--seeds "S1 S2"] [--device cuda|cpu|auto]
+#                            [--out DIR] [--bin SPES_ENGINE] [--threads N]
+#
+# The model is configs/study-python.toml's (spes-1b's family at d 512, 8 layers, 16
+# experts top-2, the GPT-NeoX BPE). Every variant sees the same total tokens (N,
+# default 50331648 = 768 steps of 4 × 16 × 1024; rounded down to a multiple of 48
+# steps), the same schedule and the same held-out batches at 16 points:
+#   central         one node owning every expert, the 4 nodes' batch;
+#   spes            4 nodes × 4 of 16 experts, the merging warm-up on, a round every
+#                   1/48 of the run, fp32 deltas (configs/spes-1b.toml's recipe at the
+#                   tiny sweep's best interval), the nodes sharing the GPU;
+#   solo            one node's share alone (its batch, the same steps: ¼ of the tokens);
+#   diloco-average  4 nodes each owning every expert, averaged every round.
+# The corpus is split by file (held-out files never trained on, fixed by a hash of the
+# path) and tokenized on every core. Results go to DIR (default runs/study-gpu): the
+# study's table.md / table.csv / curves.csv / val_ce.svg (written again after every
+# run, so a run cut short still leaves the ones before it), corpus.csv (files, bytes,
+# tokens per split), runs/<variant>/s<seed>/ (each run's CSV and log).
+# --smoke (CI, on the CPU): 2 MiB of the corpus, a model of d 64 and 2 layers, a few
+# steps: it checks the plumbing, not the numbers.
+set -euo pipefail
+
+ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)
+BIN=$ROOT/build/spes-engine
+OUT=$ROOT/runs/study-gpu
+SMOKE=0
+TOKENS=50331648
+SEEDS=1234
+DEVICE=
+THREADS=0
+
+usage() { sed -n '6,7p' "${BASH_SOURCE[0]}" | sed 's/^# *//'; }
+die() { echo "study-gpu: $*" >&2; exit 1; }
+while [ $# -gt 0 ]; do
+  case $1 in
+    --smoke) SMOKE=1 ;;
+    --tokens) TOKENS=${2:?--tokens needs N}; shift ;;
+    --seeds) SEEDS=${2:?--seeds needs a list}; shift ;;
+    --device) DEVICE=${2:?--device needs cuda, cpu or auto}; shift ;;
+    --out) OUT=${2:?--out needs DIR}; shift ;;
+    --bin) BIN=${2:?--bin needs a path}; shift ;;
+    --threads) THREADS=${2:?--threads needs N}; shift ;;
+    -h|--help) usage; exit 0 ;;
+    *) echo "study-gpu: unknown argument '$1'" >&2; usage >&2; exit 2 ;;
+  esac
+  shift
+done
+[[ $TOKENS =~ ^[1-9][0-9]*$ ]] || die "--tokens $TOKENS: expected a positive integer"
+[ -x "$BIN" ] || die "$BIN is not an executable (build it: make engine, or pass --bin)"
+command -v python3 > /dev/null || die "python3 is needed to collect the corpus (bench/study/python_corpus.py)"
+mkdir -p "$OUT"
+OUT=$(cd "$OUT" && pwd)
+CONFIG=$ROOT/configs/study-python.toml
+TOKENIZER=$ROOT/data/tokenizers/gpt-neox-olmo-dolma-v1_5.json
+source "$ROOT/bench/study/lib.sh"
+
+# ---- the budget --------------------------------------------------------------------
+# Evals every 1/16 of the run, a sync round every 1/48, the learning-rate warm-up
+# 1/15, the expert-merging warm-up's merges every 1/6 over the first half: the tiny
+# study's shape at a longer run.
+NODES=4
+MODEL=()
+if [ "$SMOKE" = 1 ]; then
+  STEPS=8 EVAL_EVERY=1 EVAL_BATCHES=1 WARMUP=2 SYNC=2 MERGE_INTERVAL=2 MERGE_DECAY=4 NODE_BATCH=2 SEQ=64
+  MODEL=("model.d_model=64" "model.n_layers=2" "model.n_heads=2" "model.n_kv_heads=2" "model.expert_hidden=64")
+  DEVICE=${DEVICE:-cpu} MAX_MB=2
+else
+  NODE_BATCH=16 SEQ=1024
+  STEPS=$((TOKENS / (NODES * NODE_BATCH * SEQ) / 48 * 48))
+  ((STEPS > 0)) || die "--tokens $TOKENS: fewer than 48 steps of $((NODES * NODE_BATCH * SEQ)) tokens"
+  EVAL_EVERY=$((STEPS / 16)) EVAL_BATCHES=16 WARMUP=$((STEPS / 15)) SYNC=$((STEPS / 48))
+  MERGE_INTERVAL=$((STEPS / 6)) MERGE_DECAY=$((STEPS / 2))
+  DEVICE=${DEVICE:-cuda} MAX_MB=0
+fi
+BUDGET=$((STEPS * NODES * NODE_BATCH * SEQ))  # total tokens over all nodes
+SWEEP=""  # no sync sweep here (lib.sh)
+
+# ---- the corpus: this machine's Python sources, split by file, tokenized once -------
+DATA=$OUT/data
+if [ ! -f "$DATA/heldout/train.manifest" ]; then
+  t0=$(date +%s)
+  python3 "$ROOT/bench/study/python_corpus.py" "$DATA" --max-mb "$MAX_MB" || die "collecting the corpus failed"
+  for split in train heldout; do
+    "$BIN" tokenize --input "$DATA/$split.jsonl" --out "$DATA/$split" --tokenizer "$TOKENIZER" --threads "$THREADS" \
+      2> "$DATA/tokenize-$split.log" || { tail -n 3 "$DATA/tokenize-$split.log" >&2; die "tokenizing $split failed"; }
+  done
+  rm -f "$DATA"/*.jsonl
+  echo "study-gpu: corpus collected and tokenized in $(( $(date +%s) - t0 )) s" >&2
+fi
+# corpus.csv gains each split's tokens: the token files' bytes / 2 (uint16 ids).
+tokens_of() { awk -v d="$DATA/$1" '!/^#/ && NF { print d "/" $0 }' "$DATA/$1/train.manifest" | xargs stat -c %s |
+  awk '{ s += $1 } END { printf "%.0f\n", s / 2 }'; }
+awk -F, -v tr="$(tokens_of train)" -v ho="$(tokens_of heldout)" '
+  NR == 1 { print $0 ",tokens"; next } $1 == "train" { print $0 "," tr; next } $1 == "heldout" { print $0 "," ho; next }
+  { print $0 "," }' "$DATA/corpus.csv" > "$OUT/corpus.csv"
+echo "study-gpu: corpus (split, files, bytes, tokens):" >&2
+sed 's/^/  /' "$OUT/corpus.csv" >&2
+
+# ---- the variants ---------------------------------------------------------------------
+COMMON=("train.steps=$STEPS" "train.eval_every=$EVAL_EVERY" "train.eval_batches=$EVAL_BATCHES"
+  "train.micro_batch=$NODE_BATCH" "model.seq_len=$SEQ" "train.device=\"$DEVICE\"" "optim.warmup_steps=$WARMUP"
+  "optim.decay_steps=$STEPS" "data.train=\"$DATA/train/train.manifest\""
+  "data.validation=\"$DATA/heldout/train.manifest\"" "data.tokenizer=\"$TOKENIZER\"" "checkpoint.every=0"
+  "checkpoint.keep=1" "spes.merge_interval=$MERGE_INTERVAL" "spes.merge_decay_steps=$MERGE_DECAY" "${MODEL[@]}")
+SPES=("spes.n_nodes=$NODES" "spes.ownership=\"partitioned\"" "train.global_batch=$NODE_BATCH" "spes.sync_steps=$SYNC")
+CENTRAL=("spes.n_nodes=1" "spes.ownership=\"all\"" "train.global_batch=$((NODES * NODE_BATCH))"
+  "spes.sync_steps=0" "spes.merge_alpha=0")
+SOLO=("spes.n_nodes=1" "spes.ownership=\"all\"" "train.global_batch=$NODE_BATCH" "spes.sync_steps=0"
+  "spes.merge_alpha=0")
+DILOCO=("spes.n_nodes=$NODES" "spes.ownership=\"all\"" "train.global_batch=$NODE_BATCH" "spes.sync_steps=$SYNC"
+  "spes.merge_alpha=0")
+
+echo "study-gpu: $STEPS steps per run on $DEVICE, budget $BUDGET tokens over all nodes, seeds $SEEDS, out $OUT" >&2
+BEST=spes
+start=$(date +%s)
+for seed in $SEEDS; do
+  run_variant central "$seed" 1 0 "${CENTRAL[@]}" && write_results
+  run_variant spes "$seed" "$NODES" 0 "${SPES[@]}" && write_results
+  run_variant solo "$seed" 1 0 "${SOLO[@]}" && write_results
+  run_variant diloco-average "$seed" "$NODES" 0 "${DILOCO[@]}" && write_results
+done
+echo "study-gpu: done in $(( $(date +%s) - start )) s: $OUT/table.md, $OUT/val_ce.svg" >&2
+check_results
