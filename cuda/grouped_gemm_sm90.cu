@@ -44,15 +44,18 @@
 // copies are in flight behind them; the barrier of step kt is what proves both
 // warpgroups done with the stage of kt − 2 (their wait at the end of step kt − 1).
 //
-// Scheduling: a persistent grid, one CTA per SM, each CTA walking tiles t = blockIdx.x,
-// + gridDim.x, … in the portable path's order (forward / backward-input: row tiles
-// expert by expert, column tiles fastest; weight gradient: (trained expert, OC tile,
-// C tile)). A CTA issues the first copies of its next tile before it stores the
-// current one, so the store overlaps the next tile's pipeline fill. The row-tile
+// Scheduling: a persistent grid, one CTA per SM. Forward / backward-input: each CTA
+// walks tiles t = blockIdx.x, + gridDim.x, … in the portable path's order (row tiles
+// expert by expert, column tiles fastest), all about the same cost; the row-tile
 // starts of all experts are scanned once per CTA into shared memory (a block scan of
 // the device offsets, one thread per expert) and each tile finds its expert there by
-// binary search. Every output element is written by one CTA and summed in a fixed
-// k order: no atomics, the same bits every run.
+// binary search. Weight gradient: a tile costs its expert's row count, so the tiles
+// are ranked by cost (experts with the most rows first) and each CTA draws its next
+// tile from a counter as it is about to come free (WgradProblem). A CTA issues the
+// first copies of its next tile before it stores the current one, so the store
+// overlaps the next tile's pipeline fill. Every output element is written by one CTA
+// and summed in a fixed k order: the counter only picks which CTA, so the bits are
+// the same every run (no atomics in any sum).
 //
 // Stores. bf16 outputs go through shared memory (the last two stages, which the next
 // tile's first copies leave alone) so that each warp writes whole 512-byte row
@@ -61,6 +64,7 @@
 #include "cuda/grouped_gemm_sm90.cuh"
 
 #include <algorithm>
+#include <atomic>
 #include <map>
 #include <mutex>
 #include <string>
@@ -71,6 +75,20 @@
 #include "cuda/ptx_sm90.cuh"
 
 namespace spes::cuda::grouped_sm90 {
+
+// The weight gradient's tile tickets (see WgradProblem): `next` counts the tiles drawn
+// so far past the first gridDim.x, `done` the CTAs finished; the last CTA to finish
+// puts both back to 0 for the next launch on the slot. Launches take the
+// kTileTicketSlots slots in turn, so two launches share a slot only that many
+// launches apart: ones that never run at once (a stream runs its launches in order; a
+// captured graph replays its launches' slots, one replay at a time). Declared in
+// every compilation pass, not only where the kernels have bodies, since nvcc
+// registers a device variable through its host-side shadow.
+struct TileTickets {
+  int next, done;
+};
+__device__ TileTickets g_tile_tickets[kTileTicketSlots];  // zero when the module loads
+
 namespace {
 
 constexpr int kBM = 128, kBN = 256, kBK = 64, kStages = 4;
@@ -95,15 +113,27 @@ static_assert(2 * kStageBytes >= kBM * kBN * sizeof(bf16), "the bf16 output tile
 static_assert(kTileABytes % kAtomBytes == 0 && kStageBytes % kAtomBytes == 0 && kBlockBytes % kAtomBytes == 0,
               "atoms stay 1024-byte aligned");
 
-// The row-tile scan's results, at the start of dynamic shared memory.
+// The row-tile scan's results (forward, backward-input), at the start of dynamic
+// shared memory.
 struct Sched {
   int tile_end[kMaxExperts];  // inclusive prefix of the experts' row-tile counts
   int start[kMaxExperts];     // each expert's rows [start, end), clamped to [0, S]
   int end[kMaxExperts];
   int warp_total[kThreads / kWarp];
 };
-// The stages start at the first 1024-byte boundary after Sched.
-constexpr size_t kSmemBytes = sizeof(Sched) + kAtomBytes + size_t(kStages) * kStageBytes;
+// The weight gradient's in its place: the trained experts that have rows, most rows
+// first (see WgradProblem), and the tile this CTA drew for after its current one.
+struct WgradSched {
+  int rows_of_entry[kMaxExperts];  // rows of trained-list entry i (0: none, or not an expert)
+  int expert[kMaxExperts];         // by rank: the expert, its first row and its rows
+  int start[kMaxExperts];
+  int rows[kMaxExperts];
+  int drawn;
+};
+// The stages start at the first 1024-byte boundary after the larger of the two.
+constexpr size_t kSchedBytes = sizeof(Sched) > sizeof(WgradSched) ? sizeof(Sched) : sizeof(WgradSched);
+constexpr size_t kSmemBytes = kSchedBytes + kAtomBytes + size_t(kStages) * kStageBytes;
+
 
 // Which operand index is contiguous in global memory (see the file comment).
 enum class Major { k, mn };
@@ -202,9 +232,13 @@ __device__ __forceinline__ void prologue(const Operands<A_MAJ, B_MAJ>& op, uint3
 // acc = A·B over the tile's K (the first k16 step overwrites acc), after prologue(op).
 // Warpgroup w multiplies rows 64w.. of A (its 8 KB slice of the A tile in either layout)
 // by all of B. On return every wgmma has completed; copies of k-steps past K (empty
-// groups) may be all that is left in flight.
-template <Major A_MAJ, Major B_MAJ>
-__device__ __forceinline__ void mainloop(float (&acc)[kAcc], const Operands<A_MAJ, B_MAJ>& op, uint32_t stages) {
+// groups) may be all that is left in flight. The cursor (the CTA's walk over its tiles,
+// see run_tiles) is told of each k-step once its wgmma and copies are issued (a thread
+// that waits there on memory keeps the tensor cores waiting only if it outlasts the
+// queued group), and of the loop's end.
+template <Major A_MAJ, Major B_MAJ, class Cursor>
+__device__ __forceinline__ void mainloop(float (&acc)[kAcc], const Operands<A_MAJ, B_MAJ>& op, uint32_t stages,
+                                         Cursor& cursor) {
   constexpr int kTransA = A_MAJ == Major::mn, kTransB = B_MAJ == Major::mn;
   const uint32_t wg_a = uint32_t(threadIdx.x / kWarpgroup) * (kWgRows * kLineBytes);
   static_assert(kWgRows * kLineBytes == kBlockBytes, "a warpgroup's A slice is 8 KB in both layouts");
@@ -224,14 +258,18 @@ __device__ __forceinline__ void mainloop(float (&acc)[kAcc], const Operands<A_MA
     const int next = kt + kStages - 2;
     if (next < op.ktiles) load_stage(op, stages, next);
     cp_async_commit();
+    cursor.at_kstep(kt, op.ktiles);
     wgmma_wait<1>();  // k-step kt − 1's group is done: only kt's may still run
     fence_accumulators(acc);
   }
   wgmma_wait<0>();
   fence_accumulators(acc);
+  cursor.after_mainloop();
 }
 
-// Walks this CTA's tiles (Problem: find, operands, prefetch, store; see the two below).
+// Walks this CTA's tiles (Problem: cursor, find, operands, prefetch, store; see the
+// two below). The cursor holds the tile index: the CTA's first, then after each main
+// loop and the barrier behind it, its next (a tile past the last ends the walk).
 // `smem` is the dynamic shared memory, `stages` the shared address of the first stage;
 // the store may use the last two stages as scratch (`staging`, a generic pointer):
 // the next tile's prologue fills only the first kStages − 2, and its main loop refills
@@ -240,17 +278,17 @@ template <class Problem>
 __device__ __forceinline__ void run_tiles(const Problem& problem, unsigned char* smem, uint32_t stages) {
   unsigned char* staging = smem + (stages + (kStages - 2) * kStageBytes - smem_addr(smem));
   float acc[kAcc] = {};  // every tile's first wgmma overwrites it; zeroed once so it is never read undefined
-  int t = static_cast<int>(blockIdx.x);
-  auto job = problem.find(t);
+  auto cursor = problem.cursor();
+  auto job = problem.find(cursor.tile);
   if (!job.valid) return;  // uniform: every thread computed the same job
   auto op = problem.operands(job);
   prologue(op, stages);
   problem.prefetch(job);
   while (true) {
-    mainloop(acc, op, stages);
+    mainloop(acc, op, stages, cursor);
     __syncthreads();  // both warpgroups' wgmma are done with every stage: the next tile may refill them
-    t += static_cast<int>(gridDim.x);
-    const auto next = problem.find(t);
+    cursor.advance();
+    const auto next = problem.find(cursor.tile);
     if (next.valid) {
       op = problem.operands(next);
       prologue(op, stages);  // in flight while this tile is stored
@@ -262,9 +300,9 @@ __device__ __forceinline__ void run_tiles(const Problem& problem, unsigned char*
   }
 }
 
-// Shared address of the first stage: the first 1024-byte boundary after Sched.
+// Shared address of the first stage: the first 1024-byte boundary after the schedule.
 __device__ __forceinline__ uint32_t stages_address(unsigned char* smem) {
-  return (smem_addr(smem + sizeof(Sched)) + kAtomBytes - 1) & ~(kAtomBytes - 1);
+  return (smem_addr(smem + kSchedBytes) + kAtomBytes - 1) & ~(kAtomBytes - 1);
 }
 
 // Thread (row, column) of accumulator pair acc[4j + 2h], acc[4j + 2h + 1]: row
@@ -275,6 +313,15 @@ __device__ __forceinline__ int fragment_row() {
   return (tid / kWarpgroup) * kWgRows + ((tid % kWarpgroup) / kWarp) * 16 + (tid % kWarp) / 4;
 }
 __device__ __forceinline__ int fragment_col() { return 2 * (static_cast<int>(threadIdx.x) % 4); }
+
+// A CTA's walk over tiles blockIdx.x, + gridDim.x, … (forward and backward-input, whose
+// tiles cost about the same).
+struct StridedCursor {
+  int tile = static_cast<int>(blockIdx.x);
+  __device__ __forceinline__ void at_kstep(int, int) {}
+  __device__ __forceinline__ void after_mainloop() {}
+  __device__ __forceinline__ void advance() { tile += static_cast<int>(gridDim.x); }
+};
 
 // ---- forward and backward-input ----------------------------------------------------------
 
@@ -324,6 +371,8 @@ struct RowsProblem {
     bool valid;
     int expert, row0, rows, n0;
   };
+
+  __device__ __forceinline__ StridedCursor cursor() const { return {}; }
 
   __device__ __forceinline__ Job find(int t) const {
     if (t >= n_tiles) return {false, 0, 0, 0, 0};
@@ -398,34 +447,96 @@ __global__ void __launch_bounds__(kThreads, 1)
 
 #if SPES_SM90A_DEVICE_CODE
 
+// Fills s's ranked lists with the trained experts that have rows, most rows first
+// (ties in list order), one thread per entry of the trained list; returns how many.
+// An entry outside [0, E) counts as an expert without rows.
+__device__ __forceinline__ int rank_trained_experts(WgradSched& s, const int32_t* offsets, const int32_t* trained,
+                                                    int n_trained, int E, int S) {
+  const int tid = static_cast<int>(threadIdx.x);
+  int e = 0, start = 0, rows = 0;
+  if (tid < n_trained) {
+    e = trained[tid];
+    if (e >= 0 && e < E) {
+      start = clamp_int(offsets[e], 0, S);
+      rows = clamp_int(offsets[e + 1], start, S) - start;
+    }
+  }
+  if (tid < kMaxExperts) s.rows_of_entry[tid] = rows;
+  __syncthreads();
+  int rank = 0, ranked = 0;
+  for (int j = 0; j < n_trained; ++j) {
+    const int r = s.rows_of_entry[j];
+    rank += r > rows || (r == rows && j < tid);
+    ranked += r > 0;
+  }
+  if (rows > 0) {
+    s.expert[rank] = e;
+    s.start[rank] = start;
+    s.rows[rank] = rows;
+  }
+  __syncthreads();
+  return ranked;
+}
+
+// How many k-steps before the end of its main loop a CTA draws its next tile: late,
+// so that the CTAs about to be free draw first, and early enough that the counter's
+// answer (one round trip to L2) is back before the loop ends.
+constexpr int kDrawLead = 3;
+
 // Weight gradient: dweights[e][m, n] += Σ_s dout[s, m]·inp[s, n] over the rows s of
 // expert e = trained[i], M = OC, N = C, K = the expert's row count; A = doutᵀ and
-// B = inp, both MN-major. Tile t = (i · m_tiles + OC tile) · n_tiles + C tile; a tile
-// of an expert outside [0, E) or with no rows is skipped (its dW is not even read).
+// B = inp, both MN-major. A tile's main loop takes its expert's rows / 64 k-steps, and
+// routings are skewed (an expert may have tens of times the rows of another), so the
+// tiles are not dealt out in a fixed stride, which leaves some CTAs far more work than
+// others: they are numbered most costly first (the ranked experts, each one's
+// m_tiles × n_tiles tiles in (OC tile, C tile) order), CTA b starts at tile b, and
+// each CTA draws its next tile from the launch's ticket counter (TileTickets) a few
+// k-steps before its current main loop ends. So the tiles go, largest first, to the
+// CTAs as they come free (a list schedule, which ends within about one of the last,
+// smallest tiles of even). Which CTA computes a tile does not change its bits: each
+// dW element is summed by one CTA in one fixed order. Trained experts without rows
+// get no tile (their dW is not even read).
 struct WgradProblem {
   float* const* dweights;
   const bf16* dout;
   const bf16* inp;
-  const int32_t* offsets;
-  const int32_t* trained;
-  int S, E, C, OC, m_tiles, n_tiles, n_jobs;
+  WgradSched* sched;
+  TileTickets* tickets;
+  int C, OC, n_tiles, per_expert, n_work;
 
   struct Job {
     bool valid;
     int expert, start, rows, m0, n0;
   };
 
-  // The first tile at t, t + gridDim.x, … that has work (t is advanced to it).
-  __device__ __forceinline__ Job find(int& t) const {
-    const int per_expert = m_tiles * n_tiles;
-    for (; t < n_jobs; t += static_cast<int>(gridDim.x)) {
-      const int e = trained[t / per_expert], rem = t % per_expert;
-      if (e < 0 || e >= E) continue;
-      const int start = clamp_int(offsets[e], 0, S), end = clamp_int(offsets[e + 1], start, S);
-      if (end == start) continue;
-      return {true, e, start, end - start, (rem / n_tiles) * kBM, (rem % n_tiles) * kBN};
+  // The CTA's walk: tile blockIdx.x, then the drawn ones. Thread 0 draws (the
+  // tickets past the first gridDim.x tiles are numbered from 0) and hands the tile to
+  // the others through shared memory, written before the barrier behind the main
+  // loop and read after it; the next write comes in the next main loop, after its
+  // first barrier, which every thread reaches after its read.
+  struct Cursor {
+    int tile;
+    int drawn_here;  // thread 0: the tile it drew, from its draw to the end of the main loop
+    TileTickets* tickets;
+    int* drawn;
+    __device__ __forceinline__ void at_kstep(int kt, int ktiles) {
+      if (threadIdx.x == 0 && kt == (ktiles > kDrawLead ? ktiles - kDrawLead : 0))
+        drawn_here = static_cast<int>(gridDim.x) + atomicAdd(&tickets->next, 1);
     }
-    return {false, 0, 0, 0, 0, 0};
+    __device__ __forceinline__ void after_mainloop() {
+      if (threadIdx.x == 0) *drawn = drawn_here;
+    }
+    __device__ __forceinline__ void advance() { tile = *drawn; }
+  };
+
+  __device__ __forceinline__ Cursor cursor() const {
+    return {static_cast<int>(blockIdx.x), 0, tickets, &sched->drawn};
+  }
+
+  __device__ __forceinline__ Job find(int t) const {
+    if (t >= n_work) return {false, 0, 0, 0, 0, 0};
+    const int r = t / per_expert, rem = t % per_expert;
+    return {true, sched->expert[r], sched->start[r], sched->rows[r], (rem / n_tiles) * kBM, (rem % n_tiles) * kBN};
   }
 
   __device__ __forceinline__ Operands<Major::mn, Major::mn> operands(const Job& j) const {
@@ -483,16 +594,31 @@ struct WgradProblem {
   }
 };
 
+// One thread of each CTA, after its last draw: the launch's last CTA to get here puts
+// the slot back to zero (every CTA has drawn its last ticket by then).
+__device__ __forceinline__ void return_tickets(TileTickets& t) {
+  __threadfence();
+  if (atomicAdd(&t.done, 1) == static_cast<int>(gridDim.x) - 1) {
+    atomicExch(&t.next, 0);
+    atomicExch(&t.done, 0);
+  }
+}
+
 #endif  // SPES_SM90A_DEVICE_CODE
 
 __global__ void __launch_bounds__(kThreads, 1)
     wgrad_kernel(float* const* __restrict__ dweights, const bf16* __restrict__ dout, const bf16* __restrict__ inp,
-                 const int32_t* __restrict__ offsets, const int32_t* __restrict__ trained, int S, int E, int C, int OC,
-                 int m_tiles, int n_tiles, int n_jobs) {
+                 const int32_t* __restrict__ offsets, const int32_t* __restrict__ trained, int n_trained, int S,
+                 int E, int C, int OC, int m_tiles, int n_tiles, int ticket_slot) {
 #if SPES_SM90A_DEVICE_CODE
   unsigned char* smem = dynamic_smem<unsigned char>;
-  const WgradProblem problem{dweights, dout, inp, offsets, trained, S, E, C, OC, m_tiles, n_tiles, n_jobs};
+  WgradSched& sched = *reinterpret_cast<WgradSched*>(smem);
+  const int experts = rank_trained_experts(sched, offsets, trained, n_trained, E, S);
+  TileTickets& tickets = g_tile_tickets[ticket_slot];
+  const int per_expert = m_tiles * n_tiles;
+  const WgradProblem problem{dweights, dout, inp, &sched, &tickets, C, OC, n_tiles, per_expert, experts * per_expert};
   run_tiles(problem, smem, stages_address(smem));
+  if (threadIdx.x == 0) return_tickets(tickets);
 #endif
 }
 
@@ -603,13 +729,17 @@ void backward_input(bf16* dinp, const bf16* dout, const bf16* const* weights, co
   rows<Major::mn>(dinp, dout, weights, offsets, S, E, C, OC, stream);
 }
 
+// The grid's tile bound (every trained expert with rows) only sizes the grid: the
+// CTAs walk the tiles of the experts that have rows, which the device finds.
 void backward_weight(float* const* dweights, const bf16* dout, const bf16* inp, const int32_t* offsets,
                      const int32_t* trained_experts, int64_t n_trained, int64_t S, int64_t E, int64_t C, int64_t OC,
                      cudaStream_t stream) {
+  static std::atomic<unsigned> launches{0};  // the ticket slots are taken in turn (TileTickets)
+  const int slot = static_cast<int>(launches.fetch_add(1, std::memory_order_relaxed) % kTileTicketSlots);
   const int64_t m_tiles = ceil_div(OC, kBM), n_tiles = ceil_div(C, kBN), n_jobs = n_trained * m_tiles * n_tiles;
   launch(wgrad_kernel, persistent_grid(n_jobs), kThreads, kSmemBytes, stream, dweights, dout, inp, offsets,
-         trained_experts, static_cast<int>(S), static_cast<int>(E), static_cast<int>(C), static_cast<int>(OC),
-         static_cast<int>(m_tiles), static_cast<int>(n_tiles), static_cast<int>(n_jobs));
+         trained_experts, static_cast<int>(n_trained), static_cast<int>(S), static_cast<int>(E), static_cast<int>(C),
+         static_cast<int>(OC), static_cast<int>(m_tiles), static_cast<int>(n_tiles), slot);
   cuda_check_launch();
 }
 
