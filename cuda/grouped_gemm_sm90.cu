@@ -59,8 +59,10 @@
 //
 // Stores. bf16 outputs go through shared memory (the last two stages, which the next
 // tile's first copies leave alone) so that each warp writes whole 512-byte row
-// segments; the weight gradient's fp32 dW += tile reads dW, which each tile asks L2
-// for as it starts, so the read-modify-write at its end finds it there.
+// segments. The weight gradient's fp32 dW += tile reads dW, which each tile asks L2
+// for as it starts; at its end all of the tile's dW is read at once, three quarters
+// copied into those two stages and the rest loaded into registers, so the
+// read-modify-write waits for one round trip to L2.
 #include "cuda/grouped_gemm_sm90.cuh"
 
 #include <algorithm>
@@ -267,13 +269,16 @@ __device__ __forceinline__ void mainloop(float (&acc)[kAcc], const Operands<A_MA
   cursor.after_mainloop();
 }
 
-// Walks this CTA's tiles (Problem: cursor, find, operands, prefetch, store; see the
-// two below). The cursor holds the tile index: the CTA's first, then after each main
-// loop and the barrier behind it, its next (a tile past the last ends the walk).
-// `smem` is the dynamic shared memory, `stages` the shared address of the first stage;
-// the store may use the last two stages as scratch (`staging`, a generic pointer):
-// the next tile's prologue fills only the first kStages − 2, and its main loop refills
-// the others only after its first barrier, which every thread reaches after its store.
+// Walks this CTA's tiles (Problem: cursor, find, operands, prefetch, begin_store,
+// store; see the two below). The cursor holds the tile index: the CTA's first, then
+// after each main loop and the barrier behind it, its next (a tile past the last ends
+// the walk). `smem` is the dynamic shared memory, `stages` the shared address of the
+// first stage; the store may use the last two stages as scratch (`staging`, a generic
+// pointer, from begin_store on): the next tile's prologue fills only the first
+// kStages − 2, and its main loop refills the others only after its first barrier,
+// which every thread reaches after its store. begin_store may issue one cp.async group
+// (before the next tile's prologue); store is told whether that prologue's
+// kStages − 2 groups came after it.
 template <class Problem>
 __device__ __forceinline__ void run_tiles(const Problem& problem, unsigned char* smem, uint32_t stages) {
   unsigned char* staging = smem + (stages + (kStages - 2) * kStageBytes - smem_addr(smem));
@@ -289,12 +294,13 @@ __device__ __forceinline__ void run_tiles(const Problem& problem, unsigned char*
     __syncthreads();  // both warpgroups' wgmma are done with every stage: the next tile may refill them
     cursor.advance();
     const auto next = problem.find(cursor.tile);
+    problem.begin_store(job, stages + (kStages - 2) * kStageBytes);
     if (next.valid) {
       op = problem.operands(next);
       prologue(op, stages);  // in flight while this tile is stored
       problem.prefetch(next);
     }
-    problem.store(job, acc, staging);
+    problem.store(job, acc, staging, next.valid);
     if (!next.valid) break;
     job = next;
   }
@@ -398,6 +404,7 @@ struct RowsProblem {
   }
 
   __device__ __forceinline__ void prefetch(const Job&) const {}  // the store reads nothing
+  __device__ __forceinline__ void begin_store(const Job&, uint32_t) const {}
 
   // bf16 out through shared memory, so that each warp writes whole 512-byte row
   // segments with 16-byte stores (written straight from the accumulator fragment, a
@@ -406,7 +413,7 @@ struct RowsProblem {
   // column chunk then fall in 8 different bank groups, and the read back of one row's
   // 32 chunks is conflict-free too. Rows past the expert's end and columns past N are
   // not written (N % 8 == 0: a chunk is wholly inside or outside).
-  __device__ __forceinline__ void store(const Job& j, const float (&acc)[kAcc], unsigned char* staging) const {
+  __device__ __forceinline__ void store(const Job& j, const float (&acc)[kAcc], unsigned char* staging, bool) const {
     constexpr int kRowChunks = kBN / 8;
     const int r0 = fragment_row(), c0 = fragment_col();
     __nv_bfloat162* tile = reinterpret_cast<__nv_bfloat162*>(staging);
@@ -560,37 +567,90 @@ struct WgradProblem {
     }
   }
 
-  // dW += acc, fp32 pairs. The loads go out kBatch at a time before their adds and
-  // stores: written element by element, the compiler kept each load behind the
-  // previous store (it cannot prove them apart), one memory round trip per pair.
-  __device__ __forceinline__ void store(const Job& j, const float (&acc)[kAcc], unsigned char*) const {
-    constexpr int kBatch = 16;
-    const int r0 = fragment_row(), c0 = fragment_col();
-    float* tile = dweights[j.expert] + int64_t(j.m0) * C + j.n0;
+  // The store adds this thread's accumulator pairs q < kPairs (acc[2q], acc[2q + 1]:
+  // row fragment_row() + 8·(q % 2), columns 8·(q / 2) + fragment_col() and the next)
+  // to dW, reading the tile's dW in one round trip, all of it in flight at once: the
+  // first kStagedPairs are copied into this thread's slots of the staging area as the
+  // main loop ends (begin_store; slot q at (q·kThreads + tid)·8 bytes, so a warp's
+  // slots are 256 consecutive bytes), the rest loaded into registers by store, which
+  // then waits for both. (Loaded into registers alone, they would not all fit beside
+  // the accumulators; and a load written after a dW store waits for it, the compiler
+  // being unable to tell the addresses apart.)
+  static constexpr int kPairs = kAcc / 2;
+  static constexpr int kStagedPairs = 2 * kStageBytes / (kThreads * sizeof(float2));
+  static constexpr int kLoadedPairs = kPairs - kStagedPairs;
+  static_assert(kStagedPairs > 0 && kStagedPairs % 2 == 0 && kLoadedPairs >= 0, "pairs of both rows staged together");
+
+  // The tile's dW, element (0, 0).
+  __device__ __forceinline__ float* dw_tile(const Job& j) const {
+    return dweights[j.expert] + int64_t(j.m0) * C + j.n0;
+  }
+
+  // Pair q of this thread: its dW element pair in the tile at `tile`, and whether it
+  // lies inside dW (rows past OC and columns past C do not: C % 8 == 0, so a pair lies
+  // wholly inside or outside). Every pair does in a tile that lies wholly inside dW,
+  // which the two functions below take apart (kWhole) so that theirs test nothing.
+  __device__ __forceinline__ float* pair_address(float* tile, int q) const {
+    return tile + int64_t(fragment_row() + 8 * (q % 2)) * C + 8 * (q / 2) + fragment_col();
+  }
+  template <bool kWhole>
+  __device__ __forceinline__ bool pair_inside(const Job& j, int q) const {
+    return kWhole || (j.m0 + fragment_row() + 8 * (q % 2) < OC && j.n0 + 8 * (q / 2) + fragment_col() < C);
+  }
+  __device__ __forceinline__ bool whole(const Job& j) const { return j.m0 + kBM <= OC && j.n0 + kBN <= C; }
+
+  template <bool kWhole>
+  __device__ __forceinline__ void copy_staged_pairs(const Job& j, uint32_t staging) const {
+    float* tile = dw_tile(j);
+    const uint32_t slots = staging + threadIdx.x * uint32_t(sizeof(float2));
 #pragma unroll
-    for (int h = 0; h < 2; ++h) {
-      const int r = r0 + 8 * h;
-      if (j.m0 + r >= OC) continue;
-      float* row = tile + int64_t(r) * C;
+    for (int q = 0; q < kStagedPairs; ++q)
+      if (pair_inside<kWhole>(j, q))
+        cp_async_8(slots + q * kThreads * uint32_t(sizeof(float2)), pair_address(tile, q), true);
+  }
+
+  // One cp.async group: dW of pairs q < kStagedPairs into this thread's slots of the
+  // staging area (shared address `staging`).
+  __device__ __forceinline__ void begin_store(const Job& j, uint32_t staging) const {
+    if (whole(j))
+      copy_staged_pairs<true>(j, staging);
+    else
+      copy_staged_pairs<false>(j, staging);
+    cp_async_commit();
+  }
+
+  template <bool kWhole>
+  __device__ __forceinline__ void add_pairs(const Job& j, const float (&acc)[kAcc], const unsigned char* staging,
+                                            bool prologue_after) const {
+    float* tile = dw_tile(j);
+    float2 loaded[kLoadedPairs > 0 ? kLoadedPairs : 1];
 #pragma unroll
-      for (int jb = 0; jb < kBN / 8; jb += kBatch) {
-        float2 v[kBatch];
+    for (int b = 0; b < kLoadedPairs; ++b)
+      if (pair_inside<kWhole>(j, kStagedPairs + b))
+        loaded[b] = *reinterpret_cast<const float2*>(pair_address(tile, kStagedPairs + b));
+    if (prologue_after)
+      cp_async_wait<kStages - 2>();
+    else
+      cp_async_wait<0>();
+    const float2* slots = reinterpret_cast<const float2*>(staging) + threadIdx.x;
 #pragma unroll
-        for (int b = 0; b < kBatch; ++b) {
-          const int c = (jb + b) * 8 + c0;
-          if (j.n0 + c < C) v[b] = *reinterpret_cast<const float2*>(row + c);
-        }
-#pragma unroll
-        for (int b = 0; b < kBatch; ++b) {
-          const int c = (jb + b) * 8 + c0;
-          if (j.n0 + c < C) {
-            v[b].x += acc[4 * (jb + b) + 2 * h];
-            v[b].y += acc[4 * (jb + b) + 2 * h + 1];
-            *reinterpret_cast<float2*>(row + c) = v[b];
-          }
-        }
-      }
+    for (int q = 0; q < kPairs; ++q) {
+      if (!pair_inside<kWhole>(j, q)) continue;
+      float2 v = q < kStagedPairs ? slots[q * kThreads] : loaded[q - kStagedPairs];
+      v.x += acc[2 * q];
+      v.y += acc[2 * q + 1];
+      *reinterpret_cast<float2*>(pair_address(tile, q)) = v;
     }
+  }
+
+  // dW += acc (see above); `prologue_after`: the next tile's prologue groups were
+  // committed after begin_store's.
+  __device__ __forceinline__ void store(const Job& j, const float (&acc)[kAcc], unsigned char* staging,
+                                        bool prologue_after) const {
+    if (whole(j))
+      add_pairs<true>(j, acc, staging, prologue_after);
+    else
+      add_pairs<false>(j, acc, staging, prologue_after);
   }
 };
 
