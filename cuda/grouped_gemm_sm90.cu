@@ -43,6 +43,11 @@
 // cores always have the next group queued behind the running one, and two k-steps of
 // copies are in flight behind them; the barrier of step kt is what proves both
 // warpgroups done with the stage of kt − 2 (their wait at the end of step kt − 1).
+// The copies do not stop at a tile's end: a CTA's k-steps are one stream through the
+// stages, tile after tile, and the last two steps of a tile's main loop load the
+// first two k-steps of the CTA's next tile, so that they are in flight while the tile
+// ends and is stored, and its main loop starts on landed data (a tile's short K,
+// 768 = 12 k-steps at the gate|up forward, would otherwise pay for the fill each time).
 //
 // Scheduling: a persistent grid, one CTA per SM. Forward / backward-input: each CTA
 // walks tiles t = blockIdx.x, + gridDim.x, … in the portable path's order (row tiles
@@ -51,18 +56,16 @@
 // the device offsets, one thread per expert) and each tile finds its expert there by
 // binary search. Weight gradient: a tile costs its expert's row count, so the tiles
 // are ranked by cost (experts with the most rows first) and each CTA draws its next
-// tile from a counter as it is about to come free (WgradProblem). A CTA issues the
-// first copies of its next tile before it stores the current one, so the store
-// overlaps the next tile's pipeline fill. Every output element is written by one CTA
-// and summed in a fixed k order: the counter only picks which CTA, so the bits are
-// the same every run (no atomics in any sum).
+// tile from a counter as it is about to come free (WgradProblem). Every output
+// element is written by one CTA and summed in a fixed k order: the counter only picks
+// which CTA, so the bits are the same every run (no atomics in any sum).
 //
-// Stores. bf16 outputs go through shared memory (the last two stages, which the next
-// tile's first copies leave alone) so that each warp writes whole 512-byte row
-// segments. The weight gradient's fp32 dW += tile reads dW, which each tile asks L2
-// for as it starts; at its end all of the tile's dW is read at once, three quarters
-// copied into those two stages and the rest loaded into registers, so the
-// read-modify-write waits for one round trip to L2.
+// Stores. bf16 outputs go through shared memory (the two stages the next tile's first
+// copies leave alone) so that each warp writes whole 512-byte row segments. The
+// weight gradient's fp32 dW += tile reads dW, which each tile asks L2 for as it
+// starts; at its end all of the tile's dW is read at once, three quarters copied into
+// those two stages and the rest loaded into registers, so the read-modify-write waits
+// for one round trip to L2.
 #include "cuda/grouped_gemm_sm90.cuh"
 
 #include <algorithm>
@@ -208,101 +211,156 @@ __device__ __forceinline__ uint64_t operand_descriptor(uint32_t tile, int kk) {
 // Both operands of one output tile: A (kBM × K) and B (kBN × K) with their copy plans.
 template <Major A_MAJ, Major B_MAJ>
 struct Operands {
+  static constexpr Major kAMajor = A_MAJ, kBMajor = B_MAJ;
   TileCopy<A_MAJ, kBM> a;
   TileCopy<B_MAJ, kBN> b;
   int ktiles;
 };
 
-template <Major A_MAJ, Major B_MAJ>
-__device__ __forceinline__ void load_stage(const Operands<A_MAJ, B_MAJ>& op, uint32_t stages, int kt) {
-  const uint32_t stage = stages + uint32_t(kt % kStages) * kStageBytes;
+// A CTA's k-steps, tile after tile, are one stream: position n (counted from its first
+// tile's k-step 0) is staged in stage n % kStages, whose shared address this is.
+__device__ __forceinline__ uint32_t stage_of(uint32_t stages, int n) {
+  return stages + (uint32_t(n) % kStages) * kStageBytes;
+}
+
+// Issues k-step kt of op into the stage at shared address `stage`.
+template <class Op>
+__device__ __forceinline__ void load_stage(const Op& op, uint32_t stage, int kt) {
   op.a.issue(stage, kt);
   op.b.issue(stage + kTileABytes, kt);
 }
 
-// The first kStages − 2 k-steps in flight, one commit group each (empty past K, so that
-// the group count, and with it the main loop's wait, is the same every step).
-template <Major A_MAJ, Major B_MAJ>
-__device__ __forceinline__ void prologue(const Operands<A_MAJ, B_MAJ>& op, uint32_t stages) {
+// The first kStages − 2 k-steps of op in flight at stream positions n0, n0 + 1, …,
+// one commit group each (empty past K, so that the group count, and with it the main
+// loop's wait, is the same every step).
+template <class Op>
+__device__ __forceinline__ void prologue(const Op& op, uint32_t stages, int n0) {
 #pragma unroll
   for (int s = 0; s < kStages - 2; ++s) {
-    if (s < op.ktiles) load_stage(op, stages, s);
+    if (s < op.ktiles) load_stage(op, stage_of(stages, n0 + s), s);
     cp_async_commit();
   }
 }
 
-// acc = A·B over the tile's K (the first k16 step overwrites acc), after prologue(op).
+// acc = A·B over the tile's K (the first k16 step overwrites acc), its k-step kt at
+// stream position n + kt, after its first kStages − 2 k-steps were put in flight.
 // Warpgroup w multiplies rows 64w.. of A (its 8 KB slice of the A tile in either layout)
-// by all of B. On return every wgmma has completed; copies of k-steps past K (empty
-// groups) may be all that is left in flight. The cursor (the CTA's walk over its tiles,
-// see run_tiles) is told of each k-step once its wgmma and copies are issued (a thread
-// that waits there on memory keeps the tensor cores waiting only if it outlasts the
-// queued group), and of the loop's end.
-template <Major A_MAJ, Major B_MAJ, class Cursor>
-__device__ __forceinline__ void mainloop(float (&acc)[kAcc], const Operands<A_MAJ, B_MAJ>& op, uint32_t stages,
-                                         Cursor& cursor) {
-  constexpr int kTransA = A_MAJ == Major::mn, kTransB = B_MAJ == Major::mn;
+// by all of B. Each step refills the stage that k-step kt − 2 left (free since the
+// barrier) with the stream position kStages − 2 ahead: a k-step of this tile, or, in
+// the last kStages − 2 steps, of the next one, so that its copies are in flight while
+// this tile ends and is stored. For that the main loop moves the cursor on (at the
+// first of those steps, if the cursor can tell the next tile there), sets `next` and
+// `op` to the next tile and returns true; it returns false if it left that to the
+// caller (a tile of one k-step, or a cursor that could not tell). On return every
+// wgmma has completed. The cursor (the CTA's walk over its tiles, see run_tiles) is
+// told of each k-step once its wgmma and copies are issued (a thread that waits there
+// on memory keeps the tensor cores waiting only if it outlasts the queued group), and
+// after its wait; and of the loop's end.
+template <class Problem, class Op>
+__device__ __forceinline__ bool mainloop(float (&acc)[kAcc], const Problem& problem, typename Problem::Cursor& cursor,
+                                         Op& op, typename Problem::Job& next, uint32_t stages, int n) {
+  constexpr int kTransA = Op::kAMajor == Major::mn, kTransB = Op::kBMajor == Major::mn;
   const uint32_t wg_a = uint32_t(threadIdx.x / kWarpgroup) * (kWgRows * kLineBytes);
   static_assert(kWgRows * kLineBytes == kBlockBytes, "a warpgroup's A slice is 8 KB in both layouts");
-  for (int kt = 0; kt < op.ktiles; ++kt) {
+  const int ktiles = op.ktiles;
+  bool moved_on = false;
+  for (int kt = 0; kt < ktiles; ++kt) {
     cp_async_wait<kStages - 3>();  // this thread's copies of k-step kt have landed
     fence_proxy_async_shared();    // … and are ordered before the tensor cores' reads
     __syncthreads();               // everyone's have; both warpgroups are done with kt − 2
-    const uint32_t stage = stages + uint32_t(kt % kStages) * kStageBytes;
+    const uint32_t stage = stage_of(stages, n + kt);
     fence_accumulators(acc);
     wgmma_fence();
 #pragma unroll
     for (int kk = 0; kk < kBK / kWgmmaK; ++kk)
-      wgmma_m64n256k16_bf16<kTransA, kTransB>(acc, operand_descriptor<A_MAJ>(stage + wg_a, kk),
-                                               operand_descriptor<B_MAJ>(stage + kTileABytes, kk), kt > 0 || kk > 0);
+      wgmma_m64n256k16_bf16<kTransA, kTransB>(acc, operand_descriptor<Op::kAMajor>(stage + wg_a, kk),
+                                               operand_descriptor<Op::kBMajor>(stage + kTileABytes, kk),
+                                               kt > 0 || kk > 0);
     wgmma_commit();
-    // Refill the stage of k-step kt − 2 (free since the barrier) with k-step kt + kStages − 2.
-    const int next = kt + kStages - 2;
-    if (next < op.ktiles) load_stage(op, stages, next);
+    const int fill = kt + kStages - 2;  // the k-step loaded now, counted from this tile's first
+    if (fill == ktiles && cursor.next_known(ktiles)) {
+      cursor.advance();
+      next = problem.find(cursor.tile);
+      moved_on = true;
+      if (next.valid) {
+        op = problem.operands(next);  // this tile's copies are all issued
+        problem.prefetch(next);
+      }
+    }
+    if (fill < ktiles)
+      load_stage(op, stage_of(stages, n + fill), fill);
+    else if (moved_on && next.valid && fill - ktiles < op.ktiles)
+      load_stage(op, stage_of(stages, n + fill), fill - ktiles);
     cp_async_commit();
-    cursor.at_kstep(kt, op.ktiles);
+    cursor.at_kstep(kt, ktiles);
     wgmma_wait<1>();  // k-step kt − 1's group is done: only kt's may still run
     fence_accumulators(acc);
+    cursor.after_kstep(kt, ktiles);
   }
   wgmma_wait<0>();
   fence_accumulators(acc);
-  cursor.after_mainloop();
+  cursor.after_mainloop(ktiles);
+  return moved_on;
 }
 
-// Walks this CTA's tiles (Problem: cursor, find, operands, prefetch, begin_store,
-// store; see the two below). The cursor holds the tile index: the CTA's first, then
-// after each main loop and the barrier behind it, its next (a tile past the last ends
-// the walk). `smem` is the dynamic shared memory, `stages` the shared address of the
-// first stage; the store may use the last two stages as scratch (`staging`, a generic
-// pointer, from begin_store on): the next tile's prologue fills only the first
-// kStages − 2, and its main loop refills the others only after its first barrier,
-// which every thread reaches after its store. begin_store may issue one cp.async group
-// (before the next tile's prologue); store is told whether that prologue's
-// kStages − 2 groups came after it.
+// The store's scratch: the stages of two stream positions, kStageBytes each and not
+// always adjacent, as one area of 2 · kStageBytes (an access never straddles them).
+struct Staging {
+  uint32_t first, second;  // shared addresses
+  unsigned char* smem;     // the dynamic shared memory, at shared address smem_base
+  uint32_t smem_base;
+
+  __device__ __forceinline__ uint32_t address(uint32_t offset) const {
+    return offset < kStageBytes ? first + offset : second + (offset - kStageBytes);
+  }
+  template <class T>
+  __device__ __forceinline__ T* pointer(uint32_t offset) const {
+    return reinterpret_cast<T*>(smem + (address(offset) - smem_base));
+  }
+};
+
+// Walks this CTA's tiles (Problem: Cursor, cursor, find, operands, prefetch,
+// begin_store, store; see the two below). The cursor holds the tile index: the CTA's
+// first, then its next, which the main loop moves to (see mainloop) or else run_tiles
+// after the barrier behind it (a tile past the last ends the walk). `smem` is the
+// dynamic shared memory, `stages` the shared address of the first stage. The store
+// may use as scratch the two stages that the next tile's first kStages − 2 k-steps
+// leave alone (Staging, from begin_store on): its main loop refills them only after
+// its first barrier, which every thread reaches after its store. begin_store may issue
+// one cp.async group, before the next tile's first copies where run_tiles issues them
+// (store is told so: their kStages − 2 groups came after it), after them where the
+// main loop did.
 template <class Problem>
 __device__ __forceinline__ void run_tiles(const Problem& problem, unsigned char* smem, uint32_t stages) {
-  unsigned char* staging = smem + (stages + (kStages - 2) * kStageBytes - smem_addr(smem));
   float acc[kAcc] = {};  // every tile's first wgmma overwrites it; zeroed once so it is never read undefined
   auto cursor = problem.cursor();
   auto job = problem.find(cursor.tile);
   if (!job.valid) return;  // uniform: every thread computed the same job
   auto op = problem.operands(job);
-  prologue(op, stages);
+  int n = 0;  // the stream position of the tile's k-step 0
+  prologue(op, stages, n);
   problem.prefetch(job);
   while (true) {
-    mainloop(acc, op, stages, cursor);
+    const int ktiles = op.ktiles;
+    auto next = job;
+    const bool moved_on = mainloop(acc, problem, cursor, op, next, stages, n);
     __syncthreads();  // both warpgroups' wgmma are done with every stage: the next tile may refill them
-    cursor.advance();
-    const auto next = problem.find(cursor.tile);
-    problem.begin_store(job, stages + (kStages - 2) * kStageBytes);
-    if (next.valid) {
-      op = problem.operands(next);
-      prologue(op, stages);  // in flight while this tile is stored
-      problem.prefetch(next);
+    const int after = n + ktiles + kStages - 2;  // the first position the next tile's start leaves alone
+    const Staging staging{stage_of(stages, after), stage_of(stages, after + 1), smem, smem_addr(smem)};
+    problem.begin_store(job, staging);
+    if (!moved_on) {
+      cursor.advance();
+      next = problem.find(cursor.tile);
+      if (next.valid) {
+        op = problem.operands(next);
+        prologue(op, stages, n + ktiles);  // in flight while this tile is stored
+        problem.prefetch(next);
+      }
     }
-    problem.store(job, acc, staging, next.valid);
+    problem.store(job, acc, staging, !moved_on && next.valid);
     if (!next.valid) break;
     job = next;
+    n += ktiles;
   }
 }
 
@@ -324,8 +382,10 @@ __device__ __forceinline__ int fragment_col() { return 2 * (static_cast<int>(thr
 // tiles cost about the same).
 struct StridedCursor {
   int tile = static_cast<int>(blockIdx.x);
+  __device__ __forceinline__ bool next_known(int) const { return true; }
   __device__ __forceinline__ void at_kstep(int, int) {}
-  __device__ __forceinline__ void after_mainloop() {}
+  __device__ __forceinline__ void after_kstep(int, int) {}
+  __device__ __forceinline__ void after_mainloop(int) {}
   __device__ __forceinline__ void advance() { tile += static_cast<int>(gridDim.x); }
 };
 
@@ -378,7 +438,8 @@ struct RowsProblem {
     int expert, row0, rows, n0;
   };
 
-  __device__ __forceinline__ StridedCursor cursor() const { return {}; }
+  using Cursor = StridedCursor;
+  __device__ __forceinline__ Cursor cursor() const { return {}; }
 
   __device__ __forceinline__ Job find(int t) const {
     if (t >= n_tiles) return {false, 0, 0, 0, 0};
@@ -404,7 +465,7 @@ struct RowsProblem {
   }
 
   __device__ __forceinline__ void prefetch(const Job&) const {}  // the store reads nothing
-  __device__ __forceinline__ void begin_store(const Job&, uint32_t) const {}
+  __device__ __forceinline__ void begin_store(const Job&, const Staging&) const {}
 
   // bf16 out through shared memory, so that each warp writes whole 512-byte row
   // segments with 16-byte stores (written straight from the accumulator fragment, a
@@ -413,25 +474,25 @@ struct RowsProblem {
   // column chunk then fall in 8 different bank groups, and the read back of one row's
   // 32 chunks is conflict-free too. Rows past the expert's end and columns past N are
   // not written (N % 8 == 0: a chunk is wholly inside or outside).
-  __device__ __forceinline__ void store(const Job& j, const float (&acc)[kAcc], unsigned char* staging, bool) const {
+  __device__ __forceinline__ void store(const Job& j, const float (&acc)[kAcc], const Staging& staging, bool) const {
     constexpr int kRowChunks = kBN / 8;
+    constexpr uint32_t kRowBytes = kRowChunks * 16;
+    static_assert(kStageBytes % kRowBytes == 0, "a staged row lies in one stage");
     const int r0 = fragment_row(), c0 = fragment_col();
-    __nv_bfloat162* tile = reinterpret_cast<__nv_bfloat162*>(staging);
 #pragma unroll
     for (int h = 0; h < 2; ++h) {
       const int r = r0 + 8 * h;
+      __nv_bfloat162* row = staging.pointer<__nv_bfloat162>(uint32_t(r) * kRowBytes);
 #pragma unroll
       for (int jn = 0; jn < kRowChunks; ++jn)
-        tile[(r * kRowChunks + (jn ^ (r & 7))) * 4 + c0 / 2] =
-            __floats2bfloat162_rn(acc[4 * jn + 2 * h], acc[4 * jn + 2 * h + 1]);
+        row[(jn ^ (r & 7)) * 4 + c0 / 2] = __floats2bfloat162_rn(acc[4 * jn + 2 * h], acc[4 * jn + 2 * h + 1]);
     }
     __syncthreads();
     const int lane = static_cast<int>(threadIdx.x) % kWarp, warp = static_cast<int>(threadIdx.x) / kWarp;
     const bool col_ok = j.n0 + lane * 8 < N;
-    const int4* chunks = reinterpret_cast<const int4*>(staging);
 #pragma unroll 4
     for (int r = warp; r < kBM; r += kThreads / kWarp) {
-      const int4 v = chunks[r * kRowChunks + (lane ^ (r & 7))];
+      const int4 v = staging.pointer<const int4>(uint32_t(r) * kRowBytes)[lane ^ (r & 7)];
       if (r < j.rows && col_ok) *reinterpret_cast<int4*>(out + int64_t(j.row0 + r) * N + j.n0 + lane * 8) = v;
     }
   }
@@ -487,8 +548,9 @@ __device__ __forceinline__ int rank_trained_experts(WgradSched& s, const int32_t
 
 // How many k-steps before the end of its main loop a CTA draws its next tile: late,
 // so that the CTAs about to be free draw first, and early enough that the counter's
-// answer (one round trip to L2) is back before the loop ends.
-constexpr int kDrawLead = 3;
+// answer (one round trip to L2) is back a k-step later, where it is handed to the
+// other threads, before the main loop's last kStages − 2 steps load the next tile.
+constexpr int kDrawLead = kStages;
 
 // Weight gradient: dweights[e][m, n] += Σ_s dout[s, m]·inp[s, n] over the rows s of
 // expert e = trained[i], M = OC, N = C, K = the expert's row count; A = doutᵀ and
@@ -517,21 +579,29 @@ struct WgradProblem {
   };
 
   // The CTA's walk: tile blockIdx.x, then the drawn ones. Thread 0 draws (the
-  // tickets past the first gridDim.x tiles are numbered from 0) and hands the tile to
-  // the others through shared memory, written before the barrier behind the main
-  // loop and read after it; the next write comes in the next main loop, after its
-  // first barrier, which every thread reaches after its read.
+  // tickets past the first gridDim.x tiles are numbered from 0) kDrawLead k-steps
+  // before the end of the main loop (at its first step in a shorter one) and hands the
+  // tile to the others through shared memory, written at the end of the step
+  // kStages − 1 before the last and read after the barrier of the next (the main loop
+  // moves on there, see mainloop); in a main loop shorter than that, written at its
+  // end and read after the barrier behind it. The next write comes in the next main
+  // loop, after its first barrier, which every thread reaches after its read.
   struct Cursor {
+    static constexpr int kHandover = kStages - 1;  // k-steps before the end
     int tile;
-    int drawn_here;  // thread 0: the tile it drew, from its draw to the end of the main loop
+    int drawn_here;  // thread 0: the tile it drew, from its draw to its handover
     TileTickets* tickets;
     int* drawn;
+    __device__ __forceinline__ bool next_known(int ktiles) const { return ktiles >= kHandover; }
     __device__ __forceinline__ void at_kstep(int kt, int ktiles) {
       if (threadIdx.x == 0 && kt == (ktiles > kDrawLead ? ktiles - kDrawLead : 0))
         drawn_here = static_cast<int>(gridDim.x) + atomicAdd(&tickets->next, 1);
     }
-    __device__ __forceinline__ void after_mainloop() {
-      if (threadIdx.x == 0) *drawn = drawn_here;
+    __device__ __forceinline__ void after_kstep(int kt, int ktiles) {
+      if (threadIdx.x == 0 && next_known(ktiles) && kt == ktiles - kHandover) *drawn = drawn_here;
+    }
+    __device__ __forceinline__ void after_mainloop(int ktiles) {
+      if (threadIdx.x == 0 && !next_known(ktiles)) *drawn = drawn_here;
     }
     __device__ __forceinline__ void advance() { tile = *drawn; }
   };
@@ -580,6 +650,7 @@ struct WgradProblem {
   static constexpr int kStagedPairs = 2 * kStageBytes / (kThreads * sizeof(float2));
   static constexpr int kLoadedPairs = kPairs - kStagedPairs;
   static_assert(kStagedPairs > 0 && kStagedPairs % 2 == 0 && kLoadedPairs >= 0, "pairs of both rows staged together");
+  static_assert(kStageBytes % (kThreads * sizeof(float2)) == 0, "a slot lies in one stage");
 
   // The tile's dW, element (0, 0).
   __device__ __forceinline__ float* dw_tile(const Job& j) const {
@@ -600,18 +671,21 @@ struct WgradProblem {
   __device__ __forceinline__ bool whole(const Job& j) const { return j.m0 + kBM <= OC && j.n0 + kBN <= C; }
 
   template <bool kWhole>
-  __device__ __forceinline__ void copy_staged_pairs(const Job& j, uint32_t staging) const {
+  __device__ __forceinline__ void copy_staged_pairs(const Job& j, const Staging& staging) const {
     float* tile = dw_tile(j);
-    const uint32_t slots = staging + threadIdx.x * uint32_t(sizeof(float2));
 #pragma unroll
     for (int q = 0; q < kStagedPairs; ++q)
-      if (pair_inside<kWhole>(j, q))
-        cp_async_8(slots + q * kThreads * uint32_t(sizeof(float2)), pair_address(tile, q), true);
+      if (pair_inside<kWhole>(j, q)) cp_async_8(staging.address(slot_offset(q)), pair_address(tile, q), true);
+  }
+
+  // Slot q of this thread in the staging area (its byte offset there).
+  __device__ __forceinline__ static uint32_t slot_offset(int q) {
+    return (uint32_t(q) * kThreads + threadIdx.x) * uint32_t(sizeof(float2));
   }
 
   // One cp.async group: dW of pairs q < kStagedPairs into this thread's slots of the
-  // staging area (shared address `staging`).
-  __device__ __forceinline__ void begin_store(const Job& j, uint32_t staging) const {
+  // staging area.
+  __device__ __forceinline__ void begin_store(const Job& j, const Staging& staging) const {
     if (whole(j))
       copy_staged_pairs<true>(j, staging);
     else
@@ -620,7 +694,7 @@ struct WgradProblem {
   }
 
   template <bool kWhole>
-  __device__ __forceinline__ void add_pairs(const Job& j, const float (&acc)[kAcc], const unsigned char* staging,
+  __device__ __forceinline__ void add_pairs(const Job& j, const float (&acc)[kAcc], const Staging& staging,
                                             bool prologue_after) const {
     float* tile = dw_tile(j);
     float2 loaded[kLoadedPairs > 0 ? kLoadedPairs : 1];
@@ -632,11 +706,10 @@ struct WgradProblem {
       cp_async_wait<kStages - 2>();
     else
       cp_async_wait<0>();
-    const float2* slots = reinterpret_cast<const float2*>(staging) + threadIdx.x;
 #pragma unroll
     for (int q = 0; q < kPairs; ++q) {
       if (!pair_inside<kWhole>(j, q)) continue;
-      float2 v = q < kStagedPairs ? slots[q * kThreads] : loaded[q - kStagedPairs];
+      float2 v = q < kStagedPairs ? *staging.pointer<const float2>(slot_offset(q)) : loaded[q - kStagedPairs];
       v.x += acc[2 * q];
       v.y += acc[2 * q + 1];
       *reinterpret_cast<float2*>(pair_address(tile, q)) = v;
@@ -645,7 +718,7 @@ struct WgradProblem {
 
   // dW += acc (see above); `prologue_after`: the next tile's prologue groups were
   // committed after begin_store's.
-  __device__ __forceinline__ void store(const Job& j, const float (&acc)[kAcc], unsigned char* staging,
+  __device__ __forceinline__ void store(const Job& j, const float (&acc)[kAcc], const Staging& staging,
                                         bool prologue_after) const {
     if (whole(j))
       add_pairs<true>(j, acc, staging, prologue_after);
