@@ -61,11 +61,12 @@
 // which CTA, so the bits are the same every run (no atomics in any sum).
 //
 // Stores. bf16 outputs go through shared memory (the two stages the next tile's first
-// copies leave alone) so that each warp writes whole 512-byte row segments. The
-// weight gradient's fp32 dW += tile reads dW, which each tile asks L2 for as it
-// starts; at its end all of the tile's dW is read at once, three quarters copied into
-// those two stages and the rest loaded into registers, so the read-modify-write waits
-// for one round trip to L2.
+// copies leave alone) so that each warp writes whole 512-byte row segments; the rows
+// are written out from there behind the next tile's first wgmma. The weight
+// gradient's fp32 dW += tile reads dW, which each tile asks L2 for as it starts; at
+// its end all of the tile's dW is read at once, three quarters copied into those two
+// stages and the rest loaded into registers, so the read-modify-write waits for one
+// round trip to L2.
 #include "cuda/grouped_gemm_sm90.cuh"
 
 #include <algorithm>
@@ -242,6 +243,31 @@ __device__ __forceinline__ void prologue(const Op& op, uint32_t stages, int n0) 
   }
 }
 
+// The store's scratch: the stages of two stream positions, kStageBytes each and not
+// always adjacent, as one area of 2 · kStageBytes (an access never straddles them).
+struct Staging {
+  uint32_t first, second;  // shared addresses
+  unsigned char* smem;     // the dynamic shared memory, at shared address smem_base
+  uint32_t smem_base;
+
+  __device__ __forceinline__ uint32_t address(uint32_t offset) const {
+    return offset < kStageBytes ? first + offset : second + (offset - kStageBytes);
+  }
+  template <class T>
+  __device__ __forceinline__ T* pointer(uint32_t offset) const {
+    return reinterpret_cast<T*>(smem + (address(offset) - smem_base));
+  }
+};
+
+// A bf16 store left half done (see run_tiles): its tile, and the scratch its rows wait
+// in, which the next main loop's first refill overwrites.
+template <class Job>
+struct UnfinishedStore {
+  bool pending;
+  Job job;
+  Staging staging;
+};
+
 // acc = A·B over the tile's K (the first k16 step overwrites acc), its k-step kt at
 // stream position n + kt, after its first kStages − 2 k-steps were put in flight.
 // Warpgroup w multiplies rows 64w.. of A (its 8 KB slice of the A tile in either layout)
@@ -255,10 +281,13 @@ __device__ __forceinline__ void prologue(const Op& op, uint32_t stages, int n0) 
 // wgmma has completed. The cursor (the CTA's walk over its tiles, see run_tiles) is
 // told of each k-step once its wgmma and copies are issued (a thread that waits there
 // on memory keeps the tensor cores waiting only if it outlasts the queued group), and
-// after its wait; and of the loop's end.
+// after its wait; and of the loop's end. A store the last tile left unfinished is
+// finished in the first step, behind its wgmma and before its refill writes the
+// store's scratch.
 template <class Problem, class Op>
 __device__ __forceinline__ bool mainloop(float (&acc)[kAcc], const Problem& problem, typename Problem::Cursor& cursor,
-                                         Op& op, typename Problem::Job& next, uint32_t stages, int n) {
+                                         Op& op, typename Problem::Job& next, uint32_t stages, int n,
+                                         UnfinishedStore<typename Problem::Job>& unfinished) {
   constexpr int kTransA = Op::kAMajor == Major::mn, kTransB = Op::kBMajor == Major::mn;
   const uint32_t wg_a = uint32_t(threadIdx.x / kWarpgroup) * (kWgRows * kLineBytes);
   static_assert(kWgRows * kLineBytes == kBlockBytes, "a warpgroup's A slice is 8 KB in both layouts");
@@ -277,6 +306,13 @@ __device__ __forceinline__ bool mainloop(float (&acc)[kAcc], const Problem& prob
                                                operand_descriptor<Op::kBMajor>(stage + kTileABytes, kk),
                                                kt > 0 || kk > 0);
     wgmma_commit();
+    if constexpr (Problem::kFinishLater) {
+      if (kt == 0 && unfinished.pending) {
+        problem.finish_store(unfinished.job, unfinished.staging);
+        unfinished.pending = false;
+        __syncthreads();  // every warp is done with the scratch, which the refill below may write
+      }
+    }
     const int fill = kt + kStages - 2;  // the k-step loaded now, counted from this tile's first
     if (fill == ktiles && cursor.next_known(ktiles)) {
       cursor.advance();
@@ -303,33 +339,20 @@ __device__ __forceinline__ bool mainloop(float (&acc)[kAcc], const Problem& prob
   return moved_on;
 }
 
-// The store's scratch: the stages of two stream positions, kStageBytes each and not
-// always adjacent, as one area of 2 · kStageBytes (an access never straddles them).
-struct Staging {
-  uint32_t first, second;  // shared addresses
-  unsigned char* smem;     // the dynamic shared memory, at shared address smem_base
-  uint32_t smem_base;
-
-  __device__ __forceinline__ uint32_t address(uint32_t offset) const {
-    return offset < kStageBytes ? first + offset : second + (offset - kStageBytes);
-  }
-  template <class T>
-  __device__ __forceinline__ T* pointer(uint32_t offset) const {
-    return reinterpret_cast<T*>(smem + (address(offset) - smem_base));
-  }
-};
-
 // Walks this CTA's tiles (Problem: Cursor, cursor, find, operands, prefetch,
-// begin_store, store; see the two below). The cursor holds the tile index: the CTA's
-// first, then its next, which the main loop moves to (see mainloop) or else run_tiles
-// after the barrier behind it (a tile past the last ends the walk). `smem` is the
-// dynamic shared memory, `stages` the shared address of the first stage. The store
-// may use as scratch the two stages that the next tile's first kStages − 2 k-steps
-// leave alone (Staging, from begin_store on): its main loop refills them only after
-// its first barrier, which every thread reaches after its store. begin_store may issue
-// one cp.async group, before the next tile's first copies where run_tiles issues them
-// (store is told so: their kStages − 2 groups came after it), after them where the
-// main loop did.
+// begin_store, store, kFinishLater, finish_store; see the two below). The cursor holds
+// the tile index: the CTA's first, then its next, which the main loop moves to (see
+// mainloop) or else run_tiles after the barrier behind it (a tile past the last ends
+// the walk). `smem` is the dynamic shared memory, `stages` the shared address of the
+// first stage. The store may use as scratch the two stages that the next tile's first
+// kStages − 2 k-steps leave alone (Staging, from begin_store on): its main loop
+// refills them only after its first barrier, which every thread reaches after its
+// store. begin_store may issue one cp.async group, before the next tile's first
+// copies where run_tiles issues them (store is told so: their kStages − 2 groups came
+// after it), after them where the main loop did. Where Problem::kFinishLater, the
+// store leaves its tile in the scratch, done with the accumulators, and finish_store
+// writes it out: in the next main loop's first step (its wgmma already running on
+// the accumulators), or at once after the last tile.
 template <class Problem>
 __device__ __forceinline__ void run_tiles(const Problem& problem, unsigned char* smem, uint32_t stages) {
   float acc[kAcc] = {};  // every tile's first wgmma overwrites it; zeroed once so it is never read undefined
@@ -340,10 +363,11 @@ __device__ __forceinline__ void run_tiles(const Problem& problem, unsigned char*
   int n = 0;  // the stream position of the tile's k-step 0
   prologue(op, stages, n);
   problem.prefetch(job);
+  UnfinishedStore<typename Problem::Job> unfinished{false, job, {}};
   while (true) {
     const int ktiles = op.ktiles;
     auto next = job;
-    const bool moved_on = mainloop(acc, problem, cursor, op, next, stages, n);
+    const bool moved_on = mainloop(acc, problem, cursor, op, next, stages, n, unfinished);
     __syncthreads();  // both warpgroups' wgmma are done with every stage: the next tile may refill them
     const int after = n + ktiles + kStages - 2;  // the first position the next tile's start leaves alone
     const Staging staging{stage_of(stages, after), stage_of(stages, after + 1), smem, smem_addr(smem)};
@@ -358,6 +382,12 @@ __device__ __forceinline__ void run_tiles(const Problem& problem, unsigned char*
       }
     }
     problem.store(job, acc, staging, !moved_on && next.valid);
+    if constexpr (Problem::kFinishLater) {
+      if (next.valid)
+        unfinished = {true, job, staging};
+      else
+        problem.finish_store(job, staging);
+    }
     if (!next.valid) break;
     job = next;
     n += ktiles;
@@ -472,12 +502,16 @@ struct RowsProblem {
   // warp's store would cover 8 rows × 16 bytes). The [128][256] bf16 tile is staged
   // with its 16-byte chunks XOR-swizzled by row % 8: the fragment's 8 rows of one
   // column chunk then fall in 8 different bank groups, and the read back of one row's
-  // 32 chunks is conflict-free too. Rows past the expert's end and columns past N are
-  // not written (N % 8 == 0: a chunk is wholly inside or outside).
-  __device__ __forceinline__ void store(const Job& j, const float (&acc)[kAcc], const Staging& staging, bool) const {
-    constexpr int kRowChunks = kBN / 8;
-    constexpr uint32_t kRowBytes = kRowChunks * 16;
-    static_assert(kStageBytes % kRowBytes == 0, "a staged row lies in one stage");
+  // 32 chunks is conflict-free too. store stages the tile and ends with a barrier
+  // (everyone's rows staged); finish_store, later (kFinishLater, see run_tiles), writes
+  // the rows out. Rows past the expert's end and columns past N are not written
+  // (N % 8 == 0: a chunk is wholly inside or outside).
+  static constexpr bool kFinishLater = true;
+  static constexpr int kRowChunks = kBN / 8;
+  static constexpr uint32_t kRowBytes = kRowChunks * 16;
+  static_assert(kStageBytes % kRowBytes == 0, "a staged row lies in one stage");
+
+  __device__ __forceinline__ void store(const Job&, const float (&acc)[kAcc], const Staging& staging, bool) const {
     const int r0 = fragment_row(), c0 = fragment_col();
 #pragma unroll
     for (int h = 0; h < 2; ++h) {
@@ -488,6 +522,9 @@ struct RowsProblem {
         row[(jn ^ (r & 7)) * 4 + c0 / 2] = __floats2bfloat162_rn(acc[4 * jn + 2 * h], acc[4 * jn + 2 * h + 1]);
     }
     __syncthreads();
+  }
+
+  __device__ __forceinline__ void finish_store(const Job& j, const Staging& staging) const {
     const int lane = static_cast<int>(threadIdx.x) % kWarp, warp = static_cast<int>(threadIdx.x) / kWarp;
     const bool col_ok = j.n0 + lane * 8 < N;
 #pragma unroll 4
@@ -646,6 +683,8 @@ struct WgradProblem {
   // then waits for both. (Loaded into registers alone, they would not all fit beside
   // the accumulators; and a load written after a dW store waits for it, the compiler
   // being unable to tell the addresses apart.)
+  static constexpr bool kFinishLater = false;  // the store needs the accumulators to its end
+
   static constexpr int kPairs = kAcc / 2;
   static constexpr int kStagedPairs = 2 * kStageBytes / (kThreads * sizeof(float2));
   static constexpr int kLoadedPairs = kPairs - kStagedPairs;
