@@ -60,8 +60,9 @@ bench: build
 	@for b in $(BUILD)/bench_*; do echo "== $$b"; $$b || exit 1; done
 
 # The one-call GPU check, built here without a GPU (bench/gpu_check/): portable sm_90
-# binaries (static runtimes, SPES_PORTABLE), configs, tokenized data and run.sh in
-# $(GPU_BUILD)/gpu-check/. On a GPU machine: $(GPU_BUILD)/gpu-check/run.sh OUTDIR.
+# binaries (static runtimes, SPES_PORTABLE), configs, tokenized data, run.sh and the
+# PyTorch anchors in $(GPU_BUILD)/gpu-check/. On a GPU machine:
+# $(GPU_BUILD)/gpu-check/run.sh [--full] OUTDIR (quick: ≤ 5 min; full: ≤ 8 min).
 GPU_BUILD ?= build-gpu
 
 gpu-check-bundle:

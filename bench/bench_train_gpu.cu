@@ -13,6 +13,8 @@
 //     micro-batches, the gradient norm, AdamW;
 //   - device memory: cudaMemGetInfo before the backend and after the timed steps
 //     (what the node really took), next to the memory plan's total and categories;
+//   - which kernels the grouped expert GEMMs take (sm90a, or portable: where the
+//     device lacks sm_90a or SPES_GROUPED_GEMM=portable keeps them there);
 //   - the per-kernel share of the step: every kernel the step launches, timed in
 //     isolation at the step's shapes (median of 25 runs after warm-up, CUDA events),
 //     times its calls per step, as ms and % of the measured step, with its achieved
@@ -609,6 +611,13 @@ int main(int argc, char** argv) {
     cuda_check(cudaGetDeviceProperties(&prop, 0));
     std::printf("device: %s (sm_%d%d, %d SMs, %.1f GiB)\n", prop.name, prop.major, prop.minor,
                 prop.multiProcessorCount, gib(double(prop.totalGlobalMem)));
+    // Which kernels the step's grouped expert GEMMs take (the GPU check reports both).
+    const char* forced = std::getenv("SPES_GROUPED_GEMM");
+    const std::string path = forced && std::string(forced) == "portable" ? "portable (SPES_GROUPED_GEMM=portable)"
+                             : cuda::grouped_gemm_sm90a_available()
+                                 ? "sm90a (wgmma)"
+                                 : "portable: " + cuda::grouped_gemm_sm90a_unavailable_reason();
+    std::printf("grouped expert GEMMs: %s\n", path.c_str());
     for (const Node& node : nodes) {
       std::vector<std::string> sets = node.sets;
       sets.push_back("train.device=cuda");

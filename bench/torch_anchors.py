@@ -7,12 +7,14 @@ GPU benches are read against (bench/README.md). CSV on stdout, first line the he
   - scaled_dot_product_attention with the flash backend, forward and backward, causal
     bf16, at the spes-1b shape (B 8, S 2048, 12 heads, D 64), at D 128 with the same
     width (6 heads), and at bench_attention's width-2048 rows (D 64 and D 128);
-  - dense bf16 GEMMs: 8192^3 (the ceiling the grouped expert GEMMs are held to) and the
-    spes-1b expert gate|up product with all routed rows as one matrix;
+  - dense bf16 GEMMs: 8192^3, and each of bench_grouped_gemm's six expert products
+    (gate|up and down: forward, backward-input, weight gradient) at spes-1b's shape with
+    all 32768 routed rows as one matrix: the same FLOPs, the ceiling the grouped GEMMs
+    are held to;
   - transformers' OlmoeForCausalLM built from configs/spes-1b.toml's model (random
     init, fp32 master weights under bf16 autocast, fused AdamW, micro-batch 8 x 2048):
-    one training step's tokens/s, eager, and compiled when --compile is given and it
-    compiles within the time left.
+    one training step's tokens/s, eager, and compiled when --compile-budget-s N is given
+    and it compiles within N seconds.
 
 Timing: CUDA events, median of --runs after warm-up. Logs go to stderr. The engine
 never needs Python; this is a bench only.
@@ -70,12 +72,25 @@ def attention(torch, runs):
             row("torch sdpa flash bwd", shape, ms, 2.5 * fwd_flops)
 
 
+# bench_grouped_gemm's six products at spes-1b's expert shape (S = 32768 routed rows,
+# d 768, H 2048; weights W [OC, C]) as one dense GEMM each, all rows as one expert: the
+# same FLOPs and operand shapes. forward X·Wᵀ (M S, N OC, K C), backward-input dY·W
+# (M S, N C, K OC), weight gradient dYᵀ·X (M OC, N C, K S).
+GROUPED_PRODUCTS = [("gate_up", 768, 4096), ("down", 2048, 768)]
+
+
 def gemms(torch, runs):
-    for (M, N, K, name) in [(8192, 8192, 8192, "dense 8192^3"), (32768, 4096, 768, "expert gate|up as one GEMM")]:
+    shapes = [(8192, 8192, 8192, "dense 8192^3")]
+    S = 32768
+    for weights, C, OC in GROUPED_PRODUCTS:
+        shapes += [(S, OC, C, f"{weights} forward as one GEMM"), (S, C, OC, f"{weights} backward_input as one GEMM"),
+                   (OC, C, S, f"{weights} backward_weight as one GEMM")]
+    for (M, N, K, name) in shapes:
         a = torch.randn(M, K, device="cuda", dtype=torch.bfloat16)
         b = torch.randn(K, N, device="cuda", dtype=torch.bfloat16)
         ms = timed(torch, lambda: a @ b, runs)
         row(f"torch matmul bf16 ({name})", f"M{M} N{N} K{K}", ms, 2.0 * M * N * K)
+        del a, b
 
 
 def olmoe_step(torch, runs, compile_budget_s, tokens_flops):
@@ -85,7 +100,12 @@ def olmoe_step(torch, runs, compile_budget_s, tokens_flops):
         num_key_value_heads=12, num_experts=16, num_experts_per_tok=2, max_position_embeddings=2048,
         rope_theta=500000.0, norm_topk_prob=False, router_aux_loss_coef=0.01, output_router_logits=True,
         tie_word_embeddings=False, attn_implementation="sdpa")
-    model = transformers.OlmoeForCausalLM(cfg).cuda()
+    try:  # initialised on the GPU: seconds, where the CPU takes tens of seconds
+        with torch.device("cuda"):
+            model = transformers.OlmoeForCausalLM(cfg)
+    except Exception as e:
+        log(f"building the model on the GPU failed ({type(e).__name__}: {e}); building it on the CPU")
+        model = transformers.OlmoeForCausalLM(cfg).cuda()
     opt = torch.optim.AdamW(model.parameters(), lr=5e-4, betas=(0.9, 0.95), weight_decay=0.1, fused=True)
     B, T = 8, 2048
     x = torch.randint(0, cfg.vocab_size, (B, T), device="cuda")

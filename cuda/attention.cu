@@ -45,14 +45,12 @@
 // D/2 = 16 bf16 pairs per row: lanes 16-31 add nothing.
 //
 // Shared memory per CTA (D=64 / D=128): forward 54 / 102 KB, dkv 55 / 103 KB, dq
-// 54 / 102 KB, above the 48 KB default (allow_smem opts in); D=32 (the D=64 tiles):
+// 54 / 102 KB, above the 48 KB default (allow_dynamic_smem opts in); D=32 (the D=64 tiles):
 // forward 30 KB, dkv 31 KB, dq 30 KB. bench/bench_attention.cu measures the kernels,
 // bench/RESULTS.md holds the figures and the register counts.
 #include "cuda/attention.cuh"
 
 #include <cstdint>
-#include <mutex>
-#include <set>
 #include <string>
 #include <utility>
 
@@ -637,35 +635,13 @@ void check_shape(const char* what, int64_t B, int64_t T, int64_t H, int64_t Hkv,
 // the base's 16-byte alignment.
 void check_bf16(const char* op, const bf16* p, const char* name) { require_ptr(p, 16, op, name); }
 
-// Above 48 KB of dynamic shared memory a kernel must opt in, per device. Done once per
-// (kernel, device) so that steady-state launches (and graph capture) make no extra calls.
-// A GPU whose opt-in limit is below the tiles' need (sm_86/sm_89: 99 KB against the
-// D = 128 tiles' ~102 KB) gets a plain error instead of a failed launch.
-template <typename Kernel>
-void allow_smem(const char* op, Kernel kernel, size_t bytes) {
-  static std::mutex mu;
-  static std::set<std::pair<const void*, int>> done;
-  int dev = 0;
-  cuda_check(cudaGetDevice(&dev));
-  const std::pair<const void*, int> key{reinterpret_cast<const void*>(kernel), dev};
-  std::lock_guard<std::mutex> lock(mu);
-  if (done.count(key)) return;
-  int optin = 0;
-  cuda_check(cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev));
-  require(bytes <= static_cast<size_t>(optin), op,
-          "needs " + std::to_string(bytes) + " bytes of shared memory per block but GPU " + std::to_string(dev) +
-              " allows " + std::to_string(optin) + " (tiles sized for sm_80 / sm_90)");
-  cuda_check(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(bytes)));
-  done.insert(key);
-}
-
 template <int D>
 void forward_impl(bf16* out, float* lse, const bf16* q, const bf16* k, const bf16* v, int B, int T, int H,
                   int Hkv, cudaStream_t stream) {
   constexpr int BM = Tiles<D>::kFwdM, BN = Tiles<D>::kFwdN;
   using Cfg = FwdConfig<D, BM, BN>;
   auto kernel = attention_forward_kernel<D, BM, BN>;
-  allow_smem("attention_forward", kernel, Cfg::kSmem);
+  allow_dynamic_smem("attention_forward", kernel, Cfg::kSmem);
   const float scale_log2 = kLog2e / sqrtf(static_cast<float>(D));
   const dim3 grid((T + BM - 1) / BM, H, B);
   launch(kernel, grid, Cfg::kThreads, Cfg::kSmem, stream, out, lse, q, k, v, T, H, H / Hkv, scale_log2);
@@ -691,7 +667,7 @@ void backward_impl(bf16* dq, bf16* dk, bf16* dv, const bf16* dout, const bf16* q
     constexpr int BM = Tiles<D>::kKvM, BN = Tiles<D>::kKvN;
     using Cfg = BwdKvConfig<D, BM, BN>;
     auto kernel = attention_backward_dkv_kernel<D, BM, BN>;
-    allow_smem("attention_backward", kernel, Cfg::kSmem);
+    allow_dynamic_smem("attention_backward", kernel, Cfg::kSmem);
     const dim3 grid((T + BN - 1) / BN, Hkv, B);
     launch(kernel, grid, Cfg::kThreads, Cfg::kSmem, stream, dk, dv, q, k, v, dout, lse, dsum, T, H, group, scale,
            scale_log2);
@@ -701,7 +677,7 @@ void backward_impl(bf16* dq, bf16* dk, bf16* dv, const bf16* dout, const bf16* q
     constexpr int BM = Tiles<D>::kQM, BN = Tiles<D>::kQN;
     using Cfg = BwdQConfig<D, BM, BN>;
     auto kernel = attention_backward_dq_kernel<D, BM, BN>;
-    allow_smem("attention_backward", kernel, Cfg::kSmem);
+    allow_dynamic_smem("attention_backward", kernel, Cfg::kSmem);
     const dim3 grid((T + BM - 1) / BM, H, B);
     launch(kernel, grid, Cfg::kThreads, Cfg::kSmem, stream, dq, q, k, v, dout, lse, dsum, T, H, group, scale,
            scale_log2);

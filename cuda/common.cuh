@@ -7,8 +7,12 @@
 
 #include <cstdint>
 #include <cstdio>
+#include <mutex>
+#include <set>
 #include <string>
+#include <utility>
 
+#include "cuda/check.cuh"
 #include "engine/base/error.hpp"
 
 namespace spes::cuda {
@@ -50,6 +54,28 @@ inline void require_disjoint(const void* written, size_t written_bytes, const vo
   const auto w = reinterpret_cast<uintptr_t>(written), r = reinterpret_cast<uintptr_t>(read);
   if (written && read && written_bytes && read_bytes && w < r + read_bytes && r < w + written_bytes)
     throw Error(std::string(op) + ": " + what);
+}
+
+// Above 48 KB of dynamic shared memory a kernel must opt in, per device. Done once per
+// (kernel, device), so that steady-state launches (and graph capture) make no extra
+// calls; a GPU whose opt-in limit is below `bytes` gets one error line naming the op
+// instead of a failed launch.
+template <typename Kernel>
+void allow_dynamic_smem(const char* op, Kernel kernel, size_t bytes) {
+  static std::mutex mu;
+  static std::set<std::pair<const void*, int>> done;
+  int dev = 0;
+  cuda_check(cudaGetDevice(&dev));
+  const std::pair<const void*, int> key{reinterpret_cast<const void*>(kernel), dev};
+  std::lock_guard<std::mutex> lock(mu);
+  if (done.count(key)) return;
+  int optin = 0;
+  cuda_check(cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev));
+  require(bytes <= static_cast<size_t>(optin), op,
+          "needs " + std::to_string(bytes) + " bytes of shared memory per block but GPU " + std::to_string(dev) +
+              " allows " + std::to_string(optin));
+  cuda_check(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(bytes)));
+  done.insert(key);
 }
 
 // ---- 16-byte vectors ------------------------------------------------------------

@@ -50,8 +50,6 @@
 
 #include <climits>
 #include <cstdlib>
-#include <mutex>
-#include <set>
 #include <string>
 #include <type_traits>
 #include <utility>
@@ -384,26 +382,6 @@ GroupedGemmPath choose_path(const char* op, GroupedGemmPath requested) {
   }
 }
 
-// Above 48 KB of dynamic shared memory a kernel must opt in, per device: done once per
-// (kernel, device), so steady-state launches (and graph capture) make no extra calls.
-template <typename Kernel>
-void allow_smem(const char* op, Kernel kernel, size_t bytes) {
-  static std::mutex mu;
-  static std::set<std::pair<const void*, int>> done;
-  int dev = 0;
-  cuda_check(cudaGetDevice(&dev));
-  const std::pair<const void*, int> key{reinterpret_cast<const void*>(kernel), dev};
-  std::lock_guard<std::mutex> lock(mu);
-  if (done.count(key)) return;
-  int optin = 0;
-  cuda_check(cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev));
-  require(bytes <= static_cast<size_t>(optin), op,
-          "needs " + std::to_string(bytes) + " bytes of shared memory per block but GPU " + std::to_string(dev) +
-              " allows " + std::to_string(optin));
-  cuda_check(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(bytes)));
-  done.insert(key);
-}
-
 std::string sizes(int64_t S, int64_t E, int64_t C, int64_t OC) {
   return " (S=" + std::to_string(S) + " E=" + std::to_string(E) + " C=" + std::to_string(C) +
          " OC=" + std::to_string(OC) + ")";
@@ -433,7 +411,7 @@ void rows_impl(const char* op, bf16* out, const bf16* a, const bf16* const* weig
   const int64_t n_col_tiles = ceil_div(N, kBN), row_tiles = ceil_div(S, kBM) + E;
   using Cfg = Config<Major::k, B_MAJ>;
   auto kernel = grouped_rows_kernel<B_MAJ>;
-  allow_smem(op, kernel, Cfg::kSmem);
+  allow_dynamic_smem(op, kernel, Cfg::kSmem);
   launch(kernel, static_cast<unsigned>(row_tiles * n_col_tiles), kThreads, Cfg::kSmem, stream, out, a, weights,
          offsets, static_cast<int>(S), static_cast<int>(E), static_cast<int>(N), static_cast<int>(K),
          static_cast<int>(n_col_tiles));
@@ -503,7 +481,7 @@ void grouped_matmul_backward_weight(float* const* dweights, const bf16* dout, co
     return;
   }
   using Cfg = Config<Major::mn, Major::mn>;
-  allow_smem(op, grouped_wgrad_kernel, Cfg::kSmem);
+  allow_dynamic_smem(op, grouped_wgrad_kernel, Cfg::kSmem);
   launch(grouped_wgrad_kernel, static_cast<unsigned>(n_trained * m_tiles * n_tiles), kThreads, Cfg::kSmem, stream,
          dweights, dout, inp, offsets, trained_experts, static_cast<int>(S), static_cast<int>(E), static_cast<int>(C),
          static_cast<int>(OC), static_cast<int>(m_tiles), static_cast<int>(n_tiles));

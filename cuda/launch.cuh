@@ -2,7 +2,7 @@
 // launch (thread-block clusters), the dynamic shared memory and the sm_90 guard, the
 // constructs a kernel file needs that a host C++ compiler cannot take or that the
 // host must run differently. Kept in one header so that the host emulator
-// (tests/emu/, the test_emu_* tests) can compile the kernel files unchanged as C++
+// (tests/emu/, test_emu) can compile the kernel files unchanged as C++
 // with its own tests/emu/cuda/launch.cuh shadowing this one: same names, same
 // signatures.
 #pragma once

@@ -1,7 +1,7 @@
-// The device seam of the tensor-core kernels (attention.cu): the inline-PTX wrappers,
-// which with cuda/launch.cuh (dynamic shared memory, the <<<>>> launch) are the only
-// constructs there that a host C++ compiler cannot take. Kept in one header so that
-// the host emulator (tests/emu/, test_emu_attention) can compile attention.cu
+// The device seam of the tensor-core kernels (attention.cu, grouped_gemm.cu): the
+// inline-PTX wrappers, which with cuda/launch.cuh (dynamic shared memory, the <<<>>>
+// launch) are the only constructs there that a host C++ compiler cannot take. Kept in
+// one header so that the host emulator (tests/emu/, test_emu) can compile those files
 // unchanged as C++ with its own tests/emu/cuda/ptx.cuh shadowing this file: same
 // names, same signatures, emulated from the PTX ISA. Add a wrapper here and the
 // emulator build fails until it has its twin.

@@ -56,50 +56,50 @@ struct StepRecord {
   SyncStats sync;
 };
 
-std::string val_ce_field(const StepRecord& r) { return r.val_ce ? csv_field("%.6f", *r.val_ce) : ""; }
+std::string val_ce_field(const StepRecord& r) { return r.val_ce ? strprintf("%.6f", *r.val_ce) : ""; }
 
 // The columns of the training CSV, in order (engine/README.md, "CSV columns").
 const CsvColumn<StepRecord> kStepColumns[] = {
-    {"step", [](const StepRecord& r) { return csv_field("%lld", (long long)r.step); }, "optimizer steps done"},
-    {"tokens", [](const StepRecord& r) { return csv_field("%lld", (long long)r.tokens); },
+    {"step", [](const StepRecord& r) { return strprintf("%lld", (long long)r.step); }, "optimizer steps done"},
+    {"tokens", [](const StepRecord& r) { return strprintf("%lld", (long long)r.tokens); },
      "training tokens consumed by this node so far"},
-    {"loss", [](const StepRecord& r) { return csv_field("%.6f", r.loss); },
+    {"loss", [](const StepRecord& r) { return strprintf("%.6f", r.loss); },
      "total loss = ce + lb_coef·lb + router_z_coef·router_z + lm_z_coef·lm_z"},
-    {"ce", [](const StepRecord& r) { return csv_field("%.6f", r.parts.ce); }, "cross-entropy (nats/token)"},
-    {"lb", [](const StepRecord& r) { return csv_field("%.6f", r.parts.lb); },
+    {"ce", [](const StepRecord& r) { return strprintf("%.6f", r.parts.ce); }, "cross-entropy (nats/token)"},
+    {"lb", [](const StepRecord& r) { return strprintf("%.6f", r.parts.lb); },
      "load-balancing loss (1 = perfectly balanced), mean over layers"},
-    {"router_z", [](const StepRecord& r) { return csv_field("%.6f", r.parts.router_z); },
+    {"router_z", [](const StepRecord& r) { return strprintf("%.6f", r.parts.router_z); },
      "router z-loss, mean over layers"},
-    {"lm_z", [](const StepRecord& r) { return csv_field("%.6f", r.parts.lm_z); }, "lm-head z-loss"},
-    {"lr", [](const StepRecord& r) { return csv_field("%.6e", r.lr); }, "learning rate of this step"},
-    {"grad_norm", [](const StepRecord& r) { return csv_field("%.6f", r.grad_norm); },
+    {"lm_z", [](const StepRecord& r) { return strprintf("%.6f", r.parts.lm_z); }, "lm-head z-loss"},
+    {"lr", [](const StepRecord& r) { return strprintf("%.6e", r.lr); }, "learning rate of this step"},
+    {"grad_norm", [](const StepRecord& r) { return strprintf("%.6f", r.grad_norm); },
      "global gradient norm before clipping"},
-    {"step_ms", [](const StepRecord& r) { return csv_field("%.1f", r.step_ms); },
+    {"step_ms", [](const StepRecord& r) { return strprintf("%.1f", r.step_ms); },
      "wall time of the step (sync round and eval included)"},
-    {"tokens_per_s", [](const StepRecord& r) { return csv_field("%.1f", r.tokens_per_s); },
+    {"tokens_per_s", [](const StepRecord& r) { return strprintf("%.1f", r.tokens_per_s); },
      "this node's throughput: the step's tokens over `step_ms`"},
-    {"mfu", [](const StepRecord& r) { return r.mfu ? csv_field("%.4f", *r.mfu) : ""; },
+    {"mfu", [](const StepRecord& r) { return r.mfu ? strprintf("%.4f", *r.mfu) : ""; },
      "model FLOPs utilisation on a GPU: (6 × active parameters + 6·L·T·d attention) FLOPs per token "
      "(`model/flops`: only the top-k experts count) × tokens/s over the device's dense bf16 peak (datasheet for "
      "H100/H200/A100, else a GEMM measured at start-up, named in the log); empty on the CPU"},
-    {"expert_load_cv", [](const StepRecord& r) { return csv_field("%.4f", r.expert_load_cv); },
+    {"expert_load_cv", [](const StepRecord& r) { return strprintf("%.4f", r.expert_load_cv); },
      "coefficient of variation of tokens per expert, mean over layers (0 = balanced)"},
     {"val_ce", val_ce_field, "validation cross-entropy on eval steps, empty otherwise"},
-    {"sync_round", [](const StepRecord& r) { return csv_field("%lld", (long long)r.sync.round); },
+    {"sync_round", [](const StepRecord& r) { return strprintf("%lld", (long long)r.sync.round); },
      "the sync round done after this step (0 when none)"},
-    {"sync_ms", [](const StepRecord& r) { return csv_field("%.1f", r.sync.ms); },
+    {"sync_ms", [](const StepRecord& r) { return strprintf("%.1f", r.sync.ms); },
      "wall time of that round (0 when none)"},
-    {"bytes_up", [](const StepRecord& r) { return csv_field("%lld", (long long)r.sync.bytes_up); },
+    {"bytes_up", [](const StepRecord& r) { return strprintf("%lld", (long long)r.sync.bytes_up); },
      "bytes this node sent in that round (0 when none)"},
-    {"bytes_down", [](const StepRecord& r) { return csv_field("%lld", (long long)r.sync.bytes_down); },
+    {"bytes_down", [](const StepRecord& r) { return strprintf("%lld", (long long)r.sync.bytes_down); },
      "bytes this node received in that round (0 when none)"},
-    {"sync_inflight_ms", [](const StepRecord& r) { return csv_field("%.1f", r.sync.inflight_ms); },
+    {"sync_inflight_ms", [](const StepRecord& r) { return strprintf("%.1f", r.sync.inflight_ms); },
      "`overlap` only: how long the round applied at this step was in flight since its push (0 otherwise)"},
-    {"sync_wait_ms", [](const StepRecord& r) { return csv_field("%.1f", r.sync.wait_ms); },
+    {"sync_wait_ms", [](const StepRecord& r) { return strprintf("%.1f", r.sync.wait_ms); },
      "`overlap` only: how long the step loop waited for that round (0 otherwise)"},
     {"state_hash",
      [](const StepRecord& r) {
-       return r.sync.round > 0 ? csv_field("%016llx", (unsigned long long)r.sync.state_hash) : "";
+       return r.sync.round > 0 ? strprintf("%016llx", (unsigned long long)r.sync.state_hash) : "";
      },
      "hash of θ after that round (hex; empty on steps without a round); identical on every node and the "
      "coordinator (with `overlap`: of the round's θ_global, applied at this step)"},

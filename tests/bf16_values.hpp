@@ -1,6 +1,6 @@
-// The values a bf16 tensor holds, on the host: shared by the GPU tests
-// (tests/cuda_test.cuh, test_gpu_step) and the emulator tests (tests/emu/emu_test.hpp),
-// which feed their CPU references exactly what the kernels see.
+// The values a bf16 tensor holds, on the host: shared by the kernel tests
+// (tests/cuda_test.cuh) and test_gpu_step, which feed their CPU references exactly
+// what the kernels see.
 #pragma once
 #include <cuda_bf16.h>
 

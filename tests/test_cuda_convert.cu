@@ -3,9 +3,10 @@
 // round-to-nearest-even (model/safetensors.cpp, the HF export's, tested on its own in
 // test_export): every length around the 8-wide vector path, aligned and unaligned
 // pointers (the scalar path), the values rounding cares about, and a guard element
-// after the output that must stay untouched. Then the chunked copy from host memory
-// through a staging buffer smaller than θ, as GpuBackend::push_theta runs it for any
-// model over 16 M parameters (the test models are far smaller and run one chunk).
+// after the output that must stay untouched, under every schedule
+// (for_each_schedule). Then the chunked copy from host memory through a staging
+// buffer smaller than θ, as GpuBackend::push_theta runs it for any model over 16 M
+// parameters (the test models are far smaller and run one chunk).
 #include <cuda_runtime.h>
 
 #include <bit>
@@ -70,14 +71,15 @@ GPU_TEST_CASE("float_to_bf16: round to nearest even, bit for bit, any length and
         const std::vector<float> h = values_to_round(n + in_off, unsigned(n * 4 + out_off * 2 + in_off));
         const DevTensor<float> in = upload(h);
         DevTensor<bf16> out(n + out_off + 1);  // + a guard element after the last output
-        out.poison();
-        spes::cuda::float_to_bf16(out.get() + out_off, in.get() + in_off, n, stream());
-        const std::vector<uint16_t> got = bits_of(out, out_off, n + 1);
-        int64_t first = -1;
-        const int64_t bad = wrong_roundings(got, h.data() + in_off, n, &first);
-        CHECK_MESSAGE(bad == 0, "n " << n << ", out +" << out_off << ", in +" << in_off << ": " << bad
-                                     << " wrong, first at " << first);
-        CHECK_MESSAGE(got[size_t(n)] == 0xFFFF, "n " << n << ": the element after the output was written");
+        for_each_schedule("float_to_bf16", {out}, [&] {
+          spes::cuda::float_to_bf16(out.get() + out_off, in.get() + in_off, n, stream());
+          const std::vector<uint16_t> got = bits_of(out, out_off, n + 1);
+          int64_t first = -1;
+          const int64_t bad = wrong_roundings(got, h.data() + in_off, n, &first);
+          CHECK_MESSAGE(bad == 0, "n " << n << ", out +" << out_off << ", in +" << in_off << ": " << bad
+                                       << " wrong, first at " << first);
+          CHECK_MESSAGE(got[size_t(n)] == 0xFFFF, "n " << n << ": the element after the output was written");
+        });
       }
     }
   }

@@ -1,22 +1,28 @@
 #!/usr/bin/env bash
 # Packs the GPU check bundle from a portable build (`make gpu-check-bundle` runs it):
-#   bench/gpu_check/bundle.sh BUILD_DIR BUNDLE_DIR
+#   bench/gpu_check/bundle.sh [--rehearsal] BUILD_DIR BUNDLE_DIR
 # BUILD_DIR must be configured with -DSPES_PORTABLE=ON (static C++/Fortran/OpenMP/CUDA
 # runtimes). The bundle is everything a lent GPU machine needs for one call of
 # BUNDLE_DIR/run.sh OUT: stripped binaries, the two tiny configs, the tokenized
-# Tiny Shakespeare, the commit. Fails, naming the cause, when a binary needs a shared
-# library the GPU machine may lack, or when the bundle exceeds GPU_BUNDLE_MAX_MIB.
+# Tiny Shakespeare, the PyTorch anchors script, the commit. Fails, naming the cause,
+# when a binary needs a shared library the GPU machine may lack, or when the bundle
+# exceeds GPU_BUNDLE_MAX_MIB.
+# --rehearsal packs a normal CUDA build for a run on this machine only (the rehearsal
+# without a GPU, tests/gpu_check_rehearsal.sh): no portability or size checks, fast gzip.
 set -euo pipefail
 
-BUILD=${1:?usage: bundle.sh BUILD_DIR BUNDLE_DIR}
-OUT=${2:?usage: bundle.sh BUILD_DIR BUNDLE_DIR}
+REHEARSAL=0
+[[ ${1:-} == --rehearsal ]] && REHEARSAL=1 && shift
+BUILD=${1:?usage: bundle.sh [--rehearsal] BUILD_DIR BUNDLE_DIR}
+OUT=${2:?usage: bundle.sh [--rehearsal] BUILD_DIR BUNDLE_DIR}
 MAX_MIB=${GPU_BUNDLE_MAX_MIB:-60}
 SRC=$(cd "$(dirname "$0")/../.." && pwd)
 HERE="$SRC/bench/gpu_check"
 
 fail() { echo "gpu-check-bundle: $*" >&2; exit 1; }
 
-grep -q '^SPES_PORTABLE:BOOL=ON' "$BUILD/CMakeCache.txt" 2>/dev/null ||
+[[ -f $BUILD/CMakeCache.txt ]] || fail "$BUILD is not a build folder"
+((REHEARSAL)) || grep -q '^SPES_PORTABLE:BOOL=ON' "$BUILD/CMakeCache.txt" ||
   fail "$BUILD is not a -DSPES_PORTABLE=ON build"
 grep -q '^SPES_CUDA:BOOL=ON' "$BUILD/CMakeCache.txt" || fail "$BUILD is built without CUDA"
 
@@ -47,7 +53,7 @@ for b in "${binaries[@]}"; do
   # turn (libstdc++, libgcc_s): those come with NCCL/cuBLAS on the GPU machine.
   mapfile -t needed < <(readelf -d "$f" | sed -n 's/.*(NEEDED).*\[\(.*\)\]/\1/p')
   for lib in "${needed[@]}"; do
-    [[ $lib =~ $ALLOWED ]] || fail "$b needs $lib, which the GPU machine may not have (link it statically: see SPES_PORTABLE in CMakeLists.txt)"
+    ((REHEARSAL)) || [[ $lib =~ $ALLOWED ]] || fail "$b needs $lib, which the GPU machine may not have (link it statically: see SPES_PORTABLE in CMakeLists.txt)"
     needed_all+=("$lib")
   done
   if ldd "$f" | grep -q 'not found'; then
@@ -56,7 +62,7 @@ for b in "${binaries[@]}"; do
   ldd_summary+="  $b: $(printf '%s ' "${needed[@]}")"$'\n'
 done
 # Every CUDA binary must carry sm_90 code (H100/H200).
-if command -v cuobjdump >/dev/null || [[ -x /usr/local/cuda/bin/cuobjdump ]]; then
+if ((!REHEARSAL)) && { command -v cuobjdump >/dev/null || [[ -x /usr/local/cuda/bin/cuobjdump ]]; }; then
   CUOBJDUMP=$(command -v cuobjdump || echo /usr/local/cuda/bin/cuobjdump)
   "$CUOBJDUMP" --list-elf "$PART/stage/bin/spes_tests" 2>/dev/null | grep -q 'sm_90' ||
     fail "spes_tests has no sm_90 code (configure with -DCMAKE_CUDA_ARCHITECTURES=90)"
@@ -68,7 +74,7 @@ printf '%s\n' "${needed_all[@]}" | sort -u | grep -E '^lib(cublas|cublasLt|nccl|
 # Three binaries carry OpenBLAS's kernels for every x86 CPU generation (about 22 MB
 # each, selected at run time), so plain they exceed the size limit; gzip takes them
 # to about a third. run.sh unpacks them into its work folder.
-tar -C "$PART/stage" -cf - bin | gzip -9 > "$PART/bin.tar.gz"
+tar -C "$PART/stage" -cf - bin | gzip "-$( ((REHEARSAL)) && echo 1 || echo 9)" > "$PART/bin.tar.gz"
 rm -rf "$PART/stage"
 
 # ---- data, configs, scripts ---------------------------------------------------------
@@ -77,7 +83,7 @@ rm -rf "$PART/stage"
 cp "$SRC/configs/tiny.toml" "$SRC/configs/tiny-central.toml" "$PART/configs/"
 # Every GPU test file: the kernels (test_cuda_*) and the whole step (test_gpu_step).
 for t in "$SRC"/tests/*.cu; do basename "$t" .cu; done > "$PART/cuda-tests.txt"
-cp "$HERE/run.sh" "$HERE/report.py" "$PART/"
+cp "$HERE/run.sh" "$HERE/report.py" "$SRC/bench/torch_anchors.py" "$PART/"
 chmod +x "$PART/run.sh" "$PART/report.py"
 
 commit=$(git -C "$SRC" rev-parse HEAD 2>/dev/null || echo unknown)
@@ -85,6 +91,7 @@ dirty=$(git -C "$SRC" status --porcelain --untracked-files=no 2>/dev/null | wc -
 {
   echo "commit: $commit$([[ $dirty != 0 ]] && echo " (+ $dirty uncommitted changes)")"
   echo "commit_subject: $(git -C "$SRC" log -1 --format=%s 2>/dev/null || true)"
+  ((REHEARSAL)) && echo "rehearsal: a normal build, for this machine only (bundle.sh --rehearsal)"
   echo "built: $(date -u +%Y-%m-%dT%H:%M:%SZ) on $(uname -n)"
   echo "cuda_toolkit: $(/usr/local/cuda/bin/nvcc --version 2>/dev/null | sed -n 's/.*release \([0-9.]*\), \(V[0-9.]*\).*/\1 (\2)/p')"
   echo "cuda_archs: $(sed -n 's/^CMAKE_CUDA_ARCHITECTURES:[A-Z]*=//p' "$BUILD/CMakeCache.txt")"
@@ -97,7 +104,7 @@ dirty=$(git -C "$SRC" status --porcelain --untracked-files=no 2>/dev/null | wc -
 
 size=$(du -sb "$PART" | cut -f1)
 limit=$((MAX_MIB * 1024 * 1024))
-((size <= limit)) || fail "bundle is $((size / 1048576)) MiB, over the ${MAX_MIB} MiB limit"
+((REHEARSAL || size <= limit)) || fail "bundle is $((size / 1048576)) MiB, over the ${MAX_MIB} MiB limit"
 echo "bundle_bytes: $size" >> "$PART/BUNDLE_INFO"
 
 trap - EXIT

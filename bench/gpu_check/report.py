@@ -17,6 +17,9 @@ import sys
 from datetime import datetime, timezone
 
 LOSS_TOL = 0.02  # final training loss, GPU vs CPU, relative
+# A CPU reference cut by the budget is judged at the last step both runs logged, from
+# this step on (full mode stops it at the end of the correctness phase).
+MIN_CUT_STEP = 50
 
 PASS, FAIL, SKIPPED, NA = "PASS", "FAIL", "SKIPPED", "NOT AVAILABLE"
 
@@ -220,6 +223,91 @@ def fmt(x, digits=4):
     return str(x)
 
 
+# ---- our benches and the PyTorch anchors, side by side ------------------------------------------
+
+SHAPE_RE = re.compile(r"B=?(\d+) S=?(\d+) H=?(\d+) D=?(\d+)")
+
+
+def train_gpu_figures(text):
+    """bench_train_gpu's stdout: {"path": grouped-GEMM kernels, "nodes": {label: {"tokens_s", "mfu", "step_ms"}},
+    "attention": {"fwd": TFLOP/s, "bwd": TFLOP/s} of the all-experts node's kernel table, "shape": B S}."""
+    out = {"path": None, "nodes": {}, "attention": {}, "shape": None}
+    m = re.search(r"^grouped expert GEMMs: (.*)$", text, re.M)
+    out["path"] = m.group(1).strip() if m else None
+    for sec in re.split(r"^== spes-1b shape, ", text, flags=re.M)[1:]:
+        label = sec.split(":", 1)[0].strip()
+        node = {}
+        step = re.search(r"^step: median ([\d.]+) ms .* tokens/step, ([\d.]+) tokens/s", sec, re.M)
+        if step:
+            node["step_ms"], node["tokens_s"] = float(step.group(1)), float(step.group(2))
+        mfu = re.search(r"^MFU: ([\d.]+)%", sec, re.M)
+        if mfu:
+            node["mfu"] = float(mfu.group(1))
+        out["nodes"][label] = node
+        if "all" in label and not out["attention"]:
+            shape = re.search(r"micro_batch (\d+) x seq (\d+)", sec)
+            out["shape"] = (int(shape.group(1)), int(shape.group(2))) if shape else None
+            for d, tf in re.findall(r"^attention (fwd|bwd)\s{2,}.*?([\d.]+) TFLOP/s\s*$", sec, re.M):
+                out["attention"].setdefault(d, float(tf))
+    return out
+
+
+def all_experts_node(fig):
+    return next((v for k, v in fig["nodes"].items() if "all" in k and v.get("tokens_s")), None)
+
+
+def attention_rows(text):
+    """bench_attention's MHA rows: {(fwd|bwd, B, S, H, D): TFLOP/s}."""
+    rows = {}
+    for m in re.finditer(r"^attention (fwd|bwd) causal D=(\d+)\s+B=(\d+) S=(\d+) H=(\d+)\s+[\d.]+\s+([\d.]+) TFLOP/s",
+                         text, re.M):
+        d, D, B, S, H, tf = m.groups()
+        rows[(d, int(B), int(S), int(H), int(D))] = float(tf)
+    return rows
+
+
+def anchor_rows(text):
+    """torch_anchors.py's CSV rows as dicts (what, shape, ms, tflops, note)."""
+    lines = text.splitlines()
+    start = next((i for i, l in enumerate(lines) if l.startswith("what,shape,")), None)
+    if start is None:
+        return []
+    rows = []
+    for r in csv.reader(io.StringIO("\n".join(lines[start + 1:]))):
+        if len(r) >= 4:
+            rows.append({"what": r[0], "shape": r[1], "ms": num(r[2]), "tflops": num(r[3]), "note": ",".join(r[4:])})
+    return rows
+
+
+def grouped_rows(text):
+    """bench_grouped_gemm's CSV: {(weights, product): row}."""
+    rows = {}
+    lines = text.splitlines()
+    start = next((i for i, l in enumerate(lines) if l.startswith("weights,product,")), None)
+    if start is None:
+        return rows
+    for r in csv.DictReader(io.StringIO("\n".join(lines[start:]))):
+        if r.get("weights") and r.get("product"):
+            rows[(r["weights"], r["product"])] = r
+    return rows
+
+
+def ratio(a, b):
+    return a / b if a and b else None
+
+
+def fmt_ratio(x):
+    return "—" if x is None else f"{x:.2f}"
+
+
+def tokens(x):
+    return "—" if x is None else f"{x:,.0f} tokens/s"
+
+
+def tflops(x):
+    return "—" if x is None else f"{x:.1f} TFLOP/s"
+
+
 # ---- sections -----------------------------------------------------------------------------------
 
 
@@ -275,6 +363,8 @@ class Report:
                 files_failed.append(name)
             for c in cases:
                 counts[c["status"] if c["status"] in counts else "INCOMPLETE"] += 1
+            if extra := read(os.path.join(d, name + ".note")).strip():
+                note += f"; {extra}"
             self.add(f"### {name} — {file_status} ({note})", "")
             if cases:
                 self.add("| test case | result | worst error (tolerance) | notes |", "| --- | --- | --- | --- |")
@@ -300,7 +390,8 @@ class Report:
             self.result("1a. CUDA tests", FAIL, f"{len(files_failed)} of {len(names)} files failed: {', '.join(files_failed)}; "
                         f"test cases: {counts[PASS]} passed, {counts[FAIL] + counts['INCOMPLETE']} failed/incomplete of {total}")
         elif counts[PASS] == 0:
-            self.result("1a. CUDA tests", SKIPPED, f"{total} test cases in {len(names)} files skipped: {skip_reason}")
+            # Without a GPU the listing holds only the files' non-GPU cases: count files.
+            self.result("1a. CUDA tests", SKIPPED, f"{len(names)} test files skipped: {skip_reason}")
         else:
             self.result("1a. CUDA tests", PASS, f"{counts[PASS]} of {total} test cases passed in {len(names)} files"
                         + (f", {counts[SKIPPED]} skipped" if counts[SKIPPED] else ""))
@@ -323,6 +414,8 @@ class Report:
                 st, note = SKIPPED, s.exit_text()
             elif s.rc == 0 and re.search(r"^no GPU", s.out, re.M):
                 st, note = SKIPPED, last_line(re.search(r"^no GPU.*$", s.out, re.M).group(0))
+            elif s.rc == 77:  # bench_grouped_gemm: no GPU, the reason on stderr
+                st, note = SKIPPED, short(re.sub(r"^\S+: ", "", last_line(s.err)) or "no GPU", 200)
             elif s.rc == 0:
                 st, note = PASS, s.exit_text()
             else:
@@ -334,7 +427,8 @@ class Report:
                 if s.out.strip() or s.err.strip():
                     self.add(*full)
                 continue
-            key = [l for l in s.out.splitlines() if re.search(r"GB/s|TFLOP/s|GFLOP/s|tokens/s|%|^device:|^ceilings:", l)]
+            key = [l for l in s.out.splitlines()
+                   if re.search(r"GB/s|TFLOP/s|GFLOP/s|tokens/s|%|^device:|^ceilings:|^grouped expert GEMMs:", l)]
             if key and st == PASS:
                 self.add("Key lines (GB/s, TFLOP/s, % of ceiling):", "", "```", *key, "```", "")
             self.add("<details><summary>full output</summary>", "", *full, "</details>", "")
@@ -348,8 +442,150 @@ class Report:
         elif not ran:
             self.result(title, SKIPPED, f"{len(names)} benches: " + statuses[0][2])
         else:
-            skipped = [n for n, st, _ in statuses if st == SKIPPED]
-            self.result(title, PASS, f"{len(ran)} ran: {', '.join(ran)}" + (f"; skipped: {', '.join(skipped)}" if skipped else ""))
+            skipped = [f"{n} ({note})" for n, st, note in statuses if st == SKIPPED]
+            mfus = []
+            for n in ("bench_train_gpu", "bench_train_gpu.portable"):
+                fig = train_gpu_figures(Step(os.path.join(d, n)).out)
+                node = all_experts_node(fig)
+                if node and "mfu" in node:
+                    mfus.append(f"{node['mfu']:.1f} % on the {(fig['path'] or '?').split(':')[0]} grouped GEMMs")
+            self.result(title, PASS, f"{len(ran)} ran: {', '.join(ran)}"
+                        + (f"; step MFU, all experts owned: {', '.join(mfus)}" if mfus else "")
+                        + (f"; skipped: {', '.join(skipped)}" if skipped else ""))
+
+    # -- 1c
+    def pytorch(self):
+        title = "1c. Ours beside PyTorch (same GPU)"
+        self.add(f"## {title}", "")
+        a = Step(os.path.join(self.logs, "torch", "anchors"))
+        mode = read(os.path.join(self.logs, "mode")).strip()
+        bench = {n: Step(os.path.join(self.logs, "bench", n))
+                 for n in ("bench_train_gpu", "bench_train_gpu.portable", "bench_attention", "bench_grouped_gemm")}
+        fig = train_gpu_figures(bench["bench_train_gpu"].out)
+        figp = train_gpu_figures(bench["bench_train_gpu.portable"].out)
+        rows = anchor_rows(a.out) if a.ran else []
+        self.add("`bench/torch_anchors.py` times PyTorch on the same GPU (CUDA events, median of 5): SDPA with the "
+                 "flash backend, dense bf16 matmuls at the grouped expert GEMMs' FLOPs and shapes, and transformers' "
+                 "OlmoeForCausalLM at spes-1b's shape (bf16 autocast, fused AdamW, micro-batch 8 × 2048), eager"
+                 + (" and with torch.compile" if mode == "full" else "; torch.compile in full mode only") + ". "
+                 "Ours: bench_train_gpu (the step with all 16 experts owned; its per-kernel table's attention rows), "
+                 "bench_attention, bench_grouped_gemm. A ratio above 1: ours is faster.", "")
+        if note := read(a.base + ".note").strip():
+            self.add(f"Note: {note}.", "")
+
+        def tok_s(r):
+            m = re.search(r"([\d.]+) tokens/s", r["note"]) if r else None
+            return float(m.group(1)) if m else None
+
+        eager = next((r for r in rows if "(eager)" in r["what"]), None)
+        comp = next((r for r in rows if "(torch.compile)" in r["what"]), None)
+        comp_why = ""
+        if not comp:
+            m = re.search(r"^torch\.compile (took .*|failed.*)$", a.err, re.M)
+            comp_why = (m.group(1) if m else "full mode only" if mode != "full"
+                        else f"torch_anchors.py timed out after {a.timeout} s" if a.timed_out else "not timed")
+        table = []  # (comparison, shape, ours, theirs, ratio)
+        step_ratios, mfus = [], []  # "6.75× / 6.01× (sm90a)": eager / compiled
+        for f, run, src in ((fig, bench["bench_train_gpu"], "bench_train_gpu"),
+                            (figp, bench["bench_train_gpu.portable"], "bench_train_gpu, SPES_GROUPED_GEMM=portable")):
+            node = all_experts_node(f)
+            if node is None and src != "bench_train_gpu" and not run.ran:
+                continue  # the portable run is full mode's
+            path = (f["path"] or "").split(":")[0].split(" (")[0]
+            ours = tokens(node and node.get("tokens_s")) + (f" (MFU {node['mfu']:.1f} %)" if node and "mfu" in node else "")
+            if node and "mfu" in node:
+                mfus.append(f"{node['mfu']:.1f} % {path or '(path not reported)'}")
+            what = f"training step, all 16 experts owned{', grouped GEMMs ' + path if path else ''} ({src})"
+            xs = []
+            for peer, r in (("OlmoeForCausalLM eager", eager), ("OlmoeForCausalLM torch.compile", comp)):
+                theirs = tok_s(r)
+                x = ratio(node and node.get("tokens_s"), theirs)
+                xs.append(f"{x:.2f}×" if x is not None else "—")
+                table.append((f"{what} vs {peer}", "spes-1b, micro-batch 8 × 2048",
+                              ours, tokens(theirs) if theirs or r else f"— ({comp_why})" if "compile" in peer else "—",
+                              fmt_ratio(x)))
+            if xs != ["—", "—"]:
+                step_ratios.append(" / ".join(xs) + (f" ({path})" if path else ""))
+        torch_att = {}
+        for r in rows:
+            m = re.match(r"torch sdpa flash (fwd|bwd)", r["what"])
+            sh = SHAPE_RE.search(r["shape"])
+            if m and sh:
+                torch_att[(m.group(1),) + tuple(int(x) for x in sh.groups())] = r["tflops"]
+        ours_att = attention_rows(bench["bench_attention"].out)
+        B, S = fig["shape"] or (8, 2048)
+        att_ratios = []
+        for shape in ((B, S, 12, 64), (8, 2048, 32, 64), (8, 2048, 16, 128)):
+            spes1b = shape[2:] == (12, 64)
+            for d in ("fwd", "bwd"):
+                ours = fig["attention"].get(d) if spes1b else ours_att.get((d,) + shape)
+                theirs = torch_att.get((d,) + shape)
+                x = ratio(ours, theirs)
+                if spes1b and x is not None:
+                    att_ratios.append(f"{d} {x:.2f}×")
+                table.append((f"attention {d}, causal ({'bench_train_gpu, the spes-1b shape' if spes1b else 'bench_attention'})"
+                              f" vs SDPA flash {d}", "B{} S{} H{} D{}".format(*shape), tflops(ours), tflops(theirs),
+                              fmt_ratio(x)))
+        torch_mm = {}
+        for r in rows:
+            m = re.search(r"\((\w+) (forward|backward_input|backward_weight) as one GEMM\)", r["what"])
+            if m:
+                torch_mm[m.groups()] = r
+        ours_mm = grouped_rows(bench["bench_grouped_gemm"].out)
+        mm_ratios = {"sm90a": [], "portable": []}
+        for weights in ("gate_up", "down"):
+            for product in ("forward", "backward_input", "backward_weight"):
+                o, t = ours_mm.get((weights, product)), torch_mm.get((weights, product))
+                theirs = t["tflops"] if t else None
+                shape = t["shape"] if t else "—"
+                if o and t:
+                    mnk = [int(x) for x in re.findall(r"\d+", t["shape"])]
+                    if len(mnk) == 3 and num(o.get("tflop")):
+                        flops = 2.0 * mnk[0] * mnk[1] * mnk[2] / 1e12
+                        if abs(flops - num(o["tflop"])) > 0.01 * flops:
+                            shape += f" (FLOPs differ: ours {o['tflop']} TFLOP, theirs {flops:.4f})"
+                for path in ("sm90a", "portable"):
+                    ours = num(o.get(f"{path}_tflops")) if o else None
+                    ours = ours if ours == ours else None  # "nan": the device does not run this path
+                    x = ratio(ours, theirs)
+                    if x is not None:
+                        mm_ratios[path].append(x)
+                    table.append((f"grouped {weights} {product.replace('_', '-')}, {path} (bench_grouped_gemm) vs dense "
+                                  "bf16 matmul, same FLOPs", shape, tflops(ours), tflops(theirs), fmt_ratio(x)))
+        if any(not o.startswith("—") or not t.startswith("—") for _, _, o, t, _ in table):
+            self.add("| comparison | shape | ours | PyTorch | ours / PyTorch |", "| --- | --- | --- | --- | --- |",
+                     *(f"| {cell(c)} | {cell(sh)} | {cell(o)} | {cell(t)} | {x} |" for c, sh, o, t, x in table), "")
+        else:
+            self.add("No figure on either side: nothing to compare.", "")
+        dense = next((r for r in rows if "8192^3" in r["what"]), None)
+        if dense:
+            self.add(f"PyTorch's dense bf16 matmul 8192³: {tflops(dense['tflops'])}.", "")
+
+        parts = []
+        if step_ratios:
+            parts.append("step vs OLMoE eager / compiled " + ", ".join(step_ratios))
+        if mfus:
+            parts.append("MFU " + ", ".join(mfus))
+        if att_ratios:
+            parts.append("attention (spes-1b) vs SDPA flash " + ", ".join(att_ratios))
+        mm = [f"{path} {min(xs):.2f}–{max(xs):.2f}×" for path, xs in mm_ratios.items() if xs]
+        if mm:
+            parts.append("grouped GEMMs vs dense bf16: " + ", ".join(mm))
+        detail = "; ".join(parts)
+        if not a.ran:
+            self.result(title, SKIPPED, f"PyTorch anchors: {a.exit_text()}" + (f"; ours: {detail}" if detail else ""))
+        elif a.rc == 77:
+            why = re.sub(r"^torch_anchors:\s*", "", last_line(a.err)) or "no GPU"
+            self.result(title, SKIPPED, f"PyTorch anchors: {why}" + (f"; ours: {detail}" if detail else ""))
+        elif a.rc != 0 and not rows:
+            self.add("```", short(a.out + a.err, 2000), "```", "")
+            self.result(title, FAIL, f"torch_anchors.py {a.exit_text()}: {short(engine_error(a.err), 200)}")
+        else:
+            cut = "" if a.rc == 0 else f"torch_anchors.py {a.exit_text()} (the rows before it are kept); "
+            self.result(title, PASS, cut + (detail or "no figure of ours to compare"))
+        if a.out.strip() or a.err.strip():
+            self.add("<details><summary>torch_anchors.py output</summary>", "", "```", a.out.rstrip(),
+                     *(["--- stderr ---", a.err.rstrip()] if a.err.strip() else []), "```", "</details>", "")
 
     # -- 4
     def sanitize(self):
@@ -357,6 +593,11 @@ class Report:
         self.add(f"## {title}", "")
         d = os.path.join(self.logs, "sanitize")
         tool = read(os.path.join(d, "tool")).strip()
+        why = read(os.path.join(d, "skipped")).strip()
+        if why:
+            self.add(f"Not run: {why}.", "")
+            self.result(title, SKIPPED, why)
+            return
         if not tool or tool == "not found":
             self.add("compute-sanitizer was not found on this machine.", "")
             self.result(title, SKIPPED, "compute-sanitizer not found")
@@ -431,14 +672,14 @@ class Report:
             notes.append(f"guard check {plain.exit_text()}")
         if mem.rc == 86 and seen:
             notes.append("memcheck reported it")
-        elif mem.rc == 77 or mem.skipped == "no GPU":
+        elif mem.rc == 77 or mem.skipped == "no GPU" or (not mem.ran and plain.rc == 77):
             notes.append("memcheck: no GPU")
         elif mem.ran:
             st = FAIL
             notes.append(f"memcheck did not report it ({mem.exit_text()}): its clean runs say nothing of "
                          "overruns between arena buffers")
         else:
-            notes.append("memcheck not run")
+            notes.append(f"memcheck not run: {mem.exit_text()}")
         self.result(title, st, "; ".join(notes))
 
     # -- per-kernel share
@@ -462,6 +703,10 @@ class Report:
         c = Step(os.path.join(self.logs, "train", "cpu"))
         gr, cr = read_csv_rows(g.out), read_csv_rows(c.out)
         self.add(f"- GPU run: {g.exit_text()}, {len(gr)} steps logged", f"- CPU run: {c.exit_text()}, {len(cr)} steps logged", "")
+        if not g.ran and g.skipped:
+            self.add(f"Not run: {g.skipped}.", "")
+            self.result(title, SKIPPED, g.skipped)
+            return
         if not g.ran or (g.rc != 0 and not gr):
             err = engine_error(g.err) if g.ran else g.exit_text()
             st = NA if "not built yet" in err or "not available" in err.lower() else FAIL
@@ -505,7 +750,7 @@ class Report:
             va, vb = num(gpu[str(vals[-1])]["val_ce"]), num(cpu[str(vals[-1])]["val_ce"])
             vnote = f"; val CE at step {vals[-1]}: GPU {fmt(va)}, CPU {fmt(vb)} ({abs(va - vb) / vb * 100:.2f}%)"
         complete = g.rc == 0 and c.rc == 0
-        if g.rc == 0 and c.timed_out and last >= 100:
+        if g.rc == 0 and c.timed_out and last >= MIN_CUT_STEP:
             # The slower CPU run was cut by the time budget: judge at the last common step.
             complete = True
             detail_cut = f"CPU run cut by its timeout at step {last}; "
@@ -575,6 +820,39 @@ class Report:
             self.result(title, PASS, f"{len(rounds)} rounds, every state hash equal on the coordinator and the 4 nodes")
 
 
+QUICK_LEAVES_OUT = ("compute-sanitizer, the 300-step GPU-vs-CPU comparison and test_gpu_step's 300-step case, "
+                    "the mixed SPES run, torch.compile in the PyTorch anchors, bench_train_gpu on the portable "
+                    "grouped GEMMs, the CPU benches")
+
+
+def cut_for_time(logs):
+    """(steps skipped because the budget was used up, steps ended by their timeout), as paths under logs/."""
+    skipped, timed_out = [], []
+    for root, _, files in os.walk(logs):
+        for f in sorted(files):
+            base = os.path.join(root, f.rsplit(".", 1)[0])
+            name = os.path.relpath(base, logs)
+            if f.endswith(".skipped") and read(base + ".skipped").startswith("out of time"):
+                skipped.append(name)
+            elif f.endswith(".rc"):
+                st = Step(base)
+                if st.timed_out:
+                    timed_out.append(f"{name} (after {st.timeout} s)")
+    return sorted(skipped), sorted(timed_out)
+
+
+def mode_lines(logs):
+    mode = read(os.path.join(logs, "mode")).strip() or "?"
+    budget = read(os.path.join(logs, "budget_s")).strip() or "?"
+    skipped, timed_out = cut_for_time(logs)
+    lines = [f"- **mode**: {mode} (budget {budget} s)"
+             + (f"; full mode only (`run.sh --full`): {QUICK_LEAVES_OUT}" if mode == "quick" else "")]
+    lines.append("- **skipped for time**: " + (", ".join(skipped) if skipped else "nothing"))
+    if timed_out:
+        lines.append("- **ended by a timeout**: " + ", ".join(timed_out))
+    return lines
+
+
 def main():
     logs, out_path = sys.argv[1], sys.argv[2]
     info = kv_file(os.path.join(logs, "BUNDLE_INFO"))
@@ -596,6 +874,7 @@ def main():
         r.result("0. libraries", PASS, "; ".join(found) or "none needed")
     r.tests()
     r.benches(cpu_only=False)
+    r.pytorch()
     r.train_compare()
     r.spes_round()
     r.guards()
@@ -622,6 +901,7 @@ def main():
         f"- **commit**: {info.get('commit', '?')} — {info.get('commit_subject', '')}",
         f"- **date**: {host.get('date') or datetime.now(timezone.utc).strftime('%Y-%m-%dT%H:%M:%SZ')}; "
         f"check took {elapsed or '?'} s; bundle built {info.get('built', '?')}",
+        *mode_lines(logs),
         "",
         "## Summary",
         "",
@@ -635,8 +915,8 @@ def main():
     head += [f"| {s} | **{st}** | {cell(d)} |" for s, st, d in r.summary]
     head.append("")
     tail = ["## Logs", "", "`logs.tar.gz` next to this file: `run.log` (the script's progress), `env/` (nvidia-smi, "
-            "the libraries found, ldd of every binary), `tests/NAME.out` (doctest XML), `bench/`, `train/`, `spes/` "
-            "(stdout CSV and stderr of every process), `guard/` (the planted overrun), `sanitize/` (compute-sanitizer logs).", ""]
+            "the libraries found, ldd of every binary), `tests/NAME.out` (doctest XML), `bench/`, `torch/` (the PyTorch "
+            "anchors), `train/`, `spes/` (stdout CSV and stderr of every process), `guard/` (the planted overrun), `sanitize/` (compute-sanitizer logs).", ""]
     with open(out_path, "w", encoding="utf-8") as f:
         f.write("\n".join(head + r.body + tail) + "\n")
     width = max(len(s) for s, _, _ in r.summary)

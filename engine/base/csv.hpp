@@ -1,14 +1,14 @@
 // CSV rows for stdout (README, Architecture: stdout is data). A row is built field by
-// field, each printed with its own printf format (csv_field), and joined with commas;
+// field, each printed with its own printf format (strprintf), and joined with commas;
 // fields are numbers, hex hashes and plain words, never text that would need quoting.
 //
 // A CSV that the engine prints is one table of CsvColumn: the header, every row and
 // the column reference in the READMEs all come from it, so they cannot drift apart.
 #pragma once
-#include <cstdarg>
-#include <cstdio>
 #include <string>
 #include <string_view>
+
+#include "engine/base/format.hpp"
 
 namespace spes {
 
@@ -35,16 +35,6 @@ class CsvRow {
   int fields_ = 0;
 };
 
-// Text for a field: printf into a string.
-inline std::string csv_field(const char* fmt, ...) __attribute__((format(printf, 1, 2)));
-inline std::string csv_field(const char* fmt, ...) {
-  char buf[128];
-  va_list ap;
-  va_start(ap, fmt);
-  std::vsnprintf(buf, sizeof buf, fmt, ap);
-  va_end(ap);
-  return buf;
-}
 
 template <class Columns>
 std::string csv_header(const Columns& columns) {

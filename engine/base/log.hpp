@@ -6,6 +6,8 @@
 #include <cstdio>
 #include <string>
 
+#include "engine/base/format.hpp"
+
 namespace spes {
 
 // True while a progress line is drawn on the terminal without its newline.
@@ -25,17 +27,6 @@ inline void vlog_line(const char* prefix, const char* fmt, va_list ap) {
   char line[1200];
   std::snprintf(line, sizeof line, "%s %s", prefix, buf);
   log_raw(line);
-}
-
-// printf into a std::string (log and progress text).
-inline std::string strprintf(const char* fmt, ...) __attribute__((format(printf, 1, 2)));
-inline std::string strprintf(const char* fmt, ...) {
-  char buf[512];
-  va_list ap;
-  va_start(ap, fmt);
-  std::vsnprintf(buf, sizeof buf, fmt, ap);
-  va_end(ap);
-  return buf;
 }
 
 inline void log_line(const char* prefix, const char* fmt, ...) __attribute__((format(printf, 2, 3)));

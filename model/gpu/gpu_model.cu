@@ -42,7 +42,6 @@ GpuModel::GpuModel(const ModelConfig& cfg, const ParamLayout& layout, const Owne
       host_count_scale_(size_t(cfg.n_experts)) {
   upload_expert_tables();
   cuda::rope_table_init(reinterpret_cast<float2*>(b_.rope_table), T_, cfg.head_dim(), cfg.rope_theta, stream_);
-  cuda_check(cudaStreamSynchronize(stream_));  // the pinned staging of the tables is freed on return
 }
 
 // Each layer's per-expert pointer tables and the trained-experts list, which the grouped

@@ -1,51 +1,40 @@
-// The cuBLAS and cuBLASLt calls of the GPU code (cuda/runtime.cu's handle set-up,
-// cuda/matmul.cu's Gemm, cuda/moe.cu's expert GEMMs), run on the host for the emulator
-// (emu.hpp), so that test_emu links no libcublas. They follow cuBLAS's documentation,
-// not the project's use of it, so that a wrong transpose, leading dimension, type or
-// pointer array shows here:
-//   - column-major D = alpha·op(A)·op(B) + beta·C (D is C for the cuBLAS calls), each
-//     dot product accumulated in fp32 over k in order (deterministic), stored as fp32 or
-//     rounded to bf16 (nearest even); C is not read when beta = 0 (cuBLAS: "C does not
-//     have to be a valid input" then), so a NaN there does not propagate; k = 0 gives
-//     beta·C, m = 0 or n = 0 touches nothing;
+// The cuBLASLt calls of the GPU code (cuda/runtime.cu's handle, cuda/matmul.cu's Gemm)
+// and cuBLAS's status strings (cuda/check.cuh's cublas_check), run on the host for the
+// emulator (emu.hpp), so that test_emu links no libcublas. They follow cuBLASLt's
+// documentation, not the project's use of it, so that a wrong transpose, leading
+// dimension, type or alignment shows here:
+//   - column-major D = alpha·op(A)·op(B) + beta·C, each dot product accumulated in
+//     fp32 over k in order (deterministic), stored as fp32 or rounded to bf16
+//     (nearest even); C is not read when beta = 0 (cuBLAS: "C does not have to be a
+//     valid input" then), so a NaN there does not propagate; k = 0 gives beta·C,
+//     m = 0 or n = 0 touches nothing;
 //   - the argument checks return the documented statuses, before anything is read or
-//     written: INVALID_VALUE for sizes, operations, leading dimensions and layouts that
-//     disagree, NOT_SUPPORTED for a type combination the function's table leaves out;
+//     written: INVALID_VALUE for operations, leading dimensions and layouts that
+//     disagree, NOT_SUPPORTED for a type combination cuBLASLt's table leaves out;
 //     each refusal also prints one "EMU cuBLAS:" line saying why;
 //   - what a GPU would fault on is an "EMU: ..." line and an abort (emu::fail): a matrix
-//     (the bytes from its first element to its last) or a pointer array outside every
-//     device buffer (emu::GlobalBuffer), a pointer off its element's alignment or, for
-//     cuBLASLt, off the alignment its algorithm was chosen for; so is what cuBLAS leaves
-//     undefined (outputs of one grouped call that overlap, C and D partly overlapping);
-//   - what cuBLAS has but this does not emulate (device pointer mode, types other than
-//     bf16 and fp32, compute types other than CUBLAS_COMPUTE_32F, epilogues, ...) is an
-//     emu::fail too, never a status: the project's fallbacks must see cuBLAS's refusals
-//     only, not the emulator's limits.
-// The emulator is synchronous: streams are stored and returned, stream order is call order.
+//     (the bytes from its first element to its last) outside every device buffer
+//     (emu::GlobalBuffer), a pointer off its element's alignment or off the alignment
+//     its algorithm was chosen for; so is what cuBLASLt leaves undefined (C and D
+//     partly overlapping);
+//   - what cuBLASLt has but this does not emulate (device pointer mode, types other
+//     than bf16 and fp32, compute types other than CUBLAS_COMPUTE_32F, epilogues, ...)
+//     is an emu::fail too, never a status: the project's fallbacks must see cuBLASLt's
+//     refusals only, not the emulator's limits.
+// The emulator is synchronous: stream order is call order.
 #include <cublasLt.h>
-#include <cublas_v2.h>
 #include <cuda_bf16.h>
 
 #include <algorithm>
 #include <cstdint>
 #include <cstdio>
-#include <cstdlib>
 #include <cstring>
 #include <string>
 #include <vector>
 
 #include "tests/emu/emu.hpp"
 
-// The handles (opaque types the headers declare): what a context keeps that the
-// emulated calls use.
-struct cublasContext {
-  cudaStream_t stream = nullptr;  // the NULL stream until cublasSetStream
-  void* workspace = nullptr;      // none (cuBLAS's own pool) until cublasSetWorkspace
-  size_t workspace_bytes = 0;
-  cublasPointerMode_t pointer_mode = CUBLAS_POINTER_MODE_HOST;
-  cublasMath_t math_mode = CUBLAS_DEFAULT_MATH;
-  int device = 0;  // current at cublasCreate: the handle works on that device only
-};
+// The handle (an opaque type the header declares): nothing the emulated calls use.
 struct cublasLtContext {};
 
 namespace {
@@ -70,25 +59,20 @@ std::string type_name(cudaDataType t) {
 }
 size_t elem_bytes(cudaDataType t) { return t == CUDA_R_16BF ? sizeof(__nv_bfloat16) : sizeof(float); }
 
-// Whether cuBLAS computes these types, from the tables of supported types of the
+// Whether cuBLASLt computes these types, from the table of supported types of the
 // cuBLAS documentation, rows of compute type CUBLAS_COMPUTE_32F (scale type
-// CUDA_R_32F: alpha and beta are floats) with bf16 and fp32 matrices. cublasGemmEx
-// and cublasLtMatmul: Atype = Btype and (Atype, Ctype) one of (16BF, 16BF),
-// (16BF, 32F), (32F, 32F). cublasGemmGroupedBatchedEx: (16BF, 16BF) or (32F, 32F) only,
-// no bf16 in with fp32 out — unless SPES_EMU_GROUPED_BF16_F32=1 says this cuBLAS has
-// it (a later version may, and then cuda/moe.cu's weight-gradient sites, fp32 out with
-// beta = 1, run grouped instead of falling back: ctest's emu_test_cuda_moe_grouped_all
-// runs the MoE layer tests that way). Other types and compute types (rows cuBLAS has:
-// fp16, int8, fp64, complex, the _PEDANTIC and _FAST ones) are not emulated.
-bool supported_types(const char* api, cublasComputeType_t compute, cudaDataType a, cudaDataType b, cudaDataType c,
-                     bool bf16_in_f32_out) {
+// CUDA_R_32F: alpha and beta are floats) with bf16 and fp32 matrices: Atype = Btype
+// and (Atype, Ctype) one of (16BF, 16BF), (16BF, 32F), (32F, 32F). Other types and
+// compute types (rows cuBLAS has: fp16, int8, fp64, complex, the _PEDANTIC and _FAST
+// ones) are not emulated.
+bool supported_types(const char* api, cublasComputeType_t compute, cudaDataType a, cudaDataType b, cudaDataType c) {
   if (compute != CUBLAS_COMPUTE_32F)
     emu::fail(std::string(api) + ": compute type " + std::to_string(int(compute)) +
               " is not emulated (only CUBLAS_COMPUTE_32F)");
   for (cudaDataType t : {a, b, c})
     if (t != CUDA_R_16BF && t != CUDA_R_32F)
       emu::fail(std::string(api) + ": " + type_name(t) + " matrices are not emulated (only bf16 and f32)");
-  return a == b && (c == a || (bf16_in_f32_out && a == CUDA_R_16BF && c == CUDA_R_32F));
+  return a == b && (c == a || (a == CUDA_R_16BF && c == CUDA_R_32F));
 }
 
 std::string types(cudaDataType a, cudaDataType b, cudaDataType c) {
@@ -109,11 +93,6 @@ struct Matrix {
            type_name(type) + ", at " + address(data) + ")";
   }
 };
-
-// The stored matrix of an operand op(X) of rows × cols: transposed, X is cols × rows.
-Matrix operand(const void* p, cudaDataType t, bool trans, int64_t rows, int64_t cols, int64_t ld) {
-  return trans ? Matrix{p, t, cols, rows, ld} : Matrix{p, t, rows, cols, ld};
-}
 
 // What a GPU faults on: an element access off the element's alignment, or any byte of
 // the span outside every device allocation. A matrix with no elements is not touched.
@@ -161,104 +140,11 @@ void gemm(bool ta, bool tb, int64_t m, int64_t n, int64_t k, float alpha, const 
     }
 }
 
-// ---- cuBLAS argument rules --------------------------------------------------------
+// ---- operations ---------------------------------------------------------------------
 
 bool valid_op(cublasOperation_t op) { return op == CUBLAS_OP_N || op == CUBLAS_OP_T || op == CUBLAS_OP_C; }
 // CUBLAS_OP_C is op(X) = Xᴴ, which for real X is Xᵀ.
 bool transposed(cublasOperation_t op) { return op != CUBLAS_OP_N; }
-
-// Why cublasGemmEx, or one group of cublasGemmGroupedBatchedEx, is CUBLAS_STATUS_INVALID_VALUE
-// (their "Error Value" tables), or "" when the shape is valid: m, n or k < 0; an
-// operation other than N, T, C (CONJG is "not supported in the current release");
-// lda < max(1, m) for transa = N, < max(1, k) otherwise (the rows of A as stored);
-// ldb < max(1, k) for transb = N, < max(1, n) otherwise; ldc < max(1, m).
-std::string invalid_shape(cublasOperation_t transa, cublasOperation_t transb, int64_t m, int64_t n, int64_t k,
-                          int64_t lda, int64_t ldb, int64_t ldc) {
-  const std::string shape = " (transa=" + std::to_string(int(transa)) + " transb=" + std::to_string(int(transb)) +
-                            " m=" + std::to_string(m) + " n=" + std::to_string(n) + " k=" + std::to_string(k) +
-                            " lda=" + std::to_string(lda) + " ldb=" + std::to_string(ldb) +
-                            " ldc=" + std::to_string(ldc) + ")";
-  if (m < 0 || n < 0 || k < 0) return "m, n and k must be ≥ 0" + shape;
-  if (!valid_op(transa) || !valid_op(transb)) return "transa and transb must be CUBLAS_OP_N, _T or _C" + shape;
-  const int64_t a_rows = transposed(transa) ? k : m, b_rows = transposed(transb) ? n : k;
-  if (lda < std::max<int64_t>(1, a_rows)) return "lda < max(1, " + std::to_string(a_rows) + "), A's rows" + shape;
-  if (ldb < std::max<int64_t>(1, b_rows)) return "ldb < max(1, " + std::to_string(b_rows) + "), B's rows" + shape;
-  if (ldc < std::max<int64_t>(1, m)) return "ldc < max(1, m)" + shape;
-  return "";
-}
-
-// cublasGemmEx's algo: CUBLAS_GEMM_DEFAULT, or one of the numbered algorithms
-// (deprecated: from sm_80 on, each is the default or the default tensor-op one).
-void require_known_algo(cublasGemmAlgo_t algo) {
-  const bool known = (algo >= CUBLAS_GEMM_DEFAULT && algo <= CUBLAS_GEMM_ALGO23) ||
-                     (algo >= CUBLAS_GEMM_DEFAULT_TENSOR_OP && algo <= CUBLAS_GEMM_ALGO15_TENSOR_OP);
-  if (!known) emu::fail("cublasGemmEx: algo " + std::to_string(int(algo)) + " is not emulated");
-}
-
-// Where every GEMM starts: alpha and beta (alpha_array, beta_array) are read on the
-// host only in host pointer mode, and a handle is tied to the device current when it was
-// created (cuBLAS: "the cuBLAS library context is tied to the current CUDA device"),
-// and its kernels go on its stream, which must belong to the calling thread's device.
-void require_usable_handle(cublasHandle_t handle, const char* api) {
-  if (handle->device != emu::current_device())
-    emu::fail(std::string(api) + ": handle of device " + std::to_string(handle->device) + " used while device " +
-              std::to_string(emu::current_device()) + " is current (cudaSetDevice missing on this thread?)");
-  emu::require_current_device(handle->stream, api);
-  if (handle->pointer_mode != CUBLAS_POINTER_MODE_HOST)
-    emu::fail(std::string(api) + ": CUBLAS_POINTER_MODE_DEVICE (alpha and beta in device memory) is not emulated");
-}
-
-// A workspace given by cublasSetWorkspace is used by the next GEMMs: it must still be
-// device memory then (not freed since).
-void require_workspace(cublasHandle_t handle, const char* api) {
-  if (handle->workspace_bytes > 0 && !emu::in_device_buffer(handle->workspace, handle->workspace_bytes))
-    emu::fail(std::string(api) + ": the workspace of cublasSetWorkspace (" + std::to_string(handle->workspace_bytes) +
-              " bytes at " + address(handle->workspace) + ") is no longer inside a device buffer");
-}
-
-// cublasGemmGroupedBatchedEx's Aarray, Barray, Carray: device arrays of problem_count
-// pointers, read by the GPU.
-void require_pointer_array(const char* api, const char* name, const void* array, int64_t count) {
-  const size_t bytes = size_t(count) * sizeof(void*);
-  if (reinterpret_cast<uintptr_t>(array) % alignof(void*) != 0 || !emu::in_device_buffer(array, bytes))
-    emu::fail(std::string(api) + ": " + name + " (" + std::to_string(count) + " pointers at " + address(array) +
-              ") must be an array in device memory");
-}
-
-// One product of a grouped call.
-struct Product {
-  bool ta, tb;
-  int64_t m, n, k;
-  float alpha, beta;
-  Matrix a, b, c;
-  int64_t problem;
-};
-
-// The products of one grouped call run concurrently: no two may write the same
-// element (cuBLAS, for its batched GEMMs: the C[i] "must not overlap, i.e. the
-// individual gemm operations must be computable independently; otherwise, undefined
-// behavior is expected"). Compared column by column, so that products writing
-// alternate row blocks of one matrix (two halves of each column) are disjoint.
-void require_disjoint_outputs(const char* api, const std::vector<Product>& products) {
-  struct Run {
-    uintptr_t begin, end;
-    const Product* product;
-  };
-  std::vector<Run> runs;
-  for (const Product& p : products) {
-    const size_t es = elem_bytes(p.c.type);
-    for (int64_t j = 0; j < p.c.cols; ++j) {
-      const uintptr_t begin = reinterpret_cast<uintptr_t>(p.c.data) + size_t(p.c.index(0, j)) * es;
-      runs.push_back({begin, begin + size_t(p.c.rows) * es, &p});
-    }
-  }
-  std::sort(runs.begin(), runs.end(), [](const Run& x, const Run& y) { return x.begin < y.begin; });
-  for (size_t r = 1; r < runs.size(); ++r)
-    if (runs[r].begin < runs[r - 1].end)
-      emu::fail(std::string(api) + ": the outputs of problems " + std::to_string(runs[r - 1].product->problem) +
-                " and " + std::to_string(runs[r].product->problem) +
-                " overlap: " + runs[r - 1].product->c.describe("C") + ", " + runs[r].product->c.describe("C"));
-}
 
 // ---- cuBLASLt descriptors -----------------------------------------------------------
 
@@ -325,7 +211,7 @@ cublasStatus_t lt_problem(const char* api, const MatmulDesc& op, const Layout& A
   for (const Layout* l : {&A, &B, &C, &D})
     if (l->ld < std::max<int64_t>(1, int64_t(l->rows)))
       return refuse(CUBLAS_STATUS_INVALID_VALUE, std::string(api) + ": a leading dimension is below its rows" + shape);
-  if (!supported_types(api, op.compute, A.type, B.type, D.type, true) || C.type != D.type || op.scale != CUDA_R_32F)
+  if (!supported_types(api, op.compute, A.type, B.type, D.type) || C.type != D.type || op.scale != CUDA_R_32F)
     return refuse(CUBLAS_STATUS_NOT_SUPPORTED, std::string(api) + ": types not in cuBLASLt's table (" +
                                                    types(A.type, B.type, C.type) + ", D " + type_name(D.type) +
                                                    ", scale " + type_name(op.scale) + ")" + shape);
@@ -343,89 +229,7 @@ void require_alignment(const char* name, const void* p, uint64_t promised) {
 
 }  // namespace
 
-// ---- cuBLAS: the handle -----------------------------------------------------------
-
-cublasStatus_t cublasCreate_v2(cublasHandle_t* handle) {
-  if (handle == nullptr) return refuse(CUBLAS_STATUS_INVALID_VALUE, "cublasCreate: handle is NULL");
-  *handle = new cublasContext;
-  (*handle)->device = emu::current_device();
-  return CUBLAS_STATUS_SUCCESS;
-}
-
-cublasStatus_t cublasDestroy_v2(cublasHandle_t handle) {
-  if (handle == nullptr) return CUBLAS_STATUS_NOT_INITIALIZED;
-  delete handle;
-  return CUBLAS_STATUS_SUCCESS;
-}
-
-// cublasSetStream "unconditionally resets the cuBLAS library workspace back to the
-// default workspace pool".
-cublasStatus_t cublasSetStream_v2(cublasHandle_t handle, cudaStream_t streamId) {
-  if (handle == nullptr) return CUBLAS_STATUS_NOT_INITIALIZED;
-  handle->stream = streamId;
-  handle->workspace = nullptr;
-  handle->workspace_bytes = 0;
-  return CUBLAS_STATUS_SUCCESS;
-}
-
-cublasStatus_t cublasGetStream_v2(cublasHandle_t handle, cudaStream_t* streamId) {
-  if (handle == nullptr) return CUBLAS_STATUS_NOT_INITIALIZED;
-  if (streamId == nullptr) return refuse(CUBLAS_STATUS_INVALID_VALUE, "cublasGetStream: streamId is NULL");
-  *streamId = handle->stream;
-  return CUBLAS_STATUS_SUCCESS;
-}
-
-// cublasSetWorkspace: the pointer "has to be aligned to at least 256 bytes, otherwise
-// CUBLAS_STATUS_INVALID_VALUE"; the bytes are device memory the next GEMMs use.
-cublasStatus_t cublasSetWorkspace_v2(cublasHandle_t handle, void* workspace, size_t workspaceSizeInBytes) {
-  if (handle == nullptr) return CUBLAS_STATUS_NOT_INITIALIZED;
-  if (reinterpret_cast<uintptr_t>(workspace) % 256 != 0)
-    return refuse(CUBLAS_STATUS_INVALID_VALUE,
-                  "cublasSetWorkspace: " + address(workspace) + " is not 256-byte aligned");
-  if (workspaceSizeInBytes > 0 && !emu::in_device_buffer(workspace, workspaceSizeInBytes))
-    emu::fail("cublasSetWorkspace: " + std::to_string(workspaceSizeInBytes) + " bytes at " + address(workspace) +
-              " are outside every device buffer");
-  handle->workspace = workspace;
-  handle->workspace_bytes = workspaceSizeInBytes;
-  return CUBLAS_STATUS_SUCCESS;
-}
-
-// A math mode (cublasMath_t) optionally ORed with
-// CUBLAS_MATH_DISALLOW_REDUCED_PRECISION_REDUCTION. Stored only: the emulator always
-// reduces in fp32 and never uses TF32 or emulated modes, which each mode allows
-// without requiring.
-cublasStatus_t cublasSetMathMode(cublasHandle_t handle, cublasMath_t mode) {
-  if (handle == nullptr) return CUBLAS_STATUS_NOT_INITIALIZED;
-  const int base = mode & ~CUBLAS_MATH_DISALLOW_REDUCED_PRECISION_REDUCTION;
-  if (base != CUBLAS_DEFAULT_MATH && base != CUBLAS_TENSOR_OP_MATH && base != CUBLAS_PEDANTIC_MATH &&
-      base != CUBLAS_TF32_TENSOR_OP_MATH && base != CUBLAS_FP32_EMULATED_BF16X9_MATH &&
-      base != CUBLAS_FP64_EMULATED_FIXEDPOINT_MATH)
-    return refuse(CUBLAS_STATUS_INVALID_VALUE, "cublasSetMathMode: mode " + std::to_string(int(mode)));
-  handle->math_mode = mode;
-  return CUBLAS_STATUS_SUCCESS;
-}
-
-cublasStatus_t cublasGetMathMode(cublasHandle_t handle, cublasMath_t* mode) {
-  if (handle == nullptr) return CUBLAS_STATUS_NOT_INITIALIZED;
-  if (mode == nullptr) return refuse(CUBLAS_STATUS_INVALID_VALUE, "cublasGetMathMode: mode is NULL");
-  *mode = handle->math_mode;
-  return CUBLAS_STATUS_SUCCESS;
-}
-
-cublasStatus_t cublasSetPointerMode_v2(cublasHandle_t handle, cublasPointerMode_t mode) {
-  if (handle == nullptr) return CUBLAS_STATUS_NOT_INITIALIZED;
-  if (mode != CUBLAS_POINTER_MODE_HOST && mode != CUBLAS_POINTER_MODE_DEVICE)
-    return refuse(CUBLAS_STATUS_INVALID_VALUE, "cublasSetPointerMode: mode " + std::to_string(int(mode)));
-  handle->pointer_mode = mode;
-  return CUBLAS_STATUS_SUCCESS;
-}
-
-cublasStatus_t cublasGetPointerMode_v2(cublasHandle_t handle, cublasPointerMode_t* mode) {
-  if (handle == nullptr) return CUBLAS_STATUS_NOT_INITIALIZED;
-  if (mode == nullptr) return refuse(CUBLAS_STATUS_INVALID_VALUE, "cublasGetPointerMode: mode is NULL");
-  *mode = handle->pointer_mode;
-  return CUBLAS_STATUS_SUCCESS;
-}
+// ---- cuBLAS status names (cublas_check, and the refusals above) -------------------
 
 const char* cublasGetStatusName(cublasStatus_t status) {
   switch (status) {
@@ -457,109 +261,6 @@ const char* cublasGetStatusString(cublasStatus_t status) {
     case CUBLAS_STATUS_LICENSE_ERROR: return "error detected trying to check the license";
   }
   return "unknown error";
-}
-
-// ---- cuBLAS: the GEMMs --------------------------------------------------------------
-
-// C = alpha·op(A)·op(B) + beta·C.
-cublasStatus_t cublasGemmEx(cublasHandle_t handle, cublasOperation_t transa, cublasOperation_t transb, int m, int n,
-                            int k, const void* alpha, const void* A, cudaDataType Atype, int lda, const void* B,
-                            cudaDataType Btype, int ldb, const void* beta, void* C, cudaDataType Ctype, int ldc,
-                            cublasComputeType_t computeType, cublasGemmAlgo_t algo) {
-  const char* api = "cublasGemmEx";
-  if (handle == nullptr) return CUBLAS_STATUS_NOT_INITIALIZED;
-  const std::string bad = invalid_shape(transa, transb, m, n, k, lda, ldb, ldc);
-  if (!bad.empty()) return refuse(CUBLAS_STATUS_INVALID_VALUE, std::string(api) + ": " + bad);
-  if (alpha == nullptr || beta == nullptr)
-    return refuse(CUBLAS_STATUS_INVALID_VALUE, std::string(api) + ": alpha and beta must not be NULL");
-  require_known_algo(algo);
-  if (!supported_types(api, computeType, Atype, Btype, Ctype, true))
-    return refuse(CUBLAS_STATUS_NOT_SUPPORTED,
-                  std::string(api) + ": types not in its table (" + types(Atype, Btype, Ctype) + ")");
-  require_usable_handle(handle, api);
-  if (m == 0 || n == 0) return CUBLAS_STATUS_SUCCESS;
-  require_workspace(handle, api);
-  const bool ta = transposed(transa), tb = transposed(transb);
-  const Matrix a = operand(A, Atype, ta, m, k, lda), b = operand(B, Btype, tb, k, n, ldb), c{C, Ctype, m, n, ldc};
-  require_device(api, "A", a);
-  require_device(api, "B", b);
-  require_device(api, "C", c);
-  gemm(ta, tb, m, n, k, *static_cast<const float*>(alpha), a, b, *static_cast<const float*>(beta), c, c);
-  return CUBLAS_STATUS_SUCCESS;
-}
-
-// group_count groups of group_size[g] problems each; the problems of group g share its
-// transa, transb, m, n, k, lda, ldb, ldc, alpha, beta (host arrays of group_count), and
-// problem i reads its matrices from Aarray[i], Barray[i], Carray[i] (device arrays of
-// problem_count = Σ group_size pointers).
-cublasStatus_t cublasGemmGroupedBatchedEx(cublasHandle_t handle, const cublasOperation_t transa_array[],
-                                          const cublasOperation_t transb_array[], const int m_array[],
-                                          const int n_array[], const int k_array[], const void* alpha_array,
-                                          const void* const Aarray[], cudaDataType_t Atype, const int lda_array[],
-                                          const void* const Barray[], cudaDataType_t Btype, const int ldb_array[],
-                                          const void* beta_array, void* const Carray[], cudaDataType_t Ctype,
-                                          const int ldc_array[], int group_count, const int group_size[],
-                                          cublasComputeType_t computeType) {
-  const char* api = "cublasGemmGroupedBatchedEx";
-  if (handle == nullptr) return CUBLAS_STATUS_NOT_INITIALIZED;
-  if (group_count < 0) return refuse(CUBLAS_STATUS_INVALID_VALUE, std::string(api) + ": group_count < 0");
-  const bool arrays = transa_array && transb_array && m_array && n_array && k_array && alpha_array && lda_array &&
-                      ldb_array && beta_array && ldc_array && group_size;
-  if (group_count > 0 && !arrays)
-    return refuse(CUBLAS_STATUS_INVALID_VALUE, std::string(api) + ": a per-group array is NULL");
-  int64_t problems = 0;
-  for (int g = 0; g < group_count; ++g) {
-    if (group_size[g] < 0)
-      return refuse(CUBLAS_STATUS_INVALID_VALUE, std::string(api) + ": group " + std::to_string(g) + " has size < 0");
-    const std::string bad = invalid_shape(transa_array[g], transb_array[g], m_array[g], n_array[g], k_array[g],
-                                          lda_array[g], ldb_array[g], ldc_array[g]);
-    if (!bad.empty())
-      return refuse(CUBLAS_STATUS_INVALID_VALUE, std::string(api) + ": group " + std::to_string(g) + ": " + bad);
-    problems += group_size[g];
-  }
-  static const bool bf16_in_f32_out = [] {
-    const char* v = std::getenv("SPES_EMU_GROUPED_BF16_F32");
-    return v != nullptr && std::string(v) == "1";
-  }();
-  if (!supported_types(api, computeType, Atype, Btype, Ctype, bf16_in_f32_out))
-    return refuse(CUBLAS_STATUS_NOT_SUPPORTED,
-                  std::string(api) + ": types not in its table (" + types(Atype, Btype, Ctype) + ")");
-  require_usable_handle(handle, api);
-  if (problems == 0) return CUBLAS_STATUS_SUCCESS;
-  require_workspace(handle, api);
-  require_pointer_array(api, "Aarray", Aarray, problems);
-  require_pointer_array(api, "Barray", Barray, problems);
-  require_pointer_array(api, "Carray", Carray, problems);
-
-  std::vector<Product> products;
-  int64_t i = 0;
-  for (int g = 0; g < group_count; ++g)
-    for (int j = 0; j < group_size[g]; ++j, ++i) {
-      const int64_t m = m_array[g], n = n_array[g], k = k_array[g];
-      if (m == 0 || n == 0) continue;
-      const bool ta = transposed(transa_array[g]), tb = transposed(transb_array[g]);
-      const Product p{ta,
-                      tb,
-                      m,
-                      n,
-                      k,
-                      static_cast<const float*>(alpha_array)[g],
-                      static_cast<const float*>(beta_array)[g],
-                      operand(Aarray[i], Atype, ta, m, k, lda_array[g]),
-                      operand(Barray[i], Btype, tb, k, n, ldb_array[g]),
-                      Matrix{Carray[i], Ctype, m, n, ldc_array[g]},
-                      i};
-      // Appended, not "[" + ...: GCC 12's -Wrestrict misfires on operator+ of a literal here.
-      std::string which = "[";
-      which += std::to_string(i) + "] of group " + std::to_string(g);
-      require_device(api, "A" + which, p.a);
-      require_device(api, "B" + which, p.b);
-      require_device(api, "C" + which, p.c);
-      products.push_back(p);
-    }
-  require_disjoint_outputs(api, products);
-  for (const Product& p : products) gemm(p.ta, p.tb, p.m, p.n, p.k, p.alpha, p.a, p.b, p.beta, p.c, p.c);
-  return CUBLAS_STATUS_SUCCESS;
 }
 
 // ---- cuBLASLt -------------------------------------------------------------------------

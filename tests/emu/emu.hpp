@@ -1,5 +1,5 @@
 // A host emulator of the CUDA execution model, just wide enough to run the real
-// source of the hand-written kernels of cuda/ on a CPU (the test_emu_* tests): every
+// source of the hand-written kernels of cuda/ on a CPU (test_emu): every
 // CTA of a launch runs as one cooperative fiber per thread on one OS thread;
 // __syncthreads, __syncwarp and the warp collectives (ldmatrix, mma, shfl, match)
 // are barriers among those fibers.

@@ -1,6 +1,8 @@
-// Helpers of the emulated-kernel tests (tests/emu/test_emu_*.cpp): values in and out
-// of emulated device buffers (fp32, or rounded to bf16 as the kernels store them),
-// bit-for-bit comparisons, and the worst error of each output over a test case.
+// Helpers of the emulator-only tests (tests/emu/test_emu_*.cpp), on top of the kernel
+// tests' tests/cuda_test.cuh: values in and out of emulated device buffers
+// (emu::GlobalBuffer; fp32, or rounded to bf16 as the kernels store them), reruns
+// under the other emulator schedules, and the checks that the emulator aborts where
+// a GPU would fault.
 #pragma once
 // First: cuda/common.cuh's device functions call CUDA built-ins.
 #include "tests/emu/builtins.hpp"
@@ -9,30 +11,18 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
-#include <cmath>
 #include <csignal>
 #include <cstdio>
 #include <cstring>
 #include <functional>
 #include <initializer_list>
-#include <map>
 #include <string>
 #include <vector>
 
-#include "cuda/common.cuh"
-#include "tests/bf16_values.hpp"
+#include "tests/cuda_test.cuh"
 #include "tests/emu/emu.hpp"
-#include "tests/gpu_test.hpp"
 
 namespace spes::test {
-
-using spes::cuda::bf16;
-
-// Random normal values (rng(): seed it first), rounded to bf16: what a bf16 tensor
-// holds and the reference must be fed.
-inline std::vector<float> random_bf16_values(int64_t n, float scale = 1.0f) {
-  return rounded_bf16(random_vector(n, scale));
-}
 
 // An emulated device buffer of n values of T.
 template <class T>
@@ -58,62 +48,33 @@ std::vector<T> download(const emu::GlobalBuffer& src, int64_t n) {
   return {src.as<T>(), src.as<T>() + n};
 }
 
+// bitwise_equal, by the name test_emu_grouped_gemm.cpp calls it.
 template <class T>
 bool same_bits(const std::vector<T>& a, const std::vector<T>& b) {
-  return a.size() == b.size() && std::memcmp(a.data(), b.data(), a.size() * sizeof(T)) == 0;
+  return bitwise_equal(a, b);
 }
 
-// Runs `run` twice more on the same inputs, `outputs` poisoned first, with each warp
-// running ahead of the others (emu::Schedule, ascending then descending warp order;
-// in a cluster launch each CTA of a cluster, too), and checks that it writes the bits
-// of the first run: this finds a missing barrier.
-// The emulator's worker threads also take the CTAs in a different order each time,
-// so it finds results that depend on CTA order (float atomics, a CTA reading what
-// another wrote) as well as any poison left unwritten.
+// for_each_schedule (tests/cuda_test.cuh) for a run already made under the default
+// schedule: runs `run` once more under each other schedule, `outputs` poisoned first,
+// and checks that it writes the bits of the first run.
 template <class Run>
 void check_rerun_identical(const std::string& what, std::initializer_list<const emu::GlobalBuffer*> outputs,
                            Run&& run) {
   std::vector<std::vector<unsigned char>> first;
   for (const emu::GlobalBuffer* b : outputs)
     first.emplace_back(b->as<unsigned char>(), b->as<unsigned char>() + b->bytes());
-  for (const auto& [schedule, name] : {std::pair{emu::Schedule::warps_ascending, "warps ascending"},
-                                       std::pair{emu::Schedule::warps_descending, "warps descending"}}) {
+  for (size_t s = 1; s < std::size(kEmuSchedules); ++s) {
     for (const emu::GlobalBuffer* b : outputs) b->poison();
-    emu::set_schedule(schedule);
-    run();
-    emu::set_schedule(emu::Schedule::round_robin);
+    {
+      const ScopedSchedule schedule(kEmuSchedules[s]);
+      run();
+    }
     size_t i = 0;
     for (const emu::GlobalBuffer* b : outputs)
       CHECK_MESSAGE(std::memcmp(first[i++].data(), b->as<unsigned char>(), b->bytes()) == 0,
-                    what << ": a run with " << std::string(name) << " wrote different bits");
+                    what << ": under " << std::string(kEmuSchedules[s].name) << " a run wrote different bits");
   }
 }
-
-// Checks relative errors ‖got − want‖/‖want‖ (rel_error, tests/gpu_test.hpp; NaN
-// never passes) against their tolerances and keeps the worst of each named output;
-// prints them, with the shape each came from, when it goes out of scope at the end
-// of the test case.
-class ErrorReport {
- public:
-  void check(const std::string& name, const std::string& shape, const std::vector<float>& got,
-             const std::vector<float>& want, double tolerance) {
-    const double err = got.size() == want.size() ? rel_error(got.data(), want.data(), int64_t(want.size())) : INFINITY;
-    CHECK_MESSAGE(err <= tolerance, name << " " << shape << ": rel err " << err << " > tol " << tolerance);
-    Worst& w = worst_[name];
-    if (err > w.error || w.shape.empty()) w = {err, tolerance, shape};
-  }
-  ~ErrorReport() {
-    for (const auto& [name, w] : worst_)
-      MESSAGE(name << ": worst rel err " << w.error << " (tol " << w.tolerance << ") at " << w.shape);
-  }
-
- private:
-  struct Worst {
-    double error = 0, tolerance = 0;
-    std::string shape;
-  };
-  std::map<std::string, Worst> worst_;
-};
 
 // Runs `body` in a child process, for the checks where the emulator must abort
 // (emu::fail: where a GPU would fault). Returns what the child wrote to stderr, then

@@ -71,11 +71,6 @@ TEST_CASE("emulated arena: a kernel writing past its buffer stops at that launch
   });
   CHECK(!has(after_check, "guard still registered"));
   CHECK(has(after_check, "of the arena's guard after buffer 'b' (2000 B) changed"));
-  const std::string far = run_in_child([] {
-    Arena a;
-    a.write(0, 100);  // 400 bytes past a's start: its padding and guard end at 512
-  });
-  CHECK(has(far, "of the arena's guard after buffer 'a' (12 B) changed"));
 }
 
 TEST_CASE("emulated arena: a kernel's operand lies inside one buffer, never across a guard") {

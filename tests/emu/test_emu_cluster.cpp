@@ -1,5 +1,5 @@
 // The emulator's thread-block clusters (emu.hpp), on small kernels of this file, before
-// a real kernel relies on them (test_emu_crossentropy.cpp runs crossentropy.cu's
+// a real kernel relies on them (test_cuda_crossentropy.cu runs crossentropy.cu's
 // cluster kernel): ranks and block indices of a 2-D cluster, distributed shared
 // memory through map_shared_rank (a static __shared__ variable and dynamic shared
 // memory, each CTA's own), cluster.sync under every schedule, the launch checks and

@@ -67,37 +67,36 @@ TEST_CASE("emulated runtime: a device-to-pinned copy reaches the host at the wai
   cudaEventDestroy(done);
 }
 
-TEST_CASE("emulated runtime: a pinned source may change once the host waited for its copy") {
-  Fixture f;
-  f.to_device();
-  REQUIRE(cudaStreamSynchronize(f.stream) == cudaSuccess);
-  f.pinned[3] = -1.0f;  // refilled after the wait: fine
-  f.to_device();
-  cudaEvent_t done = nullptr;
-  REQUIRE(cudaEventCreate(&done) == cudaSuccess);
-  REQUIRE(cudaEventRecord(done, f.stream) == cudaSuccess);
-  REQUIRE(cudaEventSynchronize(done) == cudaSuccess);  // an event after the copy counts as its wait
-  f.pinned[3] = -2.0f;
-  REQUIRE(cudaStreamSynchronize(f.stream) == cudaSuccess);
-  // Pageable memory: the runtime stages it before returning, so it may change at once.
-  std::vector<float> pageable(Fixture::kN, 1.0f);
-  REQUIRE(cudaMemcpyAsync(f.device, pageable.data(), Fixture::kN * sizeof(float), cudaMemcpyHostToDevice,
-                          f.stream) == cudaSuccess);
-  pageable[0] = 7.0f;
-  REQUIRE(cudaStreamSynchronize(f.stream) == cudaSuccess);
-  cudaEventDestroy(done);
-}
-
-TEST_CASE("emulated runtime: a pinned source changed before the wait aborts and says why") {
-  const std::string msg = run_in_child([] {
+// Refilled after the wait (for the copy's stream or an event after it): fine; before
+// it: an abort; waiting on another stream does not wait for this copy. Pageable
+// memory: the runtime stages it before returning, so it may change at once.
+TEST_CASE("emulated runtime: a pinned source must hold still until the host waited for its copy") {
+  const std::string waited = run_in_child([] {
+    Fixture f;
+    f.to_device();
+    cudaStreamSynchronize(f.stream);
+    f.pinned[3] = -1.0f;
+    f.to_device();
+    cudaEvent_t done = nullptr;
+    cudaEventCreate(&done);
+    cudaEventRecord(done, f.stream);
+    cudaEventSynchronize(done);
+    f.pinned[3] = -2.0f;
+    std::vector<float> pageable(Fixture::kN, 1.0f);
+    cudaMemcpyAsync(f.device, pageable.data(), Fixture::kN * sizeof(float), cudaMemcpyHostToDevice, f.stream);
+    pageable[0] = 7.0f;
+    cudaStreamSynchronize(f.stream);
+    cudaEventDestroy(done);
+  });
+  CHECK_MESSAGE(waited == "[returned]", waited);
+  const std::string early = run_in_child([] {
     Fixture f;
     f.to_device();
     f.pinned[3] = -1.0f;  // the next micro-batch's tokens, before the copy was waited for
     cudaStreamSynchronize(f.stream);
   });
-  CHECK(has(msg, "[aborted]"));
-  CHECK(has(msg, "changed before the host waited for the copy"));
-  // Waiting on another stream does not wait for this copy.
+  CHECK(has(early, "[aborted]"));
+  CHECK(has(early, "changed before the host waited for the copy"));
   const std::string other = run_in_child([] {
     Fixture f;
     cudaStream_t s2 = nullptr;
