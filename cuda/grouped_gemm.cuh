@@ -61,7 +61,8 @@ void grouped_matmul_backward_input(bf16* dinp, const bf16* dout, const bf16* con
 // DEVICE list trained_experts[0:n_trained] (distinct entries in [0, E); an entry
 // outside it is skipped). Experts not in the list get no work and their dweights[e]
 // is never read (it may be null); a listed expert with no rows is left unchanged bit
-// for bit. Deterministic: no atomics, each element summed in a fixed order.
+// for bit. Deterministic: each element's sum is formed in a fixed order and added to
+// dW by one thread (no atomic adds): the same bits every run.
 void grouped_matmul_backward_weight(float* const* dweights, const bf16* dout, const bf16* inp,
                                     const int32_t* offsets, const int32_t* trained_experts, int64_t n_trained,
                                     int64_t S, int64_t E, int64_t C, int64_t OC, cudaStream_t stream,

@@ -43,24 +43,34 @@
 // cores always have the next group queued behind the running one, and two k-steps of
 // copies are in flight behind them; the barrier of step kt is what proves both
 // warpgroups done with the stage of kt − 2 (their wait at the end of step kt − 1).
+// The copies do not stop at a tile's end: a CTA's k-steps are one stream through the
+// stages, tile after tile, and the last two steps of a tile's main loop load the
+// first two k-steps of the CTA's next tile, so that they are in flight while the tile
+// ends and is stored, and its main loop starts on landed data (a tile's short K,
+// 768 = 12 k-steps at the gate|up forward, would otherwise pay for the fill each time).
 //
-// Scheduling: a persistent grid, one CTA per SM, each CTA walking tiles t = blockIdx.x,
-// + gridDim.x, … in the portable path's order (forward / backward-input: row tiles
-// expert by expert, column tiles fastest; weight gradient: (trained expert, OC tile,
-// C tile)). A CTA issues the first copies of its next tile before it stores the
-// current one, so the store overlaps the next tile's pipeline fill. The row-tile
+// Scheduling: a persistent grid, one CTA per SM. Forward / backward-input: each CTA
+// walks tiles t = blockIdx.x, + gridDim.x, … in the portable path's order (row tiles
+// expert by expert, column tiles fastest), all about the same cost; the row-tile
 // starts of all experts are scanned once per CTA into shared memory (a block scan of
 // the device offsets, one thread per expert) and each tile finds its expert there by
-// binary search. Every output element is written by one CTA and summed in a fixed
-// k order: no atomics, the same bits every run.
+// binary search. Weight gradient: a tile costs its expert's row count, so the tiles
+// are ranked by cost (experts with the most rows first) and each CTA draws its next
+// tile from a counter as it is about to come free (WgradProblem). Every output
+// element is written by one CTA and summed in a fixed k order: the counter only picks
+// which CTA, so the bits are the same every run (no atomics in any sum).
 //
-// Stores. bf16 outputs go through shared memory (the last two stages, which the next
-// tile's first copies leave alone) so that each warp writes whole 512-byte row
-// segments; the weight gradient's fp32 dW += tile reads dW, which each tile asks L2
-// for as it starts, so the read-modify-write at its end finds it there.
+// Stores. bf16 outputs go through shared memory (the two stages the next tile's first
+// copies leave alone) so that each warp writes whole 512-byte row segments; the rows
+// are written out from there behind the next tile's first wgmma. The weight
+// gradient's fp32 dW += tile reads dW, which each tile asks L2 for as it starts; at
+// its end all of the tile's dW is read at once, three quarters copied into those two
+// stages and the rest loaded into registers, so the read-modify-write waits for one
+// round trip to L2.
 #include "cuda/grouped_gemm_sm90.cuh"
 
 #include <algorithm>
+#include <atomic>
 #include <map>
 #include <mutex>
 #include <string>
@@ -71,6 +81,20 @@
 #include "cuda/ptx_sm90.cuh"
 
 namespace spes::cuda::grouped_sm90 {
+
+// The weight gradient's tile tickets (see WgradProblem): `next` counts the tiles drawn
+// so far past the first gridDim.x, `done` the CTAs finished; the last CTA to finish
+// puts both back to 0 for the next launch on the slot. Launches take the
+// kTileTicketSlots slots in turn, so two launches share a slot only that many
+// launches apart: ones that never run at once (a stream runs its launches in order; a
+// captured graph replays its launches' slots, one replay at a time). Declared in
+// every compilation pass, not only where the kernels have bodies, since nvcc
+// registers a device variable through its host-side shadow.
+struct TileTickets {
+  int next, done;
+};
+__device__ TileTickets g_tile_tickets[kTileTicketSlots];  // zero when the module loads
+
 namespace {
 
 constexpr int kBM = 128, kBN = 256, kBK = 64, kStages = 4;
@@ -95,15 +119,27 @@ static_assert(2 * kStageBytes >= kBM * kBN * sizeof(bf16), "the bf16 output tile
 static_assert(kTileABytes % kAtomBytes == 0 && kStageBytes % kAtomBytes == 0 && kBlockBytes % kAtomBytes == 0,
               "atoms stay 1024-byte aligned");
 
-// The row-tile scan's results, at the start of dynamic shared memory.
+// The row-tile scan's results (forward, backward-input), at the start of dynamic
+// shared memory.
 struct Sched {
   int tile_end[kMaxExperts];  // inclusive prefix of the experts' row-tile counts
   int start[kMaxExperts];     // each expert's rows [start, end), clamped to [0, S]
   int end[kMaxExperts];
   int warp_total[kThreads / kWarp];
 };
-// The stages start at the first 1024-byte boundary after Sched.
-constexpr size_t kSmemBytes = sizeof(Sched) + kAtomBytes + size_t(kStages) * kStageBytes;
+// The weight gradient's in its place: the trained experts that have rows, most rows
+// first (see WgradProblem), and the tile this CTA drew for after its current one.
+struct WgradSched {
+  int rows_of_entry[kMaxExperts];  // rows of trained-list entry i (0: none, or not an expert)
+  int expert[kMaxExperts];         // by rank: the expert, its first row and its rows
+  int start[kMaxExperts];
+  int rows[kMaxExperts];
+  int drawn;
+};
+// The stages start at the first 1024-byte boundary after the larger of the two.
+constexpr size_t kSchedBytes = sizeof(Sched) > sizeof(WgradSched) ? sizeof(Sched) : sizeof(WgradSched);
+constexpr size_t kSmemBytes = kSchedBytes + kAtomBytes + size_t(kStages) * kStageBytes;
+
 
 // Which operand index is contiguous in global memory (see the file comment).
 enum class Major { k, mn };
@@ -176,95 +212,191 @@ __device__ __forceinline__ uint64_t operand_descriptor(uint32_t tile, int kk) {
 // Both operands of one output tile: A (kBM × K) and B (kBN × K) with their copy plans.
 template <Major A_MAJ, Major B_MAJ>
 struct Operands {
+  static constexpr Major kAMajor = A_MAJ, kBMajor = B_MAJ;
   TileCopy<A_MAJ, kBM> a;
   TileCopy<B_MAJ, kBN> b;
   int ktiles;
 };
 
-template <Major A_MAJ, Major B_MAJ>
-__device__ __forceinline__ void load_stage(const Operands<A_MAJ, B_MAJ>& op, uint32_t stages, int kt) {
-  const uint32_t stage = stages + uint32_t(kt % kStages) * kStageBytes;
+// A CTA's k-steps, tile after tile, are one stream: position n (counted from its first
+// tile's k-step 0) is staged in stage n % kStages, whose shared address this is.
+__device__ __forceinline__ uint32_t stage_of(uint32_t stages, int n) {
+  return stages + (uint32_t(n) % kStages) * kStageBytes;
+}
+
+// Issues k-step kt of op into the stage at shared address `stage`.
+template <class Op>
+__device__ __forceinline__ void load_stage(const Op& op, uint32_t stage, int kt) {
   op.a.issue(stage, kt);
   op.b.issue(stage + kTileABytes, kt);
 }
 
-// The first kStages − 2 k-steps in flight, one commit group each (empty past K, so that
-// the group count, and with it the main loop's wait, is the same every step).
-template <Major A_MAJ, Major B_MAJ>
-__device__ __forceinline__ void prologue(const Operands<A_MAJ, B_MAJ>& op, uint32_t stages) {
+// The first kStages − 2 k-steps of op in flight at stream positions n0, n0 + 1, …,
+// one commit group each (empty past K, so that the group count, and with it the main
+// loop's wait, is the same every step).
+template <class Op>
+__device__ __forceinline__ void prologue(const Op& op, uint32_t stages, int n0) {
 #pragma unroll
   for (int s = 0; s < kStages - 2; ++s) {
-    if (s < op.ktiles) load_stage(op, stages, s);
+    if (s < op.ktiles) load_stage(op, stage_of(stages, n0 + s), s);
     cp_async_commit();
   }
 }
 
-// acc = A·B over the tile's K (the first k16 step overwrites acc), after prologue(op).
+// The store's scratch: the stages of two stream positions, kStageBytes each and not
+// always adjacent, as one area of 2 · kStageBytes (an access never straddles them).
+struct Staging {
+  uint32_t first, second;  // shared addresses
+  unsigned char* smem;     // the dynamic shared memory, at shared address smem_base
+  uint32_t smem_base;
+
+  __device__ __forceinline__ uint32_t address(uint32_t offset) const {
+    return offset < kStageBytes ? first + offset : second + (offset - kStageBytes);
+  }
+  template <class T>
+  __device__ __forceinline__ T* pointer(uint32_t offset) const {
+    return reinterpret_cast<T*>(smem + (address(offset) - smem_base));
+  }
+};
+
+// A bf16 store left half done (see run_tiles): its tile, and the scratch its rows wait
+// in, which the next main loop's first refill overwrites.
+template <class Job>
+struct UnfinishedStore {
+  bool pending;
+  Job job;
+  Staging staging;
+};
+
+// acc = A·B over the tile's K (the first k16 step overwrites acc), its k-step kt at
+// stream position n + kt, after its first kStages − 2 k-steps were put in flight.
 // Warpgroup w multiplies rows 64w.. of A (its 8 KB slice of the A tile in either layout)
-// by all of B. On return every wgmma has completed; copies of k-steps past K (empty
-// groups) may be all that is left in flight.
-template <Major A_MAJ, Major B_MAJ>
-__device__ __forceinline__ void mainloop(float (&acc)[kAcc], const Operands<A_MAJ, B_MAJ>& op, uint32_t stages) {
-  constexpr int kTransA = A_MAJ == Major::mn, kTransB = B_MAJ == Major::mn;
+// by all of B. Each step refills the stage that k-step kt − 2 left (free since the
+// barrier) with the stream position kStages − 2 ahead: a k-step of this tile, or, in
+// the last kStages − 2 steps, of the next one, so that its copies are in flight while
+// this tile ends and is stored. For that the main loop moves the cursor on (at the
+// first of those steps, if the cursor can tell the next tile there), sets `next` and
+// `op` to the next tile and returns true; it returns false if it left that to the
+// caller (a tile of one k-step, or a cursor that could not tell). On return every
+// wgmma has completed. The cursor (the CTA's walk over its tiles, see run_tiles) is
+// told of each k-step once its wgmma and copies are issued (a thread that waits there
+// on memory keeps the tensor cores waiting only if it outlasts the queued group), and
+// after its wait; and of the loop's end. A store the last tile left unfinished is
+// finished in the first step, behind its wgmma and before its refill writes the
+// store's scratch.
+template <class Problem, class Op>
+__device__ __forceinline__ bool mainloop(float (&acc)[kAcc], const Problem& problem, typename Problem::Cursor& cursor,
+                                         Op& op, typename Problem::Job& next, uint32_t stages, int n,
+                                         UnfinishedStore<typename Problem::Job>& unfinished) {
+  constexpr int kTransA = Op::kAMajor == Major::mn, kTransB = Op::kBMajor == Major::mn;
   const uint32_t wg_a = uint32_t(threadIdx.x / kWarpgroup) * (kWgRows * kLineBytes);
   static_assert(kWgRows * kLineBytes == kBlockBytes, "a warpgroup's A slice is 8 KB in both layouts");
-  for (int kt = 0; kt < op.ktiles; ++kt) {
+  const int ktiles = op.ktiles;
+  bool moved_on = false;
+  for (int kt = 0; kt < ktiles; ++kt) {
     cp_async_wait<kStages - 3>();  // this thread's copies of k-step kt have landed
     fence_proxy_async_shared();    // … and are ordered before the tensor cores' reads
     __syncthreads();               // everyone's have; both warpgroups are done with kt − 2
-    const uint32_t stage = stages + uint32_t(kt % kStages) * kStageBytes;
+    const uint32_t stage = stage_of(stages, n + kt);
     fence_accumulators(acc);
     wgmma_fence();
 #pragma unroll
     for (int kk = 0; kk < kBK / kWgmmaK; ++kk)
-      wgmma_m64n256k16_bf16<kTransA, kTransB>(acc, operand_descriptor<A_MAJ>(stage + wg_a, kk),
-                                               operand_descriptor<B_MAJ>(stage + kTileABytes, kk), kt > 0 || kk > 0);
+      wgmma_m64n256k16_bf16<kTransA, kTransB>(acc, operand_descriptor<Op::kAMajor>(stage + wg_a, kk),
+                                               operand_descriptor<Op::kBMajor>(stage + kTileABytes, kk),
+                                               kt > 0 || kk > 0);
     wgmma_commit();
-    // Refill the stage of k-step kt − 2 (free since the barrier) with k-step kt + kStages − 2.
-    const int next = kt + kStages - 2;
-    if (next < op.ktiles) load_stage(op, stages, next);
+    if constexpr (Problem::kFinishLater) {
+      if (kt == 0 && unfinished.pending) {
+        problem.finish_store(unfinished.job, unfinished.staging);
+        unfinished.pending = false;
+        __syncthreads();  // every warp is done with the scratch, which the refill below may write
+      }
+    }
+    const int fill = kt + kStages - 2;  // the k-step loaded now, counted from this tile's first
+    if (fill == ktiles && cursor.next_known(ktiles)) {
+      cursor.advance();
+      next = problem.find(cursor.tile);
+      moved_on = true;
+      if (next.valid) {
+        op = problem.operands(next);  // this tile's copies are all issued
+        problem.prefetch(next);
+      }
+    }
+    if (fill < ktiles)
+      load_stage(op, stage_of(stages, n + fill), fill);
+    else if (moved_on && next.valid && fill - ktiles < op.ktiles)
+      load_stage(op, stage_of(stages, n + fill), fill - ktiles);
     cp_async_commit();
+    cursor.at_kstep(kt, ktiles);
     wgmma_wait<1>();  // k-step kt − 1's group is done: only kt's may still run
     fence_accumulators(acc);
+    cursor.after_kstep(kt, ktiles);
   }
   wgmma_wait<0>();
   fence_accumulators(acc);
+  cursor.after_mainloop(ktiles);
+  return moved_on;
 }
 
-// Walks this CTA's tiles (Problem: find, operands, prefetch, store; see the two below).
-// `smem` is the dynamic shared memory, `stages` the shared address of the first stage;
-// the store may use the last two stages as scratch (`staging`, a generic pointer):
-// the next tile's prologue fills only the first kStages − 2, and its main loop refills
-// the others only after its first barrier, which every thread reaches after its store.
+// Walks this CTA's tiles (Problem: Cursor, cursor, find, operands, prefetch,
+// begin_store, store, kFinishLater, finish_store; see the two below). The cursor holds
+// the tile index: the CTA's first, then its next, which the main loop moves to (see
+// mainloop) or else run_tiles after the barrier behind it (a tile past the last ends
+// the walk). `smem` is the dynamic shared memory, `stages` the shared address of the
+// first stage. The store may use as scratch the two stages that the next tile's first
+// kStages − 2 k-steps leave alone (Staging, from begin_store on): its main loop
+// refills them only after its first barrier, which every thread reaches after its
+// store. begin_store may issue one cp.async group, before the next tile's first
+// copies where run_tiles issues them (store is told so: their kStages − 2 groups came
+// after it), after them where the main loop did. Where Problem::kFinishLater, the
+// store leaves its tile in the scratch, done with the accumulators, and finish_store
+// writes it out: in the next main loop's first step (its wgmma already running on
+// the accumulators), or at once after the last tile.
 template <class Problem>
 __device__ __forceinline__ void run_tiles(const Problem& problem, unsigned char* smem, uint32_t stages) {
-  unsigned char* staging = smem + (stages + (kStages - 2) * kStageBytes - smem_addr(smem));
   float acc[kAcc] = {};  // every tile's first wgmma overwrites it; zeroed once so it is never read undefined
-  int t = static_cast<int>(blockIdx.x);
-  auto job = problem.find(t);
+  auto cursor = problem.cursor();
+  auto job = problem.find(cursor.tile);
   if (!job.valid) return;  // uniform: every thread computed the same job
   auto op = problem.operands(job);
-  prologue(op, stages);
+  int n = 0;  // the stream position of the tile's k-step 0
+  prologue(op, stages, n);
   problem.prefetch(job);
+  UnfinishedStore<typename Problem::Job> unfinished{false, job, {}};
   while (true) {
-    mainloop(acc, op, stages);
+    const int ktiles = op.ktiles;
+    auto next = job;
+    const bool moved_on = mainloop(acc, problem, cursor, op, next, stages, n, unfinished);
     __syncthreads();  // both warpgroups' wgmma are done with every stage: the next tile may refill them
-    t += static_cast<int>(gridDim.x);
-    const auto next = problem.find(t);
-    if (next.valid) {
-      op = problem.operands(next);
-      prologue(op, stages);  // in flight while this tile is stored
-      problem.prefetch(next);
+    const int after = n + ktiles + kStages - 2;  // the first position the next tile's start leaves alone
+    const Staging staging{stage_of(stages, after), stage_of(stages, after + 1), smem, smem_addr(smem)};
+    problem.begin_store(job, staging);
+    if (!moved_on) {
+      cursor.advance();
+      next = problem.find(cursor.tile);
+      if (next.valid) {
+        op = problem.operands(next);
+        prologue(op, stages, n + ktiles);  // in flight while this tile is stored
+        problem.prefetch(next);
+      }
     }
-    problem.store(job, acc, staging);
+    problem.store(job, acc, staging, !moved_on && next.valid);
+    if constexpr (Problem::kFinishLater) {
+      if (next.valid)
+        unfinished = {true, job, staging};
+      else
+        problem.finish_store(job, staging);
+    }
     if (!next.valid) break;
     job = next;
+    n += ktiles;
   }
 }
 
-// Shared address of the first stage: the first 1024-byte boundary after Sched.
+// Shared address of the first stage: the first 1024-byte boundary after the schedule.
 __device__ __forceinline__ uint32_t stages_address(unsigned char* smem) {
-  return (smem_addr(smem + sizeof(Sched)) + kAtomBytes - 1) & ~(kAtomBytes - 1);
+  return (smem_addr(smem + kSchedBytes) + kAtomBytes - 1) & ~(kAtomBytes - 1);
 }
 
 // Thread (row, column) of accumulator pair acc[4j + 2h], acc[4j + 2h + 1]: row
@@ -275,6 +407,17 @@ __device__ __forceinline__ int fragment_row() {
   return (tid / kWarpgroup) * kWgRows + ((tid % kWarpgroup) / kWarp) * 16 + (tid % kWarp) / 4;
 }
 __device__ __forceinline__ int fragment_col() { return 2 * (static_cast<int>(threadIdx.x) % 4); }
+
+// A CTA's walk over tiles blockIdx.x, + gridDim.x, … (forward and backward-input, whose
+// tiles cost about the same).
+struct StridedCursor {
+  int tile = static_cast<int>(blockIdx.x);
+  __device__ __forceinline__ bool next_known(int) const { return true; }
+  __device__ __forceinline__ void at_kstep(int, int) {}
+  __device__ __forceinline__ void after_kstep(int, int) {}
+  __device__ __forceinline__ void after_mainloop(int) {}
+  __device__ __forceinline__ void advance() { tile += static_cast<int>(gridDim.x); }
+};
 
 // ---- forward and backward-input ----------------------------------------------------------
 
@@ -325,6 +468,9 @@ struct RowsProblem {
     int expert, row0, rows, n0;
   };
 
+  using Cursor = StridedCursor;
+  __device__ __forceinline__ Cursor cursor() const { return {}; }
+
   __device__ __forceinline__ Job find(int t) const {
     if (t >= n_tiles) return {false, 0, 0, 0, 0};
     const int rt = t / n_col_tiles;
@@ -349,33 +495,41 @@ struct RowsProblem {
   }
 
   __device__ __forceinline__ void prefetch(const Job&) const {}  // the store reads nothing
+  __device__ __forceinline__ void begin_store(const Job&, const Staging&) const {}
 
   // bf16 out through shared memory, so that each warp writes whole 512-byte row
   // segments with 16-byte stores (written straight from the accumulator fragment, a
   // warp's store would cover 8 rows × 16 bytes). The [128][256] bf16 tile is staged
   // with its 16-byte chunks XOR-swizzled by row % 8: the fragment's 8 rows of one
   // column chunk then fall in 8 different bank groups, and the read back of one row's
-  // 32 chunks is conflict-free too. Rows past the expert's end and columns past N are
-  // not written (N % 8 == 0: a chunk is wholly inside or outside).
-  __device__ __forceinline__ void store(const Job& j, const float (&acc)[kAcc], unsigned char* staging) const {
-    constexpr int kRowChunks = kBN / 8;
+  // 32 chunks is conflict-free too. store stages the tile and ends with a barrier
+  // (everyone's rows staged); finish_store, later (kFinishLater, see run_tiles), writes
+  // the rows out. Rows past the expert's end and columns past N are not written
+  // (N % 8 == 0: a chunk is wholly inside or outside).
+  static constexpr bool kFinishLater = true;
+  static constexpr int kRowChunks = kBN / 8;
+  static constexpr uint32_t kRowBytes = kRowChunks * 16;
+  static_assert(kStageBytes % kRowBytes == 0, "a staged row lies in one stage");
+
+  __device__ __forceinline__ void store(const Job&, const float (&acc)[kAcc], const Staging& staging, bool) const {
     const int r0 = fragment_row(), c0 = fragment_col();
-    __nv_bfloat162* tile = reinterpret_cast<__nv_bfloat162*>(staging);
 #pragma unroll
     for (int h = 0; h < 2; ++h) {
       const int r = r0 + 8 * h;
+      __nv_bfloat162* row = staging.pointer<__nv_bfloat162>(uint32_t(r) * kRowBytes);
 #pragma unroll
       for (int jn = 0; jn < kRowChunks; ++jn)
-        tile[(r * kRowChunks + (jn ^ (r & 7))) * 4 + c0 / 2] =
-            __floats2bfloat162_rn(acc[4 * jn + 2 * h], acc[4 * jn + 2 * h + 1]);
+        row[(jn ^ (r & 7)) * 4 + c0 / 2] = __floats2bfloat162_rn(acc[4 * jn + 2 * h], acc[4 * jn + 2 * h + 1]);
     }
     __syncthreads();
+  }
+
+  __device__ __forceinline__ void finish_store(const Job& j, const Staging& staging) const {
     const int lane = static_cast<int>(threadIdx.x) % kWarp, warp = static_cast<int>(threadIdx.x) / kWarp;
     const bool col_ok = j.n0 + lane * 8 < N;
-    const int4* chunks = reinterpret_cast<const int4*>(staging);
 #pragma unroll 4
     for (int r = warp; r < kBM; r += kThreads / kWarp) {
-      const int4 v = chunks[r * kRowChunks + (lane ^ (r & 7))];
+      const int4 v = staging.pointer<const int4>(uint32_t(r) * kRowBytes)[lane ^ (r & 7)];
       if (r < j.rows && col_ok) *reinterpret_cast<int4*>(out + int64_t(j.row0 + r) * N + j.n0 + lane * 8) = v;
     }
   }
@@ -398,34 +552,105 @@ __global__ void __launch_bounds__(kThreads, 1)
 
 #if SPES_SM90A_DEVICE_CODE
 
+// Fills s's ranked lists with the trained experts that have rows, most rows first
+// (ties in list order), one thread per entry of the trained list; returns how many.
+// An entry outside [0, E) counts as an expert without rows.
+__device__ __forceinline__ int rank_trained_experts(WgradSched& s, const int32_t* offsets, const int32_t* trained,
+                                                    int n_trained, int E, int S) {
+  const int tid = static_cast<int>(threadIdx.x);
+  int e = 0, start = 0, rows = 0;
+  if (tid < n_trained) {
+    e = trained[tid];
+    if (e >= 0 && e < E) {
+      start = clamp_int(offsets[e], 0, S);
+      rows = clamp_int(offsets[e + 1], start, S) - start;
+    }
+  }
+  if (tid < kMaxExperts) s.rows_of_entry[tid] = rows;
+  __syncthreads();
+  int rank = 0, ranked = 0;
+  for (int j = 0; j < n_trained; ++j) {
+    const int r = s.rows_of_entry[j];
+    rank += r > rows || (r == rows && j < tid);
+    ranked += r > 0;
+  }
+  if (rows > 0) {
+    s.expert[rank] = e;
+    s.start[rank] = start;
+    s.rows[rank] = rows;
+  }
+  __syncthreads();
+  return ranked;
+}
+
+// How many k-steps before the end of its main loop a CTA draws its next tile: late,
+// so that the CTAs about to be free draw first, and early enough that the counter's
+// answer (one round trip to L2) is back a k-step later, where it is handed to the
+// other threads, before the main loop's last kStages − 2 steps load the next tile.
+constexpr int kDrawLead = kStages;
+
 // Weight gradient: dweights[e][m, n] += Σ_s dout[s, m]·inp[s, n] over the rows s of
 // expert e = trained[i], M = OC, N = C, K = the expert's row count; A = doutᵀ and
-// B = inp, both MN-major. Tile t = (i · m_tiles + OC tile) · n_tiles + C tile; a tile
-// of an expert outside [0, E) or with no rows is skipped (its dW is not even read).
+// B = inp, both MN-major. A tile's main loop takes its expert's rows / 64 k-steps, and
+// routings are skewed (an expert may have tens of times the rows of another), so the
+// tiles are not dealt out in a fixed stride, which leaves some CTAs far more work than
+// others: they are numbered most costly first (the ranked experts, each one's
+// m_tiles × n_tiles tiles in (OC tile, C tile) order), CTA b starts at tile b, and
+// each CTA draws its next tile from the launch's ticket counter (TileTickets) a few
+// k-steps before its current main loop ends. So the tiles go, largest first, to the
+// CTAs as they come free (a list schedule, which ends within about one of the last,
+// smallest tiles of even). Which CTA computes a tile does not change its bits: each
+// dW element is summed by one CTA in one fixed order. Trained experts without rows
+// get no tile (their dW is not even read).
 struct WgradProblem {
   float* const* dweights;
   const bf16* dout;
   const bf16* inp;
-  const int32_t* offsets;
-  const int32_t* trained;
-  int S, E, C, OC, m_tiles, n_tiles, n_jobs;
+  WgradSched* sched;
+  TileTickets* tickets;
+  int C, OC, n_tiles, per_expert, n_work;
 
   struct Job {
     bool valid;
     int expert, start, rows, m0, n0;
   };
 
-  // The first tile at t, t + gridDim.x, … that has work (t is advanced to it).
-  __device__ __forceinline__ Job find(int& t) const {
-    const int per_expert = m_tiles * n_tiles;
-    for (; t < n_jobs; t += static_cast<int>(gridDim.x)) {
-      const int e = trained[t / per_expert], rem = t % per_expert;
-      if (e < 0 || e >= E) continue;
-      const int start = clamp_int(offsets[e], 0, S), end = clamp_int(offsets[e + 1], start, S);
-      if (end == start) continue;
-      return {true, e, start, end - start, (rem / n_tiles) * kBM, (rem % n_tiles) * kBN};
+  // The CTA's walk: tile blockIdx.x, then the drawn ones. Thread 0 draws (the
+  // tickets past the first gridDim.x tiles are numbered from 0) kDrawLead k-steps
+  // before the end of the main loop (at its first step in a shorter one) and hands the
+  // tile to the others through shared memory, written at the end of the step
+  // kStages − 1 before the last and read after the barrier of the next (the main loop
+  // moves on there, see mainloop); in a main loop shorter than that, written at its
+  // end and read after the barrier behind it. The next write comes in the next main
+  // loop, after its first barrier, which every thread reaches after its read.
+  struct Cursor {
+    static constexpr int kHandover = kStages - 1;  // k-steps before the end
+    int tile;
+    int drawn_here;  // thread 0: the tile it drew, from its draw to its handover
+    TileTickets* tickets;
+    int* drawn;
+    __device__ __forceinline__ bool next_known(int ktiles) const { return ktiles >= kHandover; }
+    __device__ __forceinline__ void at_kstep(int kt, int ktiles) {
+      if (threadIdx.x == 0 && kt == (ktiles > kDrawLead ? ktiles - kDrawLead : 0))
+        drawn_here = static_cast<int>(gridDim.x) + atomicAdd(&tickets->next, 1);
     }
-    return {false, 0, 0, 0, 0, 0};
+    __device__ __forceinline__ void after_kstep(int kt, int ktiles) {
+      if (threadIdx.x == 0 && next_known(ktiles) && kt == ktiles - kHandover) *drawn = drawn_here;
+    }
+    __device__ __forceinline__ void after_mainloop(int ktiles) {
+      if (threadIdx.x == 0 && !next_known(ktiles)) *drawn = drawn_here;
+    }
+    __device__ __forceinline__ void advance() { tile = *drawn; }
+  };
+
+  __device__ __forceinline__ Cursor cursor() const {
+    return {static_cast<int>(blockIdx.x), 0, tickets, &sched->drawn};
+  }
+
+  __device__ __forceinline__ Job find(int t) const {
+    if (t >= n_work) return {false, 0, 0, 0, 0, 0};
+    const int r = t / per_expert, rem = t % per_expert;
+    return {true, sched->expert[r], sched->start[r], sched->rows[r], (rem / n_tiles) * kBM, (rem % n_tiles) * kBN};
   }
 
   __device__ __forceinline__ Operands<Major::mn, Major::mn> operands(const Job& j) const {
@@ -449,50 +674,123 @@ struct WgradProblem {
     }
   }
 
-  // dW += acc, fp32 pairs. The loads go out kBatch at a time before their adds and
-  // stores: written element by element, the compiler kept each load behind the
-  // previous store (it cannot prove them apart), one memory round trip per pair.
-  __device__ __forceinline__ void store(const Job& j, const float (&acc)[kAcc], unsigned char*) const {
-    constexpr int kBatch = 16;
-    const int r0 = fragment_row(), c0 = fragment_col();
-    float* tile = dweights[j.expert] + int64_t(j.m0) * C + j.n0;
+  // The store adds this thread's accumulator pairs q < kPairs (acc[2q], acc[2q + 1]:
+  // row fragment_row() + 8·(q % 2), columns 8·(q / 2) + fragment_col() and the next)
+  // to dW, reading the tile's dW in one round trip, all of it in flight at once: the
+  // first kStagedPairs are copied into this thread's slots of the staging area as the
+  // main loop ends (begin_store; slot q at (q·kThreads + tid)·8 bytes, so a warp's
+  // slots are 256 consecutive bytes), the rest loaded into registers by store, which
+  // then waits for both. (Loaded into registers alone, they would not all fit beside
+  // the accumulators; and a load written after a dW store waits for it, the compiler
+  // being unable to tell the addresses apart.)
+  static constexpr bool kFinishLater = false;  // the store needs the accumulators to its end
+
+  static constexpr int kPairs = kAcc / 2;
+  static constexpr int kStagedPairs = 2 * kStageBytes / (kThreads * sizeof(float2));
+  static constexpr int kLoadedPairs = kPairs - kStagedPairs;
+  static_assert(kStagedPairs > 0 && kStagedPairs % 2 == 0 && kLoadedPairs >= 0, "pairs of both rows staged together");
+  static_assert(kStageBytes % (kThreads * sizeof(float2)) == 0, "a slot lies in one stage");
+
+  // The tile's dW, element (0, 0).
+  __device__ __forceinline__ float* dw_tile(const Job& j) const {
+    return dweights[j.expert] + int64_t(j.m0) * C + j.n0;
+  }
+
+  // Pair q of this thread: its dW element pair in the tile at `tile`, and whether it
+  // lies inside dW (rows past OC and columns past C do not: C % 8 == 0, so a pair lies
+  // wholly inside or outside). Every pair does in a tile that lies wholly inside dW,
+  // which the two functions below take apart (kWhole) so that theirs test nothing.
+  __device__ __forceinline__ float* pair_address(float* tile, int q) const {
+    return tile + int64_t(fragment_row() + 8 * (q % 2)) * C + 8 * (q / 2) + fragment_col();
+  }
+  template <bool kWhole>
+  __device__ __forceinline__ bool pair_inside(const Job& j, int q) const {
+    return kWhole || (j.m0 + fragment_row() + 8 * (q % 2) < OC && j.n0 + 8 * (q / 2) + fragment_col() < C);
+  }
+  __device__ __forceinline__ bool whole(const Job& j) const { return j.m0 + kBM <= OC && j.n0 + kBN <= C; }
+
+  template <bool kWhole>
+  __device__ __forceinline__ void copy_staged_pairs(const Job& j, const Staging& staging) const {
+    float* tile = dw_tile(j);
 #pragma unroll
-    for (int h = 0; h < 2; ++h) {
-      const int r = r0 + 8 * h;
-      if (j.m0 + r >= OC) continue;
-      float* row = tile + int64_t(r) * C;
+    for (int q = 0; q < kStagedPairs; ++q)
+      if (pair_inside<kWhole>(j, q)) cp_async_8(staging.address(slot_offset(q)), pair_address(tile, q), true);
+  }
+
+  // Slot q of this thread in the staging area (its byte offset there).
+  __device__ __forceinline__ static uint32_t slot_offset(int q) {
+    return (uint32_t(q) * kThreads + threadIdx.x) * uint32_t(sizeof(float2));
+  }
+
+  // One cp.async group: dW of pairs q < kStagedPairs into this thread's slots of the
+  // staging area.
+  __device__ __forceinline__ void begin_store(const Job& j, const Staging& staging) const {
+    if (whole(j))
+      copy_staged_pairs<true>(j, staging);
+    else
+      copy_staged_pairs<false>(j, staging);
+    cp_async_commit();
+  }
+
+  template <bool kWhole>
+  __device__ __forceinline__ void add_pairs(const Job& j, const float (&acc)[kAcc], const Staging& staging,
+                                            bool prologue_after) const {
+    float* tile = dw_tile(j);
+    float2 loaded[kLoadedPairs > 0 ? kLoadedPairs : 1];
 #pragma unroll
-      for (int jb = 0; jb < kBN / 8; jb += kBatch) {
-        float2 v[kBatch];
+    for (int b = 0; b < kLoadedPairs; ++b)
+      if (pair_inside<kWhole>(j, kStagedPairs + b))
+        loaded[b] = *reinterpret_cast<const float2*>(pair_address(tile, kStagedPairs + b));
+    if (prologue_after)
+      cp_async_wait<kStages - 2>();
+    else
+      cp_async_wait<0>();
 #pragma unroll
-        for (int b = 0; b < kBatch; ++b) {
-          const int c = (jb + b) * 8 + c0;
-          if (j.n0 + c < C) v[b] = *reinterpret_cast<const float2*>(row + c);
-        }
-#pragma unroll
-        for (int b = 0; b < kBatch; ++b) {
-          const int c = (jb + b) * 8 + c0;
-          if (j.n0 + c < C) {
-            v[b].x += acc[4 * (jb + b) + 2 * h];
-            v[b].y += acc[4 * (jb + b) + 2 * h + 1];
-            *reinterpret_cast<float2*>(row + c) = v[b];
-          }
-        }
-      }
+    for (int q = 0; q < kPairs; ++q) {
+      if (!pair_inside<kWhole>(j, q)) continue;
+      float2 v = q < kStagedPairs ? *staging.pointer<const float2>(slot_offset(q)) : loaded[q - kStagedPairs];
+      v.x += acc[2 * q];
+      v.y += acc[2 * q + 1];
+      *reinterpret_cast<float2*>(pair_address(tile, q)) = v;
     }
   }
+
+  // dW += acc (see above); `prologue_after`: the next tile's prologue groups were
+  // committed after begin_store's.
+  __device__ __forceinline__ void store(const Job& j, const float (&acc)[kAcc], const Staging& staging,
+                                        bool prologue_after) const {
+    if (whole(j))
+      add_pairs<true>(j, acc, staging, prologue_after);
+    else
+      add_pairs<false>(j, acc, staging, prologue_after);
+  }
 };
+
+// One thread of each CTA, after its last draw: the launch's last CTA to get here puts
+// the slot back to zero (every CTA has drawn its last ticket by then).
+__device__ __forceinline__ void return_tickets(TileTickets& t) {
+  __threadfence();
+  if (atomicAdd(&t.done, 1) == static_cast<int>(gridDim.x) - 1) {
+    atomicExch(&t.next, 0);
+    atomicExch(&t.done, 0);
+  }
+}
 
 #endif  // SPES_SM90A_DEVICE_CODE
 
 __global__ void __launch_bounds__(kThreads, 1)
     wgrad_kernel(float* const* __restrict__ dweights, const bf16* __restrict__ dout, const bf16* __restrict__ inp,
-                 const int32_t* __restrict__ offsets, const int32_t* __restrict__ trained, int S, int E, int C, int OC,
-                 int m_tiles, int n_tiles, int n_jobs) {
+                 const int32_t* __restrict__ offsets, const int32_t* __restrict__ trained, int n_trained, int S,
+                 int E, int C, int OC, int m_tiles, int n_tiles, int ticket_slot) {
 #if SPES_SM90A_DEVICE_CODE
   unsigned char* smem = dynamic_smem<unsigned char>;
-  const WgradProblem problem{dweights, dout, inp, offsets, trained, S, E, C, OC, m_tiles, n_tiles, n_jobs};
+  WgradSched& sched = *reinterpret_cast<WgradSched*>(smem);
+  const int experts = rank_trained_experts(sched, offsets, trained, n_trained, E, S);
+  TileTickets& tickets = g_tile_tickets[ticket_slot];
+  const int per_expert = m_tiles * n_tiles;
+  const WgradProblem problem{dweights, dout, inp, &sched, &tickets, C, OC, n_tiles, per_expert, experts * per_expert};
   run_tiles(problem, smem, stages_address(smem));
+  if (threadIdx.x == 0) return_tickets(tickets);
 #endif
 }
 
@@ -603,13 +901,17 @@ void backward_input(bf16* dinp, const bf16* dout, const bf16* const* weights, co
   rows<Major::mn>(dinp, dout, weights, offsets, S, E, C, OC, stream);
 }
 
+// The grid's tile bound (every trained expert with rows) only sizes the grid: the
+// CTAs walk the tiles of the experts that have rows, which the device finds.
 void backward_weight(float* const* dweights, const bf16* dout, const bf16* inp, const int32_t* offsets,
                      const int32_t* trained_experts, int64_t n_trained, int64_t S, int64_t E, int64_t C, int64_t OC,
                      cudaStream_t stream) {
+  static std::atomic<unsigned> launches{0};  // the ticket slots are taken in turn (TileTickets)
+  const int slot = static_cast<int>(launches.fetch_add(1, std::memory_order_relaxed) % kTileTicketSlots);
   const int64_t m_tiles = ceil_div(OC, kBM), n_tiles = ceil_div(C, kBN), n_jobs = n_trained * m_tiles * n_tiles;
   launch(wgrad_kernel, persistent_grid(n_jobs), kThreads, kSmemBytes, stream, dweights, dout, inp, offsets,
-         trained_experts, static_cast<int>(S), static_cast<int>(E), static_cast<int>(C), static_cast<int>(OC),
-         static_cast<int>(m_tiles), static_cast<int>(n_tiles), static_cast<int>(n_jobs));
+         trained_experts, static_cast<int>(n_trained), static_cast<int>(S), static_cast<int>(E), static_cast<int>(C),
+         static_cast<int>(OC), static_cast<int>(m_tiles), static_cast<int>(n_tiles), slot);
   cuda_check_launch();
 }
 

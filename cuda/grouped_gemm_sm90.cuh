@@ -22,6 +22,10 @@ bool available();
 // Why not, when !available() (else empty).
 std::string unavailable_reason();
 
+// The weight gradient deals its tiles out from a counter in device memory, one of
+// this many slots per launch, taken in turn (grouped_gemm_sm90.cu, TileTickets).
+constexpr int kTileTicketSlots = 16;
+
 // The three products, same arguments and contract as grouped_matmul_* (already
 // checked); S > 0 and, for the weight gradient, n_trained > 0.
 void forward(bf16* out, const bf16* inp, const bf16* const* weights, const int32_t* offsets, int64_t S, int64_t E,

@@ -76,6 +76,9 @@ inline int __popc(unsigned x) { return std::popcount(x); }
 // Integer atomics, shared or global: a CTA's threads switch only at barriers and
 // collectives, but CTAs run on several OS threads.
 inline int atomicAdd(int* address, int value) { return std::atomic_ref<int>(*address).fetch_add(value); }
+inline int atomicExch(int* address, int value) { return std::atomic_ref<int>(*address).exchange(value); }
+// membar.gl: the CTAs' OS threads see this one's earlier accesses before its later ones.
+inline void __threadfence() { std::atomic_thread_fence(std::memory_order_seq_cst); }
 
 // Cache-hinted load (evict-first): a plain load on the host.
 template <typename T>

@@ -38,6 +38,7 @@
 #include <vector>
 
 #include "cuda/grouped_gemm.cuh"
+#include "cuda/grouped_gemm_sm90.cuh"
 #include "tests/emu/emu.hpp"
 #include "tests/emu/emu_test.hpp"
 
@@ -58,7 +59,8 @@ struct Problem {
   }
 };
 
-void check_problem(const Problem& p, spes::cuda::GroupedGemmPath path) {
+// The three products of p (or, with rows_products false, the weight gradient alone).
+void check_problem(const Problem& p, spes::cuda::GroupedGemmPath path, bool rows_products = true) {
   const int64_t E = p.E(), S = p.S(), C = p.C, OC = p.OC;
   const std::string tag = std::string(path == spes::cuda::GroupedGemmPath::sm90a ? "sm90a" : "portable") +
                           ": S=" + std::to_string(S) + " E=" + std::to_string(E) + " C=" + std::to_string(C) +
@@ -122,23 +124,26 @@ void check_problem(const Problem& p, spes::cuda::GroupedGemmPath path) {
     emu::set_landing(landing);
     d_out.poison();
     d_dinp.poison();
-    forward();
-    backward_input();
+    if (rows_products) {
+      forward();
+      backward_input();
+    }
     backward_weight();
     emu::set_landing(emu::Landing::at_wait);
     return Result{download_bf16(d_out, S * OC), download_bf16(d_dinp, S * C), download(d_dw, E * OC * C)};
   };
   const Result at_wait = run_all(emu::Landing::at_wait), at_issue = run_all(emu::Landing::at_issue);
   ErrorReport report;
-  report.check("out", tag, at_wait.out, {out_r.begin(), out_r.end()}, 1e-2);
-  report.check("dinp", tag, at_wait.dinp, {dinp_r.begin(), dinp_r.end()}, 1e-2);
+  if (rows_products) {
+    report.check("out", tag, at_wait.out, {out_r.begin(), out_r.end()}, 1e-2);
+    report.check("dinp", tag, at_wait.dinp, {dinp_r.begin(), dinp_r.end()}, 1e-2);
+    CHECK_MESSAGE(same_bits(at_wait.out, at_issue.out), "forward: landing at issue changed the result (a race)");
+    CHECK_MESSAGE(same_bits(at_wait.dinp, at_issue.dinp), "backward-input: landing at issue changed the result");
+    check_rerun_identical("forward", {&d_out}, forward);
+    check_rerun_identical("backward-input", {&d_dinp}, backward_input);
+  }
   report.check("dw", tag, at_wait.dw, {dw_r.begin(), dw_r.end()}, 1e-4);
-  CHECK_MESSAGE(same_bits(at_wait.out, at_issue.out), "forward: landing at issue changed the result (a race)");
-  CHECK_MESSAGE(same_bits(at_wait.dinp, at_issue.dinp), "backward-input: landing at issue changed the result");
   CHECK_MESSAGE(same_bits(at_wait.dw, at_issue.dw), "weight gradient: landing at issue changed the result");
-
-  check_rerun_identical("forward", {&d_out}, forward);
-  check_rerun_identical("backward-input", {&d_dinp}, backward_input);
   check_rerun_identical("weight gradient", {&d_dw}, backward_weight);
 }
 
@@ -156,13 +161,78 @@ TEST_CASE("emulated grouped matmul: race-free under every cp.async landing and w
 // k-steps forward: the ring wraps; a 64-column tail backward-input) and OC = 264 (5
 // k-steps, the last of 8, backward-input; a 8-column tail forward); row counts 129, 0,
 // 40 and 300 (the weight gradient over 300 rows: 5 k-steps, the last of 44). That is
-// fewer tiles than CTAs, so a second problem, 140 experts of 1 to 3 rows, gives 140
-// row tiles and 280 weight-gradient tiles: some CTAs walk two (the next tile's copies
-// in flight while the last one is stored).
+// fewer tiles than CTAs, so two more problems of 140 experts of 1 to 3 rows give 140
+// row tiles and 280 weight-gradient tiles (ranked by rows, many tied, those past the
+// first 132 drawn from the tile counter): some CTAs walk two or more. A CTA's k-steps
+// are one stream through the stages, tile after tile, the next tile's first ones
+// loaded by the current tile's last steps (where it has two or more: backward-input
+// of the first of these, 3 k-steps, forward of the second, 3, and backward-input, 2),
+// or after its main loop (the forward of the first and the weight gradients, 1
+// k-step), in flight while the last tile is stored.
 TEST_CASE("emulated grouped matmul, sm90a: race-free under every cp.async landing, wgmma timing and warp order") {
   REQUIRE(spes::cuda::grouped_gemm_sm90a_available());
   check_problem({{129, 0, 40, 300}, 320, 264}, spes::cuda::GroupedGemmPath::sm90a);
   std::vector<int32_t> counts(140);
   for (size_t e = 0; e < counts.size(); ++e) counts[e] = int32_t(1 + e % 3);
   check_problem({counts, 64, 136}, spes::cuda::GroupedGemmPath::sm90a);
+  check_problem({counts, 136, 72}, spes::cuda::GroupedGemmPath::sm90a);
+}
+
+// The sm90a weight gradient over experts whose tiles take different numbers of
+// k-steps: 30 tiles each (OC = 30 · 128, C = 8), more than the 132 CTAs in all, the
+// first 132 ranked tiles one per CTA and the rest drawn. Where the CTAs that draw
+// (the first ones: the emulator starts the CTAs in order) have the most rows, the
+// last steps of their main loop load the drawn tile's first k-steps: the most rows
+// take 8 k-steps (the draw, the handover and the loads of the next tile each at its
+// own step), 4 (the draw at the first step), 3 (draw and handover at the first);
+// below 3 the next tile is loaded after the main loop.
+TEST_CASE("emulated grouped matmul, sm90a: the weight gradient's tiles of 1 to 8 k-steps, one after another") {
+  REQUIRE(spes::cuda::grouped_gemm_sm90a_available());
+  for (const std::vector<int32_t>& counts : {std::vector<int32_t>{100, 500, 1, 150, 200},
+                                             std::vector<int32_t>{129, 1, 250, 100, 190},
+                                             std::vector<int32_t>{150, 64, 1, 100, 140}})
+    check_problem({counts, 8, 30 * 128}, spes::cuda::GroupedGemmPath::sm90a, false);
+}
+
+// The sm90a weight gradient deals its tiles out from a counter (grouped_gemm_sm90.cu,
+// TileTickets): each launch takes one of kTileTicketSlots slots in turn, and its last
+// CTA puts the slot back to zero. 140 tiles (one expert of 3 rows, OC = 140 · 128; a
+// second, empty expert ranked after it) are more than the 132 CTAs, so some CTAs draw
+// theirs; twice round the slots and once more, each launch must give the bits of the
+// first (a slot left non-zero skips tiles), and the first the float64 sums.
+TEST_CASE("emulated grouped matmul, sm90a: the weight gradient's tile counter starts from zero at every launch") {
+  REQUIRE(spes::cuda::grouped_gemm_sm90a_available());
+  constexpr int64_t S = 3, E = 2, C = 8, OC = 140 * 128;
+  rng().seed(kSeed);
+  const std::vector<float> inp = random_bf16_values(S * C), dout = random_bf16_values(S * OC),
+                           prior = random_vector(E * OC * C);
+  const std::vector<int32_t> offsets{0, int32_t(S), int32_t(S)}, trained{1, 0};
+  std::vector<double> dw_r(prior.begin(), prior.end());
+  for (int64_t s = 0; s < S; ++s)
+    for (int64_t o = 0; o < OC; ++o)
+      for (int64_t c = 0; c < C; ++c) dw_r[o * C + c] += double(dout[s * OC + o]) * inp[s * C + c];
+
+  emu::GlobalBuffer d_inp = device_buffer<bf16>(S * C), d_dout = device_buffer<bf16>(S * OC),
+                    d_off = device_buffer<int32_t>(E + 1), d_tr = device_buffer<int32_t>(E),
+                    d_dwt = device_buffer<float*>(E), d_dw = device_buffer<float>(E * OC * C);
+  upload_bf16(d_inp, inp);
+  upload_bf16(d_dout, dout);
+  upload(d_off, offsets);
+  upload(d_tr, trained);
+  for (int64_t e = 0; e < E; ++e) d_dwt.as<float*>()[e] = d_dw.as<float>() + e * OC * C;
+  std::vector<float> first;
+  for (int launch = 0; launch <= 2 * spes::cuda::grouped_sm90::kTileTicketSlots; ++launch) {
+    upload(d_dw, prior);
+    spes::cuda::grouped_matmul_backward_weight(d_dwt.as<float*>(), d_dout.as<bf16>(), d_inp.as<bf16>(),
+                                               d_off.as<int32_t>(), d_tr.as<int32_t>(), E, S, E, C, OC, nullptr,
+                                               spes::cuda::GroupedGemmPath::sm90a);
+    const std::vector<float> dw = download(d_dw, E * OC * C);
+    if (launch == 0) {
+      first = dw;
+      ErrorReport report;
+      report.check("dw", "one expert of 3 rows, OC = 17920", dw, {dw_r.begin(), dw_r.end()}, 1e-4);
+    } else {
+      CHECK_MESSAGE(same_bits(dw, first), "launch " << launch << " wrote different bits than the first");
+    }
+  }
 }

@@ -16,6 +16,7 @@ inline uint32_t smem_addr(const void* p) { return emu::shared_address(p); }
 // src-size 0 when !pred: the destination is zero-filled (PTX cp.async: bytes past
 // src-size up to cp-size are written as zeros).
 inline void cp_async_16(uint32_t dst, const void* src, bool pred) { emu::cp_async(dst, src, 16, pred ? 16 : 0); }
+inline void cp_async_8(uint32_t dst, const void* src, bool pred) { emu::cp_async(dst, src, 8, pred ? 8 : 0); }
 inline void cp_async_4(uint32_t dst, const void* src, bool pred) { emu::cp_async(dst, src, 4, pred ? 4 : 0); }
 inline void cp_async_commit() { emu::cp_async_commit(); }
 template <int N>
