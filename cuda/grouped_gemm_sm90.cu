@@ -76,6 +76,7 @@
 #include <string>
 
 #include "cuda/check.cuh"
+#include "cuda/common.cuh"
 #include "cuda/launch.cuh"
 #include "cuda/ptx.cuh"
 #include "cuda/ptx_sm90.cuh"
@@ -822,11 +823,6 @@ std::string loaded_code_mismatch(Kernel kernel) {
          std::to_string(fa.ptxVersion) + ", not sm_90a code";
 }
 
-template <typename Kernel>
-void allow_smem(Kernel kernel) {
-  cuda_check(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(kSmemBytes)));
-}
-
 DeviceInfo query_device(int dev) {
   DeviceInfo d;
   int major = 0, minor = 0, optin = 0;
@@ -846,9 +842,9 @@ DeviceInfo query_device(int dev) {
     d.why_not = loaded_code_mismatch(rows_kernel<Major::k>);
   d.sm90a = d.why_not.empty();
   if (d.sm90a) {  // above 48 KB of dynamic shared memory a kernel must opt in, per device
-    allow_smem(rows_kernel<Major::k>);
-    allow_smem(rows_kernel<Major::mn>);
-    allow_smem(wgrad_kernel);
+    allow_dynamic_smem("grouped_matmul (sm90a)", rows_kernel<Major::k>, kSmemBytes);
+    allow_dynamic_smem("grouped_matmul (sm90a)", rows_kernel<Major::mn>, kSmemBytes);
+    allow_dynamic_smem("grouped_matmul (sm90a)", wgrad_kernel, kSmemBytes);
   }
   return d;
 }
