@@ -1,4 +1,4 @@
-#include "engine/svg_plot.hpp"
+#include "engine/base/svg_plot.hpp"
 
 #include <algorithm>
 #include <cmath>

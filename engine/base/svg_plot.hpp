@@ -1,4 +1,5 @@
-// A small SVG line-plot writer for `spes-engine plot`: labelled series, axes with
+// A small SVG line-plot writer for `spes-engine plot` and the coordinator's status
+// page (net/status_page): labelled series, axes with
 // 1/2/5×10^k ticks (or a log y axis), grid, legend, title, colours from a fixed
 // palette. Hand-written rather than a plotting library: no well-kept one ships as
 // a static library in Debian (engine/README.md, Commands: plot), and an SVG is just
