@@ -1,4 +1,4 @@
-// `spes-engine plot` (engine/cmd_plot.cpp) and the SVG writer (engine/svg_plot):
+// `spes-engine plot` (engine/cmd_plot.cpp) and the SVG writer (engine/base/svg_plot):
 // 1/2/5 ticks, log ticks, labels, escaping; a small CSV gives well-formed XML
 // (checked here, and by python3's xml.etree when python3 is installed) holding
 // every series and label; bad input gives one clear line naming file and column.
@@ -15,7 +15,7 @@
 
 #include "engine/base/error.hpp"
 #include "engine/commands.hpp"
-#include "engine/svg_plot.hpp"
+#include "engine/base/svg_plot.hpp"
 #include "test_util.hpp"
 
 using namespace spes;
