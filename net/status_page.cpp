@@ -30,7 +30,7 @@ std::string number(double v) {
   if (std::isnan(v)) return "NaN";
   if (std::isinf(v)) return v > 0 ? "+Inf" : "-Inf";
   if (v == std::floor(v) && std::fabs(v) < 9e15) return strprintf("%" PRId64, int64_t(v));
-  return strprintf("%.9g", v);
+  return strprintf("%.15g", v);
 }
 
 class MetricsText {
