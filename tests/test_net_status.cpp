@@ -135,6 +135,12 @@ TEST_CASE("status: the documents escape what they show and leave unknown figures
   CHECK(count(loss_plot(html), "<polyline") == 2);  // one series per node that reported
   CHECK(html.find("<?xml") == std::string::npos);   // the SVG is inline
   CHECK(html.find("missing 2") != std::string::npos);
+
+  // Figures no real run has (a hostile node's) still give a page: the plot says why it is not there.
+  s.nodes[0].loss = {{1, -1e308}, {2, 1e308}};
+  const std::string odd = status_html(s);
+  CHECK(loss_plot(odd).find("no plot: plot: values too far apart") != std::string::npos);
+  CHECK(count(odd, "<tr class=\"node\"") == 3);
 }
 
 TEST_CASE("status: a live coordinator serves what the nodes reported and what its rounds CSV says") {
