@@ -119,7 +119,7 @@ std::string plot(const RunStatus& s, std::vector<CurvePoint> NodeStatus::*curve,
 constexpr const char* kStyle =
     "body{font-family:sans-serif;margin:1.5em;color:#222}"
     "table{border-collapse:collapse;margin:1em 0}"
-    "th,td{border:1px solid #ccc;padding:4px 10px;text-align:right}"
+    "th,td{border:1px solid #ccc;padding:4px 10px;text-align:right;white-space:nowrap}"
     "th{background:#f3f3f3}td:first-child,th:first-child{text-align:left}"
     ".down{color:#b00}.up{color:#070}.none{color:#777}.state{line-height:1.6}"
     "code{background:#f3f3f3;padding:0 3px}";

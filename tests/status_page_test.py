@@ -247,9 +247,13 @@ def check_page(raw, url, work):
         SKIPPED.append("chromium is not installed (apt-get install chromium)")
         return
     profile = tempfile.mkdtemp(dir=work)
-    r = subprocess.run([chromium, "--headless", "--no-sandbox", "--disable-gpu", "--no-first-run",
-                        f"--user-data-dir={profile}", "--enable-logging=stderr", "--v=0", "--dump-dom", url],
-                       capture_output=True, text=True, timeout=120)
+    try:
+        r = subprocess.run([chromium, "--headless", "--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage",
+                            "--no-first-run", f"--user-data-dir={profile}", "--enable-logging=stderr", "--v=0",
+                            "--dump-dom", url], capture_output=True, text=True, timeout=120)
+    except subprocess.TimeoutExpired:
+        check(False, "chromium loads the page within 120 s")
+        return
     check(r.returncode == 0, f"chromium loads the page (exit {r.returncode})")
     console = [l for l in r.stderr.splitlines() if ":CONSOLE" in l]
     check(not console, "no console message" + ("".join("\n     " + l for l in console)))
