@@ -10,23 +10,31 @@ CMAKE_FLAGS ?=
 # Extra arguments for the demo, e.g. RUN_ARGS='--set train.steps=20'.
 RUN_ARGS ?=
 
-.PHONY: all deps deps-if-missing configure engine build test run demo-data bench gpu-check-bundle clean
+.PHONY: all deps deps-if-missing test-deps-if-missing configure engine build test run demo-data bench gpu-check-bundle clean
 
 all: build
 
 DEB_PACKAGES = cmake g++ make libboost-program-options-dev libboost-system-dev libflatbuffers-dev \
   flatbuffers-compiler libtoml11-dev doctest-dev libopenblas-dev libgfortran-12-dev \
   nlohmann-json3-dev libssl-dev libpcre2-dev libutf8proc-dev
+# Only the tests need these (the status page test loads the page in headless Chromium):
+# `make deps` and `make test` install them, `make run` does not.
+TEST_DEB_PACKAGES = chromium
+DEPS ?= $(DEB_PACKAGES) $(TEST_DEB_PACKAGES)
 
-# Installs every package (apt-get update first).
+# Installs every package (apt-get update first), or those DEPS names.
 deps:
 	@if [ "$$(id -u)" = 0 ]; then SUDO=; else SUDO=sudo; fi; \
 	$$SUDO apt-get update -qq && DEBIAN_FRONTEND=noninteractive $$SUDO apt-get install -y -qq --no-install-recommends \
-	  $(DEB_PACKAGES)
+	  $(DEPS)
 
-# Installs only when a package is missing (run and test start here).
+# Install only when a package is missing: the build's (run starts here), and the
+# tests' too (test starts here).
 deps-if-missing:
-	@dpkg -s $(DEB_PACKAGES) > /dev/null 2>&1 || $(MAKE) --no-print-directory deps
+	@dpkg -s $(DEB_PACKAGES) > /dev/null 2>&1 || $(MAKE) --no-print-directory deps DEPS="$(DEB_PACKAGES)"
+
+test-deps-if-missing:
+	@dpkg -s $(DEB_PACKAGES) $(TEST_DEB_PACKAGES) > /dev/null 2>&1 || $(MAKE) --no-print-directory deps
 
 $(BUILD)/CMakeCache.txt:
 	cmake -S . -B $(BUILD) -DCMAKE_BUILD_TYPE=Release -DCMAKE_CUDA_ARCHITECTURES="$(CUDA_ARCHS)" $(CMAKE_FLAGS)
@@ -40,7 +48,7 @@ engine: deps-if-missing configure
 build: deps-if-missing configure
 	cmake --build $(BUILD) -j $(JOBS)
 
-test: build
+test: test-deps-if-missing build
 	cd $(BUILD) && ctest --output-on-failure -j 1
 
 DEMO_DATA = runs/data/tinyshakespeare

@@ -1,6 +1,6 @@
 // `spes-engine plot CSV... --x COL --y COL [--group COL] [--logy] [-o out.svg]
 // [--title T]`: columns of the CSVs the engine writes (train/local rows, eval rows,
-// the coordinator's rounds.csv) as an SVG line plot (engine/svg_plot.hpp): one
+// the coordinator's rounds.csv) as an SVG line plot (engine/base/svg_plot.hpp): one
 // series per file, per value of --group (local's `node`), or per both (a file
 // without the --group column, e.g. a one-node run beside a `local` run, is one
 // series; at least one file must have it). Rows whose
@@ -18,7 +18,7 @@
 #include "engine/base/atomic_file.hpp"
 #include "engine/base/error.hpp"
 #include "engine/commands.hpp"
-#include "engine/svg_plot.hpp"
+#include "engine/base/svg_plot.hpp"
 
 namespace spes {
 

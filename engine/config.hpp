@@ -69,6 +69,7 @@ struct SpesConfig {
   // --- sync protocol (net/) ---
   std::string run_id = "spes-run";
   std::string coordinator = "127.0.0.1:29500";  // host:port the nodes dial / it binds
+  std::string status_bind = "127.0.0.1:0";  // the coordinator's status page (net/status_server); "" = off
   net::Codec codec = net::Codec::fp32;
   bool overlap = false;                   // overlapped rounds: train on while a round is in flight
   std::string secret_file;                // shared secret for HMAC auth (or env SPES_SECRET)

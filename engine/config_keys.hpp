@@ -132,6 +132,10 @@ void spes_keys(V& v, S& s) {
             "sync_steps)");
   v.string("run_id", s.run_id, "names the run; a node of another run is refused");
   v.string("coordinator", s.coordinator, "host:port the coordinator binds and the nodes dial");
+  v.string("status_bind", s.status_bind,
+           "host:port of the coordinator's read-only status page, `/metrics` and `/status.json` (port 0: a free "
+           "one; the URL is logged at start; \"\" = off); off loopback only as the sync port may ([net/README.md, "
+           "Watching a run](../net/README.md#watching-a-run))");
   v.choice("codec", s.codec, net::kCodecNames,
            "how deltas travel ([net/README.md, Codecs](../net/README.md#codecs))");
   v.boolean("overlap", s.overlap,

@@ -58,11 +58,11 @@ class NetSyncHook : public SyncHook {
 
   // Overlapped: apply the round started at the last sync step (waiting only if it
   // has not arrived in the sync_steps steps since), then push this one and go on.
-  SyncStats sync_round(float* params, int64_t step) override {
-    if (!overlap_) return engine_stats(client_.sync_round(params, step));
+  SyncStats sync_round(float* params, int64_t step, const net::TrainFigures& figures) override {
+    if (!overlap_) return engine_stats(client_.sync_round(params, step, figures));
     SyncStats out;
     if (client_.round_in_flight()) out = finish(params, "");
-    client_.start_round(params, step);
+    client_.start_round(params, step, figures);
     started_ = std::chrono::steady_clock::now();
     return out;
   }
@@ -111,6 +111,7 @@ net::CoordinatorParams coordinator_params(const Config& cfg) {
   p.allow_insecure = s.allow_insecure;
   p.tls = tls_files(s, "coordinator");
   p.address = s.coordinator;
+  p.status_address = s.status_bind;
   p.round_timeout_s = s.round_timeout_s;
   p.state_dir = s.state_dir;
   p.sync_steps = s.sync_steps;

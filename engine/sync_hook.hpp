@@ -5,6 +5,8 @@
 #pragma once
 #include <cstdint>
 
+#include "net/train_figures.hpp"
+
 namespace spes {
 
 struct CheckpointState;
@@ -22,7 +24,9 @@ struct SyncStats {
 class SyncHook {
  public:
   virtual ~SyncHook() = default;
-  virtual SyncStats sync_round(float* params, int64_t step) = 0;
+  // figures: the node's training figures, reported with the push (the coordinator's
+  // status page shows them).
+  virtual SyncStats sync_round(float* params, int64_t step, const net::TrainFigures& figures) = 0;
   virtual void save_state(CheckpointState& s) const = 0;
   virtual void load_state(const CheckpointState& s, float* params) = 0;
   // Overlapped rounds: whether one is in flight, and applying it now (before a

@@ -198,8 +198,9 @@ EvalResult Trainer::evaluate(int64_t max_batches) {
 SyncStats Trainer::sync_if_due() {
   if (!sync_ || cfg_.spes.sync_steps <= 0 || step_ % cfg_.spes.sync_steps != 0) return {};
   backend_->pull_theta();
-  const SyncStats s = sync_->sync_round(backend_->host_theta().data(), step_);
+  const SyncStats s = sync_->sync_round(backend_->host_theta().data(), step_, figures_);
   backend_->push_theta();
+  figures_.sync_ms = s.ms;
   return s;
 }
 
@@ -241,10 +242,16 @@ Trainer::StepStats Trainer::train_step(std::ostream& csv) {
   const int64_t step_tokens = cfg_.train.global_batch * cfg_.model.seq_len;
   tokens_seen_ += step_tokens;
 
+  figures_.step = step_;
+  figures_.loss = loss;
+  figures_.tokens_per_s = double(step_tokens) / (ms_since(t0) / 1000.0);  // the compute, before the round
   rec.sync = sync_if_due();
   const bool last = step_ == cfg_.train.steps;
-  if (data_->validation && ((cfg_.train.eval_every > 0 && step_ % cfg_.train.eval_every == 0) || last))
+  if (data_->validation && ((cfg_.train.eval_every > 0 && step_ % cfg_.train.eval_every == 0) || last)) {
     rec.val_ce = evaluate(cfg_.train.eval_batches).ce;
+    figures_.val_ce = *rec.val_ce;
+    figures_.val_step = step_;
+  }
   rec.step_ms = ms_since(t0);
   rec.step = step_;
   rec.tokens = tokens_seen_;

@@ -87,6 +87,7 @@ class Trainer {
   int64_t step_ = 0;
   int64_t tokens_seen_ = 0;
   std::string last_checkpoint_;
+  net::TrainFigures figures_;  // reported with the next push: the last step, eval and sync round
 };
 
 }  // namespace spes

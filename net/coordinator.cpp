@@ -15,6 +15,7 @@
 #include <csignal>
 #include <cstdio>
 #include <mutex>
+#include <optional>
 #include <ostream>
 #include <thread>
 
@@ -30,7 +31,9 @@
 #include "net/line_log.hpp"
 #include "net/publication.hpp"
 #include "net/round.hpp"
+#include "net/run_status.hpp"
 #include "net/session.hpp"
+#include "net/status_server.hpp"
 #include "net/streaming_merge.hpp"
 
 namespace spes::net {
@@ -160,14 +163,20 @@ struct Coordinator::Impl final : SessionHandler {
   mutable std::mutex stats_mu;
   CoordinatorStats stats_;  // round, step, state_hash, late_pushes, csv_rows; the rest is the server's
   Progress progress{"[coordinator]"};  // on a terminal: the open round at a glance (logs have the rest)
+  StatusBoard board;                    // what the status page shows ...
+  std::unique_ptr<StatusServer> status;  // ... served on its own thread (last: it reads the members above)
 
   Impl(CoordinatorParams params, CoordinatorOptions o);
 
   // SessionHandler
   bool on_joined(Session& s, int64_t node_round, uint64_t node_hash) override {
+    board.node_connected(s.node_id(), true);
     return rounds.node_joined(s.node_id(), node_round, node_hash == state.hash);
   }
-  void on_left(Session& s) override { rounds.node_left(s.node_id()); }
+  void on_left(Session& s) override {
+    board.node_connected(s.node_id(), false);
+    rounds.node_left(s.node_id());
+  }
   void on_snapshot(Session& s) override { rounds.node_snapshot(s.node_id()); }
   void on_push_chunk(Session& s, const wire::PushChunk* m) override;
   void on_push_done(Session& s, const wire::PushDone* m) override;
@@ -181,6 +190,8 @@ struct Coordinator::Impl final : SessionHandler {
   void arm_timer(int64_t r);
   void close_round(const RoundClose& rc);
   void shutdown();
+  void start_status_page();
+  RunStatus status_now() const;  // the board and the live counters (status server's thread)
   template <class F>
   void update_stats(F&& f) {
     std::lock_guard<std::mutex> lk(stats_mu);
@@ -202,7 +213,9 @@ Coordinator::Impl::Impl(CoordinatorParams params, CoordinatorOptions o)
       rounds(round_rules(p, grid), state.round, log.sink()),
       delta_scratch(codec_is_lossy(p.codec) ? size_t(opt.chunk_elems) : 0),
       theta_scratch(delta_scratch.size()),
-      server(io, handshake_rules(p, opt), session_limits(opt), grid, state, *this, log) {
+      server(io, handshake_rules(p, opt), session_limits(opt), grid, state, *this, log),
+      board(p.run_id, codec_name(p.codec), p.n_nodes, state.round, state.step, state.hash,
+            folder_bytes(persistence.folder())) {
   // Without a secret or TLS only loopback, unless allow_insecure: refuse, never rebind quietly.
   const HostPort hp = parse_host_port(p.address);
   std::string host = hp.host;
@@ -221,6 +234,33 @@ Coordinator::Impl::Impl(CoordinatorParams params, CoordinatorOptions o)
   stats_.step = state.step;
   stats_.state_hash = state.hash;
   state.chunk_round.assign(grid.chunks.size(), state.round);
+  start_status_page();
+}
+
+// Off loopback only as the sync port may be (a secret, TLS or allow_insecure).
+void Coordinator::Impl::start_status_page() {
+  if (p.status_address.empty()) return;
+  const HostPort hp = parse_host_port(p.status_address);
+  check_insecure("status page bind address", hp.host, !p.secret.empty(), p.tls.on(), p.allow_insecure);
+  status = std::make_unique<StatusServer>(hp.host, hp.port, [this] { return status_now(); });
+  log("status page at %s (Prometheus: %smetrics, JSON: %sstatus.json)", status->url().c_str(), status->url().c_str(),
+      status->url().c_str());
+}
+
+RunStatus Coordinator::Impl::status_now() const {
+  RunStatus s = board.snapshot();
+  const SessionCounters& c = server.counters();
+  s.bytes_in = c.bytes_in;
+  s.bytes_out = c.bytes_out;
+  s.connections = c.connections;
+  s.snapshots = c.snapshots;
+  s.dropped = c.dropped;
+  for (int r = 0; r < kRefusalReasons; ++r) s.refusals.emplace_back(refusal_reason_name(r), c.refused_by[size_t(r)]);
+  for (NodeStatus& n : s.nodes) {
+    n.bytes_up = server.traffic(n.id).up;
+    n.bytes_down = server.traffic(n.id).down;
+  }
+  return s;
 }
 
 // Round-level checks of a push (state machine); a stale one counts as a late push.
@@ -306,6 +346,8 @@ void Coordinator::Impl::on_push_done(Session& s, const wire::PushDone* m) {
         s.node_id(), int64_t(m->step()), rounds.open_round(), open_round_step(), p.sync_steps);
   const RoundDecision d = rounds.on_push_done(s.node_id());
   if (!d.refuse.empty()) return refuse_push(s, wire::ErrorCode_bad_push, d.refuse);
+  const std::optional<TrainFigures> figures = read_figures(m->figures());
+  board.node_pushed(s.node_id(), rounds.open_round(), figures ? &*figures : nullptr, rounds.done_count());
   if (opt.log && progress.terminal())
     progress.update(strprintf("round %lld collecting: %d of %d nodes pushed", (long long)rounds.open_round(),
                               rounds.done_count(), p.n_nodes));
@@ -391,6 +433,9 @@ void Coordinator::Impl::close_round(const RoundClose& rc) {
     st.state_hash = state.hash;
     st.csv_rows += row;
   });
+  board.round_closed({r, step, rc.participants, rc.missing, record.late_pushes, record.bytes_in, record.bytes_out,
+                      alpha, merge_ms, unix_now()},
+                     state.hash, folder_bytes(persistence.folder()));
   std::shared_ptr<const Publication> cpub = pub;
   for (const auto& s : recipients) s->enqueue_publication(cpub);
   merge.begin_round();
@@ -419,6 +464,8 @@ Coordinator::Coordinator(CoordinatorParams params, CoordinatorOptions opt)
 Coordinator::~Coordinator() = default;
 
 uint16_t Coordinator::port() const { return impl_->bound.port(); }
+
+uint16_t Coordinator::status_port() const { return impl_->status ? impl_->status->port() : 0; }
 
 void Coordinator::run() {
   Impl& I = *impl_;

@@ -13,6 +13,8 @@
 //   net/global_state θ, round, step, hash and their persistence (before publishing)
 //   net/finite_guard nothing non-finite is applied, persisted, published or loaded
 //   net/coordinator  the glue wiring them on one Asio thread
+//   net/run_status, net/status_server
+//                    what the status page shows, served on a thread of its own
 // One CSV row per round goes to the csv stream.
 #pragma once
 #include <cstdint>
@@ -57,6 +59,7 @@ struct CoordinatorParams {
   bool allow_insecure = false;              // no secret, no TLS and a non-loopback bind
   TlsFiles tls;                             // TLS 1.3: the run's CA, the coordinator's certificate and key (off: empty)
   std::string address = "127.0.0.1:29500";  // "host:port" to bind
+  std::string status_address;               // "host:port" of the status page (net/status_server); "" = none
   double round_timeout_s = 600;
   std::string state_dir;                    // coordinator_state.bin lives here
   int64_t sync_steps = 0;                   // optimizer steps per round (≥ 1): round r's step is r·sync_steps
@@ -116,6 +119,7 @@ class Coordinator {
   Coordinator& operator=(const Coordinator&) = delete;
 
   uint16_t port() const;
+  uint16_t status_port() const;  // 0 without a status page
   void run();   // serves in the calling thread until stop()
   void stop();  // thread-safe; every published round is on disk already
   CoordinatorStats stats() const;  // thread-safe

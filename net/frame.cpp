@@ -131,9 +131,19 @@ FrameView FrameWriter::error(wire::ErrorCode code, std::string_view reason) {
   return finish(wire::Message_Error, wire::CreateError(b_, code, r).Union());
 }
 
-FrameView FrameWriter::push_done(int64_t round, int32_t node_id, int64_t step, uint32_t chunks) {
+std::optional<TrainFigures> read_figures(const wire::TrainFigures* f) {
+  if (!f) return std::nullopt;
+  return TrainFigures{f->step(), f->loss(), f->tokens_per_s(), f->val_ce(), f->val_step(), f->sync_ms()};
+}
+
+FrameView FrameWriter::push_done(int64_t round, int32_t node_id, int64_t step, uint32_t chunks,
+                                 const TrainFigures* figures) {
   b_.Clear();
-  return finish(wire::Message_PushDone, wire::CreatePushDone(b_, round, node_id, step, chunks).Union());
+  flatbuffers::Offset<wire::TrainFigures> f;
+  if (figures)
+    f = wire::CreateTrainFigures(b_, figures->step, figures->loss, figures->tokens_per_s, figures->val_ce,
+                                 figures->val_step, figures->sync_ms);
+  return finish(wire::Message_PushDone, wire::CreatePushDone(b_, round, node_id, step, chunks, f).Union());
 }
 
 FrameView FrameWriter::round_done(int64_t round, int64_t step, uint32_t chunks, uint64_t state_hash,

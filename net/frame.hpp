@@ -16,12 +16,14 @@
 #include <cstddef>
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <span>
 #include <string>
 #include <string_view>
 #include <vector>
 
 #include "net/codec.hpp"
+#include "net/train_figures.hpp"
 #include "protocol_generated.h"
 
 namespace spes::net {
@@ -100,6 +102,9 @@ struct ChunkTag {
   Codec codec = Codec::fp32;
 };
 
+// The training figures a PushDone carries (none: an older node, or it sent none).
+std::optional<TrainFigures> read_figures(const wire::TrainFigures* f);
+
 // Builds frames into one reusable FlatBufferBuilder (no allocation per frame
 // once it has grown to the largest chunk). Data frames take a `fill(uint8_t*)`
 // that writes the payload straight into the frame.
@@ -111,7 +116,9 @@ class FrameWriter {
   FrameView hello(const HelloFields& h);
   FrameView welcome(const WelcomeFields& w);
   FrameView error(wire::ErrorCode code, std::string_view reason);
-  FrameView push_done(int64_t round, int32_t node_id, int64_t step, uint32_t chunks);
+  // figures: the node's training figures for the coordinator's status page (null: none).
+  FrameView push_done(int64_t round, int32_t node_id, int64_t step, uint32_t chunks,
+                      const TrainFigures* figures = nullptr);
   FrameView round_done(int64_t round, int64_t step, uint32_t chunks, uint64_t state_hash,
                        int32_t participants, double merge_alpha);
   FrameView snapshot_request(int64_t since_round = -1);  // -1: every chunk

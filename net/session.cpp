@@ -148,6 +148,7 @@ void Session::on_payload(boost::system::error_code ec) {
   last_rx_ = Clock::now();
   srv_.round_bytes_in_ += header_.length;
   srv_.counters_.bytes_in += int64_t(kHeaderBytes + payload_.size());
+  if (node_id_ >= 0) srv_.node_traffic_[size_t(node_id_)].up += int64_t(kHeaderBytes + payload_.size());
   // The MAC before anything of the payload is looked at; CRC32C after, for transport damage.
   if (mac_.on() && !mac_.open(hdr_.data(), payload_.data(), header_.length, payload_.data() + header_.length))
     return fail(wire::ErrorCode_auth, "frame MAC mismatch (tampered, replayed or reordered frame)");
@@ -288,9 +289,10 @@ void Session::fail(wire::ErrorCode code, const std::string& reason) {
   if (state_ == State::closing || state_ == State::closed) return;
   if (code == wire::ErrorCode_stale_round) {
     ++srv_.counters_.refused;
+    ++srv_.counters_.refused_by[code];
     srv_.log_("%s: %s", who().c_str(), reason.c_str());
   } else {
-    srv_.refused(who(), reason);
+    srv_.refused(who(), reason, code);
   }
   if (!tls_done_) {  // no TLS channel yet to carry the Error: it goes in plaintext
     SessionServer::write_plain_error(socket(), code, reason);
@@ -420,6 +422,7 @@ void Session::write(const FrameView& v, bool sealed) {
         return self->close();
       }
       self->srv_.counters_.bytes_out += int64_t(bytes);
+      if (self->node_id_ >= 0) self->srv_.node_traffic_[size_t(self->node_id_)].down += int64_t(bytes);
       if (!self->outq_.empty()) {
         ++self->outq_.front().next;
         if (self->outq_.front().cut) self->outq_.pop_front();
@@ -458,7 +461,8 @@ SessionServer::SessionServer(asio::io_context& io, HandshakeRules rules, Session
       handler_(handler),
       log_(log),
       limits_(limits),
-      node_session_(size_t(rules_.n_nodes)) {}
+      node_session_(size_t(rules_.n_nodes)),
+      node_traffic_(size_t(rules_.n_nodes)) {}
 
 tcp::endpoint SessionServer::listen(const std::string& host, uint16_t port) {
   boost::system::error_code ec;
@@ -513,7 +517,7 @@ void SessionServer::admit(tcp::socket sock) {
 // no session, nothing to wait for.
 void SessionServer::refuse_busy(tcp::socket& sock, const std::string& why) {
   ++counters_.busy;
-  refused("a connection", why);
+  refused("a connection", why, wire::ErrorCode_busy);
   write_plain_error(sock, wire::ErrorCode_busy, "busy: " + why);
 }
 
@@ -540,10 +544,15 @@ std::shared_ptr<Session> SessionServer::node_session(int node) const {
   return s && s->ready() ? s : nullptr;
 }
 
+const char* refusal_reason_name(int reason) {
+  return reason == kRefusedEndedEarly ? "ended_early" : wire::EnumNameErrorCode(wire::ErrorCode(reason));
+}
+
 int64_t SessionServer::take_round_bytes_in() { return std::exchange(round_bytes_in_, 0); }
 
-void SessionServer::refused(const std::string& who, const std::string& reason) {
+void SessionServer::refused(const std::string& who, const std::string& reason, int why) {
   ++counters_.refused;
+  ++counters_.refused_by[size_t(why)];
   int64_t left_out = 0;
   if (!refusal_log_.admit(RateLimiter::Clock::now(), &left_out)) return;
   if (left_out > 0)

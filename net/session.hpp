@@ -69,6 +69,18 @@ class SessionHandler {
   virtual void on_snapshot(Session& s) = 0;
 };
 
+// Why connections were refused, for the status page: the Error code sent
+// (wire::ErrorCode), or kRefusedEndedEarly for a connection that ended before it could
+// be told (TLS handshake failed, closed before Hello or in the middle of a frame).
+constexpr int kRefusedEndedEarly = int(wire::ErrorCode_MAX) + 1;
+constexpr int kRefusalReasons = kRefusedEndedEarly + 1;
+const char* refusal_reason_name(int reason);
+
+// Bytes of one node's connections (read from any thread).
+struct NodeTraffic {
+  std::atomic<int64_t> up{0}, down{0};  // read from it, written to it
+};
+
 // Counters for CoordinatorStats (read from any thread).
 struct SessionCounters {
   std::atomic<int64_t> connections{0};   // accepted
@@ -78,6 +90,7 @@ struct SessionCounters {
   std::atomic<int64_t> dropped{0};       // sessions closed by a deadline (heartbeat, read, write)
   std::atomic<int64_t> snapshots{0};
   std::atomic<int64_t> bytes_in{0}, bytes_out{0};
+  std::array<std::atomic<int64_t>, kRefusalReasons> refused_by{};  // `refused`, by reason
 };
 
 class Session : public std::enable_shared_from_this<Session> {
@@ -173,8 +186,9 @@ class SessionServer {
   // Bytes read since the last call (the round's bytes_in column).
   int64_t take_round_bytes_in();
   const SessionCounters& counters() const { return counters_; }
-  // A refused connection: counted, and logged at a bounded rate.
-  void refused(const std::string& who, const std::string& reason);
+  const NodeTraffic& traffic(int node) const { return node_traffic_.at(size_t(node)); }
+  // A refused connection: counted (by reason), and logged at a bounded rate.
+  void refused(const std::string& who, const std::string& reason, int why = kRefusedEndedEarly);
 
  private:
   friend class Session;
@@ -201,6 +215,7 @@ class SessionServer {
   RateLimiter refusal_log_{10, 10.0};
   bool stopped_ = false;
   SessionCounters counters_;
+  std::vector<NodeTraffic> node_traffic_;  // per node id
 };
 
 }  // namespace spes::net

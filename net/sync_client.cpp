@@ -114,14 +114,14 @@ struct SyncClient::Impl {
   }
 
   // One round: attempts until one completes (a push and its result, or a snapshot).
-  RoundReport sync_round(float* params, int64_t step) {
+  RoundReport sync_round(float* params, int64_t step, const TrainFigures& figures) {
     const auto t0 = Clock::now();
     RoundReport report;
     link.reset_counters();
     retry.begin_round();
     for (;;) {
       try {
-        attempt(params, step, report);
+        attempt(params, step, figures, report);
         break;
       } catch (const Refused& e) {
         link.disconnect();
@@ -138,13 +138,13 @@ struct SyncClient::Impl {
   }
 
   // A node that is not in sync after connecting takes a snapshot instead of pushing.
-  void attempt(float* params, int64_t step, RoundReport& report) {
+  void attempt(float* params, int64_t step, const TrainFigures& figures, RoundReport& report) {
     if (!link.connected() && !connect(params)) {
       snapshots.resync(grid, coordinator_round, held, params, report);
       return;
     }
     const auto t_push = Clock::now();
-    pusher.push(grid, held, params, step);
+    pusher.push(grid, held, params, step, figures);
     report.push_ms = ms_since(t_push);
     results.receive(grid, held, params, report);
   }
@@ -171,12 +171,12 @@ SyncClient::~SyncClient() {
   if (impl_->inflight_thread.joinable()) impl_->inflight_thread.join();
 }
 
-RoundReport SyncClient::sync_round(float* params, int64_t step) {
+RoundReport SyncClient::sync_round(float* params, int64_t step, const TrainFigures& figures) {
   std::lock_guard<std::mutex> lk(impl_->turn);
-  return impl_->sync_round(params, step);
+  return impl_->sync_round(params, step, figures);
 }
 
-void SyncClient::start_round(const float* params, int64_t step) {
+void SyncClient::start_round(const float* params, int64_t step, const TrainFigures& figures) {
   Impl& I = *impl_;
   if (I.inflight_thread.joinable()) throw NetError("internal: a sync round is already in flight");
   I.inflight.assign(params, params + I.node.layout.total);
@@ -185,10 +185,10 @@ void SyncClient::start_round(const float* params, int64_t step) {
   I.inflight_error = nullptr;
   // The round holds the link's turn as sync_round does: otherwise the idle heartbeat
   // thread could write on the socket while the round does.
-  I.inflight_thread = std::thread([&I, step] {
+  I.inflight_thread = std::thread([&I, step, figures] {
     try {
       std::lock_guard<std::mutex> lk(I.turn);
-      I.inflight_report = I.sync_round(I.inflight.data(), step);
+      I.inflight_report = I.sync_round(I.inflight.data(), step, figures);
     } catch (...) {
       I.inflight_error = std::current_exception();
     }

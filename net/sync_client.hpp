@@ -30,6 +30,7 @@
 #include "model/owned_space.hpp"
 #include "net/codec.hpp"
 #include "net/tls.hpp"
+#include "net/train_figures.hpp"
 
 namespace spes::net {
 
@@ -89,10 +90,10 @@ class SyncClient {
   SyncClient(const SyncClient&) = delete;
   SyncClient& operator=(const SyncClient&) = delete;
 
-  // One sync round at optimizer step `step`. Throws NetError when the coordinator
-  // refuses this node (secret, run id, fingerprint, codec...) or stays unreachable
-  // for retry_for_s.
-  RoundReport sync_round(float* params, int64_t step);
+  // One sync round at optimizer step `step`; the push carries `figures` (the
+  // coordinator's status page). Throws NetError when the coordinator refuses this
+  // node (secret, run id, fingerprint, codec...) or stays unreachable for retry_for_s.
+  RoundReport sync_round(float* params, int64_t step, const TrainFigures& figures = {});
 
   // Overlapped rounds ([spes] overlap): start_round pushes a copy of params on a
   // helper thread and returns at once, so the node keeps training; finish_round
@@ -101,7 +102,7 @@ class SyncClient {
   // ranges, θ ← θ_global elsewhere (after a resync from a snapshot: θ_global).
   // The returned report's state_hash is θ_global's, checked against the coordinator.
   // No other call may run while a round is in flight.
-  void start_round(const float* params, int64_t step);
+  void start_round(const float* params, int64_t step, const TrainFigures& figures = {});
   bool round_in_flight() const;
   RoundReport finish_round(float* params);
 

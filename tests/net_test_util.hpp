@@ -207,6 +207,7 @@ struct TestNode {
   std::vector<float> params;
   std::unique_ptr<SyncClient> client;
   int64_t step = 0;
+  TrainFigures figures;  // sent with each push (the status page)
 
   TestNode(const Config& c, int node_id, const std::string& address, SyncClientOptions opt = {},
            const std::string& secret = "test-secret-0123456789")
@@ -232,7 +233,7 @@ struct TestNode {
       for (const Range& r : own.space.ranges())
         for (int64_t i = r.begin; i < r.end; ++i) params[i] += 1e-3f * noise(own.node_id, step, i);
   }
-  RoundReport sync() { return client->sync_round(params.data(), step); }
+  RoundReport sync() { return client->sync_round(params.data(), step, figures); }
 };
 
 // Every node trains, then all sync concurrently (each sync_round blocks until the round closes).
@@ -253,6 +254,40 @@ inline std::vector<RoundReport> sync_all(std::vector<std::unique_ptr<TestNode>>&
   for (size_t i = 0; i < nodes.size(); ++i)
     if (!errors[i].empty()) throw std::runtime_error("node " + std::to_string(i) + ": " + errors[i]);
   return st;
+}
+
+// One HTTP/1.1 exchange with the coordinator's status server: the status code and
+// the body (0 when no answer came).
+struct HttpReply {
+  int status = 0;
+  std::string headers, body;
+};
+inline HttpReply http_request(uint16_t port, const std::string& target, const std::string& method = "GET") {
+  HttpReply r;
+  int fd = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  sockaddr_in a{};
+  a.sin_family = AF_INET;
+  a.sin_port = htons(port);
+  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  if (::connect(fd, reinterpret_cast<sockaddr*>(&a), sizeof a) != 0) return ::close(fd), r;
+  const std::string req = method + " " + target + " HTTP/1.1\r\nHost: localhost\r\nConnection: close\r\n\r\n";
+  if (::send(fd, req.data(), req.size(), MSG_NOSIGNAL) != ssize_t(req.size())) return ::close(fd), r;
+  std::string all;
+  char buf[65536];
+  for (;;) {
+    pollfd pf{fd, POLLIN, 0};
+    if (::poll(&pf, 1, 10000) <= 0) break;
+    const ssize_t n = ::recv(fd, buf, sizeof buf, 0);
+    if (n <= 0) break;
+    all.append(buf, size_t(n));
+  }
+  ::close(fd);
+  const size_t end = all.find("\r\n\r\n");
+  if (all.rfind("HTTP/1.1 ", 0) != 0 || end == std::string::npos) return r;
+  r.status = std::atoi(all.c_str() + 9);
+  r.headers = all.substr(0, end);
+  r.body = all.substr(end + 4);
+  return r;
 }
 
 // A raw TCP client for refusal and fuzz tests (plain POSIX, with timeouts). Once

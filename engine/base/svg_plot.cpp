@@ -1,4 +1,4 @@
-#include "engine/svg_plot.hpp"
+#include "engine/base/svg_plot.hpp"
 
 #include <algorithm>
 #include <cmath>
@@ -41,10 +41,13 @@ std::string truncated(const std::string& s) {
 }  // namespace
 
 PlotAxis linear_axis(double min, double max, int target) {
-  if (!(max > min)) {
-    const double d = min == 0 ? 1.0 : std::fabs(min) * 0.1;
-    min -= d;
-    max += d;
+  if (!std::isfinite(max - min)) throw Error("plot: values too far apart for one axis");
+  // No range, or one too narrow for a double to count its steps (k·step would stop
+  // moving): a band of ±10% around the values instead.
+  if (!(max - min > 1e-9 * std::max(std::fabs(min), std::fabs(max)))) {
+    const double mid = min / 2 + max / 2, d = mid == 0 ? 1.0 : std::fabs(mid) * 0.1;
+    min = mid - d;
+    max = mid + d;
   }
   const double raw = (max - min) / std::max(target, 1);
   const double mag = std::pow(10.0, std::floor(std::log10(raw)));
