@@ -194,7 +194,7 @@ TEST_CASE("corrupt, truncated or unread compressed input: one line naming the fi
   }
 }
 
-TEST_CASE("gzip and zstd input give the decompressed file's tokens on 1, 2 and 5 threads (BPE)") {
+TEST_CASE("gzip and zstd input give the decompressed file's tokens on 1, 2 and 5 threads (BPE), with a split on 3") {
   TempDir dir;
   const std::string jsonl = jsonl_corpus(120, 300 << 10);  // one document cut into blocks
   std::mt19937 g(11);
@@ -215,7 +215,7 @@ TEST_CASE("gzip and zstd input give the decompressed file's tokens on 1, 2 and 5
       CHECK(ref.train_tokens > 50000);
       const auto want = outputs(ref_dir);
       for (const char* ext : {".gz", ".zst"}) {
-        for (int threads : {1, 2, 5}) {
+        for (int threads : val > 0 ? std::vector<int>{3} : std::vector<int>{1, 2, 5}) {
           CAPTURE(ext);
           CAPTURE(threads);
           const std::string out = dir / "out";
@@ -308,7 +308,7 @@ TEST_CASE("JSONL text field: missing or non-string is an error naming file and l
 
 TEST_CASE("shards roll over at max_shard_bytes; their concatenation is the single-shard output") {
   TempDir dir;
-  const std::string jsonl = jsonl_corpus(60, 9000);
+  const std::string jsonl = jsonl_corpus(12, 3000);
   write_bytes(dir / "c.jsonl.zst", zstd(jsonl));
   for (TokenDtype dtype : {TokenDtype::kUint16, TokenDtype::kUint32}) {
     CAPTURE(token_dtype_name(dtype));
