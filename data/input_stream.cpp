@@ -5,9 +5,15 @@
 #include <zlib.h>
 #include <zstd.h>
 
+#include <atomic>
 #include <cerrno>
+#include <condition_variable>
 #include <cstring>
+#include <deque>
+#include <exception>
 #include <filesystem>
+#include <mutex>
+#include <thread>
 #include <vector>
 
 #include "engine/base/error.hpp"
@@ -19,6 +25,7 @@ namespace fs = std::filesystem;
 namespace {
 
 constexpr size_t kFileBufferBytes = size_t{1} << 20;
+constexpr size_t kReadAheadChunks = 4;  // decoded chunks of kFileBufferBytes waiting to be read
 
 bool ends_with(const std::string& s, const std::string& tail) {
   return s.size() >= tail.size() && s.compare(s.size() - tail.size(), tail.size(), tail) == 0;
@@ -44,16 +51,21 @@ std::string without_compression_extension(const std::string& path) {
   return path;
 }
 
-// The file's bytes through one of three decoders. `pending_output` remembers that
-// the last call filled the caller's buffer, so the decoder may still hold output
+// The file's bytes, plain or through a decoder. `pending_output` remembers that the
+// last decoder call filled the caller's buffer, so the decoder may still hold output
 // even when no input is left.
+//
+// Read-ahead: a compressed file is decoded on a thread of its own, up to
+// kReadAheadChunks chunks ahead of the reader, so decompression overlaps the
+// reader's work (JSON parsing, encoding) instead of adding to it; the reader gets
+// the decoded bytes in order, and a decoding error where the reader reaches it.
 struct InputStream::Impl {
   std::string path;
   Compression compression = Compression::kNone;
   int fd = -1;
   std::vector<char> in;  // compressed bytes [in_pos, in_end) not yet consumed
   size_t in_pos = 0, in_end = 0;
-  uint64_t file_read = 0;
+  std::atomic<uint64_t> file_read{0};
   bool eof = false;
   bool in_unit = false;  // inside a gzip member or zstd frame that has not ended
   bool pending_output = false;
@@ -61,7 +73,24 @@ struct InputStream::Impl {
   bool z_ready = false;
   ZSTD_DCtx* zstd = nullptr;
 
+  std::thread worker;
+  std::mutex mu;
+  std::condition_variable changed;
+  std::deque<std::string> ready;  // decoded chunks, in order
+  bool decoded_all = false, stopping = false;
+  std::exception_ptr error;
+  std::string chunk;  // the chunk being read, from chunk_pos
+  size_t chunk_pos = 0;
+
   ~Impl() {
+    if (worker.joinable()) {
+      {
+        std::lock_guard<std::mutex> lk(mu);
+        stopping = true;
+      }
+      changed.notify_all();
+      worker.join();
+    }
     if (z_ready) inflateEnd(&z);
     if (zstd != nullptr) ZSTD_freeDCtx(zstd);
     if (fd >= 0) ::close(fd);
@@ -125,11 +154,60 @@ struct InputStream::Impl {
     const size_t rc = ZSTD_decompressStream(zstd, &ob, &ib);
     in_pos += ib.pos;
     if (ZSTD_isError(rc)) fail(ZSTD_getErrorName(rc));
-    in_unit = rc != 0;  // 0: a frame ended and all of it was flushed
+    // 0: a frame ended and all of it was flushed. A call that moved nothing says
+    // nothing (at a frame boundary libzstd asks for the next header all the same).
+    if (ib.pos > 0 || ob.pos > 0) in_unit = rc != 0;
     return ob.pos;
   }
 
-  size_t read_compressed(char* out, size_t n) {
+  // The worker: decodes chunk after chunk until the end, an error, or the reader leaves.
+  void decode_ahead() {
+    try {
+      while (true) {
+        std::string next(kFileBufferBytes, '\0');
+        size_t filled = 0;
+        for (size_t got; filled < next.size() && (got = decode(next.data() + filled, next.size() - filled)) > 0;)
+          filled += got;
+        next.resize(filled);
+        std::unique_lock<std::mutex> lk(mu);
+        changed.wait(lk, [&] { return stopping || ready.size() < kReadAheadChunks; });
+        if (stopping) return;
+        if (filled == 0) {
+          decoded_all = true;
+        } else {
+          ready.push_back(std::move(next));
+        }
+        changed.notify_all();
+        if (filled == 0) return;
+      }
+    } catch (...) {
+      std::lock_guard<std::mutex> lk(mu);
+      error = std::current_exception();
+      decoded_all = true;
+      changed.notify_all();
+    }
+  }
+
+  size_t read_decoded(char* out, size_t n) {
+    if (chunk_pos == chunk.size()) {
+      std::unique_lock<std::mutex> lk(mu);
+      changed.wait(lk, [&] { return !ready.empty() || decoded_all; });
+      if (ready.empty()) {
+        if (error) std::rethrow_exception(error);
+        return 0;
+      }
+      chunk = std::move(ready.front());
+      ready.pop_front();
+      chunk_pos = 0;
+      changed.notify_all();
+    }
+    const size_t k = std::min(n, chunk.size() - chunk_pos);
+    std::memcpy(out, chunk.data() + chunk_pos, k);
+    chunk_pos += k;
+    return k;
+  }
+
+  size_t decode(char* out, size_t n) {
     while (true) {
       if (in_pos == in_end && !pending_output) {
         if (eof || !refill()) {
@@ -164,13 +242,14 @@ InputStream::InputStream(const std::string& path) : impl_(std::make_unique<Impl>
     s.zstd = ZSTD_createDCtx();
     if (s.zstd == nullptr) throw DataError(path + ": cannot start libzstd");
   }
+  s.worker = std::thread([&s] { s.decode_ahead(); });
 }
 
 InputStream::~InputStream() = default;
 
 size_t InputStream::read(char* out, size_t n) {
   if (n == 0) return 0;
-  return impl_->compression == Compression::kNone ? impl_->read_plain(out, n) : impl_->read_compressed(out, n);
+  return impl_->compression == Compression::kNone ? impl_->read_plain(out, n) : impl_->read_decoded(out, n);
 }
 
 bool InputStream::skip(uint64_t n) {
@@ -191,7 +270,7 @@ bool InputStream::skip(uint64_t n) {
   return true;
 }
 
-uint64_t InputStream::file_bytes_read() const { return impl_->file_read; }
+uint64_t InputStream::file_bytes_read() const { return impl_->file_read.load(std::memory_order_relaxed); }
 const std::string& InputStream::path() const { return impl_->path; }
 
 uint64_t content_size(const std::string& path) {

@@ -3,11 +3,13 @@
 // reads corpora as they ship (Dolma's `.json.gz`, the Pile's `.jsonl.zst`) without a
 // decompressed copy on disk.
 //
-// Streaming: the stream holds one 1 MiB buffer of compressed input and the
+// Streaming: the stream holds one 1 MiB buffer of compressed input, the
 // decompressor's state (zlib: a 32 KiB window; zstd: the frame's window, at most
 // 128 MiB, libzstd's default limit, which every level up to 19 stays under; files
-// made with `zstd --long=31` exceed it and are refused with libzstd's reason), never
-// the whole file. Concatenated gzip members (pigz, bgzip, `cat a.gz b.gz`) and zstd
+// made with `zstd --long=31` exceed it and are refused with libzstd's reason) and up
+// to 5 MiB of decoded text read ahead, never the whole file. A compressed file is
+// decoded on a thread of its own, ahead of the reader, so decompression overlaps the
+// tokenizer's work. Concatenated gzip members (pigz, bgzip, `cat a.gz b.gz`) and zstd
 // frames are read one after the other, as `zcat` and `zstdcat` do.
 //
 // The compression is named by the extension; other compressions (.bz2, .xz, .lz4,

@@ -26,8 +26,8 @@
 // (std::thread) and written in input order: the output is identical for any number
 // of threads, and for a compressed input identical to that of its decompressed copy.
 //
-// Memory. Inputs are streamed: per input, one 1 MiB read buffer and the
-// decompressor's window (data/input_stream.hpp); then at most ~16 MiB of text waiting
+// Memory. Inputs are streamed: per input, one 1 MiB read buffer, the decompressor's
+// window and ~5 MiB of decoded text read ahead (data/input_stream.hpp); then at most ~16 MiB of text waiting
 // to be encoded, its copy cut into blocks and its ids (4 bytes per token, at most 4
 // per byte of text), one 1 MiB write buffer per split, plus the longest stretch of a
 // document that holds no cut point (a JSONL document is parsed whole; a text file
