@@ -159,9 +159,9 @@ InputFormat detect_format(const std::string& path) {
   return (ext == ".jsonl" || ext == ".json") ? InputFormat::kJsonl : InputFormat::kText;
 }
 
+// What a folder given as input stands for: *.jsonl, *.json, *.txt, each plain, .gz or .zst.
 bool is_corpus_file_name(const std::string& name) {
   const std::string base = without_compression_extension(name);
-  if (base.size() == name.size() && (name.ends_with(".gz") || name.ends_with(".zst"))) return false;
   for (const char* ext : {".jsonl", ".json", ".txt"})
     if (base.ends_with(ext) && base.size() > std::strlen(ext)) return true;
   return false;
