@@ -196,6 +196,17 @@ TEST_CASE("corrupt, truncated or unread compressed input: one line naming the fi
     CHECK(msg.find('\n') == std::string::npos);
     CHECK_FALSE(fs::exists(dir / "out/train.manifest"));
   }
+  // Bad text inside good compression: the line and byte of the decompressed text.
+  write_bytes(dir / "u.txt.zst", zstd("fine\nstill fine\nbad \xff here\n"));
+  TokenizeOptions o;
+  o.inputs = {dir / "u.txt.zst"};
+  o.out_dir = dir / "out";
+  o.tokenizer = kNeox;
+  CHECK(contains(data_error_of([&] { run_tokenize(o); }), dir / "u.txt.zst:3: byte 20 is not valid UTF-8 (0xFF)"));
+  write_bytes(dir / "n.txt.gz", gzip(std::string("one\ntwo\0\n", 9)));
+  o.inputs = {dir / "n.txt.gz"};
+  o.tokenizer = "bytes";
+  CHECK(contains(data_error_of([&] { run_tokenize(o); }), dir / "n.txt.gz:2: contains a NUL byte (byte 7)"));
 }
 
 TEST_CASE("gzip and zstd input give the decompressed file's tokens on 1, 2 and 5 threads (BPE), with a split on 3") {
