@@ -4,6 +4,7 @@
 #include <unistd.h>
 #include <zlib.h>
 #include <zstd.h>
+#include <zstd_errors.h>
 
 #include <atomic>
 #include <cerrno>
@@ -153,6 +154,10 @@ struct InputStream::Impl {
     ZSTD_outBuffer ob{out, n, 0};
     const size_t rc = ZSTD_decompressStream(zstd, &ob, &ib);
     in_pos += ib.pos;
+    if (ZSTD_isError(rc) && ZSTD_getErrorCode(rc) == ZSTD_error_frameParameter_windowTooLarge) {
+      throw DataError(path + ": the zstd frame needs a window above 128 MiB (made with zstd --long=28 or more), "
+                      "more than is read; recompress it with --long=27 or less");
+    }
     if (ZSTD_isError(rc)) fail(ZSTD_getErrorName(rc));
     // 0: a frame ended and all of it was flushed. A call that moved nothing says
     // nothing (at a frame boundary libzstd asks for the next header all the same).

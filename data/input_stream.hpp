@@ -5,8 +5,8 @@
 //
 // Streaming: the stream holds one 1 MiB buffer of compressed input, the
 // decompressor's state (zlib: a 32 KiB window; zstd: the frame's window, at most
-// 128 MiB, libzstd's default limit, which every level up to 19 stays under; files
-// made with `zstd --long=31` exceed it and are refused with libzstd's reason) and up
+// 128 MiB, libzstd's default limit, within which every level and `--long` stay;
+// files made with `zstd --long=28` and up exceed it and are refused, saying so) and up
 // to 5 MiB of decoded text read ahead, never the whole file. A compressed file is
 // decoded on a thread of its own, ahead of the reader, so decompression overlaps the
 // tokenizer's work. Concatenated gzip members (pigz, bgzip, `cat a.gz b.gz`) and zstd

@@ -196,6 +196,22 @@ TEST_CASE("corrupt, truncated or unread compressed input: one line naming the fi
     CHECK(msg.find('\n') == std::string::npos);
     CHECK_FALSE(fs::exists(dir / "out/train.manifest"));
   }
+  // A zstd frame declaring a 256 MiB window (zstd --long=28; streamed, so libzstd
+  // cannot shrink the window to the input) is refused by what it needs.
+  {
+    ZSTD_CCtx* c = ZSTD_createCCtx();
+    ZSTD_CCtx_setParameter(c, ZSTD_c_windowLog, 28);
+    const std::string text = "{\"text\": \"a long-window frame\"}\n";
+    std::string buf(ZSTD_compressBound(text.size()) + 64, '\0');
+    ZSTD_inBuffer in{text.data(), text.size(), 0};
+    ZSTD_outBuffer out{buf.data(), buf.size(), 0};
+    REQUIRE_FALSE(ZSTD_isError(ZSTD_compressStream2(c, &out, &in, ZSTD_e_continue)));  // size unknown
+    REQUIRE(ZSTD_compressStream2(c, &out, &in, ZSTD_e_end) == 0);
+    ZSTD_freeCCtx(c);
+    write_bytes(dir / "long.jsonl.zst", buf.substr(0, out.pos));
+    const std::string msg = data_error_of([&] { tokenize({dir / "long.jsonl.zst"}, dir / "out", 1); });
+    CHECK(contains(msg, dir / "long.jsonl.zst: the zstd frame needs a window above 128 MiB"));
+  }
   // Bad text inside good compression: the line and byte of the decompressed text.
   write_bytes(dir / "u.txt.zst", zstd("fine\nstill fine\nbad \xff here\n"));
   TokenizeOptions o;
