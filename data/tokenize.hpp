@@ -27,12 +27,13 @@
 // of threads, and for a compressed input identical to that of its decompressed copy.
 //
 // Memory. Inputs are streamed: per input, one 1 MiB read buffer, the decompressor's
-// window and ~5 MiB of decoded text read ahead (data/input_stream.hpp); then at most ~16 MiB of text waiting
-// to be encoded, its copy cut into blocks and its ids (4 bytes per token, at most 4
-// per byte of text), one 1 MiB write buffer per split, plus the longest stretch of a
-// document that holds no cut point (a JSONL document is parsed whole; a text file
-// with no cut point, e.g. under a tokenizer that is never cut, is held whole). Peak
-// RSS on a large input is measured in bench/RESULTS.md.
+// window and ~5 MiB of decoded text read ahead (data/input_stream.hpp); then ~16 MiB
+// of text waiting to be encoded (plus the document that crossed the mark), held once
+// as blocks, and its ids (4 bytes per token in vectors grown by doubling), one 1 MiB
+// write buffer per split, and the longest stretch of a document that holds no cut
+// point (a JSONL document is parsed whole; a text file with no cut point, e.g. under
+// a tokenizer that is never cut, is held whole). Peak RSS on a 2.39 GB compressed
+// corpus: bench/RESULTS.md.
 //
 // Validation split (val_fraction F > 0). JSONL: whole documents go to validation,
 // evenly spread (document d when floor((d+1)·F) > floor(d·F)), so no document is in
