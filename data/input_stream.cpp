@@ -78,6 +78,7 @@ struct InputStream::Impl {
   std::mutex mu;
   std::condition_variable changed;
   std::deque<std::string> ready;  // decoded chunks, in order
+  std::vector<std::string> spare;  // chunks read to the end, for the worker to refill
   bool decoded_all = false, stopping = false;
   std::exception_ptr error;
   std::string chunk;  // the chunk being read, from chunk_pos
@@ -169,7 +170,15 @@ struct InputStream::Impl {
   void decode_ahead() {
     try {
       while (true) {
-        std::string next(kFileBufferBytes, '\0');
+        std::string next;
+        {
+          std::lock_guard<std::mutex> lk(mu);
+          if (!spare.empty()) {
+            next = std::move(spare.back());
+            spare.pop_back();
+          }
+        }
+        next.resize(kFileBufferBytes);
         size_t filled = 0;
         for (size_t got; filled < next.size() && (got = decode(next.data() + filled, next.size() - filled)) > 0;)
           filled += got;
@@ -201,6 +210,7 @@ struct InputStream::Impl {
         if (error) std::rethrow_exception(error);
         return 0;
       }
+      if (!chunk.empty()) spare.push_back(std::move(chunk));
       chunk = std::move(ready.front());
       ready.pop_front();
       chunk_pos = 0;
