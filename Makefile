@@ -16,7 +16,7 @@ all: build
 
 DEB_PACKAGES = cmake g++ make libboost-program-options-dev libboost-system-dev libflatbuffers-dev \
   flatbuffers-compiler libtoml11-dev doctest-dev libopenblas-dev libgfortran-12-dev \
-  nlohmann-json3-dev libssl-dev libpcre2-dev libutf8proc-dev
+  nlohmann-json3-dev libssl-dev libpcre2-dev libutf8proc-dev zlib1g-dev libzstd-dev
 # Only the tests need these (the status page test loads the page in headless Chromium):
 # `make deps` and `make test` install them, `make run` does not.
 TEST_DEB_PACKAGES = chromium

@@ -7,6 +7,14 @@
 // encode(whole text) and encode_batch(lines), the faster of the two taken; and
 // encode_batch on all cores. Best of several runs each (warm caches on both sides).
 //
+// Then `spes-engine tokenize` end to end (run_tokenize, all cores) on the same text
+// shipped three ways: a JSONL corpus (Tiny Shakespeare's paragraphs as documents, 32
+// copies, copy c with its letters rotated by c places, so that no compressor finds
+// whole earlier copies: real corpora do not repeat) plain, gzip (level 6, gzip's
+// default) and zstd (level 3, zstd's default): MB/s of uncompressed JSONL, with the
+// BPE and the byte tokenizer (the latter shows the decoding cost nearly alone), and
+// compressed / plain. Each run includes loading the tokenizer (~0.1 s for NeoX).
+//
 //   bench_tokenizer [--reps N]
 #include <chrono>
 #include <cstdio>
@@ -20,7 +28,11 @@
 #include <thread>
 #include <vector>
 
+#include <zlib.h>
+#include <zstd.h>
+
 #include "data/bpe_tokenizer.hpp"
+#include "data/tokenize.hpp"
 #include "engine/base/parallel.hpp"
 
 using namespace spes;
@@ -147,6 +159,89 @@ Theirs measure_tokenizers(const std::string& tokenizer_json, const std::string& 
   return t;
 }
 
+std::string gzip_of(const std::string& data) {
+  z_stream z{};
+  deflateInit2(&z, 6, Z_DEFLATED, 15 + 16, 8, Z_DEFAULT_STRATEGY);
+  std::string out(deflateBound(&z, data.size()), '\0');
+  z.next_in = reinterpret_cast<Bytef*>(const_cast<char*>(data.data()));
+  z.avail_in = static_cast<uInt>(data.size());
+  z.next_out = reinterpret_cast<Bytef*>(out.data());
+  z.avail_out = static_cast<uInt>(out.size());
+  deflate(&z, Z_FINISH);
+  out.resize(out.size() - z.avail_out);
+  deflateEnd(&z);
+  return out;
+}
+
+std::string zstd_of(const std::string& data) {
+  std::string out(ZSTD_compressBound(data.size()), '\0');
+  out.resize(ZSTD_compress(out.data(), out.size(), data.data(), data.size(), 3));
+  return out;
+}
+
+// Copy c of the corpus: ASCII letters rotated by c places (copy 0 is the corpus).
+std::string rotated(const std::string& text, int c) {
+  std::string out = text;
+  for (char& ch : out) {
+    if (ch >= 'a' && ch <= 'z') ch = char('a' + (ch - 'a' + c) % 26);
+    else if (ch >= 'A' && ch <= 'Z') ch = char('A' + (ch - 'A' + c) % 26);
+  }
+  return out;
+}
+
+// The corpus as JSONL, one paragraph (text between blank lines) per document.
+std::string jsonl_of(const std::string& corpus, int copies) {
+  std::string out;
+  for (int c = 0; c < copies; ++c) {
+    const std::string text = rotated(corpus, c);
+    for (size_t at = 0; at < text.size();) {
+      size_t end = text.find("\n\n", at);
+      end = end == std::string::npos ? text.size() : end + 2;
+      out += nlohmann::json({{"text", text.substr(at, end - at)}}).dump() + "\n";
+      at = end;
+    }
+  }
+  return out;
+}
+
+void measure_compressed_input(const std::string& corpus, const std::string& neox_path, int reps, int threads) {
+  namespace fs = std::filesystem;
+  if (corpus.empty()) {
+    std::printf("\nspes-engine tokenize on compressed input: not measured (the corpus is missing)\n");
+    return;
+  }
+  const fs::path dir = fs::temp_directory_path() / ("bench_tokenizer_" + std::to_string(::getpid()));
+  fs::create_directories(dir);
+  const std::string jsonl = jsonl_of(corpus, 32);
+  const std::string gz = gzip_of(jsonl), zs = zstd_of(jsonl);
+  std::ofstream(dir / "c.jsonl", std::ios::binary) << jsonl;
+  std::ofstream(dir / "c.jsonl.gz", std::ios::binary) << gz;
+  std::ofstream(dir / "c.jsonl.zst", std::ios::binary) << zs;
+  std::printf("\nspes-engine tokenize, %d threads: %.1f MB of JSONL (%.1f MB as .gz, %.1f MB as .zst), best of %d\n",
+              threads, jsonl.size() / 1e6, gz.size() / 1e6, zs.size() / 1e6, reps);
+  std::printf("%-10s %14s %14s %14s %10s %10s\n", "tokenizer", "plain", "gzip", "zstd", "gzip/plain", "zstd/plain");
+  for (const std::string& tokenizer : {neox_path, std::string("bytes")}) {
+    // The three in turn, best of reps each, so that a change in the machine's load
+    // touches all three alike.
+    double mb_s[3] = {0, 0, 0};
+    const char* names[3] = {"c.jsonl", "c.jsonl.gz", "c.jsonl.zst"};
+    for (int r = 0; r < reps; ++r) {
+      for (int i = 0; i < 3; ++i) {
+        TokenizeOptions o;
+        o.inputs = {(dir / names[i]).string()};
+        o.out_dir = (dir / "out").string();
+        o.tokenizer = tokenizer;
+        o.threads = threads;
+        mb_s[i] = std::max(mb_s[i], jsonl.size() / 1e6 / best_of(1, [&] { run_tokenize(o); }));
+      }
+    }
+    std::printf("%-10s %9.1f MB/s %9.1f MB/s %9.1f MB/s %9.0f%% %9.0f%%\n",
+                tokenizer == "bytes" ? "bytes" : "gpt-neox", mb_s[0], mb_s[1], mb_s[2], 100 * mb_s[1] / mb_s[0],
+                100 * mb_s[2] / mb_s[0]);
+  }
+  fs::remove_all(dir);
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -186,11 +281,12 @@ int main(int argc, char** argv) {
   const Theirs t = measure_tokenizers(neox_path, corpus_path, reps);
   if (!t.ok) {
     std::printf("tokenizers (HF): not measured (%s)\n", t.why.c_str());
-    return 0;
+  } else {
+    std::printf("%-34s %10s %9.2f MB/s %7.2f MB/s   (1 thread: encode %.2f, encode_batch(lines) %.2f)\n",
+                "tokenizers gpt-neox", "", t.single, t.batch_all, t.whole, t.batch);
+    std::printf("ratio spes / tokenizers: %.1fx on 1 thread, %.1fx on all cores\n", a.mb_s_1 / t.single,
+                a.mb_s_n / t.batch_all);
   }
-  std::printf("%-34s %10s %9.2f MB/s %7.2f MB/s   (1 thread: encode %.2f, encode_batch(lines) %.2f)\n",
-              "tokenizers gpt-neox", "", t.single, t.batch_all, t.whole, t.batch);
-  std::printf("ratio spes / tokenizers: %.1fx on 1 thread, %.1fx on all cores\n", a.mb_s_1 / t.single,
-              a.mb_s_n / t.batch_all);
+  measure_compressed_input(corpus, neox_path, reps, threads);
   return 0;
 }

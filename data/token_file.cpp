@@ -63,6 +63,18 @@ TokenFile::TokenFile(std::string path, TokenDtype dtype) : path_(std::move(path)
     map_bytes_ = bytes;
   }
   ::close(fd);  // the mapping keeps the file alive
+  refuse_npy_header();
+}
+
+// The SPES reference names its raw memmaps `.npy`; a real NumPy file (np.save) starts
+// with a header that would otherwise be read as tokens.
+void TokenFile::refuse_npy_header() {
+  static constexpr char kMagic[] = "\x93NUMPY";
+  if (map_bytes_ < 6 || std::memcmp(data_, kMagic, 6) != 0) return;
+  unmap();
+  throw DataError("token file " + path_ + ": starts with a NumPy .npy header (written by np.save); token files are "
+                  "raw arrays without one (np.memmap, as OLMo and the SPES reference write them): rewrite it with "
+                  "np.load(path).tofile(path)");
 }
 
 TokenFile::~TokenFile() { unmap(); }

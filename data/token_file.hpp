@@ -31,8 +31,10 @@ TokenDtype parse_token_dtype(std::string_view name);
 const char* token_dtype_name(TokenDtype dtype);
 inline size_t token_width(TokenDtype dtype) { return dtype == TokenDtype::kUint16 ? 2 : 4; }
 
-// One token file, memory-mapped read-only. Throws DataError naming the file when it
-// is missing, unreadable, or its size is not a multiple of the token width.
+// One token file, memory-mapped read-only, whatever its name (the SPES reference's
+// raw memmaps are named `.npy`). Throws DataError naming the file when it is missing,
+// unreadable, its size is not a multiple of the token width, or it starts with a
+// NumPy header (an np.save file, not a raw array).
 class TokenFile {
  public:
   TokenFile(std::string path, TokenDtype dtype);
@@ -54,6 +56,7 @@ class TokenFile {
 
  private:
   void unmap() noexcept;
+  void refuse_npy_header();
   [[noreturn]] void throw_bad_token(uint64_t offset, uint32_t id, int64_t vocab_size) const;
 
   std::string path_;

@@ -369,7 +369,7 @@ TEST_CASE("tokenize with BPE: same files on 1, 2 and 4 threads, equal to encodin
     o.tokenizer = kNeox;
     o.threads = threads;
     o.val_fraction = val;
-    o.shard_tokens = 300000;
+    o.max_shard_bytes = 600000;
     return run_tokenize(o);
   };
   auto tokens_of = [](const std::string& manifest) {
