@@ -116,6 +116,7 @@ net::CoordinatorParams coordinator_params(const Config& cfg) {
   p.sync_steps = s.sync_steps;
   p.merge = merge_warmup(s);
   p.outer = {s.outer_optimizer, s.outer_lr, s.outer_momentum};
+  p.update_bound = {s.update_bound, int(s.update_bound_rounds), s.update_bound_first};
   p.layout = make_layout(cfg.model);
   p.n_experts = cfg.model.n_experts;
   for (int node = 0; node < p.n_nodes; ++node) {

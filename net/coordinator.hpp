@@ -17,6 +17,7 @@
 #pragma once
 #include <cstdint>
 #include <functional>
+#include <map>
 #include <iosfwd>
 #include <memory>
 #include <span>
@@ -29,6 +30,7 @@
 #include "net/codec.hpp"
 #include "net/outer_optimizer.hpp"
 #include "net/tls.hpp"
+#include "net/update_bound.hpp"
 
 namespace spes::net {
 
@@ -62,6 +64,7 @@ struct CoordinatorParams {
   int64_t sync_steps = 0;                   // optimizer steps per round (≥ 1): round r's step is r·sync_steps
   MergeWarmup merge;
   OuterOptimizer outer;                     // after the mean, before the warm-up (net/outer_optimizer)
+  UpdateBoundRules update_bound;            // each pushed chunk's size against its history (net/update_bound)
   ParamLayout layout;
   int64_t n_experts = 0;
   std::vector<CoordinatorNode> nodes;       // n_nodes entries, by node id
@@ -102,6 +105,9 @@ struct CoordinatorStats {
   int64_t snapshots = 0;
   int64_t bytes_in = 0, bytes_out = 0;
   std::string csv_rows;               // every round row written so far
+  // Pushes refused, by reason: update_bound, non_finite, bad_push, codec, stale_round.
+  std::map<std::string, int64_t> push_refusals;
+  double max_update_ratio = 0;        // the largest size / bound of an accepted push (net/update_bound)
 };
 
 class Coordinator {
