@@ -131,8 +131,11 @@ void Session::on_header(boost::system::error_code ec) {
                 header_problem(hc, header_, cap()));
   }
   const bool sealed = mac_.on();
+  // A frame failing its MAC is a connection fault, not a verdict on the node: a
+  // flipped byte on the path must not stop it for good (bad_frame: it reconnects).
+  // Only the handshake's refusals (secret, run, node id) are final.
   if (bool(header_.flags & kFlagMac) != sealed)
-    return fail(wire::ErrorCode_auth, sealed ? "frame without a MAC after the handshake" : "unexpected frame MAC");
+    return fail(wire::ErrorCode_bad_frame, sealed ? "frame without a MAC after the handshake" : "unexpected frame MAC");
   in_frame_ = true;
   const size_t n = header_.length + (sealed ? kMacBytes : 0);
   with_stream([&](auto& s) {
@@ -150,7 +153,7 @@ void Session::on_payload(boost::system::error_code ec) {
   srv_.counters_.bytes_in += int64_t(kHeaderBytes + payload_.size());
   // The MAC before anything of the payload is looked at; CRC32C after, for transport damage.
   if (mac_.on() && !mac_.open(hdr_.data(), payload_.data(), header_.length, payload_.data() + header_.length))
-    return fail(wire::ErrorCode_auth, "frame MAC mismatch (tampered, replayed or reordered frame)");
+    return fail(wire::ErrorCode_bad_frame, "frame MAC mismatch (tampered, replayed or reordered frame)");
   std::string why;
   const wire::Envelope* env = open_payload(payload_.data(), header_.length, header_.crc, &why);
   if (!env) return fail(wire::ErrorCode_bad_frame, why);
