@@ -92,6 +92,7 @@ struct SpesConfig {
   double update_bound = 16.0;             // κ; 0 = off
   int64_t update_bound_rounds = 16;       // R
   double update_bound_first = 1.0;        // the first rounds: × RMS of θ
+  int64_t keep_rounds = 2;                // published rounds the coordinator keeps (--rollback-to)
 };
 
 struct CheckpointConfig {

@@ -180,6 +180,9 @@ void spes_keys(V& v, S& s) {
          "guarantees](../net/README.md#what-the-coordinator-guarantees))");
   v.integer("update_bound_rounds", s.update_bound_rounds, 1, 1 << 16,
             "coordinator: rounds of accepted updates the bound's median looks at");
+  v.integer("keep_rounds", s.keep_rounds, 2, 1 << 16,
+            "coordinator: published rounds kept in `state_dir`/rounds, to restart from with `--rollback-to ROUND` "
+            "(each a copy of the state file)");
   v.real("update_bound_first", s.update_bound_first, open_closed(0, kInf),
          "coordinator: the bound before any history, × the RMS of the chunk's θ");
 }

@@ -4,6 +4,7 @@
 // engine/net_sync implements it over net/ (the TCP protocol to the coordinator).
 #pragma once
 #include <cstdint>
+#include <string>
 
 namespace spes {
 
@@ -29,6 +30,8 @@ class SyncHook {
   // checkpoint and at the end of the run).
   virtual bool round_in_flight() const { return false; }
   virtual void settle(float*) {}
+  // The first step after `round` was not finite: tell the coordinator (best effort).
+  virtual void report_bad_round(int64_t, const std::string&) {}
 };
 
 }  // namespace spes

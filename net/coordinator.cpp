@@ -30,6 +30,7 @@
 #include "net/line_log.hpp"
 #include "net/publication.hpp"
 #include "net/round.hpp"
+#include "net/round_archive.hpp"
 #include "net/session.hpp"
 #include "net/streaming_merge.hpp"
 #include "net/update_bound.hpp"
@@ -124,6 +125,7 @@ HandshakeRules handshake_rules(const CoordinatorParams& p, const CoordinatorOpti
   h.tls = p.tls;
   for (const CoordinatorNode& n : p.nodes) h.fingerprints.push_back(n.fingerprint);
   h.chunk_elems = uint32_t(opt.chunk_elems);
+  h.rolled_back_to = rolled_back_to(p.state_dir);
   return h;
 }
 
@@ -144,6 +146,7 @@ struct Coordinator::Impl final : SessionHandler {
   LineLog log;
   ChunkGrid grid;
   StatePersistence persistence;
+  RoundArchive archive;
   GlobalState state;  // θ as of the completed round
   StreamingMerge merge;
   RoundMachine rounds;
@@ -173,6 +176,9 @@ struct Coordinator::Impl final : SessionHandler {
   void on_snapshot(Session& s) override { rounds.node_snapshot(s.node_id()); }
   void on_push_chunk(Session& s, const wire::PushChunk* m) override;
   void on_push_done(Session& s, const wire::PushDone* m) override;
+  void on_bad_round(Session& s, const wire::BadRound* m) override;
+  GlobalState open_state();
+  std::map<int64_t, std::string> round_pushers;  // the kept rounds' participants, e.g. "0;2"
 
   bool check_round(Session& s, int64_t r);
   bool check_finite_update(Session& s, const GridChunk& ch, const uint8_t* payload, const float** decoded);
@@ -199,8 +205,8 @@ Coordinator::Impl::Impl(CoordinatorParams params, CoordinatorOptions o)
       persistence(PersistRules{p.state_dir, p.run_id, p.nodes[0].fingerprint, p.codec, p.layout.total,
                                p.outer.has_momentum()},
                   log),
-      state(persistence.open(opt.fresh, p.init_theta,
-                             p.init_source.empty() ? "seed " + std::to_string(p.seed) : p.init_source)),
+      archive(p.state_dir, p.keep_rounds, log),
+      state(open_state()),
       merge(grid, p.codec, 0, chunk_owners(p, grid)),
       rounds(round_rules(p, grid), state.round, log.sink()),
       update_bound(grid, p.update_bound),
@@ -230,6 +236,35 @@ Coordinator::Impl::Impl(CoordinatorParams params, CoordinatorOptions o)
   stats_.step = state.step;
   stats_.state_hash = state.hash;
   state.chunk_round.assign(grid.chunks.size(), state.round);
+}
+
+// The state to serve: with --rollback-to a kept round is made the state first
+// (net/round_archive); the round it starts from is kept too.
+GlobalState Coordinator::Impl::open_state() {
+  if (opt.rollback_to >= 0) {
+    if (opt.fresh) throw NetError("--rollback-to and --fresh exclude each other");
+    roll_back(p.state_dir, persistence.path(), opt.rollback_to, p.layout.total, log);
+  }
+  GlobalState g = persistence.open(opt.fresh, p.init_theta,
+                                   p.init_source.empty() ? "seed " + std::to_string(p.seed) : p.init_source);
+  archive.keep(g.round, persistence.path());
+  return g;
+}
+
+// A node's first step after round m->round() was not finite (engine/trainer): the
+// round is logged with the nodes that pushed to it, for the operator to revoke one
+// and roll back (net/README.md, A bad round).
+void Coordinator::Impl::on_bad_round(Session& s, const wire::BadRound* m) {
+  const int64_t r = m->round();
+  const auto it = round_pushers.find(r);
+  const std::string pushers = it == round_pushers.end() ? "unknown (not a kept round)" : it->second;
+  const std::string reason(str_view(m->reason()).substr(0, kMaxReasonBytes));
+  log("BAD ROUND %" PRId64 " reported by node %d (%s); nodes that pushed to it: %s; kept rounds to roll back to "
+      "with --rollback-to: up to %" PRId64,
+      r, s.node_id(), reason.c_str(), pushers.c_str(), r - 1);
+  update_stats([&](CoordinatorStats& st) {
+    st.bad_round_reports.push_back(strprintf("round %lld: node %d: ", (long long)r, s.node_id()) + reason);
+  });
 }
 
 // Round-level checks of a push (state machine); a stale one counts as a late push.
@@ -397,6 +432,7 @@ void Coordinator::Impl::close_round(const RoundClose& rc) {
   // Write-ahead: durably on disk before anyone can see the round, so a crash at any
   // instant loses no published round (a failure here stops the coordinator).
   persistence.commit(*next, state);
+  archive.keep(r, persistence.path());
   pub->hash = state.hash;
   for (int c : pub->chunks) state.chunk_round[size_t(c)] = r;
   const double merge_ms = ms_since(t0);
@@ -416,6 +452,10 @@ void Coordinator::Impl::close_round(const RoundClose& rc) {
   }
 
   const std::vector<int> to = rounds.publish(std::to_string(rc.participants) + " recipient(s)");
+  std::string pushers;
+  for (int node : to) pushers += (pushers.empty() ? "" : ";") + std::to_string(node);
+  round_pushers[r] = pushers;
+  while (round_pushers.size() > size_t(std::max(2, p.keep_rounds)) + 8) round_pushers.erase(round_pushers.begin());
   pub->bytes += int64_t(kHeaderBytes + 96);  // RoundDone (small), counted with the chunks
   std::vector<std::shared_ptr<Session>> recipients;
   for (int node : to)

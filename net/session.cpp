@@ -181,6 +181,7 @@ void Session::dispatch(const wire::Envelope* env) {
     case wire::Message_Heartbeat: return;  // its arrival reset the read deadline
     case wire::Message_PushChunk: return srv_.handler_.on_push_chunk(*this, env->msg_as_PushChunk());
     case wire::Message_PushDone: return srv_.handler_.on_push_done(*this, env->msg_as_PushDone());
+    case wire::Message_BadRound: return srv_.handler_.on_bad_round(*this, env->msg_as_BadRound());
     case wire::Message_SnapshotRequest: {
       if (snapshot_queued_) return fail(wire::ErrorCode_unexpected, "snapshot already in progress");
       snapshot_queued_ = true;
@@ -252,6 +253,7 @@ void Session::on_hello(const wire::Hello* h) {
   w.in_sync = srv_.handler_.on_joined(*this, h->sync_round(), h->state_hash());
   w.chunk_elems = r.chunk_elems;
   w.n_nodes = r.n_nodes;
+  w.rolled_back_to = r.rolled_back_to;
   w.proof = hmac_sha256(r.secret, welcome_proof_message(std::span<const uint8_t>(h->node_nonce()->data(), kNonceBytes), nonce_));
   srv_.log_("%s joined (its round %" PRId64 ", coordinator round %" PRId64 ", %s)", who().c_str(), h->sync_round(),
             g.round, w.in_sync ? "in sync" : "needs a snapshot");
