@@ -199,15 +199,20 @@ SyncStats Trainer::sync_if_due() {
   if (!sync_ || cfg_.spes.sync_steps <= 0 || step_ % cfg_.spes.sync_steps != 0) return {};
   backend_->pull_theta();
   // What a checkpoint would hold now: kept until the first step after this round.
-  const std::span<const float> th = backend_->host_theta();
-  pre_round_.params.assign(th.begin(), th.end());
-  pre_round_.step = step_;
-  pre_round_.data_state = data_->train.state();
-  pre_round_.rng_state = {uint64_t(tokens_seen_)};
-  sync_->save_state(pre_round_);
+  // Overlapped rounds apply a round while another is in flight, whose sync state is
+  // not ours to read: they keep the plain non-finite error.
+  const bool keep = !sync_->round_in_flight();
+  if (keep) {
+    const std::span<const float> th = backend_->host_theta();
+    pre_round_.params.assign(th.begin(), th.end());
+    pre_round_.step = step_;
+    pre_round_.data_state = data_->train.state();
+    pre_round_.rng_state = {uint64_t(tokens_seen_)};
+    sync_->save_state(pre_round_);
+  }
   const SyncStats s = sync_->sync_round(backend_->host_theta().data(), step_);
   backend_->push_theta();
-  check_round_ = s.round > pre_round_.sync_round ? s.round : 0;
+  check_round_ = keep && s.round > pre_round_.sync_round ? s.round : 0;
   return s;
 }
 
