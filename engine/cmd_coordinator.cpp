@@ -1,9 +1,10 @@
-// `spes-engine coordinator CONFIG [--set section.key=value]... [--fresh]
+// `spes-engine coordinator CONFIG [--set section.key=value]... [--fresh | --rollback-to ROUND]
 //  [--dump-state DIR [--dump-every N]] [--port P]`: the merge coordinator of the
 // config's run (net::Coordinator), serving until SIGINT/SIGTERM, with one CSV row
 // per round on stdout. Without --fresh it resumes the run from state_dir (a missing
 // or unreadable state is an error); --fresh starts a new run from the seed (or
-// [train] init), replacing any state in state_dir; --dump-state writes θ as an HF export (config.json +
+// [train] init), replacing any state in state_dir; --rollback-to restarts the run from
+// one of the last `keep_rounds` published rounds (net/round_archive); --dump-state writes θ as an HF export (config.json +
 // model.safetensors) to DIR/round-NNNNNNNN every N rounds (default 1).
 #include <cinttypes>
 #include <cstdarg>
@@ -68,9 +69,12 @@ int coordinator_command(const std::vector<std::string>& args) {
   opts.add_options()("fresh", po::bool_switch(&opt.fresh), "start a new run from the seed, replacing any state in state_dir")(
       "dump-state", po::value(&dump_dir), "write θ as an HF export to DIR/round-NNNNNNNN")(
       "dump-every", po::value(&dump_every), "... every N rounds (default 1)")(
-      "port", po::value(&opt.port), "listen on this port instead of [spes] coordinator's");
+      "port", po::value(&opt.port), "listen on this port instead of [spes] coordinator's")(
+      "rollback-to", po::value(&opt.rollback_to),
+      "restart the run from this kept round (state_dir/rounds; the last [spes] keep_rounds are kept)");
   if (!parse_args(args, opts,
-                  "spes-engine coordinator CONFIG [--set section.key=value]... [--fresh] [--dump-state DIR "
+                  "spes-engine coordinator CONFIG [--set section.key=value]... [--fresh | --rollback-to ROUND] "
+                  "[--dump-state DIR "
                   "[--dump-every N]] [--port P]"))
     return 0;
   const Config cfg = a.load();

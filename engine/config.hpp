@@ -89,6 +89,11 @@ struct SpesConfig {
   net::OuterKind outer_optimizer = net::OuterKind::average;
   double outer_lr = 1.0;                  // default 1 for average, 0.7 for nesterov (DiLoCo)
   double outer_momentum = 0.0;            // nesterov only; default 0.9
+  // --- the insider bound (net/update_bound): each pushed chunk's size against its history ---
+  double update_bound = 16.0;             // κ; 0 = off
+  int64_t update_bound_rounds = 16;       // R
+  double update_bound_first = 1.0;        // the first rounds: × RMS of θ
+  int64_t keep_rounds = 2;                // published rounds the coordinator keeps (--rollback-to)
 };
 
 struct CheckpointConfig {

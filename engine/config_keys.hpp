@@ -178,6 +178,17 @@ void spes_keys(V& v, S& s) {
   v.real("outer_lr", s.outer_lr, open_closed(0, 10), "outer learning rate; nesterov's default is 0.7");
   v.real("outer_momentum", s.outer_momentum, closed_open(0, 1),
          "outer momentum μ; nesterov only (an error with average), whose default is 0.9");
+  v.real("update_bound", s.update_bound, closed_open(0, kInf),
+         "coordinator: refuse a push whose update of a chunk (RMS of Δ) exceeds this × the median accepted update "
+         "of its kind over the last `update_bound_rounds` rounds (0 = off; [net/README.md, What the coordinator "
+         "guarantees](../net/README.md#what-the-coordinator-guarantees))");
+  v.integer("update_bound_rounds", s.update_bound_rounds, 1, 1 << 16,
+            "coordinator: rounds of accepted updates the bound's median looks at");
+  v.integer("keep_rounds", s.keep_rounds, 2, 1 << 16,
+            "coordinator: published rounds kept in `state_dir`/rounds, to restart from with `--rollback-to ROUND` "
+            "(each a copy of the state file)");
+  v.real("update_bound_first", s.update_bound_first, open_closed(0, kInf),
+         "coordinator: the bound before any history, × the RMS of the chunk's θ");
 }
 
 template <class V, class C>

@@ -79,6 +79,10 @@ class NetSyncHook : public SyncHook {
   void load_state(const CheckpointState& s, float*) override {
     client_.restore(net::SyncState{s.sync_round, s.sync_base, s.sync_residual});
   }
+  void report_bad_round(int64_t round, const std::string& why) override {
+    if (client_.report_bad_round(round, why))
+      log_line(prefix_.c_str(), "round %lld reported to the coordinator as bad", (long long)round);
+  }
 
  private:
   SyncStats finish(float* params, const char* why) {
@@ -117,6 +121,8 @@ net::CoordinatorParams coordinator_params(const Config& cfg) {
   p.sync_steps = s.sync_steps;
   p.merge = merge_warmup(s);
   p.outer = {s.outer_optimizer, s.outer_lr, s.outer_momentum};
+  p.update_bound = {s.update_bound, int(s.update_bound_rounds), s.update_bound_first};
+  p.keep_rounds = int(s.keep_rounds);
   p.layout = make_layout(cfg.model);
   p.n_experts = cfg.model.n_experts;
   for (int node = 0; node < p.n_nodes; ++node) {

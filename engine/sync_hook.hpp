@@ -4,6 +4,7 @@
 // engine/net_sync implements it over net/ (the TCP protocol to the coordinator).
 #pragma once
 #include <cstdint>
+#include <string>
 
 #include "net/train_figures.hpp"
 
@@ -33,6 +34,8 @@ class SyncHook {
   // checkpoint and at the end of the run).
   virtual bool round_in_flight() const { return false; }
   virtual void settle(float*) {}
+  // The first step after `round` was not finite: tell the coordinator (best effort).
+  virtual void report_bad_round(int64_t, const std::string&) {}
 };
 
 }  // namespace spes

@@ -198,10 +198,47 @@ EvalResult Trainer::evaluate(int64_t max_batches) {
 SyncStats Trainer::sync_if_due() {
   if (!sync_ || cfg_.spes.sync_steps <= 0 || step_ % cfg_.spes.sync_steps != 0) return {};
   backend_->pull_theta();
+  // What a checkpoint would hold now: kept until the first step after this round.
+  // Overlapped rounds apply a round while another is in flight, whose sync state is
+  // not ours to read: they keep the plain non-finite error.
+  const bool keep = !sync_->round_in_flight();
+  if (keep) {
+    const std::span<const float> th = backend_->host_theta();
+    pre_round_.params.assign(th.begin(), th.end());
+    pre_round_.step = step_;
+    pre_round_.data_state = data_->train.state();
+    pre_round_.rng_state = {uint64_t(tokens_seen_)};
+    sync_->save_state(pre_round_);
+  }
   const SyncStats s = sync_->sync_round(backend_->host_theta().data(), step_, figures_);
   backend_->push_theta();
   figures_.sync_ms = s.ms;
+  check_round_ = keep && s.round > pre_round_.sync_round ? s.round : 0;
   return s;
+}
+
+// The first step after round r is not finite, so θ of round r is bad (a poisoned
+// push the bound let through, or a bound set too loose): the node keeps its state
+// from before round r as a checkpoint (replacing one of round r at the same step),
+// reports r to the coordinator and stops naming it, so the run can resume from the
+// round before (`spes-engine coordinator --rollback-to`).
+void Trainer::stop_after_bad_round(const std::string& what) {
+  const int64_t r = check_round_;
+  CheckpointState& s = pre_round_;
+  s.config_toml = config_to_toml(cfg_);
+  s.fingerprint = fingerprint_;
+  s.node_id = cfg_.spes.node_id;
+  s.adam_m.resize(size_t(own_.space.size()));
+  s.adam_v.resize(size_t(own_.space.size()));
+  backend_->read_moments(s.adam_m, s.adam_v);  // the step stopped before its update: as they were at the sync
+  last_checkpoint_ = save_checkpoint(checkpoint_root(), s, cfg_.checkpoint.keep);
+  const std::string why = "step " + std::to_string(step_) + ": " + what + " at the first step after sync round " +
+                          std::to_string(r);
+  sync_->report_bad_round(r, why);
+  throw Error(why + ": round " + std::to_string(r) + " is bad (a hostile or broken push?). This node's state " +
+              "from before it is checkpoint " + last_checkpoint_ + "; round " + std::to_string(r) +
+              " was reported to the coordinator. Revoke the culprit, restart the coordinator with --rollback-to " +
+              std::to_string(r - 1) + ", then resume the nodes (--resume)");
 }
 
 Trainer::StepStats Trainer::train_step(std::ostream& csv) {
@@ -220,6 +257,10 @@ Trainer::StepStats Trainer::train_step(std::ostream& csv) {
   }
   const double loss = sum.total(cfg_.train.loss);
   const double grad_norm = std::sqrt(backend_->grad_sum_squares());
+  if ((!std::isfinite(loss) || !std::isfinite(grad_norm)) && check_round_ > 0)
+    stop_after_bad_round(std::string(std::isfinite(loss) ? "gradient norm" : "loss") + " is " +
+                         (std::isnan(std::isfinite(loss) ? grad_norm : loss) ? "NaN" : "infinite"));
+  check_round_ = 0;
   if (!std::isfinite(loss) || !std::isfinite(grad_norm))
     throw Error("step " + std::to_string(step_) + ": " + (std::isfinite(loss) ? "gradient norm" : "loss") +
                 " is " + (std::isnan(std::isfinite(loss) ? grad_norm : loss) ? "NaN" : "infinite") +
@@ -307,12 +348,22 @@ void Trainer::restore_latest() {
   data_->train.restore(s.data_state);
   tokens_seen_ = s.rng_state.empty() ? step_ * cfg_.train.global_batch * cfg_.model.seq_len : int64_t(s.rng_state[0]);
   if (sync_) sync_->load_state(s, backend_->host_theta().data());
+  // A checkpoint taken at a sync step before that step's round (what a bad round
+  // leaves behind: stop_after_bad_round) owes that round: run() syncs first.
+  const int64_t every = cfg_.spes.sync_steps;
+  owes_round_ = sync_ && every > 0 && step_ > 0 && step_ % every == 0 && s.sync_round * every < step_;
   last_checkpoint_ = dir;
   log_line(node_prefix().c_str(), "resumed from %s at step %lld", dir.c_str(), (long long)step_);
 }
 
 void Trainer::run(std::ostream& csv, bool resume) {
   if (resume) restore_latest();
+  if (owes_round_) {
+    const SyncStats s = sync_if_due();
+    log_line(node_prefix().c_str(), "step %lld: the checkpoint's sync round, now done: round %lld (state %016llx)",
+             (long long)step_, (long long)s.round, (unsigned long long)s.state_hash);
+    owes_round_ = false;
+  }
   std::fprintf(stderr,
                "[node %lld] %lld parameters (%lld shared, %lld per expert), owned %lld; optimizer state %.1f MiB; %s\n",
                (long long)cfg_.spes.node_id, (long long)layout_.total, (long long)layout_.shared_count,

@@ -12,6 +12,7 @@
 
 #include "data/sampler.hpp"
 #include "engine/backend.hpp"
+#include "engine/checkpoint.hpp"
 #include "engine/config.hpp"
 #include "engine/sync_hook.hpp"
 #include "model/layout.hpp"
@@ -72,6 +73,7 @@ class Trainer {
   StepStats train_step(std::ostream& csv);
   std::string node_prefix() const;
   SyncStats sync_if_due();
+  void stop_after_bad_round(const std::string& what);
   void save(bool final);
   void restore_latest();
   std::string checkpoint_root() const;
@@ -88,6 +90,12 @@ class Trainer {
   int64_t tokens_seen_ = 0;
   std::string last_checkpoint_;
   net::TrainFigures figures_;  // reported with the next push: the last step, eval and sync round
+  // A bad round never costs the run (net/README.md, A bad round): the node's state
+  // just before the last round was applied, kept until the first step after it is
+  // finite; a checkpoint of it when that step is not.
+  CheckpointState pre_round_;
+  int64_t check_round_ = 0;  // the round whose first step is next (0: none)
+  bool owes_round_ = false;  // resumed from a checkpoint taken before its step's round
 };
 
 }  // namespace spes

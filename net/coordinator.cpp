@@ -32,9 +32,11 @@
 #include "net/publication.hpp"
 #include "net/round.hpp"
 #include "net/run_status.hpp"
+#include "net/round_archive.hpp"
 #include "net/session.hpp"
 #include "net/status_server.hpp"
 #include "net/streaming_merge.hpp"
+#include "net/update_bound.hpp"
 
 namespace spes::net {
 
@@ -126,6 +128,7 @@ HandshakeRules handshake_rules(const CoordinatorParams& p, const CoordinatorOpti
   h.tls = p.tls;
   for (const CoordinatorNode& n : p.nodes) h.fingerprints.push_back(n.fingerprint);
   h.chunk_elems = uint32_t(opt.chunk_elems);
+  h.rolled_back_to = rolled_back_to(p.state_dir);
   return h;
 }
 
@@ -146,10 +149,12 @@ struct Coordinator::Impl final : SessionHandler {
   LineLog log;
   ChunkGrid grid;
   StatePersistence persistence;
+  RoundArchive archive;
   GlobalState state;  // θ as of the completed round
   StreamingMerge merge;
   RoundMachine rounds;
-  std::vector<float> delta_scratch;  // lossy codecs: one decoded push, for the overflow check ...
+  UpdateBound update_bound;
+  std::vector<float> delta_scratch;  // one decoded push, for the overflow check and the bound ...
   std::vector<float> theta_scratch;  // ... against θ_old of its chunk
   int merge_threads = int(std::max(1u, std::thread::hardware_concurrency()));
 
@@ -180,10 +185,14 @@ struct Coordinator::Impl final : SessionHandler {
   void on_snapshot(Session& s) override { rounds.node_snapshot(s.node_id()); }
   void on_push_chunk(Session& s, const wire::PushChunk* m) override;
   void on_push_done(Session& s, const wire::PushDone* m) override;
+  void on_bad_round(Session& s, const wire::BadRound* m) override;
+  GlobalState open_state();
+  std::map<int64_t, std::string> round_pushers;  // the kept rounds' participants, e.g. "0;2"
 
   bool check_round(Session& s, int64_t r);
   bool check_finite_update(Session& s, const GridChunk& ch, const uint8_t* payload, const float** decoded);
-  void refuse_push(Session& s, wire::ErrorCode code, const std::string& why);
+  bool check_update_bound(Session& s, int c, const uint8_t* payload, const float* decoded);
+  void refuse_push(Session& s, wire::ErrorCode code, const std::string& why, const char* reason = "bad_push");
   // The open round's step: the completed round's plus sync_steps (= round × sync_steps
   // when the interval never changed). Never a node's word: it drives the warm-up's α.
   int64_t open_round_step() const { return state.step + p.sync_steps; }
@@ -207,11 +216,12 @@ Coordinator::Impl::Impl(CoordinatorParams params, CoordinatorOptions o)
       persistence(PersistRules{p.state_dir, p.run_id, p.nodes[0].fingerprint, p.codec, p.layout.total,
                                p.outer.has_momentum()},
                   log),
-      state(persistence.open(opt.fresh, p.init_theta,
-                             p.init_source.empty() ? "seed " + std::to_string(p.seed) : p.init_source)),
+      archive(p.state_dir, p.keep_rounds, log),
+      state(open_state()),
       merge(grid, p.codec, 0, chunk_owners(p, grid)),
       rounds(round_rules(p, grid), state.round, log.sink()),
-      delta_scratch(codec_is_lossy(p.codec) ? size_t(opt.chunk_elems) : 0),
+      update_bound(grid, p.update_bound),
+      delta_scratch(size_t(opt.chunk_elems)),
       theta_scratch(delta_scratch.size()),
       server(io, handshake_rules(p, opt), session_limits(opt), grid, state, *this, log),
       board(p.run_id, codec_name(p.codec), p.n_nodes, state.round, state.step, state.hash,
@@ -228,6 +238,11 @@ Coordinator::Impl::Impl(CoordinatorParams params, CoordinatorOptions o)
       unsigned(bound.port()),
       p.tls.on() ? "TLS 1.3, node certificates" : p.secret.empty() ? "no secret" : "HMAC auth, frame MACs", p.n_nodes,
       quorum(p), p.round_timeout_s, codec_name(p.codec), p.secret.empty() && !p.tls.on() ? ", insecure" : "");
+  if (p.update_bound.on())
+    log("update bound: %g × the median accepted update of the last %d rounds (first rounds: %g × RMS of θ)",
+        p.update_bound.kappa, p.update_bound.rounds, p.update_bound.first);
+  else
+    log("update bound off (update_bound = 0): pushes are checked for finite values only");
   if (!p.outer.identity())
     log("outer optimizer %s, lr %g, momentum %g", outer_kind_name(p.outer.kind), p.outer.lr, p.outer.momentum);
   stats_.round = state.round;
@@ -256,6 +271,11 @@ RunStatus Coordinator::Impl::status_now() const {
   s.snapshots = c.snapshots;
   s.dropped = c.dropped;
   for (int r = 0; r < kRefusalReasons; ++r) s.refusals.emplace_back(refusal_reason_name(r), c.refused_by[size_t(r)]);
+  {
+    std::lock_guard<std::mutex> lk(stats_mu);
+    s.push_refusals.assign(stats_.push_refusals.begin(), stats_.push_refusals.end());
+    s.max_update_ratio = stats_.max_update_ratio;
+  }
   for (NodeStatus& n : s.nodes) {
     n.bytes_up = server.traffic(n.id).up;
     n.bytes_down = server.traffic(n.id).down;
@@ -263,11 +283,44 @@ RunStatus Coordinator::Impl::status_now() const {
   return s;
 }
 
+// The state to serve: with --rollback-to a kept round is made the state first
+// (net/round_archive); the round it starts from is kept too.
+GlobalState Coordinator::Impl::open_state() {
+  if (opt.rollback_to >= 0) {
+    if (opt.fresh) throw NetError("--rollback-to and --fresh exclude each other");
+    roll_back(p.state_dir, persistence.path(), opt.rollback_to, p.layout.total, log);
+  }
+  GlobalState g = persistence.open(opt.fresh, p.init_theta,
+                                   p.init_source.empty() ? "seed " + std::to_string(p.seed) : p.init_source);
+  archive.keep(g.round, persistence.path());
+  return g;
+}
+
+// A node's first step after round m->round() was not finite (engine/trainer): the
+// round is logged with the nodes that pushed to it, for the operator to revoke one
+// and roll back (net/README.md, A bad round).
+void Coordinator::Impl::on_bad_round(Session& s, const wire::BadRound* m) {
+  const int64_t r = m->round();
+  const auto it = round_pushers.find(r);
+  const std::string pushers = it == round_pushers.end() ? "unknown (not a kept round)" : it->second;
+  const std::string reason(str_view(m->reason()).substr(0, kMaxReasonBytes));
+  log("BAD ROUND %" PRId64 " reported by node %d (%s); nodes that pushed to it: %s; kept rounds to roll back to "
+      "with --rollback-to: up to %" PRId64,
+      r, s.node_id(), reason.c_str(), pushers.c_str(), r - 1);
+  update_stats([&](CoordinatorStats& st) {
+    st.bad_round_reports.push_back(strprintf("round %lld: node %d: ", (long long)r, s.node_id()) + reason);
+  });
+}
+
 // Round-level checks of a push (state machine); a stale one counts as a late push.
 bool Coordinator::Impl::check_round(Session& s, int64_t r) {
   const PushVerdict v = rounds.check_push(s.node_id(), r);
   if (v.ok()) return true;
-  if (v.check == PushCheck::stale) update_stats([](CoordinatorStats& st) { ++st.late_pushes; });
+  const char* reason = v.check == PushCheck::stale ? "stale_round" : "bad_push";
+  update_stats([&](CoordinatorStats& st) {
+    st.late_pushes += v.check == PushCheck::stale;
+    ++st.push_refusals[reason];
+  });
   s.fail(v.check == PushCheck::future ? wire::ErrorCode_bad_push : wire::ErrorCode_stale_round, v.reason);
   return false;
 }
@@ -277,7 +330,7 @@ void Coordinator::Impl::on_push_chunk(Session& s, const wire::PushChunk* m) {
   if (m->node_id() != node) return refuse_push(s, wire::ErrorCode_bad_push, "push for another node id");
   if (!check_round(s, m->round())) return;
   if (!valid_codec(m->codec()) || Codec(m->codec()) != p.codec)
-    return refuse_push(s, wire::ErrorCode_codec, "push codec mismatch");
+    return refuse_push(s, wire::ErrorCode_codec, "push codec mismatch", "codec");
   const int c = grid.find(m->begin(), m->end());
   if (c < 0 || !rounds.owns(node, c))
     return refuse_push(s, wire::ErrorCode_bad_push, "push range [" + std::to_string(m->begin()) + ", " +
@@ -301,9 +354,11 @@ void Coordinator::Impl::on_push_chunk(Session& s, const wire::PushChunk* m) {
     return refuse_push(s, wire::ErrorCode_bad_push,
                        "node " + std::to_string(node) + ": push for round " + std::to_string(rounds.open_round()) +
                            " holds non-finite values in [" + std::to_string(ch.begin) + ", " +
-                           std::to_string(ch.end) + "); refused, the round goes on without this node");
+                           std::to_string(ch.end) + "); refused, the round goes on without this node",
+                       "non_finite");
   const float* decoded = nullptr;
   if (!check_finite_update(s, ch, payload, &decoded)) return;
+  if (!check_update_bound(s, c, payload, decoded)) return;
   const RoundDecision d = rounds.on_chunk(node, c, m->checksum());
   if (d.arm_timer) arm_timer(*d.arm_timer);
   merge.add(c, payload, decoded);
@@ -327,13 +382,46 @@ bool Coordinator::Impl::check_finite_update(Session& s, const GridChunk& ch, con
   refuse_push(s, wire::ErrorCode_bad_push,
               "node " + std::to_string(s.node_id()) + ": push for round " + std::to_string(rounds.open_round()) +
                   " would make θ non-finite in [" + std::to_string(ch.begin) + ", " + std::to_string(ch.end) +
-                  ") (parameter " + std::to_string(ch.begin + i) + "); refused, the round goes on without this node");
+                  ") (parameter " + std::to_string(ch.begin + i) + "); refused, the round goes on without this node",
+              "non_finite");
+  return false;
+}
+
+// The insider bound (net/update_bound.hpp): the size of the pushed update, RMS of Δ
+// in decoded values, against its class's recent accepted sizes. Reads sizes only:
+// the merge's arithmetic is untouched. `decoded`: the lossy Δ, decoded (with θ_old of
+// the chunk in theta_scratch) by check_finite_update; fp32 carries values.
+bool Coordinator::Impl::check_update_bound(Session& s, int c, const uint8_t* payload, const float* decoded) {
+  if (!update_bound.rules().on()) return true;
+  const GridChunk& ch = grid.chunks[size_t(c)];
+  double size = 0;
+  if (decoded) {
+    size = rms(decoded, ch.size());
+  } else {
+    state.file->read(Section::theta, ch.begin, ch.size(), theta_scratch.data());
+    decode(p.codec, payload, ch.size(), delta_scratch.data(), merge_threads);
+    size = rms_diff(delta_scratch.data(), theta_scratch.data(), ch.size());
+  }
+  const double limit = update_bound.bound(c, update_bound.has_history(c) ? 0.0 : rms(theta_scratch.data(), ch.size()));
+  if (size <= limit) {
+    update_bound.accept(s.node_id(), c, size, limit);
+    return true;
+  }
+  const std::string why = strprintf(
+      "node %d: push for round %" PRId64 " refused: its update of chunk %d [%" PRId64 ", %" PRId64
+      ") has size %.4g (RMS of Δ), over the bound %.4g (%s); refused, the round goes on without this node",
+      s.node_id(), rounds.open_round(), c, ch.begin, ch.end, size, limit,
+      update_bound.has_history(c) ? "update_bound × the median accepted update" : "update_bound_first × RMS of θ");
+  log("%s", why.c_str());
+  refuse_push(s, wire::ErrorCode_bad_push, why, "update_bound");
   return false;
 }
 
 // A bad push is refused as a whole: nothing of it stays in the round's merge.
-void Coordinator::Impl::refuse_push(Session& s, wire::ErrorCode code, const std::string& why) {
+void Coordinator::Impl::refuse_push(Session& s, wire::ErrorCode code, const std::string& why, const char* reason) {
   merge.withdraw(rounds.refuse_push(s.node_id()));
+  update_bound.withdraw(s.node_id());
+  update_stats([&](CoordinatorStats& st) { ++st.push_refusals[reason]; });
   s.fail(code, why);
 }
 
@@ -391,6 +479,7 @@ void Coordinator::Impl::close_round(const RoundClose& rc) {
   // Write-ahead: durably on disk before anyone can see the round, so a crash at any
   // instant loses no published round (a failure here stops the coordinator).
   persistence.commit(*next, state);
+  archive.keep(r, persistence.path());
   pub->hash = state.hash;
   for (int c : pub->chunks) state.chunk_round[size_t(c)] = r;
   const double merge_ms = ms_since(t0);
@@ -410,6 +499,10 @@ void Coordinator::Impl::close_round(const RoundClose& rc) {
   }
 
   const std::vector<int> to = rounds.publish(std::to_string(rc.participants) + " recipient(s)");
+  std::string pushers;
+  for (int node : to) pushers += (pushers.empty() ? "" : ";") + std::to_string(node);
+  round_pushers[r] = pushers;
+  while (round_pushers.size() > size_t(std::max(2, p.keep_rounds)) + 8) round_pushers.erase(round_pushers.begin());
   pub->bytes += int64_t(kHeaderBytes + 96);  // RoundDone (small), counted with the chunks
   std::vector<std::shared_ptr<Session>> recipients;
   for (int node : to)
@@ -436,6 +529,8 @@ void Coordinator::Impl::close_round(const RoundClose& rc) {
   board.round_closed({r, step, rc.participants, rc.missing, record.late_pushes, record.bytes_in, record.bytes_out,
                       alpha, merge_ms, unix_now()},
                      state.hash, folder_bytes(persistence.folder()));
+  update_bound.close_round();
+  update_stats([&](CoordinatorStats& st) { st.max_update_ratio = update_bound.max_ratio(); });
   std::shared_ptr<const Publication> cpub = pub;
   for (const auto& s : recipients) s->enqueue_publication(cpub);
   merge.begin_round();
@@ -450,7 +545,10 @@ void Coordinator::Impl::close_round(const RoundClose& rc) {
 void Coordinator::Impl::shutdown() {
   if (stopped) return;
   stopped = true;
-  log("stopping at round %" PRId64 " (state %s)", state.round, hash_hex(state.hash).c_str());
+  int64_t refused = 0;
+  for (const auto& [reason, n] : stats_.push_refusals) refused += n;  // this thread writes them: no lock to read
+  log("stopping at round %" PRId64 " (state %s); %" PRId64 " push(es) refused, largest accepted update / bound %.3g",
+      state.round, hash_hex(state.hash).c_str(), refused, update_bound.max_ratio());
   round_timer.cancel();
   boost::system::error_code ec;
   if (signals) signals->cancel(ec);

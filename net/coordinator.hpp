@@ -19,6 +19,7 @@
 #pragma once
 #include <cstdint>
 #include <functional>
+#include <map>
 #include <iosfwd>
 #include <memory>
 #include <span>
@@ -31,6 +32,7 @@
 #include "net/codec.hpp"
 #include "net/outer_optimizer.hpp"
 #include "net/tls.hpp"
+#include "net/update_bound.hpp"
 
 namespace spes::net {
 
@@ -65,6 +67,8 @@ struct CoordinatorParams {
   int64_t sync_steps = 0;                   // optimizer steps per round (≥ 1): round r's step is r·sync_steps
   MergeWarmup merge;
   OuterOptimizer outer;                     // after the mean, before the warm-up (net/outer_optimizer)
+  UpdateBoundRules update_bound;            // each pushed chunk's size against its history (net/update_bound)
+  int keep_rounds = 2;                      // published rounds kept in state_dir/rounds (net/round_archive)
   ParamLayout layout;
   int64_t n_experts = 0;
   std::vector<CoordinatorNode> nodes;       // n_nodes entries, by node id
@@ -90,6 +94,7 @@ struct CoordinatorOptions {
   bool handle_signals = false;        // SIGINT/SIGTERM stop the server
   bool fresh = false;                 // a new run: θ from init_theta, persisted at once as round 0 (it
                                       // replaces a state in state_dir); without it the state must load
+  int64_t rollback_to = -1;           // ≥ 0: restart from this kept round (net/round_archive)
 };
 
 struct CoordinatorStats {
@@ -105,6 +110,10 @@ struct CoordinatorStats {
   int64_t snapshots = 0;
   int64_t bytes_in = 0, bytes_out = 0;
   std::string csv_rows;               // every round row written so far
+  // Pushes refused, by reason: update_bound, non_finite, bad_push, codec, stale_round.
+  std::map<std::string, int64_t> push_refusals;
+  double max_update_ratio = 0;        // the largest size / bound of an accepted push (net/update_bound)
+  std::vector<std::string> bad_round_reports;  // "round R: node N: reason", as nodes reported them
 };
 
 class Coordinator {

@@ -120,7 +120,8 @@ FrameView FrameWriter::hello(const HelloFields& h) {
 FrameView FrameWriter::welcome(const WelcomeFields& w) {
   b_.Clear();
   auto pr = b_.CreateVector(w.proof.data(), w.proof.size());
-  auto m = wire::CreateWelcome(b_, w.round, w.step, w.state_hash, w.in_sync, w.chunk_elems, w.n_nodes, pr);
+  auto m = wire::CreateWelcome(b_, w.round, w.step, w.state_hash, w.in_sync, w.chunk_elems, w.n_nodes, pr,
+                               w.rolled_back_to);
   return finish(wire::Message_Welcome, m.Union());
 }
 
@@ -161,6 +162,12 @@ FrameView FrameWriter::snapshot_request(int64_t since_round) {
 FrameView FrameWriter::heartbeat() {
   b_.Clear();
   return finish(wire::Message_Heartbeat, wire::CreateHeartbeat(b_).Union());
+}
+
+FrameView FrameWriter::bad_round(int64_t round, int32_t node_id, std::string_view reason) {
+  b_.Clear();
+  auto r = b_.CreateString(reason.substr(0, kMaxReasonBytes));
+  return finish(wire::Message_BadRound, wire::CreateBadRound(b_, round, node_id, r).Union());
 }
 
 FrameView FrameWriter::snapshot_done(int64_t round, int64_t step, uint32_t chunks, uint64_t state_hash) {

@@ -92,6 +92,7 @@ struct WelcomeFields {
   uint32_t chunk_elems = 0;
   int32_t n_nodes = 0;
   std::array<uint8_t, kProofBytes> proof{};
+  int64_t rolled_back_to = -1;  // the round `--rollback-to` restarted the run from (-1: never)
 };
 
 // Where a data chunk sits: [begin, end) of the flat buffer in a round.
@@ -123,6 +124,7 @@ class FrameWriter {
                        int32_t participants, double merge_alpha);
   FrameView snapshot_request(int64_t since_round = -1);  // -1: every chunk
   FrameView heartbeat();
+  FrameView bad_round(int64_t round, int32_t node_id, std::string_view reason);
   FrameView snapshot_done(int64_t round, int64_t step, uint32_t chunks, uint64_t state_hash);
 
   template <class Fill>

@@ -48,6 +48,7 @@ Welcome handshake(NodeLink& link, const SyncClientParams& node, int64_t round, u
   out.coordinator_round = w->round();
   out.chunk_elems = ce;
   out.in_sync = w->in_sync();
+  out.rolled_back_to = w->rolled_back_to();
   if (!node.secret.empty() && !node.tls.on())
     out.frame_key = session_key(node.secret, server_nonce, h.node_nonce);
   return out;

@@ -18,6 +18,7 @@ struct Welcome {
   int64_t coordinator_round = 0;     // its completed round
   int64_t chunk_elems = 0;           // the grid's chunk size (checked)
   bool in_sync = false;              // this node holds θ of that round
+  int64_t rolled_back_to = -1;       // the round `--rollback-to` restarted the run from (-1: never)
   std::optional<Digest> frame_key;   // shared-secret mode without TLS: the frames' MAC key
 };
 

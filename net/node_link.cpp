@@ -109,7 +109,8 @@ void NodeLink::run_op(Start&& start, double timeout_s, const char* what, bool be
   }
   // In TLS 1.3 the coordinator judges this node's certificate after the client's
   // handshake is done: its verdict arrives as an alert on the first read. Final.
-  if (result && result.category() == asio::error::get_ssl_category())
+  // Any other TLS error (a record failing its MAC: damage on the path) is retried.
+  if (result && tls_certificate_refused(result))
     throw Refused(wire::ErrorCode_auth, std::string("TLS error ") + what + ": " + tls_error(result, *stream_) +
                                             " (the coordinator rejected this node's certificate?)");
   if (result) throw Transient(std::string(what) + ": " + result.message());

@@ -9,8 +9,8 @@
 namespace spes::net {
 
 void SnapshotReceiver::resync(const NodeGrid& grid, int64_t coordinator_round, HeldRound& held, float* params,
-                              RoundReport& report) {
-  refuse_reset_if_ahead(coordinator_round, held);
+                              RoundReport& report, int64_t rolled_back_to) {
+  refuse_reset_if_ahead(coordinator_round, held, rolled_back_to);
   const bool partial = !held.force_snapshot;  // after a failed snapshot it stays set: everything next time
   link_.write(FrameWriter(256).snapshot_request(partial ? held.round : -1));
   if (partial) node_.space.scatter(held.base.data(), params);  // θ of our round: the local work is dropped
@@ -50,8 +50,15 @@ void SnapshotReceiver::resync(const NodeGrid& grid, int64_t coordinator_round, H
 // old state, or restarted --fresh): its snapshot would silently reset the node.
 // The node stops instead, θ and round untouched, so the operator can restart the
 // coordinator from the right state (or start a new run on purpose).
-void SnapshotReceiver::refuse_reset_if_ahead(int64_t coordinator_round, const HeldRound& held) {
+void SnapshotReceiver::refuse_reset_if_ahead(int64_t coordinator_round, const HeldRound& held,
+                                             int64_t rolled_back_to) {
   if (coordinator_round >= held.round) return;
+  if (rolled_back_to >= 0 && held.round > rolled_back_to) {
+    log_("node %d holds round %" PRId64 "; the coordinator was rolled back to round %" PRId64
+         " (--rollback-to): taking its θ",
+         node_.node_id, held.round, rolled_back_to);
+    return;
+  }
   link_.disconnect();
   throw NetError("node " + std::to_string(node_.node_id) + " holds round " + std::to_string(held.round) +
                  ", ahead of the coordinator at round " + std::to_string(coordinator_round) +

@@ -25,10 +25,13 @@ class SnapshotReceiver {
   // Asks for the coordinator's θ and takes it: held becomes its round with a zero
   // error feedback; report gets the round, its hash and resynced. Throws NetError
   // (final) when the coordinator is behind this node; Transient on a bad snapshot.
-  void resync(const NodeGrid& grid, int64_t coordinator_round, HeldRound& held, float* params, RoundReport& report);
+  // A coordinator rolled back (rolled_back_to ≥ 0) below this node's round is an
+  // operator's decision, not a lost state: the node takes its snapshot.
+  void resync(const NodeGrid& grid, int64_t coordinator_round, HeldRound& held, float* params, RoundReport& report,
+              int64_t rolled_back_to = -1);
 
  private:
-  void refuse_reset_if_ahead(int64_t coordinator_round, const HeldRound& held);
+  void refuse_reset_if_ahead(int64_t coordinator_round, const HeldRound& held, int64_t rolled_back_to);
   NodeLink& link_;
   const SyncClientParams& node_;
   const LineLog& log_;

@@ -66,6 +66,8 @@ struct RunStatus {
   int64_t state_bytes = 0;      // files in state_dir (the state files), as of the last round
   int64_t bytes_in = 0, bytes_out = 0, connections = 0, snapshots = 0, dropped = 0;
   std::vector<std::pair<std::string, int64_t>> refusals;  // connections refused, by reason
+  std::vector<std::pair<std::string, int64_t>> push_refusals;  // pushes refused, by reason (net/update_bound)
+  double max_update_ratio = 0;  // the largest update / bound of an accepted push
   std::vector<NodeStatus> nodes;
   double uptime_s = 0;
 };

@@ -131,8 +131,11 @@ void Session::on_header(boost::system::error_code ec) {
                 header_problem(hc, header_, cap()));
   }
   const bool sealed = mac_.on();
+  // A frame failing its MAC is a connection fault, not a verdict on the node: a
+  // flipped byte on the path must not stop it for good (bad_frame: it reconnects).
+  // Only the handshake's refusals (secret, run, node id) are final.
   if (bool(header_.flags & kFlagMac) != sealed)
-    return fail(wire::ErrorCode_auth, sealed ? "frame without a MAC after the handshake" : "unexpected frame MAC");
+    return fail(wire::ErrorCode_bad_frame, sealed ? "frame without a MAC after the handshake" : "unexpected frame MAC");
   in_frame_ = true;
   const size_t n = header_.length + (sealed ? kMacBytes : 0);
   with_stream([&](auto& s) {
@@ -151,7 +154,7 @@ void Session::on_payload(boost::system::error_code ec) {
   if (node_id_ >= 0) srv_.node_traffic_[size_t(node_id_)].up += int64_t(kHeaderBytes + payload_.size());
   // The MAC before anything of the payload is looked at; CRC32C after, for transport damage.
   if (mac_.on() && !mac_.open(hdr_.data(), payload_.data(), header_.length, payload_.data() + header_.length))
-    return fail(wire::ErrorCode_auth, "frame MAC mismatch (tampered, replayed or reordered frame)");
+    return fail(wire::ErrorCode_bad_frame, "frame MAC mismatch (tampered, replayed or reordered frame)");
   std::string why;
   const wire::Envelope* env = open_payload(payload_.data(), header_.length, header_.crc, &why);
   if (!env) return fail(wire::ErrorCode_bad_frame, why);
@@ -179,6 +182,7 @@ void Session::dispatch(const wire::Envelope* env) {
     case wire::Message_Heartbeat: return;  // its arrival reset the read deadline
     case wire::Message_PushChunk: return srv_.handler_.on_push_chunk(*this, env->msg_as_PushChunk());
     case wire::Message_PushDone: return srv_.handler_.on_push_done(*this, env->msg_as_PushDone());
+    case wire::Message_BadRound: return srv_.handler_.on_bad_round(*this, env->msg_as_BadRound());
     case wire::Message_SnapshotRequest: {
       if (snapshot_queued_) return fail(wire::ErrorCode_unexpected, "snapshot already in progress");
       snapshot_queued_ = true;
@@ -250,6 +254,7 @@ void Session::on_hello(const wire::Hello* h) {
   w.in_sync = srv_.handler_.on_joined(*this, h->sync_round(), h->state_hash());
   w.chunk_elems = r.chunk_elems;
   w.n_nodes = r.n_nodes;
+  w.rolled_back_to = r.rolled_back_to;
   w.proof = hmac_sha256(r.secret, welcome_proof_message(std::span<const uint8_t>(h->node_nonce()->data(), kNonceBytes), nonce_));
   srv_.log_("%s joined (its round %" PRId64 ", coordinator round %" PRId64 ", %s)", who().c_str(), h->sync_round(),
             g.round, w.in_sync ? "in sync" : "needs a snapshot");

@@ -44,6 +44,7 @@ struct HandshakeRules {
   std::vector<uint64_t> fingerprints;  // per node id
   uint32_t chunk_elems = 0;            // the payload grid, announced in Welcome
   TlsFiles tls;                        // TLS 1.3 with node certificates (then no frame MACs); off when empty
+  int64_t rolled_back_to = -1;         // announced in Welcome (net/round_archive)
 };
 
 // The connection budget and deadlines.
@@ -67,6 +68,8 @@ class SessionHandler {
   virtual void on_push_done(Session& s, const wire::PushDone* m) = 0;
   // A snapshot of the completed round is being queued to this node.
   virtual void on_snapshot(Session& s) = 0;
+  // The node reports a round after which its first step was not finite.
+  virtual void on_bad_round(Session& s, const wire::BadRound* m) = 0;
 };
 
 // Why connections were refused, for the status page: the Error code sent

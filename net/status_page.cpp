@@ -160,6 +160,10 @@ std::string status_metrics(const RunStatus& s) {
       .sample(double(s.dropped));
   m.family("spes_refusals_total", "counter", "Connections refused, by reason (the Error code sent).");
   for (const auto& [reason, n] : s.refusals) m.sample(double(n), "reason=\"" + label_value(reason) + "\"");
+  m.family("spes_push_refusals_total", "counter", "Pushes refused as a whole, by reason (update_bound, non_finite, ...).");
+  for (const auto& [reason, n] : s.push_refusals) m.sample(double(n), "reason=\"" + label_value(reason) + "\"");
+  m.family("spes_max_update_ratio", "gauge", "The largest update size / bound of an accepted push (1 would be refused).")
+      .sample(s.max_update_ratio);
   m.family("spes_uptime_seconds", "gauge", "Seconds since the coordinator started.").sample(s.uptime_s);
   m.family("spes_node_connected", "gauge", "1 while the node has an authenticated connection.")
       .per_node(s, [](const NodeStatus& n) { return double(n.connected); });
@@ -192,6 +196,8 @@ std::string status_json(const RunStatus& s) {
   };
   json refusals = json::object();
   for (const auto& [reason, n] : s.refusals) refusals[reason] = n;
+  json push_refusals = json::object();
+  for (const auto& [reason, n] : s.push_refusals) push_refusals[reason] = n;
   json nodes = json::array();
   for (const NodeStatus& n : s.nodes) {
     const bool r = n.reported;
@@ -234,6 +240,8 @@ std::string status_json(const RunStatus& s) {
                   {"snapshots", s.snapshots},
                   {"dropped", s.dropped},
                   {"refusals", refusals},
+                  {"push_refusals", push_refusals},
+                  {"max_update_ratio", s.max_update_ratio},
                   {"uptime_s", s.uptime_s},
                   {"nodes", nodes}};
   return j.dump(1) + "\n";

@@ -76,6 +76,7 @@ struct SyncClient::Impl {
   HeldRound held;
   NodeGrid grid;
   int64_t coordinator_round = 0;  // its completed round, from its last Welcome
+  int64_t rolled_back_to = -1;    // from its last Welcome
   PushPipeline pusher{link, node, opt.threads};
   ResultReceiver results{link, node, opt.threads, log};
   SnapshotReceiver snapshots{link, node, log};
@@ -140,7 +141,7 @@ struct SyncClient::Impl {
   // A node that is not in sync after connecting takes a snapshot instead of pushing.
   void attempt(float* params, int64_t step, const TrainFigures& figures, RoundReport& report) {
     if (!link.connected() && !connect(params)) {
-      snapshots.resync(grid, coordinator_round, held, params, report);
+      snapshots.resync(grid, coordinator_round, held, params, report, rolled_back_to);
       return;
     }
     const auto t_push = Clock::now();
@@ -156,6 +157,7 @@ struct SyncClient::Impl {
     const Welcome w = handshake(link, node, held.round, hash);
     grid.use_chunk_elems(node.layout, node.n_experts, node.space, w.chunk_elems);
     coordinator_round = w.coordinator_round;
+    rolled_back_to = w.rolled_back_to;
     link.authenticated(w.frame_key ? &*w.frame_key : nullptr);
     const bool in_sync = w.in_sync && !held.force_snapshot;
     log("connected to %s:%u (coordinator round %" PRId64 ", ours %" PRId64 ", %s)", link.coordinator().host.c_str(),
@@ -206,6 +208,25 @@ RoundReport SyncClient::finish_round(float* params) {
   else
     keep_local_progress(params, I.inflight.data(), I.pushed, I.node.space, I.node.layout.total);
   return I.inflight_report;
+}
+
+bool SyncClient::report_bad_round(int64_t round, const std::string& why) {
+  Impl& I = *impl_;
+  std::lock_guard<std::mutex> lk(I.turn);
+  try {
+    if (!I.link.connected()) {
+      I.link.open();
+      const Welcome w = handshake(I.link, I.node, I.held.round, 0);
+      I.link.authenticated(w.frame_key ? &*w.frame_key : nullptr);
+    }
+    I.link.write(FrameWriter(256 + why.size()).bad_round(round, I.node.node_id, why));
+    I.link.disconnect();
+    return true;
+  } catch (const std::exception& e) {
+    I.log("could not report round %" PRId64 " to the coordinator: %s", round, e.what());
+    I.link.disconnect();
+    return false;
+  }
 }
 
 SyncState SyncClient::state() const { return {impl_->held.round, impl_->held.base, impl_->held.residual}; }

@@ -112,6 +112,10 @@ class SyncClient {
   void restore(const SyncState& s);
   // Closes the connection; the next round reconnects.
   void disconnect();
+  // Tells the coordinator that this node's first step after `round` was not finite
+  // (it logs the round and the nodes that pushed to it). Best effort: one attempt,
+  // false when it could not be sent.
+  bool report_bad_round(int64_t round, const std::string& why);
 
  private:
   struct Impl;

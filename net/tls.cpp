@@ -70,4 +70,22 @@ std::string tls_error(const boost::system::error_code& ec, TlsStream& s) {
   return m;
 }
 
+bool tls_certificate_refused(const boost::system::error_code& ec) {
+  if (ec.category() != boost::asio::error::get_ssl_category()) return false;
+  switch (ERR_GET_REASON(static_cast<unsigned long>(ec.value()))) {
+    case SSL_R_SSLV3_ALERT_BAD_CERTIFICATE:
+    case SSL_R_SSLV3_ALERT_CERTIFICATE_EXPIRED:
+    case SSL_R_SSLV3_ALERT_CERTIFICATE_REVOKED:
+    case SSL_R_SSLV3_ALERT_CERTIFICATE_UNKNOWN:
+    case SSL_R_SSLV3_ALERT_UNSUPPORTED_CERTIFICATE:
+    case SSL_R_TLSV1_ALERT_UNKNOWN_CA:
+    case SSL_R_TLSV1_ALERT_ACCESS_DENIED:
+    case SSL_R_TLSV13_ALERT_CERTIFICATE_REQUIRED:
+    case SSL_R_CERTIFICATE_VERIFY_FAILED:
+      return true;
+    default:
+      return false;
+  }
+}
+
 }  // namespace spes::net

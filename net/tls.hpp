@@ -34,5 +34,10 @@ int peer_node_id(TlsStream& s);
 void expect_peer_host(TlsStream& s, const std::string& host);
 // A handshake error in words (OpenSSL's reason, e.g. "certificate has expired").
 std::string tls_error(const boost::system::error_code& ec, TlsStream& s);
+// Whether a TLS error is the peer's verdict on our certificate (an alert: bad,
+// expired, revoked, unknown CA, access denied...): final. Any other TLS error after
+// the handshake (a record that fails its MAC, a truncated one) is damage on the
+// path, worth a reconnect.
+bool tls_certificate_refused(const boost::system::error_code& ec);
 
 }  // namespace spes::net

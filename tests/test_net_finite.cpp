@@ -56,6 +56,7 @@ void poisoned_sync(std::vector<std::unique_ptr<TestNode>>& nodes, int hostile, i
 // that round.
 int poisoned_rounds(Codec codec, float huge) {
   Config cfg = tiny_config(3, codec);
+  cfg.spes.update_bound = 0;  // the finite guard alone (the bound would refuse these pushes first)
   cfg.spes.round_timeout_s = 2;  // the refused round closes without the refused nodes
   CoordinatorOptions opt;
   opt.log = std::getenv("SPES_NET_TEST_LOG") != nullptr;
@@ -124,6 +125,7 @@ TEST_CASE("finite: a refused push is refused as a whole: nothing it pushed befor
   // pushed before (the shared block, its expert's first chunks) must not move.
   Config cfg = tiny_config(3, Codec::bf16);
   cfg.spes.round_timeout_s = 2;
+  cfg.spes.update_bound = 0;  // the finite guard alone
   CoordinatorOptions opt;
   opt.log = std::getenv("SPES_NET_TEST_LOG") != nullptr;
   CoordThread co(cfg, opt);
