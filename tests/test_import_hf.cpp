@@ -4,7 +4,8 @@
 // import -> our CPU forward (training and KV-cache decoder) within 1e-5 of those logits
 // relative to their largest; import -> export -> the same bytes for every tensor (also
 // through the CLI); dense -> upcycle at noise 0 -> the MoE's logits equal the dense ones
-// within float rounding; unsupported config.json keys refused in one line naming them.
+// within float rounding; unsupported config.json keys refused in one line naming them; a
+// dense import trains; configs/spes-9b-upcycle.toml upcycles Qwen3-1.7B's shape to ~3B/9B.
 #include <doctest/doctest.h>
 
 #include <algorithm>
@@ -267,4 +268,29 @@ TEST_CASE("a dense import trains directly from its config.toml (a dense model is
   CHECK(end != start);
   const std::string rows = csv.str();
   CHECK(std::count(rows.begin(), rows.end(), '\n') == 4);  // header + 3 steps
+}
+
+TEST_CASE("configs/spes-9b-upcycle.toml: Qwen3-1.7B's shape upcycled to A3B-9B") {
+  // Qwen3-1.7B's config.json as published (its weights are not needed for the shape).
+  const std::string qwen3_1_7b = R"({"architectures": ["Qwen3ForCausalLM"], "attention_bias": false,
+    "attention_dropout": 0.0, "bos_token_id": 151643, "eos_token_id": 151645, "head_dim": 128,
+    "hidden_act": "silu", "hidden_size": 2048, "initializer_range": 0.02, "intermediate_size": 6144,
+    "max_position_embeddings": 40960, "max_window_layers": 28, "model_type": "qwen3",
+    "num_attention_heads": 16, "num_hidden_layers": 28, "num_key_value_heads": 8, "rms_norm_eps": 1e-06,
+    "rope_scaling": null, "rope_theta": 1000000, "sliding_window": null, "tie_word_embeddings": true,
+    "torch_dtype": "bfloat16", "transformers_version": "4.51.0", "use_cache": true,
+    "use_sliding_window": false, "vocab_size": 151936})";
+  const ModelConfig dense = hf_config_from_json(qwen3_1_7b, "Qwen3-1.7B/config.json").model;
+  const Config moe = load_config(std::string(SPES_SOURCE_DIR) + "/configs/spes-9b-upcycle.toml");
+  CHECK_NOTHROW(check_upcyclable(dense, moe.model, "Qwen3-1.7B", "spes-9b-upcycle.toml"));
+  CHECK(dense.norm_eps == moe.model.norm_eps);
+  CHECK(dense.rope_theta == moe.model.rope_theta);
+  CHECK(hf_arch_of(moe.model) == HfArch::qwen3_moe);
+  const ParamLayout dl = make_layout(dense), ml = make_layout(moe.model);
+  const double total = double(ml.total), active = double(ml.shared_count + moe.model.top_k * ml.expert_block);
+  MESSAGE("Qwen3-1.7B: " << double(dl.total) / 1e9 << "B; SPES-9B: " << total / 1e9 << "B total, " << active / 1e9
+                         << "B active");
+  CHECK(std::abs(double(dl.total) / 1e9 - 1.72) < 0.01);
+  CHECK(std::abs(total / 1e9 - 9) < 0.25);
+  CHECK(std::abs(active / 1e9 - 3) < 0.25);
 }
