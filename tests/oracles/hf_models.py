@@ -21,7 +21,9 @@ import and CPU forward against these with no Python. Cases:
 
 `check` imports every case with the engine, exports it again (`import-hf`, then
 `export-hf`), loads the export with from_pretrained (no missing or unexpected
-keys, the same architecture) and compares its logits with the case's.
+keys, the same architecture) and compares its logits with the case's; then
+upcycles the dense qwen3 case to 4 experts at noise 0, exports it and checks that
+transformers loads a Qwen3MoeForCausalLM giving the dense logits.
 
 The committed fixtures were made with transformers 5.24.0 and torch 2.15.0 (CPU);
 the versions are also in tests/oracles/hf/versions.json.
@@ -140,8 +142,32 @@ def check(engine):
             failures += not ok
             print(f"{'ok  ' if ok else 'FAIL'} {case}: export loads as {arch}, loading info {info}, "
                   f"worst |logit diff| / max |logit| = {rel:.3g}")
+    failures += check_upcycle(engine)
     print(f"{failures} failed")
     return failures
+
+
+def check_upcycle(engine):
+    """Dense Qwen3 -> upcycle (4 experts, top-2, renormalized, noise 0) -> export: transformers
+    loads a Qwen3MoeForCausalLM that computes the dense model's logits."""
+    src = os.path.join(FIXTURES, "qwen3")
+    ref = np.fromfile(os.path.join(src, "logits.bin"), dtype="<f4").reshape(len(TOKENS), -1)
+    with tempfile.TemporaryDirectory() as tmp:
+        ck, moe, ex = (os.path.join(tmp, n) for n in ("ck", "moe", "export"))
+        subprocess.run([engine, "import-hf", "--in", src, "--out", ck], check=True)
+        subprocess.run([engine, "upcycle", "--checkpoint", ck, "--config", os.path.join(ck, "config.toml"),
+                        "--set", "model.n_experts=4", "--set", "model.top_k=2", "--set", "model.norm_topk_prob=true",
+                        "--out", moe], check=True)
+        subprocess.run([engine, "export-hf", "--checkpoint", moe, "--out", ex], check=True)
+        arch = json.load(open(os.path.join(ex, "config.json")))["architectures"][0]
+        model, info = getattr(transformers, arch).from_pretrained(ex, output_loading_info=True,
+                                                                  torch_dtype=torch.float32)
+        keys_ok = not info["missing_keys"] and not info["unexpected_keys"] and not info["mismatched_keys"]
+        rel = float(np.max(np.abs(logits_of(model.eval()) - ref)) / np.max(np.abs(ref)))
+        ok = keys_ok and arch == "Qwen3MoeForCausalLM" and rel < 1e-5
+        print(f"{'ok  ' if ok else 'FAIL'} qwen3 upcycled to 4 experts at noise 0: loads as {arch}, loading info "
+              f"{info}, worst |logit diff| / max |dense logit| = {rel:.3g}")
+        return 0 if ok else 1
 
 
 def main():
