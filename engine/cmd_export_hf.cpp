@@ -1,5 +1,6 @@
 // `spes-engine export-hf --checkpoint DIR --out DIR [--dtype F32|BF16]`: the
-// checkpoint's model as a folder transformers loads (OlmoeForCausalLM).
+// checkpoint's model as a folder transformers loads, in the architecture the model
+// is (model/hf_config.hpp: OLMoE, Qwen3-MoE, dense Qwen3 or OLMo-2).
 #include <cstdio>
 
 #include "engine/args.hpp"
@@ -28,7 +29,8 @@ int export_hf_command(const std::vector<std::string>& args) {
   o.dtype = dtype;
   o.router_aux_loss_coef = c.train.loss.lb_coef;
   export_hf(c.model, layout, s.params.data(), out, o);
-  std::fprintf(stderr, "exported step %lld to %s (config.json, model.safetensors)\n", (long long)s.step, out.c_str());
+  std::fprintf(stderr, "exported step %lld to %s as %s (config.json, model.safetensors)\n", (long long)s.step,
+               out.c_str(), hf_arch_class(hf_arch_of(c.model)));
   return 0;
 }
 

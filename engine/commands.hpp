@@ -17,6 +17,7 @@ int local_command(const std::vector<std::string>& args);          // cmd_local.c
 int coordinator_command(const std::vector<std::string>& args);    // cmd_coordinator.cpp
 int eval_command(const std::vector<std::string>& args);           // cmd_eval.cpp
 int export_hf_command(const std::vector<std::string>& args);      // cmd_export_hf.cpp
+int import_hf_command(const std::vector<std::string>& args);      // cmd_import_hf.cpp
 int merge_experts_command(const std::vector<std::string>& args);  // cmd_merge_experts.cpp
 int tokenize_command(const std::vector<std::string>& args);       // cmd_tokenize.cpp
 int generate_command(const std::vector<std::string>& args);       // cmd_generate.cpp

@@ -215,11 +215,13 @@ void check_consistency(const Config& c) {
   if (c.spes.tls_ca.empty() && (!c.spes.tls_cert.empty() || !c.spes.tls_key.empty()))
     fail("[spes] tls_cert / tls_key need tls_ca (the run's CA certificate, from `spes-engine certs`)");
   const ModelConfig& m = c.model;
-  if (m.d_model % m.n_heads != 0)
+  if (m.head_dim_key == 0 && m.d_model % m.n_heads != 0)
     fail("[model] d_model = " + std::to_string(m.d_model) + " must be a multiple of n_heads = " +
-         std::to_string(m.n_heads));
+         std::to_string(m.n_heads) + " (or set head_dim)");
   if (m.head_dim() % 2 != 0)
-    fail("[model] d_model / n_heads = " + std::to_string(m.head_dim()) + " must be even (RoPE rotates pairs)");
+    fail(std::string("[model] ") + (m.head_dim_key ? "head_dim" : "d_model / n_heads") + " = " +
+         std::to_string(m.head_dim()) + " must be even (RoPE rotates pairs)");
+  if (m.qk_norm_per_head && !m.qk_norm) fail("[model] qk_norm_per_head = true needs qk_norm = true");
   if (m.n_heads % m.n_kv_heads != 0)
     fail("[model] n_heads = " + std::to_string(m.n_heads) + " must be a multiple of n_kv_heads = " +
          std::to_string(m.n_kv_heads));

@@ -52,7 +52,14 @@ void model_keys(V& v, M& m) {
   v.integer("expert_hidden", m.expert_hidden, 1, 1 << 20, "SwiGLU hidden size of an expert");
   v.integer("seq_len", m.seq_len, 1, 1 << 20, "training context (exported as `max_position_embeddings`)");
   v.real("rope_theta", m.rope_theta, open_closed(0, kInf), "RoPE base (rotate_half / NeoX convention)");
-  v.boolean("qk_norm", m.qk_norm, "RMSNorm over the whole q and k projections (OLMoE)");
+  v.boolean("qk_norm", m.qk_norm, "RMSNorm over the whole q and k projections (OLMoE, OLMo-2)");
+  v.boolean("qk_norm_per_head", m.qk_norm_per_head,
+            "with `qk_norm`: RMSNorm over each head's `head_dim` channels, one weight shared by the heads (Qwen3)");
+  v.integer("head_dim", m.head_dim_key, 0, 4096,
+            "channels per attention head; 0 = `d_model / n_heads`; q is `n_heads·head_dim` wide (Qwen3 sets it)");
+  v.boolean("post_norm", m.post_norm,
+            "OLMo-2 norm placement: RMSNorm on the attention and MLP outputs before each residual add, none on "
+            "their inputs (`post_attention_layernorm`, `post_feedforward_layernorm`)");
   v.real("norm_eps", m.norm_eps, open_closed(0, 1), "RMSNorm epsilon");
   v.boolean("norm_topk_prob", m.norm_topk_prob, "renormalise the top-k router weights");
   v.boolean("tie_embeddings", m.tie_embeddings, "share the embedding with `lm_head`");
@@ -81,7 +88,7 @@ void train_keys(V& v, T& t) {
          "a checkpoint (folder or root) whose parameters are θ at the start of a fresh run (step 0, fresh optimizer "
          "state), e.g. an `upcycle` output; the nodes and the coordinator all load it, so every machine needs the "
          "same file (`--resume` from a checkpoint does not read it). Its model must have this config's shape (vocab, "
-         "d_model, layers, heads, experts, expert_hidden, qk_norm, tying): else one line naming the key and both "
+         "d_model, layers, heads, head_dim, experts, expert_hidden, qk_norm and its options, post_norm, tying): else one line naming the key and both "
          "values. \"\" = the seeded init");
   v.real("lb_coef", t.loss.lb_coef, closed(0, kInf), "load-balancing loss coefficient");
   v.real("router_z_coef", t.loss.router_z_coef, closed(0, kInf), "router z-loss coefficient");

@@ -31,6 +31,9 @@ void initial_theta(const Config& cfg, const ParamLayout& layout, float* theta) {
   shape("n_experts", m.n_experts, cfg.model.n_experts);
   shape("expert_hidden", m.expert_hidden, cfg.model.expert_hidden);
   shape("qk_norm", m.qk_norm, cfg.model.qk_norm);
+  shape("qk_norm_per_head", m.qk_norm_per_head, cfg.model.qk_norm_per_head);
+  shape("head_dim", m.head_dim(), cfg.model.head_dim());
+  shape("post_norm", m.post_norm, cfg.model.post_norm);
   shape("tie_embeddings", m.tie_embeddings, cfg.model.tie_embeddings);
   if (int64_t(s.params.size()) != layout.total)
     throw CheckpointError(where + ": " + std::to_string(s.params.size()) + " parameters, the model needs " +

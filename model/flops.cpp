@@ -3,8 +3,8 @@
 namespace spes {
 
 double active_matmul_params(const ModelConfig& m) {
-  const double d = double(m.d_model), kv = double(m.kv_dim());
-  const double attention = 2 * d * d + 2 * d * kv;
+  const double d = double(m.d_model), qd = double(m.q_dim()), kv = double(m.kv_dim());
+  const double attention = 2 * d * qd + 2 * d * kv;
   const double router = double(m.n_experts) * d;
   const double experts = double(m.top_k) * 3 * d * double(m.expert_hidden);
   return double(m.n_layers) * (attention + router + experts) + double(m.vocab_size) * d;

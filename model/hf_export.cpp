@@ -3,6 +3,8 @@
 #include <filesystem>
 #include <fstream>
 #include <limits>
+#include <map>
+#include <memory>
 #include <nlohmann/json.hpp>
 #include <sstream>
 
@@ -36,130 +38,7 @@ std::string read_text(const std::string& path) {
   return ss.str();
 }
 
-ojson token_id(const std::optional<int64_t>& id) { return id ? ojson(*id) : ojson(nullptr); }
-
 }  // namespace
-
-std::string hf_config_json(const ModelConfig& m, const HfExportOptions& opts) {
-  if (!m.qk_norm)
-    throw ConfigError("export-hf: HF OLMoE always applies QK-norm; a model trained with qk_norm = false cannot be "
-                      "exported as OlmoeForCausalLM");
-  if (opts.dtype != "F32" && opts.dtype != "BF16")
-    throw ConfigError("export-hf: dtype must be F32 or BF16, not '" + opts.dtype + "'");
-  const char* torch_dtype = opts.dtype == "F32" ? "float32" : "bfloat16";
-  ojson j;
-  j["architectures"] = {"OlmoeForCausalLM"};
-  j["model_type"] = "olmoe";
-  j["vocab_size"] = m.vocab_size;
-  j["hidden_size"] = m.d_model;
-  j["intermediate_size"] = m.expert_hidden;
-  j["num_hidden_layers"] = m.n_layers;
-  j["num_attention_heads"] = m.n_heads;
-  j["num_key_value_heads"] = m.n_kv_heads;
-  j["num_experts"] = m.n_experts;
-  j["num_experts_per_tok"] = m.top_k;
-  j["norm_topk_prob"] = m.norm_topk_prob;
-  j["hidden_act"] = "silu";
-  j["max_position_embeddings"] = m.seq_len;
-  j["rms_norm_eps"] = m.norm_eps;
-  j["rope_theta"] = m.rope_theta;
-  j["attention_bias"] = false;
-  j["attention_dropout"] = 0.0;
-  j["clip_qkv"] = nullptr;
-  j["tie_word_embeddings"] = m.tie_embeddings;
-  j["initializer_range"] = m.init_std;
-  j["router_aux_loss_coef"] = opts.router_aux_loss_coef;
-  j["output_router_logits"] = false;
-  j["use_cache"] = true;
-  j["pad_token_id"] = token_id(opts.pad_token_id);
-  j["bos_token_id"] = token_id(opts.bos_token_id);
-  j["eos_token_id"] = token_id(opts.eos_token_id);
-  j["torch_dtype"] = torch_dtype;  // transformers 4.x
-  j["dtype"] = torch_dtype;        // transformers 5.x
-  return j.dump(2) + "\n";
-}
-
-ModelConfig model_config_from_hf_json(const std::string& text, const std::string& where) {
-  nlohmann::json j;
-  try {
-    j = nlohmann::json::parse(text);
-  } catch (const nlohmann::json::exception& e) {
-    std::string why = e.what();
-    if (auto p = why.find("] "); p != std::string::npos) why = why.substr(p + 2);
-    throw ConfigError(where + ": not valid JSON: " + why);
-  }
-  if (!j.is_object()) throw ConfigError(where + ": not a JSON object");
-  auto bad = [&](const std::string& key, const std::string& what) -> ConfigError {
-    return ConfigError(where + ": " + key + ": " + what);
-  };
-  if (!j.contains("model_type") || j["model_type"] != "olmoe")
-    throw bad("model_type", "expected \"olmoe\"" +
-                                (j.contains("model_type") ? ", found " + j["model_type"].dump() : std::string()));
-  auto get_int = [&](const char* key, std::optional<int64_t> def, int64_t min) -> int64_t {
-    if (!j.contains(key) || j[key].is_null()) {
-      if (def) return *def;
-      throw bad(key, "missing");
-    }
-    if (!j[key].is_number_integer()) throw bad(key, "expected an integer, found " + j[key].dump());
-    const int64_t v = j[key].get<int64_t>();
-    if (v < min) throw bad(key, "expected an integer >= " + std::to_string(min) + ", found " + std::to_string(v));
-    return v;
-  };
-  auto get_num = [&](const char* key, double def) -> double {
-    if (!j.contains(key)) return def;
-    if (!j[key].is_number()) throw bad(key, "expected a number, found " + j[key].dump());
-    return j[key].get<double>();
-  };
-  auto get_bool = [&](const char* key, bool def) -> bool {
-    if (!j.contains(key)) return def;
-    if (!j[key].is_boolean()) throw bad(key, "expected true or false, found " + j[key].dump());
-    return j[key].get<bool>();
-  };
-
-  ModelConfig m;
-  m.vocab_size = get_int("vocab_size", std::nullopt, 1);
-  m.d_model = get_int("hidden_size", std::nullopt, 1);
-  m.expert_hidden = get_int("intermediate_size", std::nullopt, 1);
-  m.n_layers = get_int("num_hidden_layers", std::nullopt, 1);
-  m.n_heads = get_int("num_attention_heads", std::nullopt, 1);
-  m.n_kv_heads = get_int("num_key_value_heads", m.n_heads, 1);
-  m.n_experts = get_int("num_experts", std::nullopt, 1);
-  m.top_k = get_int("num_experts_per_tok", std::nullopt, 1);
-  m.seq_len = get_int("max_position_embeddings", 4096, 1);
-  m.norm_topk_prob = get_bool("norm_topk_prob", false);
-  m.tie_embeddings = get_bool("tie_word_embeddings", false);
-  m.norm_eps = get_num("rms_norm_eps", 1e-5);
-  m.init_std = get_num("initializer_range", 0.02);
-  m.qk_norm = true;
-  m.rope_theta = get_num("rope_theta", 10000.0);
-  if (j.contains("rope_parameters") && j["rope_parameters"].is_object()) {  // transformers 5.x spelling
-    const auto& rp = j["rope_parameters"];
-    if (rp.contains("rope_type") && rp["rope_type"] != "default")
-      throw bad("rope_parameters.rope_type", "only \"default\" RoPE is supported, found " + rp["rope_type"].dump());
-    if (rp.contains("rope_theta")) {
-      if (!rp["rope_theta"].is_number()) throw bad("rope_parameters.rope_theta", "expected a number");
-      m.rope_theta = rp["rope_theta"].get<double>();
-    }
-  }
-  if (j.contains("rope_scaling") && !j["rope_scaling"].is_null())
-    throw bad("rope_scaling", "RoPE scaling is not supported, found " + j["rope_scaling"].dump());
-  if (j.contains("clip_qkv") && !j["clip_qkv"].is_null())
-    throw bad("clip_qkv", "QKV clipping is not supported, found " + j["clip_qkv"].dump());
-  if (get_bool("attention_bias", false)) throw bad("attention_bias", "attention biases are not supported");
-  if (j.contains("hidden_act") && j["hidden_act"] != "silu")
-    throw bad("hidden_act", "only \"silu\" (SwiGLU experts) is supported, found " + j["hidden_act"].dump());
-  if (m.d_model % m.n_heads != 0)
-    throw bad("hidden_size", std::to_string(m.d_model) + " is not a multiple of num_attention_heads " +
-                                 std::to_string(m.n_heads));
-  if (m.n_heads % m.n_kv_heads != 0)
-    throw bad("num_key_value_heads", std::to_string(m.n_kv_heads) + " does not divide num_attention_heads " +
-                                         std::to_string(m.n_heads));
-  if (m.top_k > m.n_experts)
-    throw bad("num_experts_per_tok", std::to_string(m.top_k) + " exceeds num_experts " + std::to_string(m.n_experts));
-  if (!(m.norm_eps > 0)) throw bad("rms_norm_eps", "expected a positive number");
-  if (!(m.rope_theta > 0)) throw bad("rope_theta", "expected a positive number");
-  return m;
-}
 
 std::vector<SafeTensorView> hf_tensor_views(const ParamLayout& layout, const float* params, const std::string& dtype) {
   std::vector<SafeTensorView> views;
@@ -200,42 +79,114 @@ std::vector<float> read_hf_safetensors(const std::string& path, const ParamLayou
 
 void export_hf(const ModelConfig& m, const ParamLayout& layout, const float* params, const std::string& out_dir,
                const HfExportOptions& opts) {
-  const std::string config = hf_config_json(m, opts);  // refuses what OLMoE cannot express, before writing
+  const std::string config = hf_config_json(m, opts);  // refuses what no HF architecture expresses, before writing
+  const HfArch arch = hf_arch_of(m);
+  std::vector<SafeTensorView> views;
+  for (const ParamTensor& t : layout.tensors)
+    if (auto name = hf_tensor_name(arch, t)) views.push_back({*name, opts.dtype, hf_shape(t), params + t.offset});
   std::error_code ec;
   fs::create_directories(out_dir, ec);
   if (ec) throw CheckpointError(out_dir + ": cannot create folder: " + ec.message());
   // Weights first, config last: a folder whose config.json is new has new weights.
-  write_hf_safetensors((fs::path(out_dir) / "model.safetensors").string(), layout, params, opts.dtype);
+  write_safetensors((fs::path(out_dir) / "model.safetensors").string(), std::span<const SafeTensorView>(views),
+                    {{"format", "pt"}});
   write_file_atomic((fs::path(out_dir) / "config.json").string(), config);
 }
+
+namespace {
+
+// The safetensors files of an HF folder: model.safetensors, or the shards a
+// model.safetensors.index.json names (its weight_map), each opened once.
+struct HfWeights {
+  std::vector<std::unique_ptr<SafeTensorsReader>> files;
+  std::map<std::string, const SafeTensorsReader*> by_name;  // tensor -> the file holding it
+
+  explicit HfWeights(const fs::path& d) {
+    std::error_code ec;
+    const fs::path single = d / "model.safetensors", index = d / "model.safetensors.index.json";
+    if (fs::exists(single, ec)) {
+      files.push_back(std::make_unique<SafeTensorsReader>(single.string()));
+    } else if (fs::exists(index, ec)) {
+      open_shards(d, index.string());
+    } else {
+      throw CheckpointError(single.string() + ": missing (and no model.safetensors.index.json)");
+    }
+    for (const auto& f : files)
+      for (const auto& e : f->entries())
+        if (!by_name.emplace(e.name, f.get()).second)
+          throw CheckpointError(f->path() + ": tensor '" + e.name + "' is also in " + by_name[e.name]->path());
+  }
+
+  void open_shards(const fs::path& d, const std::string& index) {
+    nlohmann::json j;
+    try {
+      j = nlohmann::json::parse(read_text(index));
+    } catch (const nlohmann::json::exception&) {
+      throw CheckpointError(index + ": not valid JSON");
+    }
+    if (!j.is_object() || !j.contains("weight_map") || !j["weight_map"].is_object())
+      throw CheckpointError(index + ": weight_map: missing or not an object");
+    std::map<std::string, std::string> shards;  // file name -> one tensor it should hold
+    for (const auto& [name, file] : j["weight_map"].items()) {
+      if (!file.is_string()) throw CheckpointError(index + ": weight_map." + name + ": expected a file name");
+      const std::string f = file.get<std::string>();
+      if (f.empty() || f.find('/') != std::string::npos || f[0] == '.')
+        throw CheckpointError(index + ": weight_map." + name + ": '" + f + "' is not a file in the folder");
+      shards.emplace(f, name);
+    }
+    for (const auto& [file, name] : shards) {
+      files.push_back(std::make_unique<SafeTensorsReader>((d / file).string()));
+      if (!files.back()->find(name))
+        throw CheckpointError(index + ": weight_map says '" + name + "' is in " + file + ", which lacks it");
+    }
+  }
+};
+
+}  // namespace
 
 HfModel import_hf(const std::string& dir) {
   const fs::path d(dir);
   std::error_code ec;
-  if (!fs::is_directory(d, ec)) throw CheckpointError(dir + ": not a folder (expected an HF export)");
+  if (!fs::is_directory(d, ec)) throw CheckpointError(dir + ": not a folder (expected a Hugging Face checkpoint)");
   const std::string config_path = (d / "config.json").string();
-  const std::string weights_path = (d / "model.safetensors").string();
   if (!fs::exists(config_path, ec)) throw CheckpointError(config_path + ": missing");
-  if (!fs::exists(weights_path, ec)) {
-    if (fs::exists(d / "model.safetensors.index.json", ec))
-      throw CheckpointError(weights_path + ": missing (sharded safetensors are not supported)");
-    throw CheckpointError(weights_path + ": missing");
-  }
   HfModel out;
-  out.config = model_config_from_hf_json(read_text(config_path), config_path);
+  const HfConfig hc = hf_config_from_json(read_text(config_path), config_path);
+  out.arch = hc.arch;
+  out.config = hc.model;
+  const HfWeights w(d);
+  const std::string where = w.files.size() == 1 ? w.files[0]->path() : (d / "model.safetensors.index.json").string();
+  auto fail = [&](const std::string& what) -> CheckpointError { return CheckpointError("safetensors " + where + ": " + what); };
   // A config describing a huge model must not build a huge layout: compare the
-  // tensor count it implies with the file's first.
-  {
-    SafeTensorsReader r(weights_path);
-    const ModelConfig& m = out.config;
-    const long double want = 2.0L + (m.tie_embeddings ? 0 : 1) + (long double)m.n_layers * (9 + 3.0L * m.n_experts);
-    if (want != (long double)r.entries().size())
-      throw CheckpointError("safetensors " + weights_path + ": holds " + std::to_string(r.entries().size()) +
-                            " tensors but " + config_path + " describes " +
-                            std::to_string(static_cast<unsigned long long>(want)));
-  }
+  // tensor count it implies with the files' first.
+  const ModelConfig& m = out.config;
+  const bool dense = hf_arch_dense(out.arch);
+  const long double per_layer = 8 + (dense ? 3.0L : 1 + 3.0L * m.n_experts);
+  const long double want = 2.0L + (m.tie_embeddings ? 0 : 1) + (long double)m.n_layers * per_layer;
+  if (want != (long double)w.by_name.size())
+    throw fail("holds " + std::to_string(w.by_name.size()) + " tensors but " + config_path + " describes " +
+               std::to_string(static_cast<unsigned long long>(want)));
   const ParamLayout layout = make_layout(out.config);
-  out.params = read_hf_safetensors(weights_path, layout);
+  // Names, shapes and dtypes first, so a mismatched file allocates nothing.
+  for (const ParamTensor& t : layout.tensors) {
+    const auto name = hf_tensor_name(out.arch, t);
+    if (!name) continue;
+    auto it = w.by_name.find(*name);
+    if (it == w.by_name.end()) throw fail("missing tensor '" + *name + "'");
+    const auto* e = it->second->find(*name);
+    const auto want_shape = hf_shape(t);
+    if (e->shape != want_shape)
+      throw fail("tensor '" + *name + "' has shape " + shape_str(e->shape) + ", the model needs " +
+                 shape_str(want_shape));
+    if (e->dtype != "F32" && e->dtype != "BF16" && e->dtype != "F16")
+      throw fail("tensor '" + *name + "' has dtype " + e->dtype + "; F32, BF16 or F16 expected");
+  }
+  out.params.assign(static_cast<size_t>(layout.total), 0.0f);  // a dense router stays 0
+  for (const ParamTensor& t : layout.tensors)
+    if (const auto name = hf_tensor_name(out.arch, t)) {
+      const SafeTensorsReader& r = *w.by_name.at(*name);
+      r.read(*r.find(*name), out.params.data() + t.offset);
+    }
   return out;
 }
 

@@ -1,33 +1,22 @@
-// HF export: a folder that `transformers` loads as OlmoeForCausalLM — config.json
-// (every OlmoeConfig key) and model.safetensors holding the layout's tensors under
-// their HF names ([out, in]; norms 1-D [C]; lm_head omitted when tied). Also the
-// way back (import_hf) and the flat-buffer <-> HF-safetensors helpers that
-// merge-experts and the coordinator's --dump-state use.
+// HF export and import: a folder `transformers` loads as the architecture the model is
+// (model/hf_config.hpp: OlmoeForCausalLM, Qwen3MoeForCausalLM, Qwen3ForCausalLM,
+// Olmo2ForCausalLM) — config.json and model.safetensors holding the layout's tensors under
+// their HF names ([out, in]; norms 1-D [C]; lm_head omitted when tied; a dense model's
+// router omitted). Import reads those four from one model.safetensors or a sharded
+// model.safetensors.index.json, F32/BF16/F16. Also the flat-buffer <-> HF-safetensors
+// helpers (layout names, OLMoE) that merge-experts and the coordinator's --dump-state use.
 #pragma once
 #include <cstdint>
 #include <optional>
 #include <string>
 #include <vector>
 
+#include "model/hf_config.hpp"
 #include "model/layout.hpp"
 #include "model/model_config.hpp"
 #include "model/safetensors.hpp"
 
 namespace spes {
-
-struct HfExportOptions {
-  std::string dtype = "F32";          // stored dtype: "F32" | "BF16"
-  double router_aux_loss_coef = 0.01;  // LossConfig::lb_coef of the run
-  // The byte-level vocab has no special tokens (ids 0..255 are bytes), so these
-  // are null unless a tokenizer with special tokens says otherwise.
-  std::optional<int64_t> pad_token_id, bos_token_id, eos_token_id;
-};
-
-// config.json text for `m` (throws ConfigError for models HF OLMoE cannot express:
-// OLMoE always applies QK-norm).
-std::string hf_config_json(const ModelConfig& m, const HfExportOptions& opts = {});
-// ModelConfig from config.json text; `where` names the file in errors.
-ModelConfig model_config_from_hf_json(const std::string& text, const std::string& where);
 
 // Writes <out_dir>/model.safetensors then <out_dir>/config.json, each atomically
 // (temp + fsync + rename); creates out_dir.
@@ -35,11 +24,13 @@ void export_hf(const ModelConfig& m, const ParamLayout& layout, const float* par
                const HfExportOptions& opts = {});
 
 struct HfModel {
+  HfArch arch = HfArch::olmoe;
   ModelConfig config;
   std::vector<float> params;  // flat buffer in make_layout(config) order
 };
-// Reads an export back: every layout tensor present with the right shape, no
-// extras. Throws CheckpointError (files) or ConfigError (config.json values).
+// Reads an HF folder: every tensor the architecture has present with the right shape, no
+// extras (a dense router is zeros). Throws CheckpointError (files) or ConfigError
+// (config.json keys, one line naming the key and its value).
 HfModel import_hf(const std::string& dir);
 
 // The layout's tensors as safetensors views of `params` (HF names and shapes).

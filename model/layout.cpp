@@ -28,24 +28,28 @@ std::string layer_prefix(int l) { return "model.layers." + std::to_string(l) + "
 ParamLayout make_layout(const ModelConfig& m) {
   ParamLayout L;
   LayoutBuilder b{L};
-  const int64_t d = m.d_model, kv = m.kv_dim(), E = m.n_experts, H = m.expert_hidden;
+  const int64_t d = m.d_model, qd = m.q_dim(), kv = m.kv_dim(), E = m.n_experts, H = m.expert_hidden;
+  // Post-norm (OLMo-2) keeps the two norm slots, named as HF names them: attn_norm
+  // normalizes the attention output, moe_norm the MLP output.
+  const char* attn_norm_name = m.post_norm ? "post_attention_layernorm.weight" : "input_layernorm.weight";
+  const char* moe_norm_name = m.post_norm ? "post_feedforward_layernorm.weight" : "post_attention_layernorm.weight";
   // Shared block: embedding, per-layer attention + norms + router, final norm, lm_head.
   L.embed = b.add("model.embed_tokens.weight", m.vocab_size, d, ParamKind::embedding, -1, -1);
   for (int l = 0; l < m.n_layers; ++l) {
     const std::string p = layer_prefix(l);
     LayerOffsets o{};
-    o.attn_norm = b.add(p + "input_layernorm.weight", 1, d, ParamKind::norm, l, -1);
-    o.wq = b.add(p + "self_attn.q_proj.weight", d, d, ParamKind::attention, l, -1);
+    o.attn_norm = b.add(p + attn_norm_name, 1, d, ParamKind::norm, l, -1);
+    o.wq = b.add(p + "self_attn.q_proj.weight", qd, d, ParamKind::attention, l, -1);
     o.wk = b.add(p + "self_attn.k_proj.weight", kv, d, ParamKind::attention, l, -1);
     o.wv = b.add(p + "self_attn.v_proj.weight", kv, d, ParamKind::attention, l, -1);
-    o.wo = b.add(p + "self_attn.o_proj.weight", d, d, ParamKind::attention, l, -1);
+    o.wo = b.add(p + "self_attn.o_proj.weight", d, qd, ParamKind::attention, l, -1);
     if (m.qk_norm) {
-      o.q_norm = b.add(p + "self_attn.q_norm.weight", 1, d, ParamKind::norm, l, -1);
-      o.k_norm = b.add(p + "self_attn.k_norm.weight", 1, kv, ParamKind::norm, l, -1);
+      o.q_norm = b.add(p + "self_attn.q_norm.weight", 1, m.q_norm_width(), ParamKind::norm, l, -1);
+      o.k_norm = b.add(p + "self_attn.k_norm.weight", 1, m.k_norm_width(), ParamKind::norm, l, -1);
     } else {
       o.q_norm = o.k_norm = -1;
     }
-    o.moe_norm = b.add(p + "post_attention_layernorm.weight", 1, d, ParamKind::norm, l, -1);
+    o.moe_norm = b.add(p + moe_norm_name, 1, d, ParamKind::norm, l, -1);
     o.router = b.add(p + "mlp.gate.weight", E, d, ParamKind::router, l, -1);
     L.layers.push_back(o);
   }
@@ -125,6 +129,10 @@ uint64_t model_fingerprint(const ModelConfig& m, const ParamLayout& layout, cons
   f.i64(m.n_experts); f.i64(m.top_k); f.i64(m.expert_hidden); f.i64(m.seq_len);
   f.f64(m.rope_theta); f.i64(m.qk_norm); f.f64(m.norm_eps); f.i64(m.norm_topk_prob);
   f.i64(m.tie_embeddings);
+  // Options added later enter only when set, so existing models keep their fingerprint.
+  if (m.qk_norm_per_head || m.head_dim_key || m.post_norm) {
+    f.i64(m.qk_norm_per_head); f.i64(m.head_dim_key); f.i64(m.post_norm);
+  }
   for (const auto& t : layout.tensors) {
     f.str(t.name); f.i64(t.offset); f.i64(t.rows); f.i64(t.cols);
   }

@@ -46,6 +46,9 @@ void check_upcyclable(const ModelConfig& dense, const ModelConfig& moe, const st
   same("n_heads", dense.n_heads, moe.n_heads);
   same("n_kv_heads", dense.n_kv_heads, moe.n_kv_heads);
   same("qk_norm", dense.qk_norm, moe.qk_norm);
+  same("qk_norm_per_head", dense.qk_norm_per_head, moe.qk_norm_per_head);
+  same("head_dim", dense.head_dim(), moe.head_dim());
+  same("post_norm", dense.post_norm, moe.post_norm);
   same("tie_embeddings", dense.tie_embeddings, moe.tie_embeddings);
   same("expert_hidden", dense.expert_hidden, moe.expert_hidden, " (its dense MLP's hidden size)");
 }

@@ -17,7 +17,9 @@ CpuDecoder::CpuDecoder(const ModelConfig& cfg, const ParamLayout& layout, const 
   const int64_t d = cfg.d_model, kv = cfg.kv_dim(), E = cfg.n_experts, K = cfg.top_k, Hx = cfg.expert_hidden;
   k_cache_.assign(cfg.n_layers, std::vector<float>(size_t(max_positions * kv)));
   v_cache_.assign(cfg.n_layers, std::vector<float>(size_t(max_positions * kv)));
-  for (auto* v : {&x_, &a_, &q_, &att_, &h_, &moe_}) v->resize(size_t(d));
+  for (auto* v : {&x_, &a_, &h_, &moe_}) v->resize(size_t(d));
+  for (auto* v : {&q_, &att_}) v->resize(size_t(cfg.q_dim()));
+  rstd_.resize(size_t(cfg.n_heads));
   for (auto* v : {&k_, &v_}) v->resize(size_t(kv));
   probs_.resize(size_t(E));
   scores_.resize(size_t(max_positions));
@@ -33,19 +35,22 @@ CpuDecoder::CpuDecoder(const ModelConfig& cfg, const ParamLayout& layout, const 
 // attention over the cached positions [0, pos_].
 void CpuDecoder::layer(int l) {
   const LayerOffsets& o = layout_.layers[l];
-  const int64_t d = cfg_.d_model, kv = cfg_.kv_dim(), E = cfg_.n_experts, K = cfg_.top_k,
+  const int64_t d = cfg_.d_model, qd = cfg_.q_dim(), kv = cfg_.kv_dim(), E = cfg_.n_experts, K = cfg_.top_k,
                 Hx = cfg_.expert_hidden, hd = cfg_.head_dim(), H = cfg_.n_heads, Hkv = cfg_.n_kv_heads;
   const float eps = static_cast<float>(cfg_.norm_eps);
-  float rstd = 0;
+  float* rstd = rstd_.data();
 
-  // Attention block.
-  rmsnorm_forward(a_.data(), &rstd, x_.data(), P_ + o.attn_norm, 1, d, eps);
-  matmul_forward(q_.data(), a_.data(), P_ + o.wq, 1, d, d);
+  // Attention block (post-norm: on the residual itself, its output normalized below).
+  if (cfg_.post_norm)
+    std::copy(x_.begin(), x_.end(), a_.begin());
+  else
+    rmsnorm_forward(a_.data(), rstd, x_.data(), P_ + o.attn_norm, 1, d, eps);
+  matmul_forward(q_.data(), a_.data(), P_ + o.wq, 1, d, qd);
   matmul_forward(k_.data(), a_.data(), P_ + o.wk, 1, d, kv);
   matmul_forward(v_.data(), a_.data(), P_ + o.wv, 1, d, kv);
   if (cfg_.qk_norm) {
-    rmsnorm_forward(q_.data(), &rstd, q_.data(), P_ + o.q_norm, 1, d, eps);
-    rmsnorm_forward(k_.data(), &rstd, k_.data(), P_ + o.k_norm, 1, kv, eps);
+    rmsnorm_forward(q_.data(), rstd, q_.data(), P_ + o.q_norm, cfg_.q_norm_rows(), cfg_.q_norm_width(), eps);
+    rmsnorm_forward(k_.data(), rstd, k_.data(), P_ + o.k_norm, cfg_.k_norm_rows(), cfg_.k_norm_width(), eps);
   }
   rope_forward(q_.data(), q_.data(), 1, 1, H, hd, cfg_.rope_theta, pos_);
   rope_forward(k_.data(), k_.data(), 1, 1, Hkv, hd, cfg_.rope_theta, pos_);
@@ -76,11 +81,15 @@ void CpuDecoder::layer(int l) {
       for (int64_t i = 0; i < hd; ++i) out[i] += p * v[i];
     }
   }
-  matmul_forward(h_.data(), att_.data(), P_ + o.wo, 1, d, d);
+  matmul_forward(h_.data(), att_.data(), P_ + o.wo, 1, qd, d);
+  if (cfg_.post_norm) rmsnorm_forward(h_.data(), rstd, h_.data(), P_ + o.attn_norm, 1, d, eps);
   for (int64_t i = 0; i < d; ++i) h_[i] += x_[i];
 
   // MoE block: route the token, run its top-k experts, combine.
-  rmsnorm_forward(a_.data(), &rstd, h_.data(), P_ + o.moe_norm, 1, d, eps);
+  if (cfg_.post_norm)
+    std::copy(h_.begin(), h_.end(), a_.begin());
+  else
+    rmsnorm_forward(a_.data(), rstd, h_.data(), P_ + o.moe_norm, 1, d, eps);
   matmul_forward(probs_.data(), a_.data(), P_ + o.router, 1, d, E);
   float lse = 0;
   router_forward(probs_.data(), &lse, topk_idx_.data(), topk_w_.data(), probs_.data(), 1, E, K, cfg_.norm_topk_prob);
@@ -93,6 +102,7 @@ void CpuDecoder::layer(int l) {
     matmul_forward(ye_.data(), act_.data(), P_ + x.down, 1, Hx, d);
     for (int64_t i = 0; i < d; ++i) moe_[i] += topk_w_[k] * ye_[i];
   }
+  if (cfg_.post_norm) rmsnorm_forward(moe_.data(), rstd, moe_.data(), P_ + o.moe_norm, 1, d, eps);
   for (int64_t i = 0; i < d; ++i) x_[i] = h_[i] + moe_[i];
 }
 

@@ -38,6 +38,7 @@ class CpuDecoder {
   std::vector<float> x_, a_, q_, k_, v_, att_, h_, probs_, scores_, logits_, xe_, gate_, up_, act_, ye_, moe_;
   std::vector<int32_t> topk_idx_;
   std::vector<float> topk_w_;
+  std::vector<float> rstd_;  // one per q head: per-head QK-norm writes a row each
 };
 
 }  // namespace spes

@@ -41,12 +41,19 @@ class CpuModel {
   struct LayerActs {
     std::vector<float> x_in, an1, rstd1, q_raw, k_raw, v, q_n, k_n, rstd_q, rstd_k, q, k, att, lse, h,
         an2, rstd2, router_logits, probs, router_lse, topk_w, xe, gate, up, act, ye;
+    // Post-norm only (empty otherwise): the attention and MoE outputs before their norms.
+    std::vector<float> o_raw, y_raw;
     std::vector<int32_t> topk_idx, offsets, slot_token, token_slot;
   };
   void layer_forward(const float* params, int l, const float* x_in, float* x_out, float aux_factor,
                      LossParts& parts);
   void layer_backward(const float* params, float* grads, int l, float* dx, const LossConfig& loss,
                       float aux_factor, float grad_scale);
+  void attention_forward_block(const float* params, int l, float* out);
+  void attention_backward_block(const float* params, float* grads, int l, const float* d_out);
+  void moe_forward_block(const float* params, int l, const float* x, float* y);
+  void moe_backward_block(const float* params, float* grads, int l, const float* d_y, const LossConfig& loss,
+                          float aux_factor, float grad_scale);
   float* grad_of(float* grads, int64_t offset) const;
   CpuModel(const ModelConfig& cfg, const ParamLayout& layout, const Ownership& own, int64_t batch, int64_t seq_len,
            bool allocate);
@@ -63,6 +70,7 @@ class CpuModel {
   // Backward scratch, reused by every layer.
   std::vector<float> d_x_, d_a_, d_b_, d_q_, d_k_, d_v_, d_att_, d_logits_r_, d_topk_w_, d_xe_,
       d_xe2_, d_ye_, d_act_, d_gate_, d_up_, lb_dprob_;
+  std::vector<float> d_c_;  // post-norm only: gradient of a branch output before its norm
   int64_t planned_bytes_ = 0;
 };
 

@@ -16,6 +16,11 @@ namespace spes {
 
 void check_gpu_shape(const ModelConfig& m, const std::string& config_path) {
   auto refuse = [&](const std::string& why) { throw GpuShapeError(config_path + ": [model] " + why); };
+  // Imported Qwen3 / OLMo-2 shapes run on the CPU only for now (the GPU model has no kernels for them yet).
+  if (m.qk_norm_per_head) refuse("qk_norm_per_head = true (Qwen3) runs on the CPU only: the GPU has no per-head QK-norm");
+  if (m.head_dim_key && m.head_dim() * m.n_heads != m.d_model)
+    refuse("head_dim = " + std::to_string(m.head_dim()) + " != d_model / n_heads runs on the CPU only");
+  if (m.post_norm) refuse("post_norm = true (OLMo-2) runs on the CPU only: the GPU model is pre-norm");
   if (m.head_dim() != 32 && m.head_dim() != 64 && m.head_dim() != 128)
     refuse("d_model / n_heads = " + std::to_string(m.head_dim()) +
            ": the GPU attention kernels support head dims 32, 64 and 128");
