@@ -1,0 +1,78 @@
+// SPES_ATTENTION, the environment override of the attention backward's automatic
+// choice of kernel family (cuda/attention.cu), on the emulator, whose H100 runs the
+// sm90a family: unset, automatic writes the sm90a family's bits; "portable", the
+// portable family's; any other value is refused with one line naming the variable.
+// Each case runs in a child process, which owns its environment.
+#include "tests/emu/builtins.hpp"
+
+#include <doctest/doctest.h>
+
+#include <cuda_bf16.h>
+
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <string>
+#include <vector>
+
+#include "cuda/attention.cuh"
+#include "tests/emu/emu.hpp"
+#include "tests/emu/emu_test.hpp"
+
+namespace {
+
+using namespace spes::test;
+using spes::cuda::AttentionPath;
+
+// In the child: sets SPES_ATTENTION to `value` (unset if null), runs the backward on
+// each path and says on stderr which one automatic matched, or the error it threw.
+void report_automatic(const char* value) {
+  if (value)
+    setenv("SPES_ATTENTION", value, 1);
+  else
+    unsetenv("SPES_ATTENTION");
+  const int64_t B = 1, T = 70, H = 2, Hkv = 1, D = 64;
+  const int64_t nq = B * T * H * D, nkv = B * T * Hkv * D;
+  rng().seed(7);
+  auto q = device_buffer<bf16>(nq), k = device_buffer<bf16>(nkv), v = device_buffer<bf16>(nkv),
+       dout = device_buffer<bf16>(nq), out = device_buffer<bf16>(nq), lse = device_buffer<float>(B * H * T),
+       scratch = emu::GlobalBuffer(spes::cuda::attention_backward_scratch_bytes(B, T, H));
+  upload_bf16(q, random_bf16_values(nq));
+  upload_bf16(k, random_bf16_values(nkv));
+  upload_bf16(v, random_bf16_values(nkv));
+  upload_bf16(dout, random_bf16_values(nq));
+  spes::cuda::attention_forward(out.as<bf16>(), lse.as<float>(), q.as<bf16>(), k.as<bf16>(), v.as<bf16>(), B, T, H,
+                                Hkv, D, nullptr);
+  auto grads = device_buffer<bf16>(nq + 2 * nkv);
+  auto run = [&](AttentionPath path) {
+    bf16* g = grads.as<bf16>();
+    spes::cuda::attention_backward(g, g + nq, g + nq + nkv, dout.as<bf16>(), q.as<bf16>(), k.as<bf16>(), v.as<bf16>(),
+                                   out.as<bf16>(), lse.as<float>(), scratch.as<void>(), B, T, H, Hkv, D, nullptr,
+                                   path);
+    return download<uint16_t>(grads, nq + 2 * nkv);
+  };
+  try {
+    const auto automatic = run(AttentionPath::automatic), portable = run(AttentionPath::portable),
+               sm90a = run(AttentionPath::sm90a);
+    std::fprintf(stderr, "automatic matches:%s%s%s\n", same_bits(automatic, portable) ? " portable" : "",
+                 same_bits(automatic, sm90a) ? " sm90a" : "", same_bits(portable, sm90a) ? " (paths agree)" : "");
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "error: %s\n", e.what());
+  }
+}
+
+}  // namespace
+
+TEST_CASE("emulated attention backward: SPES_ATTENTION=portable overrides the automatic sm90a choice") {
+  const std::string unset = run_in_child([] { report_automatic(nullptr); });
+  MESSAGE(unset);
+  CHECK(has(unset, "automatic matches: sm90a\n[returned]"));
+  const std::string empty = run_in_child([] { report_automatic(""); });
+  CHECK(has(empty, "automatic matches: sm90a\n[returned]"));
+  const std::string portable = run_in_child([] { report_automatic("portable"); });
+  MESSAGE(portable);
+  CHECK(has(portable, "automatic matches: portable\n[returned]"));
+  const std::string bad = run_in_child([] { report_automatic("sm90"); });
+  MESSAGE(bad);
+  CHECK(has(bad, "error: attention_backward: SPES_ATTENTION is \"sm90\"; it may only be \"portable\" or unset\n"));
+}
