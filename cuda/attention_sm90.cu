@@ -20,10 +20,12 @@
 //   Sᵀ  = K_w·Qᵀ            wgmma, A = K_w and B = Q both from shared memory, N = 64
 //   dPᵀ = V_w·dOᵀ           likewise, issued right behind, so it runs while
 //   Pᵀ  = exp(Sᵀ·scale − lse[query]) (masked) is computed from the first;
+//   dSᵀ = Pᵀ∘(dPᵀ − D[query])
 //   dV += Pᵀ·dO             A = Pᵀ from registers (the accumulator fragment packed to
-//                           bf16 is wgmma's A fragment), B = dO N-major, N = D; runs
-//                           while dSᵀ = Pᵀ∘(dPᵀ − D[query]) is computed;
-//   dK += dSᵀ·Q             likewise (scale applied once at the end).
+//                           bf16 is wgmma's A fragment), B = dO N-major, N = D;
+//   dK += dSᵀ·Q             likewise (scale applied once at the end); one group.
+// dSᵀ is computed before dV is issued, not while it runs: with Pᵀ in fp32 still live
+// for it beside both accumulators, D = 128 would need more than 255 registers.
 // A warpgroup whose 64 keys all come after every query of the block skips it (causal).
 // dq: one CTA per 128-query block × head × batch (heaviest first). Q and dO stay in
 // shared memory; the CTA loops over the 64-key blocks at or below the diagonal, K and
@@ -291,14 +293,8 @@ __global__ void __launch_bounds__(kThreads, 1)
           st[4 * j + e] = p;
         }
       }
-      pack_a<BM>(pa, st);
-      wgmma_fence();
-#pragma unroll
-      for (int kk = 0; kk < KM; ++kk) wgmma_rs<D, 1>(dv_acc, pa[kk], QT::n_major(do_s, kk), 1);  // dV += Pᵀ·dO
-      wgmma_commit();
-
       // dSᵀ = Pᵀ∘(dPᵀ − D[query]).
-      wgmma_wait<1>();
+      wgmma_wait<0>();
       fence_accumulators(dpt);
 #pragma unroll
       for (int j = 0; j < BM / 8; ++j) {
@@ -306,8 +302,11 @@ __global__ void __launch_bounds__(kThreads, 1)
 #pragma unroll
         for (int e = 0; e < 4; ++e) dpt[4 * j + e] = st[4 * j + e] * (dpt[4 * j + e] - ((e & 1) ? dq.y : dq.x));
       }
+      pack_a<BM>(pa, st);
       pack_a<BM>(dsa, dpt);
       wgmma_fence();
+#pragma unroll
+      for (int kk = 0; kk < KM; ++kk) wgmma_rs<D, 1>(dv_acc, pa[kk], QT::n_major(do_s, kk), 1);  // dV += Pᵀ·dO
 #pragma unroll
       for (int kk = 0; kk < KM; ++kk) wgmma_rs<D, 1>(dk_acc, dsa[kk], QT::n_major(q_s, kk), 1);  // dK += dSᵀ·Q
       wgmma_commit();
