@@ -80,6 +80,7 @@ Schedule g_schedule = Schedule::round_robin;
 std::mutex g_smem_optin_mutex;
 std::map<const void*, int> g_smem_optin;
 std::atomic<uint64_t> g_cluster_launches{0};
+std::atomic<uint64_t> g_wgmma_issued{0};
 
 // cudaFuncAttributeMaxDynamicSharedMemorySize of `kernel`.
 int dynamic_smem_limit(const void* kernel) {
@@ -954,6 +955,7 @@ void wgmma_bf16(float* d, int n, uint64_t desc_a, uint64_t desc_b, bool accumula
   require_sw128(desc_a, "A");
   require_sw128(desc_b, "B");
   Fiber& f = this_fiber();
+  ++g_wgmma_issued;
   const Wgmma op{d, n, desc_a, desc_b, accumulate, trans_a, trans_b, f.wgmma_groups};
   if (g_landing == Landing::at_wait)
     run_wgmma(op);
@@ -981,6 +983,7 @@ void wgmma_bf16_rs(float* d, int n, const uint32_t (&a)[4], uint64_t desc_b, boo
       quad[c][r + 1] = uint32_t(v >> 32);
     }
   Fiber& f = this_fiber();
+  ++g_wgmma_issued;
   Wgmma op{d, n, 0, desc_b, accumulate, false, trans_b, f.wgmma_groups};
   op.a_in_registers = true;
   for (unsigned h = 0; h < 2; ++h)
@@ -995,6 +998,8 @@ void wgmma_bf16_rs(float* d, int n, const uint32_t (&a)[4], uint64_t desc_b, boo
 }
 
 void wgmma_commit() { ++this_fiber().wgmma_groups; }
+
+uint64_t wgmma_issued() { return g_wgmma_issued; }
 
 // wgmma.wait_group n: every group but the n most recent committed is complete.
 void wgmma_wait(int n) {

@@ -109,6 +109,9 @@ void wgmma_bf16(float* d, int n, uint64_t desc_a, uint64_t desc_b, bool accumula
 void wgmma_bf16_rs(float* d, int n, const uint32_t (&a)[4], uint64_t desc_b, bool accumulate, bool trans_b);
 void wgmma_commit();
 void wgmma_wait(int n);
+// The wgmma issued so far, by every thread of every launch: which kernel family a
+// launcher chose (the two families of a product may well give the same bits here).
+uint64_t wgmma_issued();
 enum class Shuffle { bfly, up, idx };
 uint64_t shuffle(Shuffle mode, uint64_t value, int b);  // the value of another lane
 uint32_t match_any(uint64_t value);                     // the lanes holding the same value
