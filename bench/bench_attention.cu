@@ -5,8 +5,8 @@
 // FlashAttention-2 paper's benchmark), MHA, for D = 32, 64, 128; one GQA row (4 query
 // heads per kv head); one row at the tiny demo's heads (d_model 128 = 4 heads × 32,
 // S = 256).
-// The backward is timed on the portable kernels (mma.sync) and, for D = 64 and 128 on
-// a GPU that runs them, on the sm90a ones (wgmma), rows marked "sm90a"; the main
+// Forward and backward are timed on the portable kernels (mma.sync) and, for D = 64
+// and 128 on a GPU that runs them, on the sm90a ones (wgmma), rows marked "sm90a"; the main
 // shape of issue 28 (spes-1b: B = 8, S = 2048, 12 heads of 64) has a row of its own.
 // Next to the measured cuBLAS bf16 GEMM ceiling. Prints "no GPU: <reason>" and
 // exits 0 without a GPU.
@@ -38,16 +38,19 @@ void run(spes::bench::Bench& bench, int64_t S, int64_t D, int64_t H, int64_t Hkv
   const std::string size = "B=" + std::to_string(B) + " S=" + std::to_string(S) + " H=" + std::to_string(H) +
                            (Hkv != H ? "/" + std::to_string(Hkv) : "");
   const std::string tag = " D=" + std::to_string(D);
-  auto forward = [&] {
-    spes::cuda::attention_forward(out.as<bf16>(), lse.as<float>(), q.as<bf16>(), k.as<bf16>(), v.as<bf16>(), B, S, H,
-                                  Hkv, D, s);
-  };
-  forward();  // out and lse for the backward
-  bench.flop_row("attention fwd causal" + tag, size, forward, fwd_flops);
-  // The backward on each kernel family this GPU runs (AttentionPath), portable first.
+  // Each kernel family this GPU runs (AttentionPath), portable first.
   std::vector<std::pair<spes::cuda::AttentionPath, const char*>> paths{{spes::cuda::AttentionPath::portable, ""}};
   if ((D == 64 || D == 128) && spes::cuda::attention_sm90a_available())
     paths.push_back({spes::cuda::AttentionPath::sm90a, " sm90a"});
+  for (const auto& [path, name] : paths) {
+    auto forward = [&] {
+      spes::cuda::attention_forward(out.as<bf16>(), lse.as<float>(), q.as<bf16>(), k.as<bf16>(), v.as<bf16>(), B, S,
+                                    H, Hkv, D, s, path);
+    };
+    bench.flop_row("attention fwd causal" + tag + name, size, forward, fwd_flops);
+  }
+  spes::cuda::attention_forward(out.as<bf16>(), lse.as<float>(), q.as<bf16>(), k.as<bf16>(), v.as<bf16>(), B, S, H,
+                                Hkv, D, s, spes::cuda::AttentionPath::portable);  // out and lse for the backward
   for (const auto& [path, name] : paths)
     bench.flop_row(
         "attention bwd causal" + tag + name, size,

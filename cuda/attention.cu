@@ -44,9 +44,9 @@
 // store_rows moves 16·4 = 64 chunks per warp, 2 per lane. The dsum kernel reads
 // D/2 = 16 bf16 pairs per row: lanes 16-31 add nothing.
 //
-// On a Hopper GPU the dkv and dq kernels of D = 64 and 128 give way to their wgmma
-// twins (cuda/attention_sm90.cu, chosen in attention_backward, AttentionPath); the
-// dsum kernel serves both.
+// On a Hopper GPU the forward, dkv and dq kernels of D = 64 and 128 give way to their
+// wgmma twins (cuda/attention_sm90.cu, chosen by the launchers, AttentionPath); the
+// dsum kernel serves both backwards.
 //
 // Shared memory per CTA (D=64 / D=128): forward 54 / 102 KB, dkv 55 / 103 KB, dq
 // 54 / 102 KB, above the 48 KB default (allow_dynamic_smem opts in); D=32 (the D=64 tiles):
@@ -692,7 +692,7 @@ void backward_impl(bf16* dq, bf16* dk, bf16* dv, const bf16* dout, const bf16* q
   }
 }
 
-// SPES_ATTENTION=portable keeps the automatic choice on the portable backward (read
+// SPES_ATTENTION=portable keeps the automatic choice on the portable kernels (read
 // at each call, a getenv per backward): a way around the Hopper kernels on a machine
 // where they misbehave, and how a bench times the whole step on each path.
 bool portable_forced(const char* op) {
@@ -702,7 +702,7 @@ bool portable_forced(const char* op) {
   return value != nullptr && std::string(value) == "portable";
 }
 
-// The backward family a call runs on: `requested` resolved for the current device and D.
+// The kernel family a call runs on: `requested` resolved for the current device and D.
 AttentionPath choose_path(const char* op, AttentionPath requested, int64_t D) {
   switch (requested) {
     case AttentionPath::portable:
@@ -724,7 +724,7 @@ bool attention_sm90a_available() { return attention_sm90::available(); }
 std::string attention_sm90a_unavailable_reason() { return attention_sm90::unavailable_reason(); }
 
 void attention_forward(bf16* out, float* lse, const bf16* q, const bf16* k, const bf16* v, int64_t B, int64_t T,
-                       int64_t H, int64_t Hkv, int64_t D, cudaStream_t stream) {
+                       int64_t H, int64_t Hkv, int64_t D, cudaStream_t stream, AttentionPath path) {
   const char* op = "attention_forward";
   check_shape(op, B, T, H, Hkv, D);
   check_bf16(op, out, "out");
@@ -732,7 +732,12 @@ void attention_forward(bf16* out, float* lse, const bf16* q, const bf16* k, cons
   check_bf16(op, k, "k");
   check_bf16(op, v, "v");
   require_ptr(lse, 4, op, "lse");
+  const AttentionPath chosen = choose_path(op, path, D);
   if (B == 0 || T == 0) return;
+  if (chosen == AttentionPath::sm90a) {
+    attention_sm90::forward(out, lse, q, k, v, int(B), int(T), int(H), int(Hkv), int(D), stream);
+    return;
+  }
   switch (D) {  // check_shape admitted only these
     case 32: forward_impl<32>(out, lse, q, k, v, int(B), int(T), int(H), int(Hkv), stream); break;
     case 64: forward_impl<64>(out, lse, q, k, v, int(B), int(T), int(H), int(Hkv), stream); break;

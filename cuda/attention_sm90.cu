@@ -1,16 +1,24 @@
-// Causal attention backward (contract: attention.cuh), the Hopper path for D = 64 and
-// 128: the dK/dV and dQ kernels of attention.cu's backward rewritten on warpgroup MMA
-// (wgmma, sm_90a), same algorithm, same determinism (no atomics, every output element
-// summed by one thread in a fixed order). sm_90a only: compiled for sm_90a where the
-// build targets compute capability 9.0 (CMakeLists.txt), its kernel bodies empty in
-// every other pass (SPES_SM90A_DEVICE_CODE, cuda/ptx_sm90.cuh; the host emulator,
-// tests/emu/, runs them with wgmma emulated). attention.cu's launcher computes the
-// row sums D_i = Σ_d dO·O (its dsum kernel) and then picks these two kernels or its
-// own mma.sync pair (AttentionPath).
+// Causal attention (contract: attention.cuh), the Hopper path for D = 64 and 128: the
+// forward, dK/dV and dQ kernels of attention.cu rewritten on warpgroup MMA (wgmma,
+// sm_90a), same algorithms, same blocking, same determinism (no atomics, every output
+// element summed by one thread in a fixed order). sm_90a only: compiled for sm_90a
+// where the build targets compute capability 9.0 (CMakeLists.txt), its kernel bodies
+// empty in every other pass (SPES_SM90A_DEVICE_CODE, cuda/ptx_sm90.cuh; the host
+// emulator, tests/emu/, runs them with wgmma emulated). attention.cu's launchers pick
+// these kernels or their own mma.sync ones (AttentionPath); its backward computes the
+// row sums D_i = Σ_d dO·O (its dsum kernel) for either.
 //
-// Warpgroups. Both kernels run 2 warpgroups (256 threads), each owning 64 rows, the M
-// of every wgmma (m64nNk16), and the fp32 accumulators of those rows' gradients in
+// Warpgroups. Every kernel runs 2 warpgroups (256 threads), each owning 64 rows, the M
+// of every wgmma (m64nNk16), and the fp32 accumulators of those rows' outputs in
 // registers for the whole kernel; shared memory holds the operand tiles the two share.
+//
+// forward: one CTA per 128-query block × head × batch (heaviest first), FlashAttention-2
+// as in attention.cu: Q stays in shared memory, K/V blocks of 64 keys double-buffered;
+// per key block, warpgroup w: S = Q_w·Kᵀ (shared A and B, N = 64), the online softmax
+// (running max, running sum, rescale of O) on the accumulator fragment in registers,
+// O += P·V (A = P from registers, the accumulator fragment packed to bf16 being
+// wgmma's A fragment; B = V N-major, N = D). Key blocks wholly above the diagonal are
+// not loaded; a warpgroup whose queries all come before a block's keys skips it.
 //
 // dkv: one CTA per 128-key block × kv head × batch (block 0, which every query sees,
 // launched first). K and V of the block stay in shared memory; the CTA loops over the
@@ -21,8 +29,8 @@
 //   dPᵀ = V_w·dOᵀ           likewise, issued right behind, so it runs while
 //   Pᵀ  = exp(Sᵀ·scale − lse[query]) (masked) is computed from the first;
 //   dSᵀ = Pᵀ∘(dPᵀ − D[query])
-//   dV += Pᵀ·dO             A = Pᵀ from registers (the accumulator fragment packed to
-//                           bf16 is wgmma's A fragment), B = dO N-major, N = D;
+//   dV += Pᵀ·dO             A = Pᵀ from registers (as O += P·V above), B = dO
+//                           N-major, N = D;
 //   dK += dSᵀ·Q             likewise (scale applied once at the end); one group.
 // dSᵀ is computed before dV is issued, not while it runs: with Pᵀ in fp32 still live
 // for it beside both accumulators, D = 128 would need more than 255 registers.
@@ -75,6 +83,7 @@ constexpr int kBlockRows = 128; // dkv: keys per CTA; dq: queries per CTA
 constexpr int kStepRows = 64;   // dkv: queries per step; dq: keys per step
 constexpr uint32_t kLineBytes = 128, kAtomBytes = 1024;
 constexpr float kLog2e = 1.4426950408889634f;
+constexpr float kLn2 = 0.6931471805599453f;
 static_assert(kBlockRows == 2 * kWgRows && kThreads == 2 * kWarpgroup, "a warpgroup per 64 rows of the block");
 
 // The swizzled tile of R rows × D columns (see the file comment).
@@ -101,10 +110,11 @@ struct Tile {
 };
 
 template <int D>
-struct Smem {  // byte offsets from the 1024-aligned base; both kernels have the same shape
+struct Smem {  // byte offsets from the 1024-aligned base; the kernels share one shape
   using Block = Tile<kBlockRows, D>;
   using Step = Tile<kStepRows, D>;
-  // dkv: K, V (block), Q[2], dO[2] (step), lse[2], dsum[2]; dq: Q, dO (block), K[2], V[2] (step).
+  // dkv: K, V (block), Q[2], dO[2] (step), lse[2], dsum[2]; dq: Q, dO (block), K[2], V[2]
+  // (step); forward: Q (block 0), K[2], V[2] (its block 1 and the vectors unused).
   static constexpr uint32_t kBlock0 = 0, kBlock1 = Block::kBytes, kStep0 = 2 * Block::kBytes,
                             kStep1 = kStep0 + 2 * Step::kBytes, kVec = kStep1 + 2 * Step::kBytes,
                             kBytes = kVec + 4 * kStepRows * sizeof(float);
@@ -153,19 +163,20 @@ __device__ __forceinline__ void pack_a(uint32_t (&a)[N / 16][4], const float (&a
 }
 
 // Writes the 128 × D block whose accumulators the warpgroups hold (this thread's acc,
-// D/2 values, times mul) as bf16 to rows [row0, row0 + 128) ∩ [0, T) of dst (row r at
+// D/2 values, its rows r0 and r0 + 8 times mul_lo and mul_hi) as bf16 to rows [row0, row0 + 128) ∩ [0, T) of dst (row r at
 // dst + r·stride), through `stage` (a free 128 × D shared tile, generic pointer). The
 // caller has a barrier behind every use of `stage` before; this one has one between
 // the staging and the stores.
 template <int D>
 __device__ __forceinline__ void store_block(bf16* dst, int64_t stride, int row0, int T, const float (&acc)[D / 2],
-                                            float mul, unsigned char* stage) {
+                                            float mul_lo, float mul_hi, unsigned char* stage) {
   constexpr int kChunks = D / 8;
   const int tid = static_cast<int>(threadIdx.x), lane = tid % 32;
   const int r0 = (tid / kWarpgroup) * kWgRows + ((tid % kWarpgroup) / 32) * 16 + lane / 4, c0 = 2 * (lane % 4);
 #pragma unroll
   for (int h = 0; h < 2; ++h) {
     const int r = r0 + 8 * h;
+    const float mul = h ? mul_hi : mul_lo;
 #pragma unroll
     for (int j = 0; j < D / 8; ++j)
       *reinterpret_cast<uint32_t*>(stage + (r * kChunks + (j ^ (r & 7))) * 16 + c0 * 2) =
@@ -191,6 +202,135 @@ __device__ __forceinline__ uint32_t aligned_base(unsigned char*& generic) {
 }
 
 #endif  // SPES_SM90A_DEVICE_CODE
+
+// ---- forward -------------------------------------------------------------------------
+
+template <int D>
+__global__ void __launch_bounds__(kThreads, 1)
+    forward_kernel(bf16* __restrict__ out, float* __restrict__ lse, const bf16* __restrict__ q,
+                   const bf16* __restrict__ k, const bf16* __restrict__ v, int T, int H, int group, float scale_log2) {
+#if SPES_SM90A_DEVICE_CODE
+  using L = Smem<D>;
+  using QT = typename L::Block;
+  using KV = typename L::Step;
+  constexpr int BN = kStepRows, KD = D / 16, KN = BN / 16;
+  unsigned char* gsmem;
+  const uint32_t base = aligned_base(gsmem);
+  const uint32_t sQ = base + L::kBlock0, sK = base + L::kStep0, sV = base + L::kStep1;
+
+  const int m0 = (gridDim.x - 1 - blockIdx.x) * kBlockRows;  // heaviest first
+  const int h = blockIdx.y, b = blockIdx.z, Hkv = H / group, hk = h / group;
+  const int tid = static_cast<int>(threadIdx.x), wg = tid / kWarpgroup, lane = tid % 32;
+  const int t = lane % 4;
+  const int64_t q_stride = int64_t(H) * D, kv_stride = int64_t(Hkv) * D;
+  const int64_t q_off = (int64_t(b) * T * H + h) * D;
+  const bf16* kg = k + (int64_t(b) * T * Hkv + hk) * D;
+  const bf16* vg = v + (int64_t(b) * T * Hkv + hk) * D;
+  // Keys < min(T, m0 + 128): blocks beyond the last query row are all masked, not loaded.
+  const int n_blocks = (min(T, m0 + kBlockRows) + BN - 1) / BN;
+
+  load_tile<kBlockRows, D>(sQ, q + q_off, q_stride, m0, T);
+  load_tile<BN, D>(sK, kg, kv_stride, 0, T);
+  load_tile<BN, D>(sV, vg, kv_stride, 0, T);
+  cp_async_commit();
+
+  const int wr0 = m0 + wg * kWgRows;  // this warpgroup's first query
+  const int row0 = wr0 + ((tid % kWarpgroup) / 32) * 16 + lane / 4;
+  const int rows[2] = {row0, row0 + 8};
+  float o[D / 2] = {};
+  float m_run[2] = {-INFINITY, -INFINITY};  // running max of the scores, log2 units
+  float l_run[2] = {0.0f, 0.0f};            // this thread's part of the running sum
+
+  for (int nb = 0; nb < n_blocks; ++nb) {
+    const int buf = nb & 1;
+    if (nb + 1 < n_blocks) {  // prefetch the next K/V block into the other buffer
+      load_tile<BN, D>(sK + (buf ^ 1) * KV::kBytes, kg, kv_stride, (nb + 1) * BN, T);
+      load_tile<BN, D>(sV + (buf ^ 1) * KV::kBytes, vg, kv_stride, (nb + 1) * BN, T);
+      cp_async_commit();
+      cp_async_wait<1>();
+    } else {
+      cp_async_wait<0>();
+    }
+    fence_proxy_async_shared();
+    __syncthreads();
+    const int n0 = nb * BN;
+    // Warpgroup-uniform skip: every key of the block is after every query of this
+    // warpgroup, or its queries are all past T. Key 0 is visible to every query, so
+    // a warpgroup with a query < T never skips block 0.
+    if (n0 <= wr0 + kWgRows - 1 && wr0 < T) {
+      const uint32_t k_s = sK + buf * KV::kBytes, v_s = sV + buf * KV::kBytes;
+      float s[BN / 2];
+      uint32_t pa[KN][4];
+      wgmma_fence();
+#pragma unroll
+      for (int kk = 0; kk < KD; ++kk)
+        wgmma_ss<BN, 0, 0>(s, QT::k_major(sQ, wg * kWgRows, kk), KV::k_major(k_s, 0, kk), kk > 0);  // S = Q·Kᵀ
+      wgmma_commit();
+      wgmma_wait<0>();
+      fence_accumulators(s);
+
+      if (n0 + BN - 1 > wr0 || n0 + BN > T) {  // diagonal or tail block: mask
+#pragma unroll
+        for (int j = 0; j < BN / 8; ++j)
+#pragma unroll
+          for (int e = 0; e < 4; ++e) {
+            const int col = n0 + 8 * j + 2 * t + (e & 1);
+            if (col > rows[e >> 1] || col >= T) s[4 * j + e] = -INFINITY;
+          }
+      }
+      // Online softmax, per accumulator row r (rows[r]); a row lives in the 4 lanes of
+      // a quad, so reductions are two xor-shuffles.
+#pragma unroll
+      for (int r = 0; r < 2; ++r) {
+        float mx = -INFINITY;
+#pragma unroll
+        for (int j = 0; j < BN / 8; ++j) mx = fmaxf(mx, fmaxf(s[4 * j + 2 * r], s[4 * j + 2 * r + 1]));
+        mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
+        mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
+        const float m_new = fmaxf(m_run[r], mx * scale_log2);
+        // A row with no visible key yet keeps m = -inf; subtract 0 so that exp gives 0, not NaN.
+        const float m_use = m_new == -INFINITY ? 0.0f : m_new;
+        const float alpha = ex2(m_run[r] - m_use);
+        m_run[r] = m_new;
+        l_run[r] *= alpha;
+#pragma unroll
+        for (int j = 0; j < D / 8; ++j) {
+          o[4 * j + 2 * r] *= alpha;
+          o[4 * j + 2 * r + 1] *= alpha;
+        }
+#pragma unroll
+        for (int j = 0; j < BN / 8; ++j) {
+          s[4 * j + 2 * r] = ex2(fmaf(s[4 * j + 2 * r], scale_log2, -m_use));
+          s[4 * j + 2 * r + 1] = ex2(fmaf(s[4 * j + 2 * r + 1], scale_log2, -m_use));
+          l_run[r] += s[4 * j + 2 * r] + s[4 * j + 2 * r + 1];
+        }
+      }
+      pack_a<BN>(pa, s);
+      wgmma_fence();
+#pragma unroll
+      for (int kk = 0; kk < KN; ++kk) wgmma_rs<D, 1>(o, pa[kk], KV::n_major(v_s, kk), 1);  // O += P·V
+      wgmma_commit();
+      wgmma_wait<0>();
+      fence_accumulators(o);
+      fence_registers(pa);
+    }
+    __syncthreads();  // every warpgroup is done with buffer `buf` before it is refilled
+  }
+
+  float inv[2];
+#pragma unroll
+  for (int r = 0; r < 2; ++r) {
+    float l = l_run[r];
+    l += __shfl_xor_sync(0xffffffffu, l, 1);
+    l += __shfl_xor_sync(0xffffffffu, l, 2);
+    inv[r] = l > 0.0f ? 1.0f / l : 0.0f;
+    if (t == 0 && rows[r] < T)
+      lse[(int64_t(b) * H + h) * T + rows[r]] = l > 0.0f ? m_run[r] * kLn2 + logf(l) : -INFINITY;
+  }
+  // Q is no longer read (every wgmma was waited for before the last barrier).
+  store_block<D>(out + q_off, q_stride, m0, T, o, inv[0], inv[1], gsmem + L::kBlock0);
+#endif
+}
 
 // ---- dK, dV ------------------------------------------------------------------------
 
@@ -320,8 +460,8 @@ __global__ void __launch_bounds__(kThreads, 1)
   }
 
   // K and V are no longer read (every wgmma was waited for before the last barrier).
-  store_block<D>(dk + kv_off, kv_stride, n0, T, dk_acc, scale, gsmem + L::kBlock0);
-  store_block<D>(dv + kv_off, kv_stride, n0, T, dv_acc, 1.0f, gsmem + L::kBlock1);
+  store_block<D>(dk + kv_off, kv_stride, n0, T, dk_acc, scale, scale, gsmem + L::kBlock0);
+  store_block<D>(dv + kv_off, kv_stride, n0, T, dv_acc, 1.0f, 1.0f, gsmem + L::kBlock1);
 #endif
 }
 
@@ -430,7 +570,7 @@ __global__ void __launch_bounds__(kThreads, 1)
   }
 
   // Q is no longer read (every wgmma was waited for before the last barrier).
-  store_block<D>(dq + q_off, q_stride, m0, T, dq_acc, scale, gsmem + L::kBlock0);
+  store_block<D>(dq + q_off, q_stride, m0, T, dq_acc, scale, scale, gsmem + L::kBlock0);
 #endif
 }
 
@@ -493,6 +633,17 @@ const DeviceInfo& device_info() {
 }
 
 template <int D>
+void forward_impl(bf16* out, float* lse, const bf16* q, const bf16* k, const bf16* v, int B, int T, int H, int Hkv,
+                  cudaStream_t stream) {
+  const float scale_log2 = kLog2e / sqrtf(static_cast<float>(D));
+  const unsigned blocks = static_cast<unsigned>((T + kBlockRows - 1) / kBlockRows);
+  constexpr size_t smem = Smem<D>::kAlloc;
+  allow_dynamic_smem("attention_forward", forward_kernel<D>, smem);
+  launch(forward_kernel<D>, dim3(blocks, H, B), kThreads, smem, stream, out, lse, q, k, v, T, H, H / Hkv, scale_log2);
+  cuda_check_launch();
+}
+
+template <int D>
 void backward_impl(bf16* dq, bf16* dk, bf16* dv, const bf16* dout, const bf16* q, const bf16* k, const bf16* v,
                    const float* lse, const float* dsum, int B, int T, int H, int Hkv, cudaStream_t stream) {
   const float scale = 1.0f / sqrtf(static_cast<float>(D));
@@ -515,6 +666,14 @@ void backward_impl(bf16* dq, bf16* dk, bf16* dv, const bf16* dout, const bf16* q
 bool available() { return device_info().sm90a; }
 
 std::string unavailable_reason() { return device_info().why_not; }
+
+void forward(bf16* out, float* lse, const bf16* q, const bf16* k, const bf16* v, int B, int T, int H, int Hkv, int D,
+             cudaStream_t stream) {
+  if (D == 64)
+    forward_impl<64>(out, lse, q, k, v, B, T, H, Hkv, stream);
+  else
+    forward_impl<128>(out, lse, q, k, v, B, T, H, Hkv, stream);
+}
 
 void backward(bf16* dq, bf16* dk, bf16* dv, const bf16* dout, const bf16* q, const bf16* k, const bf16* v,
               const float* lse, const float* dsum, int B, int T, int H, int Hkv, int D, cudaStream_t stream) {

@@ -1,5 +1,5 @@
-// The seam between the attention launchers (cuda/attention.cu) and the Hopper
-// backward (cuda/attention_sm90.cu): a translation unit of its own because it alone
+// The seam between the attention launchers (cuda/attention.cu) and their Hopper
+// kernels (cuda/attention_sm90.cu): a translation unit of its own because it alone
 // is compiled for sm_90a (wgmma exists on no other target; see CMakeLists.txt), while
 // the rest of cuda/ is built for the plain architectures. Internal to cuda/: the
 // public contract is cuda/attention.cuh, whose launchers check every argument before
@@ -22,6 +22,10 @@ namespace spes::cuda::attention_sm90 {
 bool available();
 // Why not, when !available() (else empty).
 std::string unavailable_reason();
+
+// attention_forward (already checked; B, T > 0, D = 64 or 128).
+void forward(bf16* out, float* lse, const bf16* q, const bf16* k, const bf16* v, int B, int T, int H, int Hkv, int D,
+             cudaStream_t stream);
 
 // dK, dV and dQ of attention_backward (already checked; B, T > 0, D = 64 or 128),
 // given dsum, the row sums D_i = Σ_d dout·out that attention.cu's dsum kernel wrote.

@@ -13,12 +13,13 @@
 // issue prefetches into a buffer still being read, and the warp orders a missing
 // barrier; the kernels use no atomics, so every run must give the same bits.
 //
-// The backward runs on each kernel family the device has (AttentionPath): the
+// Forward and backward run on each kernel family the device has (AttentionPath): the
 // portable one everywhere, the sm90a one (wgmma, D = 64 and 128) where it can run,
 // the emulator included (its wgmma reads its operands at issue while copies land at
 // wait_group, at its wait_group while they land at issue: a stage refilled before the
 // wgmma reading it retired shows). Each is held to the CPU reference with the
-// tolerances above, and where both ran, to each other with the same tolerances.
+// tolerances above, and where both ran, to each other with the same tolerances (on
+// the emulator the two agree bit for bit: both sum every product in the same order).
 //
 // Mutations of attention_sm90.cu it fails on (applied by hand, not kept):
 //   Tile::chunk: the swizzle dropped (chunks stored at c, not c ^ (r % 8)): wrong values
@@ -76,8 +77,8 @@ void check_max_abs(const std::string& name, const std::vector<float>& v, double 
 
 using spes::cuda::AttentionPath;
 
-// The backward families this device runs for head dim D: portable always, sm90a
-// where it can run.
+// The kernel families this device runs for head dim D: portable always, sm90a where
+// it can run.
 std::vector<AttentionPath> backward_paths(int64_t D) {
   std::vector<AttentionPath> paths{AttentionPath::portable};
   if ((D == 64 || D == 128) && spes::cuda::attention_sm90a_available()) paths.push_back(AttentionPath::sm90a);
@@ -104,15 +105,15 @@ void check_attention(const Shape& s, ErrorReport& report) {
   DevTensor<bf16> out(nq), gq(nq), gk(nkv), gv(nkv);
   DevTensor<float> lse(nl);
   DevTensor<unsigned char> scratch(int64_t(spes::cuda::attention_backward_scratch_bytes(B, T, H)));
-  std::vector<std::vector<float>> grads;  // dq, dk, dv of each path in turn
+  std::vector<std::vector<float>> results;  // out, lse, dq, dk, dv of each path in turn
   for (AttentionPath path : backward_paths(D)) {
     const std::string name = path_name(path);
     for_each_schedule("attention " + name + " " + tag, {out, lse, gq, gk, gv, scratch}, [&] {
-      spes::cuda::attention_forward(out, lse, d_q, d_k, d_v, B, T, H, Hkv, D, stream());
+      spes::cuda::attention_forward(out, lse, d_q, d_k, d_v, B, T, H, Hkv, D, stream(), path);
       spes::cuda::attention_backward(gq, gk, gv, d_dout, d_q, d_k, d_v, out, lse, scratch, B, T, H, Hkv, D,
                                      stream(), path);
-      report.check("out", tag, download(out.get(), nq), out_ref, kTolBf16);
-      report.check("lse", tag, download(lse.get(), nl), lse_ref, kTolLse);
+      report.check("out " + name, tag, download(out.get(), nq), out_ref, kTolBf16);
+      report.check("lse " + name, tag, download(lse.get(), nl), lse_ref, kTolLse);
       if (T > 1) {
         report.check("dq " + name, tag, download(gq.get(), nq), dq_ref, kTolBf16);
         report.check("dk " + name, tag, download(gk.get(), nkv), dk_ref, kTolBf16);
@@ -125,11 +126,15 @@ void check_attention(const Shape& s, ErrorReport& report) {
       }
       report.check("dv " + name, tag, download(gv.get(), nkv), dv_ref, kTolBf16);
     });
-    for (const DevTensor<bf16>* g : {&gq, &gk, &gv}) grads.push_back(download(g->get(), g == &gq ? nq : nkv));
+    results.push_back(download(out.get(), nq));
+    results.push_back(download(lse.get(), nl));
+    for (const DevTensor<bf16>* g : {&gq, &gk, &gv}) results.push_back(download(g->get(), g == &gq ? nq : nkv));
   }
-  if (grads.size() == 6 && T > 1) {  // both paths ran: sm90a against portable
-    const char* names[3] = {"dq sm90a vs portable", "dk sm90a vs portable", "dv sm90a vs portable"};
-    for (int i = 0; i < 3; ++i) report.check(names[i], tag, grads[3 + i], grads[i], kTolBf16);
+  if (results.size() == 10) {  // both paths ran: sm90a against portable
+    const char* names[5] = {"out", "lse", "dq", "dk", "dv"};
+    for (int i = 0; i < (T > 1 ? 5 : 2); ++i)
+      report.check(std::string(names[i]) + " sm90a vs portable", tag, results[5 + i], results[i],
+                   i == 1 ? kTolLse : kTolBf16);
   }
 }
 
@@ -184,12 +189,12 @@ GPU_TEST_CASE("cuda attention matches the CPU reference, head dim 128") {
     check_attention(s, report);
 }
 
-// The backward's path argument (AttentionPath): automatic runs the sm90a family
-// where it can (so the same bits as forcing it), else the portable one (the same bits
-// as forcing that); forcing sm90a throws for D = 32, and where it cannot run. Which
+// The launchers' path argument (AttentionPath): automatic runs the sm90a family where
+// it can (so the same bits as forcing it), else the portable one (the same bits as
+// forcing that); forcing sm90a throws for D = 32, and where it cannot run. Which
 // kernels each choice ran, and SPES_ATTENTION=portable (not set here): the emulator's
 // tests/emu/test_emu_attention_path.cpp.
-GPU_TEST_CASE("cuda attention backward: the path argument picks the kernel family") {
+GPU_TEST_CASE("cuda attention: the path argument picks the kernel family") {
   using spes::cuda::attention_backward;
   const int64_t B = 1, T = 100, H = 4, Hkv = 2;
   for (int64_t D : {32, 64, 128}) {
@@ -201,12 +206,13 @@ GPU_TEST_CASE("cuda attention backward: the path argument picks the kernel famil
     DevTensor<bf16> out(nq), gq(nq), gk(nkv), gv(nkv);
     DevTensor<float> lse(nl);
     DevTensor<unsigned char> scratch(int64_t(spes::cuda::attention_backward_scratch_bytes(B, T, H)));
-    spes::cuda::attention_forward(out, lse, d_q, d_k, d_v, B, T, H, Hkv, D, stream());
     auto run = [&](AttentionPath path) {
+      spes::cuda::attention_forward(out, lse, d_q, d_k, d_v, B, T, H, Hkv, D, stream(), path);
       attention_backward(gq, gk, gv, d_dout, d_q, d_k, d_v, out, lse, scratch, B, T, H, Hkv, D, stream(), path);
-      std::vector<float> all = download(gq.get(), nq), dk = download(gk.get(), nkv), dv = download(gv.get(), nkv);
-      all.insert(all.end(), dk.begin(), dk.end());
-      all.insert(all.end(), dv.begin(), dv.end());
+      std::vector<float> all = download(out.get(), nq);
+      for (const auto& part : {download(lse.get(), nl), download(gq.get(), nq), download(gk.get(), nkv),
+                               download(gv.get(), nkv)})
+        all.insert(all.end(), part.begin(), part.end());
       return all;
     };
     const std::vector<float> automatic = run(AttentionPath::automatic), portable = run(AttentionPath::portable);
@@ -218,6 +224,20 @@ GPU_TEST_CASE("cuda attention backward: the path argument picks the kernel famil
       continue;
     }
     CHECK_MESSAGE(bitwise_equal(automatic, run(AttentionPath::sm90a)), "automatic is not the sm90a path where it can run");
+  }
+  // T = 0 on every path the device has: no work, the outputs keep their bits.
+  for (AttentionPath path : backward_paths(64)) {
+    INFO(path_name(path) << " T=0");
+    DevTensor<bf16> g(64), in(64);
+    DevTensor<float> l(16);
+    DevTensor<unsigned char> sc(256);
+    g.poison();
+    l.poison();
+    const std::vector<float> before = download(g.get(), 64), lse_before = download(l.get(), 16);
+    spes::cuda::attention_forward(g, l, in, in, in, 2, 0, 4, 2, 64, stream(), path);
+    attention_backward(g, g + 16, g + 32, in, in, in, in, in, l, sc, 2, 0, 4, 2, 64, stream(), path);
+    CHECK_MESSAGE(bitwise_equal(download(g.get(), 64), before), "a T = 0 call wrote its outputs");
+    CHECK_MESSAGE(bitwise_equal(download(l.get(), 16), lse_before), "a T = 0 forward wrote lse");
   }
 }
 

@@ -1,6 +1,7 @@
-// SPES_ATTENTION, the environment override of the attention backward's automatic
+// SPES_ATTENTION, the environment override of the attention launchers' automatic
 // choice of kernel family (cuda/attention.cu), on the emulator, whose H100 runs the
-// sm90a family: unset (or empty), automatic runs the sm90a kernels; "portable", the
+// sm90a family: unset (or empty), automatic runs the sm90a kernels (forward and
+// backward); "portable", the
 // portable ones; any other value is refused with one line naming the variable. Which
 // family ran is told by the wgmma the emulator counts (emu::wgmma_issued), not by the
 // bits: here both families sum every product in the same order (the emulated mma.sync
@@ -45,18 +46,20 @@ void report_automatic(const char* value) {
   upload_bf16(k, random_bf16_values(nkv));
   upload_bf16(v, random_bf16_values(nkv));
   upload_bf16(dout, random_bf16_values(nq));
-  spes::cuda::attention_forward(out.as<bf16>(), lse.as<float>(), q.as<bf16>(), k.as<bf16>(), v.as<bf16>(), B, T, H,
-                                Hkv, D, nullptr);
   auto grads = device_buffer<bf16>(nq + 2 * nkv);
   auto run = [&](AttentionPath path) {
     const uint64_t wgmma_before = emu::wgmma_issued();
+    spes::cuda::attention_forward(out.as<bf16>(), lse.as<float>(), q.as<bf16>(), k.as<bf16>(), v.as<bf16>(), B, T,
+                                  H, Hkv, D, nullptr, path);
     bf16* g = grads.as<bf16>();
     spes::cuda::attention_backward(g, g + nq, g + nq + nkv, dout.as<bf16>(), q.as<bf16>(), k.as<bf16>(), v.as<bf16>(),
                                    out.as<bf16>(), lse.as<float>(), scratch.as<void>(), B, T, H, Hkv, D, nullptr,
                                    path);
     std::fprintf(stderr, "%s: %s\n", path == AttentionPath::automatic ? "automatic" : path == AttentionPath::sm90a ? "sm90a" : "portable",
                  emu::wgmma_issued() > wgmma_before ? "wgmma" : "no wgmma");
-    return download<uint16_t>(grads, nq + 2 * nkv);
+    std::vector<uint16_t> bits = download<uint16_t>(out, nq), g_bits = download<uint16_t>(grads, nq + 2 * nkv);
+    bits.insert(bits.end(), g_bits.begin(), g_bits.end());
+    return bits;
   };
   try {
     const auto automatic = run(AttentionPath::automatic), portable = run(AttentionPath::portable),
@@ -69,7 +72,7 @@ void report_automatic(const char* value) {
 
 }  // namespace
 
-TEST_CASE("emulated attention backward: SPES_ATTENTION=portable overrides the automatic sm90a choice") {
+TEST_CASE("emulated attention: SPES_ATTENTION=portable overrides the automatic sm90a choice") {
   const std::string sm90a_chosen = "automatic: wgmma\nportable: no wgmma\nsm90a: wgmma\nsame bits\n[returned]";
   const std::string unset = run_in_child([] { report_automatic(nullptr); });
   MESSAGE(unset);
@@ -80,5 +83,5 @@ TEST_CASE("emulated attention backward: SPES_ATTENTION=portable overrides the au
   CHECK(portable == "automatic: no wgmma\nportable: no wgmma\nsm90a: wgmma\nsame bits\n[returned]");
   const std::string bad = run_in_child([] { report_automatic("sm90"); });
   MESSAGE(bad);
-  CHECK(has(bad, "error: attention_backward: SPES_ATTENTION is \"sm90\"; it may only be \"portable\" or unset\n"));
+  CHECK(has(bad, "error: attention_forward: SPES_ATTENTION is \"sm90\"; it may only be \"portable\" or unset\n"));
 }
