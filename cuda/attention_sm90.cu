@@ -83,7 +83,6 @@ constexpr int kBlockRows = 128; // dkv: keys per CTA; dq: queries per CTA
 constexpr int kStepRows = 64;   // dkv: queries per step; dq: keys per step
 constexpr uint32_t kLineBytes = 128, kAtomBytes = 1024;
 constexpr float kLog2e = 1.4426950408889634f;
-constexpr float kLn2 = 0.6931471805599453f;
 static_assert(kBlockRows == 2 * kWgRows && kThreads == 2 * kWarpgroup, "a warpgroup per 64 rows of the block");
 
 // The swizzled tile of R rows × D columns (see the file comment).
@@ -128,6 +127,8 @@ __device__ __forceinline__ uint32_t pack_bf16(float lo, float hi) {
 }
 
 #if SPES_SM90A_DEVICE_CODE
+
+constexpr float kLn2 = 0.6931471805599453f;
 
 // Copies rows [row0, row0 + R) of one head into a swizzled tile; row r of the head is
 // at src + r·stride. Rows ≥ T are zero-filled without a read (their address is row 0's).

@@ -21,14 +21,19 @@
 // tolerances above, and where both ran, to each other with the same tolerances (on
 // the emulator the two agree bit for bit: both sum every product in the same order).
 //
-// Mutations of attention_sm90.cu it fails on (applied by hand, not kept):
-//   Tile::chunk: the swizzle dropped (chunks stored at c, not c ^ (r % 8)): wrong values
-//   Tile::n_major: leading offset 1024 instead of the panel size: wrong dk, dv (D = 128)
-//   dkv: wgmma_wait<1> before Pᵀ → no wait: NaN / wrong values
-//   dkv or dq: fence_proxy_async_shared + __syncthreads after the wait removed: NaN
-//   dkv or dq: the trailing __syncthreads removed: results differ by schedule
+// Mutations of attention_sm90.cu it fails on (applied by script, not kept; D = 64 cases
+// unless said):
+//   Tile::chunk: the swizzle dropped (chunks stored at c, not c ^ (r % 8)): wrong dq, dk, dv
+//   Tile::n_major: leading offset 1024 instead of the panel size: wrong dq, dk, dv (D = 128)
+//   dkv: the wgmma_wait<1> before Pᵀ removed: wrong dk, dv, bits differ by schedule
+//   dkv, dq: fence_proxy_async_shared + __syncthreads after the cp.async wait removed: inf
+//   dkv: the trailing __syncthreads removed: wrong dv, bits differ by schedule
+//   forward: the trailing __syncthreads removed: wrong out (T = 129)
+//   forward: the wgmma_wait<0> after S removed: wrong out
+//   forward: the rescale of O by alpha dropped: wrong out
 //   pack_a: registers 1 and 2 swapped: wrong values
-//   dkv: the query ≥ T term of the mask removed: wrong dk, dv
+// Survives, being equivalent: dkv's query ≥ T mask term (rows past T are zero-filled,
+// so their dO and Q add nothing to dV and dK).
 //
 // Mutations of attention.cu it fails on (applied by hand, not kept):
 //   ldsm_b_kn / ldsm_b_nk: the lane bits picking k and n matrices swapped: wrong values
