@@ -56,7 +56,7 @@
 //     leading offset), 8 k an atom 1024 B apart (stride offset); k16 step kk starts
 //     16 lines (2 KB) in.
 //
-// Ordering. k-step it: each thread waits for its own cp.async of it, fences them to
+// Ordering. Step it: each thread waits for its own cp.async of it, fences them to
 // the async proxy (wgmma reads through it), and a barrier makes everyone's visible;
 // each warpgroup waits for all its wgmma before the barrier that ends the step, after
 // which the step's buffers may be refilled. Outputs are staged through shared memory
@@ -79,8 +79,8 @@ namespace {
 constexpr int kThreads = 256;   // two warpgroups
 constexpr int kWarpgroup = 128;
 constexpr int kWgRows = 64;     // rows per warpgroup: the wgmma M
-constexpr int kBlockRows = 128; // dkv: keys per CTA; dq: queries per CTA
-constexpr int kStepRows = 64;   // dkv: queries per step; dq: keys per step
+constexpr int kBlockRows = 128; // dkv: keys per CTA; forward, dq: queries per CTA
+constexpr int kStepRows = 64;   // dkv: queries per step; forward, dq: keys per step
 constexpr uint32_t kLineBytes = 128, kAtomBytes = 1024;
 constexpr float kLog2e = 1.4426950408889634f;
 static_assert(kBlockRows == 2 * kWgRows && kThreads == 2 * kWarpgroup, "a warpgroup per 64 rows of the block");
@@ -164,10 +164,10 @@ __device__ __forceinline__ void pack_a(uint32_t (&a)[N / 16][4], const float (&a
 }
 
 // Writes the 128 × D block whose accumulators the warpgroups hold (this thread's acc,
-// D/2 values, its rows r0 and r0 + 8 times mul_lo and mul_hi) as bf16 to rows [row0, row0 + 128) ∩ [0, T) of dst (row r at
-// dst + r·stride), through `stage` (a free 128 × D shared tile, generic pointer). The
-// caller has a barrier behind every use of `stage` before; this one has one between
-// the staging and the stores.
+// D/2 values, its rows r0 and r0 + 8 times mul_lo and mul_hi) as bf16 to rows
+// [row0, row0 + 128) ∩ [0, T) of dst (row r at dst + r·stride), through `stage` (a
+// free 128 × D shared tile, generic pointer). The caller has a barrier behind every
+// use of `stage` before; this one has one between the staging and the stores.
 template <int D>
 __device__ __forceinline__ void store_block(bf16* dst, int64_t stride, int row0, int T, const float (&acc)[D / 2],
                                             float mul_lo, float mul_hi, unsigned char* stage) {

@@ -228,7 +228,8 @@ GPU_TEST_CASE("cuda attention: the path argument picks the kernel family") {
                                                             : "the sm90a path cannot run here");
       continue;
     }
-    CHECK_MESSAGE(bitwise_equal(automatic, run(AttentionPath::sm90a)), "automatic is not the sm90a path where it can run");
+    CHECK_MESSAGE(bitwise_equal(automatic, run(AttentionPath::sm90a)),
+                  "automatic is not the sm90a path where it can run");
   }
   // T = 0 on every path the device has: no work, the outputs keep their bits.
   for (AttentionPath path : backward_paths(64)) {

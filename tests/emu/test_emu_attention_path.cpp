@@ -55,8 +55,10 @@ void report_automatic(const char* value) {
     spes::cuda::attention_backward(g, g + nq, g + nq + nkv, dout.as<bf16>(), q.as<bf16>(), k.as<bf16>(), v.as<bf16>(),
                                    out.as<bf16>(), lse.as<float>(), scratch.as<void>(), B, T, H, Hkv, D, nullptr,
                                    path);
-    std::fprintf(stderr, "%s: %s\n", path == AttentionPath::automatic ? "automatic" : path == AttentionPath::sm90a ? "sm90a" : "portable",
-                 emu::wgmma_issued() > wgmma_before ? "wgmma" : "no wgmma");
+    const char* name = path == AttentionPath::automatic ? "automatic"
+                       : path == AttentionPath::sm90a   ? "sm90a"
+                                                        : "portable";
+    std::fprintf(stderr, "%s: %s\n", name, emu::wgmma_issued() > wgmma_before ? "wgmma" : "no wgmma");
     std::vector<uint16_t> bits = download<uint16_t>(out, nq), g_bits = download<uint16_t>(grads, nq + 2 * nkv);
     bits.insert(bits.end(), g_bits.begin(), g_bits.end());
     return bits;
@@ -64,7 +66,8 @@ void report_automatic(const char* value) {
   try {
     const auto automatic = run(AttentionPath::automatic), portable = run(AttentionPath::portable),
                sm90a = run(AttentionPath::sm90a);
-    std::fprintf(stderr, "%s\n", same_bits(automatic, portable) && same_bits(portable, sm90a) ? "same bits" : "other bits");
+    const bool same = same_bits(automatic, portable) && same_bits(portable, sm90a);
+    std::fprintf(stderr, "%s\n", same ? "same bits" : "other bits");
   } catch (const std::exception& e) {
     std::fprintf(stderr, "error: %s\n", e.what());
   }
