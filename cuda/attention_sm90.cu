@@ -118,17 +118,20 @@ struct Smem {  // byte offsets from the 1024-aligned base; the kernels share one
                             kStep1 = kStep0 + 2 * Step::kBytes, kVec = kStep1 + 2 * Step::kBytes,
                             kBytes = kVec + 4 * kStepRows * sizeof(float);
   static constexpr size_t kAlloc = kBytes + kAtomBytes;  // room to align the base
-  static_assert(Block::kBytes % kAtomBytes == 0 && Step::kBytes % kAtomBytes == 0, "tiles stay 1024-aligned");
+  static_assert(kBlock0 % kAtomBytes == 0 && kBlock1 % kAtomBytes == 0 && kStep0 % kAtomBytes == 0 &&
+                    kStep1 % kAtomBytes == 0 && Step::kBytes % kAtomBytes == 0,
+                "tiles stay 1024-aligned");
 };
-
-__device__ __forceinline__ uint32_t pack_bf16(float lo, float hi) {
-  __nv_bfloat162 v = __floats2bfloat162_rn(lo, hi);
-  return *reinterpret_cast<uint32_t*>(&v);
-}
 
 #if SPES_SM90A_DEVICE_CODE
 
 constexpr float kLn2 = 0.6931471805599453f;
+
+// Two floats → packed bf16x2, `lo` in the low half (the lower column of a fragment pair).
+__device__ __forceinline__ uint32_t pack_bf16(float lo, float hi) {
+  __nv_bfloat162 v = __floats2bfloat162_rn(lo, hi);
+  return *reinterpret_cast<uint32_t*>(&v);
+}
 
 // Copies rows [row0, row0 + R) of one head into a swizzled tile; row r of the head is
 // at src + r·stride. Rows ≥ T are zero-filled without a read (their address is row 0's).
