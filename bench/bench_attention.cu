@@ -5,11 +5,16 @@
 // FlashAttention-2 paper's benchmark), MHA, for D = 32, 64, 128; one GQA row (4 query
 // heads per kv head); one row at the tiny demo's heads (d_model 128 = 4 heads × 32,
 // S = 256).
+// Forward and backward are timed on the portable kernels (mma.sync) and, for D = 64
+// and 128 on a GPU that runs them, on the sm90a ones (wgmma), rows marked "sm90a"; the main
+// shape of issue 28 (spes-1b: B = 8, S = 2048, 12 heads of 64) has a row of its own.
 // Next to the measured cuBLAS bf16 GEMM ceiling. Prints "no GPU: <reason>" and
 // exits 0 without a GPU.
 // Goal (issue 5, H100): causal D=128 S=2k forward ≥ 300, backward ≥ 250 TFLOP/s.
 #include <cstdio>
 #include <string>
+#include <utility>
+#include <vector>
 
 #include "bench/common.cuh"
 #include "cuda/attention.cuh"
@@ -33,20 +38,28 @@ void run(spes::bench::Bench& bench, int64_t S, int64_t D, int64_t H, int64_t Hkv
   const std::string size = "B=" + std::to_string(B) + " S=" + std::to_string(S) + " H=" + std::to_string(H) +
                            (Hkv != H ? "/" + std::to_string(Hkv) : "");
   const std::string tag = " D=" + std::to_string(D);
-  auto forward = [&] {
-    spes::cuda::attention_forward(out.as<bf16>(), lse.as<float>(), q.as<bf16>(), k.as<bf16>(), v.as<bf16>(), B, S, H,
-                                  Hkv, D, s);
-  };
-  forward();  // out and lse for the backward
-  bench.flop_row("attention fwd causal" + tag, size, forward, fwd_flops);
-  bench.flop_row(
-      "attention bwd causal" + tag, size,
-      [&] {
-        spes::cuda::attention_backward(dq.as<bf16>(), dk.as<bf16>(), dv.as<bf16>(), dout.as<bf16>(), q.as<bf16>(),
-                                       k.as<bf16>(), v.as<bf16>(), out.as<bf16>(), lse.as<float>(), scratch.p, B,
-                                       S, H, Hkv, D, s);
-      },
-      2.5 * fwd_flops);
+  // Each kernel family this GPU runs (AttentionPath), portable first.
+  std::vector<std::pair<spes::cuda::AttentionPath, const char*>> paths{{spes::cuda::AttentionPath::portable, ""}};
+  if ((D == 64 || D == 128) && spes::cuda::attention_sm90a_available())
+    paths.push_back({spes::cuda::AttentionPath::sm90a, " sm90a"});
+  for (const auto& [path, name] : paths) {
+    auto forward = [&] {
+      spes::cuda::attention_forward(out.as<bf16>(), lse.as<float>(), q.as<bf16>(), k.as<bf16>(), v.as<bf16>(), B, S,
+                                    H, Hkv, D, s, path);
+    };
+    bench.flop_row("attention fwd causal" + tag + name, size, forward, fwd_flops);
+  }
+  spes::cuda::attention_forward(out.as<bf16>(), lse.as<float>(), q.as<bf16>(), k.as<bf16>(), v.as<bf16>(), B, S, H,
+                                Hkv, D, s, spes::cuda::AttentionPath::portable);  // out and lse for the backward
+  for (const auto& [path, name] : paths)
+    bench.flop_row(
+        "attention bwd causal" + tag + name, size,
+        [&] {
+          spes::cuda::attention_backward(dq.as<bf16>(), dk.as<bf16>(), dv.as<bf16>(), dout.as<bf16>(), q.as<bf16>(),
+                                         k.as<bf16>(), v.as<bf16>(), out.as<bf16>(), lse.as<float>(), scratch.p, B,
+                                         S, H, Hkv, D, s, path);
+        },
+        2.5 * fwd_flops);
 }
 
 }  // namespace
@@ -58,6 +71,7 @@ int main() {
     for (int64_t D : {32, 64, 128})
       for (int64_t S : {1024, 2048, 4096, 8192}) run(bench, S, D, 2048 / D, 2048 / D);
     run(bench, 2048, 128, 16, 4);  // GQA
+    run(bench, 2048, 64, 12, 12);  // spes-1b's attention (B = 16384 / S = 8)
     run(bench, 256, 32, 4, 4);     // configs/tiny.toml's attention, 16k tokens
   } catch (const std::exception& e) {
     std::fprintf(stderr, "bench_attention: %s\n", e.what());

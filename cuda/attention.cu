@@ -44,6 +44,10 @@
 // store_rows moves 16·4 = 64 chunks per warp, 2 per lane. The dsum kernel reads
 // D/2 = 16 bf16 pairs per row: lanes 16-31 add nothing.
 //
+// On a Hopper GPU the forward, dkv and dq kernels of D = 64 and 128 give way to their
+// wgmma twins (cuda/attention_sm90.cu, chosen by the launchers, AttentionPath); the
+// dsum kernel serves both backwards.
+//
 // Shared memory per CTA (D=64 / D=128): forward 54 / 102 KB, dkv 55 / 103 KB, dq
 // 54 / 102 KB, above the 48 KB default (allow_dynamic_smem opts in); D=32 (the D=64 tiles):
 // forward 30 KB, dkv 31 KB, dq 30 KB. bench/bench_attention.cu measures the kernels,
@@ -51,9 +55,11 @@
 #include "cuda/attention.cuh"
 
 #include <cstdint>
+#include <cstdlib>
 #include <string>
 #include <utility>
 
+#include "cuda/attention_sm90.cuh"
 #include "cuda/check.cuh"
 #include "cuda/common.cuh"
 #include "cuda/ptx.cuh"
@@ -648,21 +654,22 @@ void forward_impl(bf16* out, float* lse, const bf16* q, const bf16* k, const bf1
   cuda_check_launch();
 }
 
-template <int D>
-void backward_impl(bf16* dq, bf16* dk, bf16* dv, const bf16* dout, const bf16* q, const bf16* k, const bf16* v,
-                   const bf16* out, const float* lse, float* dsum, int B, int T, int H, int Hkv,
-                   cudaStream_t stream) {
-  const float scale = 1.0f / sqrtf(static_cast<float>(D));
-  const float scale_log2 = scale * kLog2e;
-  const int group = H / Hkv;
-
+void launch_dsum(float* dsum, const bf16* dout, const bf16* out, int B, int T, int H, int D, cudaStream_t stream) {
   const int64_t n_rows = int64_t(B) * T * H;
   constexpr int kDsumThreads = 256;
   const int64_t dsum_blocks = (n_rows * 32 + kDsumThreads - 1) / kDsumThreads;
   launch(attention_backward_dsum_kernel, static_cast<unsigned>(dsum_blocks), kDsumThreads, 0, stream, dsum, dout, out,
          n_rows, T, H, D);
   cuda_check_launch();
+}
 
+// The portable dkv and dq kernels, after launch_dsum.
+template <int D>
+void backward_impl(bf16* dq, bf16* dk, bf16* dv, const bf16* dout, const bf16* q, const bf16* k, const bf16* v,
+                   const float* lse, const float* dsum, int B, int T, int H, int Hkv, cudaStream_t stream) {
+  const float scale = 1.0f / sqrtf(static_cast<float>(D));
+  const float scale_log2 = scale * kLog2e;
+  const int group = H / Hkv;
   {
     constexpr int BM = Tiles<D>::kKvM, BN = Tiles<D>::kKvN;
     using Cfg = BwdKvConfig<D, BM, BN>;
@@ -685,10 +692,39 @@ void backward_impl(bf16* dq, bf16* dk, bf16* dv, const bf16* dout, const bf16* q
   }
 }
 
+// SPES_ATTENTION=portable keeps the automatic choice on the portable kernels (read
+// at each call, a getenv per backward): a way around the Hopper kernels on a machine
+// where they misbehave, and how a bench times the whole step on each path.
+bool portable_forced(const char* op) {
+  const char* const value = std::getenv("SPES_ATTENTION");
+  require(value == nullptr || *value == '\0' || std::string(value) == "portable", op,
+          std::string("SPES_ATTENTION is \"") + (value ? value : "") + "\"; it may only be \"portable\" or unset");
+  return value != nullptr && std::string(value) == "portable";
+}
+
+// The kernel family a call runs on: `requested` resolved for the current device and D.
+AttentionPath choose_path(const char* op, AttentionPath requested, int64_t D) {
+  switch (requested) {
+    case AttentionPath::portable:
+      return requested;
+    case AttentionPath::sm90a:
+      require(D == 64 || D == 128, op, "the sm90a path covers head dims 64 and 128, not " + std::to_string(D));
+      require(attention_sm90::available(), op,
+              "the sm90a path cannot run here: " + attention_sm90::unavailable_reason());
+      return requested;
+    default:
+      return (D == 64 || D == 128) && attention_sm90::available() && !portable_forced(op) ? AttentionPath::sm90a
+                                                                                          : AttentionPath::portable;
+  }
+}
+
 }  // namespace
 
+bool attention_sm90a_available() { return attention_sm90::available(); }
+std::string attention_sm90a_unavailable_reason() { return attention_sm90::unavailable_reason(); }
+
 void attention_forward(bf16* out, float* lse, const bf16* q, const bf16* k, const bf16* v, int64_t B, int64_t T,
-                       int64_t H, int64_t Hkv, int64_t D, cudaStream_t stream) {
+                       int64_t H, int64_t Hkv, int64_t D, cudaStream_t stream, AttentionPath path) {
   const char* op = "attention_forward";
   check_shape(op, B, T, H, Hkv, D);
   check_bf16(op, out, "out");
@@ -696,7 +732,12 @@ void attention_forward(bf16* out, float* lse, const bf16* q, const bf16* k, cons
   check_bf16(op, k, "k");
   check_bf16(op, v, "v");
   require_ptr(lse, 4, op, "lse");
+  const AttentionPath chosen = choose_path(op, path, D);
   if (B == 0 || T == 0) return;
+  if (chosen == AttentionPath::sm90a) {
+    attention_sm90::forward(out, lse, q, k, v, int(B), int(T), int(H), int(Hkv), int(D), stream);
+    return;
+  }
   switch (D) {  // check_shape admitted only these
     case 32: forward_impl<32>(out, lse, q, k, v, int(B), int(T), int(H), int(Hkv), stream); break;
     case 64: forward_impl<64>(out, lse, q, k, v, int(B), int(T), int(H), int(Hkv), stream); break;
@@ -711,7 +752,7 @@ size_t attention_backward_scratch_bytes(int64_t B, int64_t T, int64_t H) {
 
 void attention_backward(bf16* dq, bf16* dk, bf16* dv, const bf16* dout, const bf16* q, const bf16* k,
                         const bf16* v, const bf16* out, const float* lse, void* scratch, int64_t B, int64_t T,
-                        int64_t H, int64_t Hkv, int64_t D, cudaStream_t stream) {
+                        int64_t H, int64_t Hkv, int64_t D, cudaStream_t stream, AttentionPath path) {
   const char* op = "attention_backward";
   check_shape(op, B, T, H, Hkv, D);
   check_bf16(op, dq, "dq");
@@ -724,17 +765,19 @@ void attention_backward(bf16* dq, bf16* dk, bf16* dv, const bf16* dout, const bf
   check_bf16(op, out, "out");
   require_ptr(lse, 4, op, "lse");
   require_ptr(scratch, 16, op, "scratch");
+  const AttentionPath chosen = choose_path(op, path, D);
   if (B == 0 || T == 0) return;
   float* dsum = static_cast<float*>(scratch);
+  launch_dsum(dsum, dout, out, int(B), int(T), int(H), int(D), stream);
+  if (chosen == AttentionPath::sm90a) {
+    attention_sm90::backward(dq, dk, dv, dout, q, k, v, lse, dsum, int(B), int(T), int(H), int(Hkv), int(D), stream);
+    return;
+  }
   switch (D) {  // check_shape admitted only these
-    case 32:
-      backward_impl<32>(dq, dk, dv, dout, q, k, v, out, lse, dsum, int(B), int(T), int(H), int(Hkv), stream);
-      break;
-    case 64:
-      backward_impl<64>(dq, dk, dv, dout, q, k, v, out, lse, dsum, int(B), int(T), int(H), int(Hkv), stream);
-      break;
+    case 32: backward_impl<32>(dq, dk, dv, dout, q, k, v, lse, dsum, int(B), int(T), int(H), int(Hkv), stream); break;
+    case 64: backward_impl<64>(dq, dk, dv, dout, q, k, v, lse, dsum, int(B), int(T), int(H), int(Hkv), stream); break;
     default:
-      backward_impl<128>(dq, dk, dv, dout, q, k, v, out, lse, dsum, int(B), int(T), int(H), int(Hkv), stream);
+      backward_impl<128>(dq, dk, dv, dout, q, k, v, lse, dsum, int(B), int(T), int(H), int(Hkv), stream);
       break;
   }
 }

@@ -10,20 +10,39 @@
 // No T×T matrix is ever written to global memory. Both passes are deterministic:
 // no atomics, every output element is reduced by one thread in a fixed order
 // (dK/dV sum over the query heads of a GQA group inside one CTA).
+//
+// Forward and backward each have two kernel families with the same contract and the
+// same results up to summation order and rounding: the portable one (mma.sync, any
+// GPU of sm_80 or later, every D; cuda/attention.cu) and the Hopper one (wgmma, D = 64
+// and 128, an sm_90 GPU in a build that carries sm_90a code; cuda/attention_sm90.cu).
+// `path` picks: automatic (the default) takes the Hopper family wherever it can run,
+// else the portable one; portable and sm90a force one, for tests and benches (sm90a
+// throws spes::Error where it cannot run, or for D = 32).
 #pragma once
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
 
 #include <cstddef>
 #include <cstdint>
+#include <string>
 
 namespace spes::cuda {
 
 using bf16 = __nv_bfloat16;
 
+// automatic: the sm90a family where it can run and D is 64 or 128, else the portable
+// one; the environment variable SPES_ATTENTION=portable keeps it on the portable one.
+enum class AttentionPath { automatic, portable, sm90a };
+
+// Whether the sm90a kernels can run on the current device (asked once per device),
+// and if not, why (a sentence for test and bench output; empty when it can).
+bool attention_sm90a_available();
+std::string attention_sm90a_unavailable_reason();
+
 // out = softmax(q·kᵀ/√D + causal mask)·v, lse = per-row logsumexp (saved for backward).
 void attention_forward(bf16* out, float* lse, const bf16* q, const bf16* k, const bf16* v,
-                       int64_t B, int64_t T, int64_t H, int64_t Hkv, int64_t D, cudaStream_t stream);
+                       int64_t B, int64_t T, int64_t H, int64_t Hkv, int64_t D, cudaStream_t stream,
+                       AttentionPath path = AttentionPath::automatic);
 
 // Bytes of device scratch attention_backward needs (the row sums D_i = dout·out).
 size_t attention_backward_scratch_bytes(int64_t B, int64_t T, int64_t H);
@@ -32,6 +51,7 @@ size_t attention_backward_scratch_bytes(int64_t B, int64_t T, int64_t H);
 // `scratch` holds attention_backward_scratch_bytes(B, T, H) bytes, 16-byte aligned.
 void attention_backward(bf16* dq, bf16* dk, bf16* dv, const bf16* dout, const bf16* q, const bf16* k,
                         const bf16* v, const bf16* out, const float* lse, void* scratch, int64_t B,
-                        int64_t T, int64_t H, int64_t Hkv, int64_t D, cudaStream_t stream);
+                        int64_t T, int64_t H, int64_t Hkv, int64_t D, cudaStream_t stream,
+                        AttentionPath path = AttentionPath::automatic);
 
 }  // namespace spes::cuda

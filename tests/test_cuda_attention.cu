@@ -13,6 +13,28 @@
 // issue prefetches into a buffer still being read, and the warp orders a missing
 // barrier; the kernels use no atomics, so every run must give the same bits.
 //
+// Forward and backward run on each kernel family the device has (AttentionPath): the
+// portable one everywhere, the sm90a one (wgmma, D = 64 and 128) where it can run,
+// the emulator included (its wgmma reads its operands at issue while copies land at
+// wait_group, at its wait_group while they land at issue: a stage refilled before the
+// wgmma reading it retired shows). Each is held to the CPU reference with the
+// tolerances above, and where both ran, to each other with the same tolerances (on
+// the emulator the two agree bit for bit: both sum every product in the same order).
+//
+// Mutations of attention_sm90.cu it fails on (applied by script, not kept; D = 64 cases
+// unless said):
+//   Tile::chunk: the swizzle dropped (chunks stored at c, not c ^ (r % 8)): wrong dq, dk, dv
+//   Tile::n_major: leading offset 1024 instead of the panel size: wrong dq, dk, dv (D = 128)
+//   dkv: the wgmma_wait<1> before Pᵀ removed: wrong dk, dv, bits differ by schedule
+//   dkv, dq: fence_proxy_async_shared + __syncthreads after the cp.async wait removed: inf
+//   dkv: the trailing __syncthreads removed: wrong dv, bits differ by schedule
+//   forward: the trailing __syncthreads removed: wrong out (T = 129)
+//   forward: the wgmma_wait<0> after S removed: wrong out
+//   forward: the rescale of O by alpha dropped: wrong out
+//   pack_a: registers 1 and 2 swapped: wrong values
+// Survives, being equivalent: dkv's query ≥ T mask term (rows past T are zero-filled,
+// so their dO and Q add nothing to dV and dK).
+//
 // Mutations of attention.cu it fails on (applied by hand, not kept):
 //   ldsm_b_kn / ldsm_b_nk: the lane bits picking k and n matrices swapped: wrong values
 //   forward, dkv or dq: cp_async_wait<1> → <2>: NaN (landing at wait_group)
@@ -58,6 +80,17 @@ void check_max_abs(const std::string& name, const std::vector<float>& v, double 
   CHECK_MESSAGE(max <= bound, name << ": max |value| " << max << " > " << bound);
 }
 
+using spes::cuda::AttentionPath;
+
+// The kernel families this device runs for head dim D: portable always, sm90a where
+// it can run.
+std::vector<AttentionPath> backward_paths(int64_t D) {
+  std::vector<AttentionPath> paths{AttentionPath::portable};
+  if ((D == 64 || D == 128) && spes::cuda::attention_sm90a_available()) paths.push_back(AttentionPath::sm90a);
+  return paths;
+}
+const char* path_name(AttentionPath p) { return p == AttentionPath::sm90a ? "sm90a" : "portable"; }
+
 void check_attention(const Shape& s, ErrorReport& report) {
   const auto [B, T, H, Hkv, D, q_scale] = s;
   const std::string tag = "B=" + std::to_string(B) + " T=" + std::to_string(T) + " H=" + std::to_string(H) +
@@ -77,23 +110,37 @@ void check_attention(const Shape& s, ErrorReport& report) {
   DevTensor<bf16> out(nq), gq(nq), gk(nkv), gv(nkv);
   DevTensor<float> lse(nl);
   DevTensor<unsigned char> scratch(int64_t(spes::cuda::attention_backward_scratch_bytes(B, T, H)));
-  for_each_schedule("attention " + tag, {out, lse, gq, gk, gv, scratch}, [&] {
-    spes::cuda::attention_forward(out, lse, d_q, d_k, d_v, B, T, H, Hkv, D, stream());
-    spes::cuda::attention_backward(gq, gk, gv, d_dout, d_q, d_k, d_v, out, lse, scratch, B, T, H, Hkv, D, stream());
-    report.check("out", tag, download(out.get(), nq), out_ref, kTolBf16);
-    report.check("lse", tag, download(lse.get(), nl), lse_ref, kTolLse);
-    if (T > 1) {
-      report.check("dq", tag, download(gq.get(), nq), dq_ref, kTolBf16);
-      report.check("dk", tag, download(gk.get(), nkv), dk_ref, kTolBf16);
-    } else {
-      // One key: its probability is 1 whatever the scores, so dq and dk are zero and
-      // both sides hold only rounding (dO·v − dO·O with O in bf16): a relative error
-      // against that noise means nothing. Bound it absolutely instead.
-      check_max_abs("dq " + tag, download(gq.get(), nq), 5e-2);
-      check_max_abs("dk " + tag, download(gk.get(), nkv), 5e-2);
-    }
-    report.check("dv", tag, download(gv.get(), nkv), dv_ref, kTolBf16);
-  });
+  std::vector<std::vector<float>> results;  // out, lse, dq, dk, dv of each path in turn
+  for (AttentionPath path : backward_paths(D)) {
+    const std::string name = path_name(path);
+    for_each_schedule("attention " + name + " " + tag, {out, lse, gq, gk, gv, scratch}, [&] {
+      spes::cuda::attention_forward(out, lse, d_q, d_k, d_v, B, T, H, Hkv, D, stream(), path);
+      spes::cuda::attention_backward(gq, gk, gv, d_dout, d_q, d_k, d_v, out, lse, scratch, B, T, H, Hkv, D,
+                                     stream(), path);
+      report.check("out " + name, tag, download(out.get(), nq), out_ref, kTolBf16);
+      report.check("lse " + name, tag, download(lse.get(), nl), lse_ref, kTolLse);
+      if (T > 1) {
+        report.check("dq " + name, tag, download(gq.get(), nq), dq_ref, kTolBf16);
+        report.check("dk " + name, tag, download(gk.get(), nkv), dk_ref, kTolBf16);
+      } else {
+        // One key: its probability is 1 whatever the scores, so dq and dk are zero and
+        // both sides hold only rounding (dO·v − dO·O with O in bf16): a relative error
+        // against that noise means nothing. Bound it absolutely instead.
+        check_max_abs("dq " + name + " " + tag, download(gq.get(), nq), 5e-2);
+        check_max_abs("dk " + name + " " + tag, download(gk.get(), nkv), 5e-2);
+      }
+      report.check("dv " + name, tag, download(gv.get(), nkv), dv_ref, kTolBf16);
+    });
+    results.push_back(download(out.get(), nq));
+    results.push_back(download(lse.get(), nl));
+    for (const DevTensor<bf16>* g : {&gq, &gk, &gv}) results.push_back(download(g->get(), g == &gq ? nq : nkv));
+  }
+  if (results.size() == 10) {  // both paths ran: sm90a against portable
+    const char* names[5] = {"out", "lse", "dq", "dk", "dv"};
+    for (int i = 0; i < (T > 1 ? 5 : 2); ++i)
+      report.check(std::string(names[i]) + " sm90a vs portable", tag, results[5 + i], results[i],
+                   i == 1 ? kTolLse : kTolBf16);
+  }
 }
 
 // A sweep of T around the tile edges (2, 15, 16, 63, 65, 127, 128, 129, 191, 193:
@@ -145,6 +192,59 @@ GPU_TEST_CASE("cuda attention matches the CPU reference, head dim 128") {
                          Shape{2, 300, 6, 2, 128, 3.0f}, Shape{1, 17, 3, 1, 128, 1.0f},
                          Shape{3, 192, 2, 2, 128, 1.0f}, Shape{1, 1100, 4, 1, 128, 1.0f}})
     check_attention(s, report);
+}
+
+// The launchers' path argument (AttentionPath): automatic runs the sm90a family where
+// it can (so the same bits as forcing it), else the portable one (the same bits as
+// forcing that); forcing sm90a throws for D = 32, and where it cannot run. Which
+// kernels each choice ran, and SPES_ATTENTION=portable (not set here): the emulator's
+// tests/emu/test_emu_attention_path.cpp.
+GPU_TEST_CASE("cuda attention: the path argument picks the kernel family") {
+  using spes::cuda::attention_backward;
+  const int64_t B = 1, T = 100, H = 4, Hkv = 2;
+  for (int64_t D : {32, 64, 128}) {
+    INFO("D=" << D);
+    rng().seed(kSeed);
+    const int64_t nq = B * T * H * D, nkv = B * T * Hkv * D, nl = B * H * T;
+    auto d_q = upload_bf16(random_bf16_values(nq)), d_k = upload_bf16(random_bf16_values(nkv)),
+         d_v = upload_bf16(random_bf16_values(nkv)), d_dout = upload_bf16(random_bf16_values(nq));
+    DevTensor<bf16> out(nq), gq(nq), gk(nkv), gv(nkv);
+    DevTensor<float> lse(nl);
+    DevTensor<unsigned char> scratch(int64_t(spes::cuda::attention_backward_scratch_bytes(B, T, H)));
+    auto run = [&](AttentionPath path) {
+      spes::cuda::attention_forward(out, lse, d_q, d_k, d_v, B, T, H, Hkv, D, stream(), path);
+      attention_backward(gq, gk, gv, d_dout, d_q, d_k, d_v, out, lse, scratch, B, T, H, Hkv, D, stream(), path);
+      std::vector<float> all = download(out.get(), nq);
+      for (const auto& part : {download(lse.get(), nl), download(gq.get(), nq), download(gk.get(), nkv),
+                               download(gv.get(), nkv)})
+        all.insert(all.end(), part.begin(), part.end());
+      return all;
+    };
+    const std::vector<float> automatic = run(AttentionPath::automatic), portable = run(AttentionPath::portable);
+    const bool sm90a = (D == 64 || D == 128) && spes::cuda::attention_sm90a_available();
+    if (!sm90a) {
+      CHECK_MESSAGE(bitwise_equal(automatic, portable), "automatic is not the portable path where sm90a cannot run");
+      CHECK_THROWS_ERROR(run(AttentionPath::sm90a), D == 32 ? "the sm90a path covers head dims 64 and 128, not 32"
+                                                            : "the sm90a path cannot run here");
+      continue;
+    }
+    CHECK_MESSAGE(bitwise_equal(automatic, run(AttentionPath::sm90a)),
+                  "automatic is not the sm90a path where it can run");
+  }
+  // T = 0 on every path the device has: no work, the outputs keep their bits.
+  for (AttentionPath path : backward_paths(64)) {
+    INFO(path_name(path) << " T=0");
+    DevTensor<bf16> g(64), in(64);
+    DevTensor<float> l(16);
+    DevTensor<unsigned char> sc(256);
+    g.poison();
+    l.poison();
+    const std::vector<float> before = download(g.get(), 64), lse_before = download(l.get(), 16);
+    spes::cuda::attention_forward(g, l, in, in, in, 2, 0, 4, 2, 64, stream(), path);
+    attention_backward(g, g + 16, g + 32, in, in, in, in, in, l, sc, 2, 0, 4, 2, 64, stream(), path);
+    CHECK_MESSAGE(bitwise_equal(download(g.get(), 64), before), "a T = 0 call wrote its outputs");
+    CHECK_MESSAGE(bitwise_equal(download(l.get(), 16), lse_before), "a T = 0 forward wrote lse");
+  }
 }
 
 // Argument checks run on the host before any CUDA call, so these cases need no GPU:

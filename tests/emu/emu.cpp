@@ -80,6 +80,7 @@ Schedule g_schedule = Schedule::round_robin;
 std::mutex g_smem_optin_mutex;
 std::map<const void*, int> g_smem_optin;
 std::atomic<uint64_t> g_cluster_launches{0};
+std::atomic<uint64_t> g_wgmma_issued{0};
 
 // cudaFuncAttributeMaxDynamicSharedMemorySize of `kernel`.
 int dynamic_smem_limit(const void* kernel) {
@@ -162,6 +163,8 @@ struct Wgmma {
   uint64_t desc_a, desc_b;
   bool accumulate, trans_a, trans_b;
   uint64_t group;
+  bool a_in_registers = false;  // wgmma_bf16_rs: A is a_rows, not desc_a
+  float a_rows[2][16] = {};     // rows row0 and row0 + 8 of A (see run_wgmma)
 };
 
 struct Fiber {  // one CUDA thread
@@ -930,7 +933,9 @@ void run_wgmma(const Wgmma& op) {
   const unsigned t = threadIdx.x % 128, row0 = 16 * (t / 32) + (t % 32) / 4, col0 = 2 * (t % 4);
   float a[2][16], b[16];
   for (unsigned h = 0; h < 2; ++h)
-    for (unsigned k = 0; k < 16; ++k) a[h][k] = shared_bf16(wgmma_element_address(op.desc_a, op.trans_a, row0 + 8 * h, k));
+    for (unsigned k = 0; k < 16; ++k)
+      a[h][k] = op.a_in_registers ? op.a_rows[h][k]
+                                  : shared_bf16(wgmma_element_address(op.desc_a, op.trans_a, row0 + 8 * h, k));
   for (int j = 0; j < op.n / 8; ++j)
     for (unsigned p = 0; p < 2; ++p) {
       for (unsigned k = 0; k < 16; ++k) b[k] = shared_bf16(wgmma_element_address(op.desc_b, op.trans_b, 8 * j + col0 + p, k));
@@ -950,6 +955,7 @@ void wgmma_bf16(float* d, int n, uint64_t desc_a, uint64_t desc_b, bool accumula
   require_sw128(desc_a, "A");
   require_sw128(desc_b, "B");
   Fiber& f = this_fiber();
+  ++g_wgmma_issued;
   const Wgmma op{d, n, desc_a, desc_b, accumulate, trans_a, trans_b, f.wgmma_groups};
   if (g_landing == Landing::at_wait)
     run_wgmma(op);
@@ -957,7 +963,43 @@ void wgmma_bf16(float* d, int n, uint64_t desc_a, uint64_t desc_b, bool accumula
     f.wgmma_pending.push_back(op);
 }
 
+// A from registers (wgmma with an A register fragment, sm_90a): the fragment of each
+// warp's 16 rows is mma.m16n8k16's A fragment (cuda/ptx_sm90.cuh, wgmma_rs), so the
+// 16 k values of a thread's rows g and g + 8 are spread over the 4 lanes of its quad;
+// they are gathered here by warp shuffles (a warp collective, as the .sync.aligned
+// instruction is) and kept with the operation: the hardware reads the registers
+// before the group retires, and the caller may not change them before then anyway.
+void wgmma_bf16_rs(float* d, int n, const uint32_t (&a)[4], uint64_t desc_b, bool accumulate, bool trans_b) {
+  if (blockDim.x % 128 != 0 || blockDim.y != 1 || blockDim.z != 1)
+    fail("wgmma: the block is not whole warpgroups along x");
+  if (n % 8 != 0 || n < 8 || n > 256) fail("wgmma: N must be a multiple of 8 in [8, 256]");
+  require_sw128(desc_b, "B");
+  const unsigned lane = threadIdx.x % 32;
+  uint32_t quad[4][4];  // register r of quad lane c
+  for (unsigned c = 0; c < 4; ++c)
+    for (unsigned r = 0; r < 4; r += 2) {
+      const uint64_t v = shuffle(Shuffle::idx, a[r] | uint64_t(a[r + 1]) << 32, int((lane & ~3u) | c));
+      quad[c][r] = uint32_t(v);
+      quad[c][r + 1] = uint32_t(v >> 32);
+    }
+  Fiber& f = this_fiber();
+  ++g_wgmma_issued;
+  Wgmma op{d, n, 0, desc_b, accumulate, false, trans_b, f.wgmma_groups};
+  op.a_in_registers = true;
+  for (unsigned h = 0; h < 2; ++h)
+    for (unsigned k = 0; k < 16; ++k) {  // k 2c, 2c + 1 in register h, k 2c + 8, 2c + 9 in register 2 + h
+      const uint32_t pair = quad[(k % 8) / 2][(k / 8) * 2 + h];
+      op.a_rows[h][k] = as_float((k % 2 ? pair >> 16 : pair & 0xFFFFu) << 16);
+    }
+  if (g_landing == Landing::at_wait)
+    run_wgmma(op);
+  else
+    f.wgmma_pending.push_back(op);
+}
+
 void wgmma_commit() { ++this_fiber().wgmma_groups; }
+
+uint64_t wgmma_issued() { return g_wgmma_issued; }
 
 // wgmma.wait_group n: every group but the n most recent committed is complete.
 void wgmma_wait(int n) {

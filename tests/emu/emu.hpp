@@ -105,8 +105,13 @@ void mma_m16n8k16_bf16(float (&c)[4], const uint32_t (&a)[4], uint32_t b0, uint3
 // What the shadow cuda/ptx_sm90.cuh calls: one thread's part of wgmma m64nNk16 bf16
 // (d: its n/2 accumulators), the group commit and wait (see emu.cpp).
 void wgmma_bf16(float* d, int n, uint64_t desc_a, uint64_t desc_b, bool accumulate, bool trans_a, bool trans_b);
+// The same with A from registers: a, the thread's part of the A fragment (cuda/ptx_sm90.cuh, wgmma_rs).
+void wgmma_bf16_rs(float* d, int n, const uint32_t (&a)[4], uint64_t desc_b, bool accumulate, bool trans_b);
 void wgmma_commit();
 void wgmma_wait(int n);
+// The wgmma issued so far, by every thread of every launch: which kernel family a
+// launcher chose (the two families of a product may well give the same bits here).
+uint64_t wgmma_issued();
 enum class Shuffle { bfly, up, idx };
 uint64_t shuffle(Shuffle mode, uint64_t value, int b);  // the value of another lane
 uint32_t match_any(uint64_t value);                     // the lanes holding the same value

@@ -1,7 +1,7 @@
 // The emulator's twin of cuda/ptx_sm90.cuh: same names and signatures, the wgmma ones
 // forwarding to tests/emu/emu.hpp. The emulated H100 runs sm_90a code, so
-// SPES_SM90A_DEVICE_CODE is 1 here and the grouped GEMMs' Hopper kernels
-// (cuda/grouped_gemm_sm90.cu) run on it, their launchers told so by
+// SPES_SM90A_DEVICE_CODE is 1 here and the Hopper kernels (cuda/grouped_gemm_sm90.cu,
+// cuda/attention_sm90.cu) run on it, their launchers told so by
 // SPES_SM90A_KERNELS (CMakeLists.txt, test_emu).
 #pragma once
 #include <cstdint>
@@ -26,6 +26,8 @@ inline void fence_proxy_async_shared() {}
 inline void wgmma_fence() {}
 template <int N>
 void fence_accumulators(float (&)[N]) {}
+template <int K>
+void fence_registers(uint32_t (&)[K][4]) {}
 
 inline void wgmma_commit() { emu::wgmma_commit(); }
 template <int N>
@@ -36,6 +38,18 @@ void wgmma_wait() {
 template <int TRANS_A, int TRANS_B>
 void wgmma_m64n256k16_bf16(float (&d)[128], uint64_t desc_a, uint64_t desc_b, int accumulate) {
   emu::wgmma_bf16(d, 256, desc_a, desc_b, accumulate != 0, TRANS_A != 0, TRANS_B != 0);
+}
+
+template <int N, int TRANS_A, int TRANS_B>
+void wgmma_ss(float (&d)[N / 2], uint64_t desc_a, uint64_t desc_b, int accumulate) {
+  static_assert(N == 64 || N == 128, "the attention backward's widths");
+  emu::wgmma_bf16(d, N, desc_a, desc_b, accumulate != 0, TRANS_A != 0, TRANS_B != 0);
+}
+
+template <int N, int TRANS_B>
+void wgmma_rs(float (&d)[N / 2], const uint32_t (&a)[4], uint64_t desc_b, int accumulate) {
+  static_assert(N == 64 || N == 128, "the attention backward's widths");
+  emu::wgmma_bf16_rs(d, N, a, desc_b, accumulate != 0, TRANS_B != 0);
 }
 
 }  // namespace spes::cuda
