@@ -257,12 +257,17 @@ def all_experts_node(fig):
 
 
 def attention_rows(text):
-    """bench_attention's MHA rows: {(fwd|bwd, B, S, H, D): TFLOP/s}."""
-    rows = {}
-    for m in re.finditer(r"^attention (fwd|bwd) causal D=(\d+)\s+B=(\d+) S=(\d+) H=(\d+)\s+[\d.]+\s+([\d.]+) TFLOP/s",
-                         text, re.M):
-        d, D, B, S, H, tf = m.groups()
-        rows[(d, int(B), int(S), int(H), int(D))] = float(tf)
+    """bench_attention's MHA rows: {(fwd|bwd, B, S, H, D): TFLOP/s}, the sm90a kernels' where
+    the GPU ran them (what the automatic path picks there), else the portable ones'."""
+    rows, sm90a = {}, set()
+    for m in re.finditer(r"^attention (fwd|bwd) causal( sm90a)? D=(\d+)\s+B=(\d+) S=(\d+) H=(\d+)\s+[\d.]+\s+"
+                         r"([\d.]+) TFLOP/s", text, re.M):
+        d, tag, D, B, S, H, tf = m.groups()
+        key = (d, int(B), int(S), int(H), int(D))
+        if tag or key not in sm90a:
+            rows[key] = float(tf)
+        if tag:
+            sm90a.add(key)
     return rows
 
 
