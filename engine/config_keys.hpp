@@ -135,9 +135,10 @@ void spes_keys(V& v, S& s) {
   v.choice("codec", s.codec, net::kCodecNames,
            "how deltas travel ([net/README.md, Codecs](../net/README.md#codecs))");
   v.boolean("overlap", s.overlap,
-            "overlapped rounds: at a round the node pushes and trains on; the merged θ is applied at the next round "
-            "(or before a checkpoint / at the end) as θ_global + (θ − θ_pushed) on the parameters it trains, "
-            "θ_global elsewhere; the step loop waits only when a round has not arrived by then (said on stderr). Off "
+            "overlapped rounds with eager updates: at a round the node pushes and trains on from a stand-in for the "
+            "round's result ([net/README.md, Overlapped rounds](../net/README.md#overlapped-rounds)), corrected by the "
+            "merged θ at the next round (or before a checkpoint / at the end of the run) keeping the progress since "
+            "the push; the step loop waits only when a round has not arrived by then (said on stderr). Off "
             "by default: it cost quality in the study ([bench/RESULTS.md, The "
             "study](../bench/RESULTS.md#the-study-does-sparse-sync-work)); worth it only where a round is slow "
             "against the steps between rounds");

@@ -243,6 +243,7 @@ Trainer::StepStats Trainer::train_step(std::ostream& csv) {
 
   rec.sync = sync_if_due();
   const bool last = step_ == cfg_.train.steps;
+  if (last) settle_round();  // overlapped rounds: the run ends on the round's θ, and the final eval sees it
   if (data_->validation && ((cfg_.train.eval_every > 0 && step_ % cfg_.train.eval_every == 0) || last))
     rec.val_ce = evaluate(cfg_.train.eval_batches).ce;
   rec.step_ms = ms_since(t0);
@@ -260,12 +261,15 @@ Trainer::StepStats Trainer::train_step(std::ostream& csv) {
   return {loss, rec.tokens_per_s, val_ce_field(rec)};
 }
 
+void Trainer::settle_round() {
+  if (!sync_ || !sync_->round_in_flight()) return;
+  backend_->pull_theta();
+  sync_->settle(backend_->host_theta().data());
+  backend_->push_theta();
+}
+
 void Trainer::save(bool final) {
-  if (sync_ && sync_->round_in_flight()) {  // overlapped rounds: a checkpoint holds a whole round
-    backend_->pull_theta();
-    sync_->settle(backend_->host_theta().data());
-    backend_->push_theta();
-  }
+  settle_round();  // overlapped rounds: a checkpoint holds a whole round
   CheckpointState s;
   s.config_toml = config_to_toml(cfg_);
   s.fingerprint = fingerprint_;

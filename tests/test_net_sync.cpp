@@ -148,17 +148,20 @@ TEST_CASE("sync: one node owning every expert equals local training (fp32, bitwi
   }
 }
 
-TEST_CASE("overlap: one node owning every expert follows θ_global + (θ − θ_pushed) bitwise") {
+TEST_CASE("overlap: one node owning every parameter equals local training (fp32, bitwise)") {
   Config cfg = tiny_config(1, Codec::fp32, OwnershipMode::all);
   CoordThread co(cfg);
   TestNode node(cfg, 0, co.address());
+  TestNode local(cfg, 0, co.address());  // never syncs
   for (int r = 1; r <= 3; ++r) {
     node.train();
+    local.train();
     const std::vector<float> pushed = node.params;
     node.client->start_round(node.params.data(), node.step);
     CHECK(node.client->round_in_flight());
+    CHECK(std::memcmp(node.params.data(), pushed.data(), pushed.size() * 4) == 0);  // c = 1: no stand-in
     node.train();  // training goes on while the round is in flight
-    const std::vector<float> local = node.params;
+    local.train();
     const RoundReport s = node.client->finish_round(node.params.data());
     CHECK_FALSE(node.client->round_in_flight());
     CHECK(s.round == r);
@@ -166,43 +169,80 @@ TEST_CASE("overlap: one node owning every expert follows θ_global + (θ − θ_
     // the coordinator published.
     CHECK(s.state_hash == state_hash(pushed.data(), int64_t(pushed.size())));
     CHECK(s.state_hash == co.c->stats().state_hash);
-    std::vector<float> expect(pushed.size());
-    for (size_t i = 0; i < expect.size(); ++i) expect[i] = pushed[i] + (local[i] - pushed[i]);
-    CHECK(std::memcmp(node.params.data(), expect.data(), expect.size() * 4) == 0);
+    CHECK(std::memcmp(node.params.data(), local.params.data(), local.params.size() * 4) == 0);
   }
 }
 
-TEST_CASE("overlap: frozen parameters take θ_global, owned ones keep the progress since the push") {
+// The eager stand-in and its correction, element by element (net/node_overlap.hpp),
+// for node p of two: shared parameters have 2 owners, experts 1.
+struct EagerModel {
+  std::vector<float> previous, update, standin;
+  void start(std::vector<float>& params, const TestNode& n, const TestNode& other) {
+    previous = base;  // θ_{k−1}
+    for (int64_t i = 0; i < n.layout.total; ++i) {
+      const size_t k = size_t(i);
+      const bool mine = n.own.space.packed_index(i) >= 0, theirs = other.own.space.packed_index(i) >= 0;
+      const float u = update.empty() ? 0.0f : update[k];
+      if (mine && theirs) params[k] = base[k] + std::fma(0.5f, params[k] - base[k], 0.5f * u);  // Û = d/2 + U/2
+      else if (!mine && u != 0.0f) params[k] = base[k] + u;                                    // Û = U
+      // owned alone: untouched (Û = d)
+    }
+    standin = params;
+  }
+  void finish(std::vector<float>& params, const std::vector<float>& global) {
+    update.resize(global.size());
+    for (size_t k = 0; k < global.size(); ++k) {
+      const float x = params[k], s = standin[k], g = global[k];
+      if (std::memcmp(&x, &s, 4) == 0) params[k] = g;
+      else if (std::memcmp(&g, &s, 4) != 0) params[k] = g + (x - s);
+      update[k] = g - previous[k];
+    }
+    base = global;
+  }
+  std::vector<float> base;  // θ of the last round (the node's sync base, over every parameter)
+};
+
+TEST_CASE("overlap: 2 nodes, eager stand-ins and corrections follow the rule bitwise; settled, every node holds the coordinator's θ") {
   const Config cfg = tiny_config(2, Codec::fp32);
   CoordThread co(cfg);
   std::vector<std::unique_ptr<TestNode>> nodes;
   for (int p = 0; p < 2; ++p) nodes.push_back(std::make_unique<TestNode>(cfg, p, co.address()));
-  std::vector<std::vector<float>> pushed, local;
-  for (auto& n : nodes) {
-    n->train();
-    pushed.push_back(n->params);
-    n->client->start_round(n->params.data(), n->step);
-    n->train();
-    local.push_back(n->params);
-  }
-  std::vector<RoundReport> st;
-  for (auto& n : nodes) st.push_back(n->client->finish_round(n->params.data()));
-  CHECK(st[0].state_hash == st[1].state_hash);
-  CHECK(st[0].state_hash == co.c->stats().state_hash);
-  // θ_global, element by element (fp32, two nodes: shared = (a + b) / 2, an expert =
-  // its owner's push); then owned: θ_global + (θ − θ_pushed), frozen: θ_global.
-  for (int p = 0; p < 2; ++p) {
-    const TestNode& n = *nodes[size_t(p)];
-    const TestNode& other = *nodes[size_t(1 - p)];
-    int64_t wrong = 0;
-    for (int64_t i = 0; i < n.layout.total; ++i) {
-      const size_t k = size_t(i);
-      const bool mine = n.own.space.packed_index(i) >= 0, theirs = other.own.space.packed_index(i) >= 0;
-      const float g = mine && theirs ? (pushed[0][k] + pushed[1][k]) / 2 : mine ? pushed[size_t(p)][k] : pushed[size_t(1 - p)][k];
-      const float expect = mine ? g + (local[size_t(p)][k] - pushed[size_t(p)][k]) : g;
-      wrong += std::memcmp(&expect, &n.params[k], 4) != 0;
+  std::vector<EagerModel> model(2);
+  for (int p = 0; p < 2; ++p) model[size_t(p)].base = nodes[size_t(p)]->params;
+  for (int r = 1; r <= 3; ++r) {
+    std::vector<std::vector<float>> pushed, expect;
+    for (int p = 0; p < 2; ++p) {
+      TestNode& n = *nodes[size_t(p)];
+      n.train();
+      pushed.push_back(n.params);
+      std::vector<float> e = n.params;
+      model[size_t(p)].start(e, n, *nodes[size_t(1 - p)]);
+      n.client->start_round(n.params.data(), n.step);
+      CHECK(std::memcmp(n.params.data(), e.data(), e.size() * 4) == 0);  // the stand-in
+      if (r < 3) n.train();  // the last round is settled with no training since its push
+      expect.push_back(n.params);
     }
-    CHECK(wrong == 0);
+    std::vector<RoundReport> st;
+    for (auto& n : nodes) st.push_back(n->client->finish_round(n->params.data()));
+    CHECK(st[0].state_hash == co.c->stats().state_hash);
+    CHECK(st[1].state_hash == co.c->stats().state_hash);
+    // θ_global (fp32, two nodes: shared = (a + b) / 2, an expert = its owner's push).
+    const TestNode& n0 = *nodes[0];
+    std::vector<float> global(pushed[0].size());
+    for (int64_t i = 0; i < n0.layout.total; ++i) {
+      const bool a = n0.own.space.packed_index(i) >= 0, b = nodes[1]->own.space.packed_index(i) >= 0;
+      const size_t k = size_t(i);
+      global[k] = a && b ? (pushed[0][k] + pushed[1][k]) / 2 : a ? pushed[0][k] : pushed[1][k];
+    }
+    CHECK(state_hash(global.data(), int64_t(global.size())) == co.c->stats().state_hash);
+    for (int p = 0; p < 2; ++p) {
+      model[size_t(p)].finish(expect[size_t(p)], global);
+      int64_t wrong = 0;
+      for (size_t k = 0; k < global.size(); ++k) wrong += std::memcmp(&expect[size_t(p)][k], &nodes[size_t(p)]->params[k], 4) != 0;
+      CHECK(wrong == 0);
+    }
+    if (r == 3)  // settled with nothing trained since the push: every node at θ_global, bit for bit
+      for (auto& n : nodes) CHECK(std::memcmp(n->params.data(), global.data(), global.size() * 4) == 0);
   }
 }
 
