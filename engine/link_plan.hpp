@@ -30,9 +30,10 @@ double parse_link_rate(const std::string& s);
 struct LinkOption {
   net::Codec codec = net::Codec::fp32;
   bool overlap = false;
+  int64_t overlap_steps = 0;  // overlapped: the steps the round's wire time takes (0: a whole round)
   RoundBytes bytes;
   double wire_s = 0;        // (up + down) / rate: push, then pull
-  double time_share = 0;    // of the compute between rounds: wire_s (synchronous), what it does not hide (overlapped)
+  double time_share = 0;    // of the compute between rounds: wire_s (synchronous), what the steps it overlaps do not hide
   double quality_pts = 0;   // the tiny study's cost in points over fp32 synchronous rounds
 };
 
@@ -43,7 +44,8 @@ struct LinkPlan {
 };
 
 // The recommendation: the option of least quality cost whose round costs at most
-// kLinkBudget of the compute between rounds; if none does, the one that costs least time.
+// kLinkBudget of the compute between rounds (ties: the simplest, synchronous and the
+// widest codec first); if none does, the one that costs least time.
 constexpr double kLinkBudget = 0.05;
 LinkPlan plan_link(const Config& cfg, double bits_per_s, double step_s);
 

@@ -1,7 +1,6 @@
 // Config → net parameters, and the trainer's sync hook (see net_sync.hpp).
 #include "engine/net_sync.hpp"
 
-#include <algorithm>
 #include <chrono>
 #include <filesystem>
 #include <string>
@@ -38,29 +37,6 @@ net::MergeWarmup merge_warmup(const SpesConfig& s) {
   return m;
 }
 
-// [range, owners] over node `own`'s ranges: how many of the run's nodes own each part.
-std::vector<std::pair<Range, int>> owner_counts(const Config& cfg, const ParamLayout& layout, const Ownership& own) {
-  std::vector<OwnedSpace> spaces;
-  for (int node = 0; node < int(cfg.spes.n_nodes); ++node)
-    spaces.push_back(node == own.node_id ? own.space
-                                         : make_ownership(cfg.model, layout, node, int(cfg.spes.n_nodes),
-                                                          cfg.spes.ownership, cfg.spes.experts_per_node)
-                                               .space);
-  std::vector<int64_t> cuts;
-  for (const OwnedSpace& sp : spaces)
-    for (const Range& r : sp.ranges()) cuts.push_back(r.begin), cuts.push_back(r.end);
-  std::sort(cuts.begin(), cuts.end());
-  cuts.erase(std::unique(cuts.begin(), cuts.end()), cuts.end());
-  std::vector<std::pair<Range, int>> out;
-  for (size_t i = 0; i + 1 < cuts.size(); ++i) {
-    if (own.space.packed_index(cuts[i]) < 0) continue;
-    int c = 0;
-    for (const OwnedSpace& sp : spaces) c += sp.packed_index(cuts[i]) >= 0;
-    out.push_back({Range{cuts[i], cuts[i + 1]}, c});
-  }
-  return out;
-}
-
 SyncStats engine_stats(const net::RoundReport& s) {
   SyncStats out;
   out.round = s.round;
@@ -80,8 +56,8 @@ class NetSyncHook : public SyncHook {
   NetSyncHook(const net::SyncClientParams& p, bool overlap)
       : client_(p), overlap_(overlap), prefix_("[node " + std::to_string(p.node_id) + "]") {}
 
-  // Overlapped: apply the round started at the last sync step (waiting only if it
-  // has not arrived in the sync_steps steps since), then push this one and go on.
+  // Overlapped: apply the round started at the last sync step if it is still in
+  // flight (waiting only if it has not arrived since), then push this one and go on.
   SyncStats sync_round(float* params, int64_t step) override {
     if (!overlap_) return engine_stats(client_.sync_round(params, step));
     SyncStats out;
@@ -91,8 +67,8 @@ class NetSyncHook : public SyncHook {
     return out;
   }
   bool round_in_flight() const override { return client_.round_in_flight(); }
-  void settle(float* params) override {
-    if (client_.round_in_flight()) finish(params, " (applied early: checkpoint or end of run)");
+  SyncStats settle(float* params) override {
+    return client_.round_in_flight() ? finish(params, "") : SyncStats{};
   }
   void save_state(CheckpointState& s) const override {
     net::SyncState st = client_.state();
@@ -168,7 +144,6 @@ net::SyncClientParams sync_client_params(const Config& cfg, const ParamLayout& l
   p.layout = layout;
   p.n_experts = cfg.model.n_experts;
   p.space = own.space;
-  p.owner_counts = owner_counts(cfg, layout, own);
   p.fingerprint = model_fingerprint(cfg.model, layout, own);
   p.initial_params = init_params;
   return p;

@@ -196,7 +196,10 @@ EvalResult Trainer::evaluate(int64_t max_batches) {
 }
 
 SyncStats Trainer::sync_if_due() {
-  if (!sync_ || cfg_.spes.sync_steps <= 0 || step_ % cfg_.spes.sync_steps != 0) return {};
+  if (!sync_ || cfg_.spes.sync_steps <= 0) return {};
+  const int64_t tau = cfg_.spes.overlap_steps;  // overlapped rounds: apply a round tau steps after its push
+  if (tau > 0 && step_ % cfg_.spes.sync_steps == tau) return settle_round();
+  if (step_ % cfg_.spes.sync_steps != 0) return {};
   backend_->pull_theta();
   const SyncStats s = sync_->sync_round(backend_->host_theta().data(), step_);
   backend_->push_theta();
@@ -243,7 +246,7 @@ Trainer::StepStats Trainer::train_step(std::ostream& csv) {
 
   rec.sync = sync_if_due();
   const bool last = step_ == cfg_.train.steps;
-  if (last) settle_round();  // overlapped rounds: the run ends on the round's θ, and the final eval sees it
+  if (last) settle_round();  // overlapped rounds: the run ends on its last round's θ, which the final eval sees
   if (data_->validation && ((cfg_.train.eval_every > 0 && step_ % cfg_.train.eval_every == 0) || last))
     rec.val_ce = evaluate(cfg_.train.eval_batches).ce;
   rec.step_ms = ms_since(t0);
@@ -261,11 +264,12 @@ Trainer::StepStats Trainer::train_step(std::ostream& csv) {
   return {loss, rec.tokens_per_s, val_ce_field(rec)};
 }
 
-void Trainer::settle_round() {
-  if (!sync_ || !sync_->round_in_flight()) return;
+SyncStats Trainer::settle_round() {
+  if (!sync_ || !sync_->round_in_flight()) return {};
   backend_->pull_theta();
-  sync_->settle(backend_->host_theta().data());
+  const SyncStats s = sync_->settle(backend_->host_theta().data());
   backend_->push_theta();
+  return s;
 }
 
 void Trainer::save(bool final) {

@@ -72,7 +72,7 @@ class Trainer {
   StepStats train_step(std::ostream& csv);
   std::string node_prefix() const;
   SyncStats sync_if_due();
-  void settle_round();  // applies an overlapped round still in flight (before a checkpoint, at the end of the run)
+  SyncStats settle_round();  // applies an overlapped round in flight (overlap_steps after its push, before a checkpoint, at the end)
   void save(bool final);
   void restore_latest();
   std::string checkpoint_root() const;

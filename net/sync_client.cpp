@@ -27,7 +27,6 @@
 #include "net/node_handshake.hpp"
 #include "net/node_heartbeat.hpp"
 #include "net/node_link.hpp"
-#include "net/node_overlap.hpp"
 #include "net/node_push.hpp"
 #include "net/node_result.hpp"
 #include "net/node_retry.hpp"
@@ -49,6 +48,28 @@ SyncClientOptions with_defaults(SyncClientOptions o, double round_timeout_s) {
 }
 
 std::string node_name(const SyncClientParams& p) { return "node " + std::to_string(p.node_id); }
+
+// Overlapped rounds: θ ← θ_global + (θ − θ_pushed) over the owned ranges (the local
+// progress since the push is kept: θ_pushed stood in for the round's result, and is
+// corrected), θ ← θ_global elsewhere. Two exactness rules: a parameter not trained
+// since the push becomes θ_global itself, and one whose θ_global is its pushed value
+// keeps its own (so one node owning every parameter, fp32, trains exactly as alone).
+void keep_local_progress(float* params, const float* global, const std::vector<float>& pushed,
+                         const OwnedSpace& space, int64_t total) {
+  int64_t at = 0;
+  for (const OwnedSegment& s : space.segments()) {
+    std::memcpy(params + at, global + at, size_t(s.flat.begin - at) * 4);
+    const float* p = pushed.data() + s.packed_begin;
+    for (int64_t i = 0; i < s.flat.size(); ++i) {
+      float& x = params[s.flat.begin + i];
+      const float g = global[s.flat.begin + i];
+      if (std::memcmp(&x, &p[i], 4) == 0) x = g;
+      else if (std::memcmp(&g, &p[i], 4) != 0) x = g + (x - p[i]);
+    }
+    at = s.flat.end;
+  }
+  std::memcpy(params + at, global + at, size_t(total - at) * 4);
+}
 
 }  // namespace
 
@@ -72,7 +93,7 @@ struct SyncClient::Impl {
 
   // Overlapped rounds (start_round / finish_round).
   std::vector<float> inflight;  // θ as pushed, then θ_global of that round
-  EagerOverlap eager{node.space, node.owner_counts, node.layout.total};
+  std::vector<float> pushed;    // owned space: θ as pushed
   std::thread inflight_thread;
   RoundReport inflight_report;
   std::exception_ptr inflight_error;
@@ -160,11 +181,12 @@ RoundReport SyncClient::sync_round(float* params, int64_t step) {
   return impl_->sync_round(params, step);
 }
 
-void SyncClient::start_round(float* params, int64_t step) {
+void SyncClient::start_round(const float* params, int64_t step) {
   Impl& I = *impl_;
   if (I.inflight_thread.joinable()) throw NetError("internal: a sync round is already in flight");
   I.inflight.assign(params, params + I.node.layout.total);
-  I.eager.start(params, I.held.base);  // held.base: θ of the last round (no round is in flight)
+  I.pushed.resize(size_t(I.node.space.size()));
+  I.node.space.gather(params, I.pushed.data());
   I.inflight_error = nullptr;
   // The round holds the link's turn as sync_round does: otherwise the idle heartbeat
   // thread could write on the socket while the round does.
@@ -184,8 +206,10 @@ RoundReport SyncClient::finish_round(float* params) {
   Impl& I = *impl_;
   I.inflight_thread.join();
   if (I.inflight_error) std::rethrow_exception(std::exchange(I.inflight_error, nullptr));
-  // After a snapshot replaced θ the local work is dropped.
-  I.eager.finish(params, I.inflight.data(), I.inflight_report.resynced);
+  if (I.inflight_report.resynced)  // a snapshot replaced θ: the local work is dropped
+    std::memcpy(params, I.inflight.data(), size_t(I.node.layout.total) * 4);
+  else
+    keep_local_progress(params, I.inflight.data(), I.pushed, I.node.space, I.node.layout.total);
   return I.inflight_report;
 }
 

@@ -24,7 +24,6 @@
 #include <memory>
 #include <span>
 #include <string>
-#include <utility>
 #include <vector>
 
 #include "model/layout.hpp"
@@ -47,9 +46,6 @@ struct SyncClientParams {
   ParamLayout layout;
   int64_t n_experts = 0;
   OwnedSpace space;                         // the parameters this node trains and pushes
-  // [flat range, how many nodes own it] over the owned ranges: overlapped rounds weigh
-  // this node's delta by 1/count (net/node_overlap.hpp); a part not listed: this node alone.
-  std::vector<std::pair<Range, int>> owner_counts;
   uint64_t fingerprint = 0;                 // model_fingerprint of this node's ownership
   std::span<const float> initial_params;    // the seeded init θ (layout.total); read in the constructor only
 };
@@ -98,15 +94,15 @@ class SyncClient {
   // for retry_for_s.
   RoundReport sync_round(float* params, int64_t step);
 
-  // Overlapped rounds ([spes] overlap, eager: net/node_overlap.hpp): start_round pushes
-  // a copy of params on a helper thread, replaces params by the stand-in for the
-  // round's result (θ_{k−1} + Û) and returns at once, so the node keeps training;
-  // finish_round waits for that round (if it has not arrived yet) and applies it
-  // keeping the local progress since the push: θ ← θ_global + (θ − stand-in) (after a
-  // resync from a snapshot: θ_global). The returned report's state_hash is
-  // θ_global's, checked against the coordinator. No other call may run while a
-  // round is in flight.
-  void start_round(float* params, int64_t step);
+  // Overlapped rounds ([spes] overlap): start_round pushes a copy of params on a
+  // helper thread and returns at once, so the node keeps training; finish_round
+  // waits for that round (if it has not arrived yet) and applies it keeping the
+  // local progress since the push: θ ← θ_global + (θ − θ_pushed) on the owned
+  // ranges, θ ← θ_global elsewhere (after a resync from a snapshot: θ_global); a
+  // parameter not trained since the push becomes θ_global bit for bit.
+  // The returned report's state_hash is θ_global's, checked against the coordinator.
+  // No other call may run while a round is in flight.
+  void start_round(const float* params, int64_t step);
   bool round_in_flight() const;
   RoundReport finish_round(float* params);
 

@@ -73,10 +73,13 @@ TEST_CASE("plan --link: configs/spes-1b.toml's default is the recommendation at 
   CAPTURE(p.recommended.overlap);
   CHECK(p.recommended.codec == cfg.spes.codec);
   CHECK(p.recommended.overlap == cfg.spes.overlap);
+  CHECK(p.recommended.overlap_steps == cfg.spes.overlap_steps);
   CHECK(p.recommended.time_share <= kLinkBudget);
-  // Synchronous: the wire time over the compute; overlapped: only what it does not hide.
+  // Synchronous: the wire time over the compute; overlapped: only what the steps it overlaps do not hide.
   for (const LinkOption& o : p.options) {
-    const double want = (o.overlap ? std::max(0.0, o.wire_s - p.round_compute_s) : o.wire_s) / p.round_compute_s;
+    const double hidden = !o.overlap ? 0 : o.overlap_steps ? double(o.overlap_steps) * p.step_s : p.round_compute_s;
+    const double want = std::max(0.0, o.wire_s - hidden) / p.round_compute_s;
+    if (o.overlap && o.overlap_steps) CHECK(double(o.overlap_steps) * p.step_s >= o.wire_s);
     CHECK(o.time_share == doctest::Approx(want));
     CHECK(o.wire_s == doctest::Approx(double(o.bytes.up + o.bytes.down) * 8 / 1e9));
   }

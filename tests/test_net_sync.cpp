@@ -89,7 +89,7 @@ TEST_CASE("sync: 4 nodes x 3 rounds, fp32: hashes agree and θ follows the merge
 }
 
 TEST_CASE("sync: lossy codecs keep every node and the coordinator bit-identical") {
-  for (const Codec codec : {Codec::bf16, Codec::int8}) {
+  for (const Codec codec : {Codec::bf16, Codec::int8, Codec::int3}) {
     CAPTURE(codec_name(codec));
     const Config cfg = tiny_config(2, codec);
     CoordThread co(cfg);
@@ -106,10 +106,11 @@ TEST_CASE("sync: lossy codecs keep every node and the coordinator bit-identical"
       double worst = 0;
       for (size_t i = 0; i < expect.size(); ++i)
         worst = std::max(worst, double(std::fabs(nodes[0]->params[i] - expect[i])));
-      CHECK(worst < (codec == Codec::int8 ? 2e-4 : 2e-4));
+      CHECK(worst < (codec == Codec::int3 ? 2e-3 : 2e-4));
       theta = nodes[0]->params;
       fp32_bytes = int64_t(nodes[0]->own.space.size()) * 4;
-      CHECK(st[0].bytes_up < fp32_bytes * (codec == Codec::int8 ? 0.3 : 0.55));
+      // int3: 0.41 bytes a value, and the frames of this test's small chunks (1024 values)
+      CHECK(st[0].bytes_up < fp32_bytes * (codec == Codec::int3 ? 0.15 : codec == Codec::int8 ? 0.3 : 0.55));
     }
   }
 }
@@ -173,75 +174,48 @@ TEST_CASE("overlap: one node owning every parameter equals local training (fp32,
   }
 }
 
-// The eager stand-in and its correction, element by element (net/node_overlap.hpp),
-// for node p of two: shared parameters have 2 owners, experts 1.
-struct EagerModel {
-  std::vector<float> previous, update, standin;
-  void start(std::vector<float>& params, const TestNode& n, const TestNode& other) {
-    previous = base;  // θ_{k−1}
-    for (int64_t i = 0; i < n.layout.total; ++i) {
-      const size_t k = size_t(i);
-      const bool mine = n.own.space.packed_index(i) >= 0, theirs = other.own.space.packed_index(i) >= 0;
-      const float u = update.empty() ? 0.0f : update[k];
-      if (mine && theirs) params[k] = base[k] + std::fma(0.5f, params[k] - base[k], 0.5f * u);  // Û = d/2 + U/2
-      else if (!mine && u != 0.0f) params[k] = base[k] + u;                                    // Û = U
-      // owned alone: untouched (Û = d)
-    }
-    standin = params;
-  }
-  void finish(std::vector<float>& params, const std::vector<float>& global) {
-    update.resize(global.size());
-    for (size_t k = 0; k < global.size(); ++k) {
-      const float x = params[k], s = standin[k], g = global[k];
-      if (std::memcmp(&x, &s, 4) == 0) params[k] = g;
-      else if (std::memcmp(&g, &s, 4) != 0) params[k] = g + (x - s);
-      update[k] = g - previous[k];
-    }
-    base = global;
-  }
-  std::vector<float> base;  // θ of the last round (the node's sync base, over every parameter)
-};
-
-TEST_CASE("overlap: 2 nodes, eager stand-ins and corrections follow the rule bitwise; settled, every node holds the coordinator's θ") {
+TEST_CASE("overlap: 2 nodes: owned parameters keep the progress since the push, frozen ones take θ_global; settled with no training since, every node holds the coordinator's θ") {
   const Config cfg = tiny_config(2, Codec::fp32);
   CoordThread co(cfg);
   std::vector<std::unique_ptr<TestNode>> nodes;
   for (int p = 0; p < 2; ++p) nodes.push_back(std::make_unique<TestNode>(cfg, p, co.address()));
-  std::vector<EagerModel> model(2);
-  for (int p = 0; p < 2; ++p) model[size_t(p)].base = nodes[size_t(p)]->params;
   for (int r = 1; r <= 3; ++r) {
-    std::vector<std::vector<float>> pushed, expect;
-    for (int p = 0; p < 2; ++p) {
-      TestNode& n = *nodes[size_t(p)];
-      n.train();
-      pushed.push_back(n.params);
-      std::vector<float> e = n.params;
-      model[size_t(p)].start(e, n, *nodes[size_t(1 - p)]);
-      n.client->start_round(n.params.data(), n.step);
-      CHECK(std::memcmp(n.params.data(), e.data(), e.size() * 4) == 0);  // the stand-in
-      if (r < 3) n.train();  // the last round is settled with no training since its push
-      expect.push_back(n.params);
+    std::vector<std::vector<float>> pushed, local;
+    for (auto& n : nodes) {
+      n->train();
+      pushed.push_back(n->params);
+      n->client->start_round(n->params.data(), n->step);
+      if (r < 3) n->train();  // the last round is settled with no training since its push
+      local.push_back(n->params);
     }
     std::vector<RoundReport> st;
     for (auto& n : nodes) st.push_back(n->client->finish_round(n->params.data()));
     CHECK(st[0].state_hash == co.c->stats().state_hash);
     CHECK(st[1].state_hash == co.c->stats().state_hash);
-    // θ_global (fp32, two nodes: shared = (a + b) / 2, an expert = its owner's push).
-    const TestNode& n0 = *nodes[0];
+    // θ_global, element by element (fp32, two nodes: shared = (a + b) / 2, an expert =
+    // its owner's push); then owned: θ_global + (θ − θ_pushed) (θ_global where nothing
+    // was trained since the push), frozen: θ_global.
     std::vector<float> global(pushed[0].size());
-    for (int64_t i = 0; i < n0.layout.total; ++i) {
-      const bool a = n0.own.space.packed_index(i) >= 0, b = nodes[1]->own.space.packed_index(i) >= 0;
+    for (int64_t i = 0; i < nodes[0]->layout.total; ++i) {
+      const bool a = nodes[0]->own.space.packed_index(i) >= 0, b = nodes[1]->own.space.packed_index(i) >= 0;
       const size_t k = size_t(i);
       global[k] = a && b ? (pushed[0][k] + pushed[1][k]) / 2 : a ? pushed[0][k] : pushed[1][k];
     }
     CHECK(state_hash(global.data(), int64_t(global.size())) == co.c->stats().state_hash);
     for (int p = 0; p < 2; ++p) {
-      model[size_t(p)].finish(expect[size_t(p)], global);
+      const TestNode& n = *nodes[size_t(p)];
       int64_t wrong = 0;
-      for (size_t k = 0; k < global.size(); ++k) wrong += std::memcmp(&expect[size_t(p)][k], &nodes[size_t(p)]->params[k], 4) != 0;
+      for (int64_t i = 0; i < n.layout.total; ++i) {
+        const size_t k = size_t(i);
+        const float x = local[size_t(p)][k], s = pushed[size_t(p)][k], g = global[k];
+        auto same = [](float u, float v) { return std::memcmp(&u, &v, 4) == 0; };
+        float expect = g;
+        if (n.own.space.packed_index(i) >= 0 && !same(x, s)) expect = same(g, s) ? x : g + (x - s);
+        wrong += std::memcmp(&expect, &n.params[k], 4) != 0;
+      }
       CHECK(wrong == 0);
     }
-    if (r == 3)  // settled with nothing trained since the push: every node at θ_global, bit for bit
+    if (r == 3)  // every node at θ_global, bit for bit
       for (auto& n : nodes) CHECK(std::memcmp(n->params.data(), global.data(), global.size() * 4) == 0);
   }
 }

@@ -106,10 +106,14 @@ SOLO=("spes.n_nodes=1" "spes.ownership=\"all\"" "train.global_batch=$NODE_BATCH"
 
 # ---- (9) hooks: every codec and overlapped rounds on the best SPES variant ---------
 # Each hook: name|overrides on top of the best SPES variant, at its sync interval (so
-# the best variant itself is the fp32 synchronous baseline). A hook whose key this
-# engine does not know is skipped with a message.
-HOOKS=("overlap|spes.overlap=true" "sparse-codec|spes.codec=\"sparse\"" "bf16|spes.codec=\"bf16\""
-  "int8|spes.codec=\"int8\"" "int3|spes.codec=\"int3\"")
+# the best variant itself is the fp32 synchronous baseline). Overlapped rounds are
+# applied at the next round (overlap) or a fifth of the interval after their push
+# (overlap-fifth: a link whose round takes a fifth of the compute between rounds). A
+# hook whose key this engine does not know is skipped with a message.
+FIFTH=$((SYNC / 5 > 0 ? SYNC / 5 : 1))
+HOOKS=("overlap|spes.overlap=true" "overlap-fifth|spes.overlap=true spes.overlap_steps=$FIFTH"
+  "sparse-codec|spes.codec=\"sparse\"" "bf16|spes.codec=\"bf16\"" "int8|spes.codec=\"int8\""
+  "int3|spes.codec=\"int3\"" "int3-overlap-fifth|spes.codec=\"int3\" spes.overlap=true spes.overlap_steps=$FIFTH")
 
 echo "study: $STEPS steps per run, budget $BUDGET tokens over all nodes, seeds $SEEDS, out $OUT" >&2
 start=$(date +%s)
