@@ -29,7 +29,7 @@ constexpr StudyCost kCodecCost[] = {{net::Codec::fp32, 0.0}, {net::Codec::bf16, 
                                     {net::Codec::int3, 0.0}, {net::Codec::sparse, 4.7}};
 // Overlapped rounds, applied a fifth of the interval after their push (0 measured) or a
 // whole round after it; between the two, interpolated linearly in the steps it is stale.
-constexpr double kOverlapFifthCost = 0.0, kOverlapRoundCost = 4.9;
+constexpr double kOverlapFifthCost = 0.0, kOverlapRoundCost = 4.1;
 
 double overlap_cost(int64_t overlap_steps, int64_t sync_steps) {
   const double stale = overlap_steps ? double(overlap_steps) / double(sync_steps) : 1.0;

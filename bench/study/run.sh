@@ -56,9 +56,8 @@ CONFIG=$ROOT/configs/tiny.toml
 source "$ROOT/bench/study/lib.sh"
 
 # ---- the budget --------------------------------------------------------------------
-# Full: 180 steps per run (≈1.5M tokens over all nodes; 26 runs in about 36 minutes
-# on 2 cores, inside the 45-minute budget: configs/tiny.toml's 300 steps would take
-# about 60), an eval and a sync round every 15 steps (12 rounds, as `make run` has),
+# Full: 180 steps per run (≈1.5M tokens over all nodes; 36 runs in about 50 minutes
+# on 2 cores: configs/tiny.toml's 300 steps would take about 80), an eval and a sync round every 15 steps (12 rounds, as `make run` has),
 # the sweep 3 and 60. --steps N (a multiple of 60) or --scale N (180·N steps) keep
 # that shape: sync intervals, evals and the merge schedule scale with the steps, so
 # every eval of the base variants follows a sync round and every run ends on one.
