@@ -30,7 +30,7 @@ const Command kCommands[] = {
     {"generate", generate_command,
      "sample text from a checkpoint: generate --checkpoint DIR [--prompt TEXT] [--max-tokens N] [--temperature T]"},
     {"plan", plan_command,
-     "memory per node vs centralized, no GPU needed: plan CONFIG [--node-id N] [--gpus G] [--micro-batch B] [--memory 80GiB]"},
+     "memory per node vs centralized, no GPU needed: plan CONFIG [--node-id N] [--gpus G] [--micro-batch B] [--memory 80GiB] [--link 1Gbit [--step-ms MS]]"},
     {"tokenize", tokenize_command, "text/JSONL (plain, .gz, .zst) to token files: tokenize --input FILE|DIR... --out DIR [--val-fraction F]"},
     {"upcycle", upcycle_command,
      "dense checkpoint to an MoE: upcycle --checkpoint DENSE --config MOE.toml --out DIR [--noise X] [--seed S]"},

@@ -1,10 +1,11 @@
 // `spes-engine plan CONFIG [--set k=v]... [--node-id N] [--gpus G] [--micro-batch B]
-// [--memory SIZE] [--device cuda|cpu]`: the memory a node of the run needs, by
+// [--memory SIZE] [--device cuda|cpu] [--link RATE [--step-ms MS]]`: the memory a node of the run needs, by
 // category, next to the same model trained centrally (one node owning every expert)
 // at the same micro-batch — the paper's memory claim, computed — and the largest
 // micro-batch that fits in SIZE. No GPU needed. The sizes come from the code that
 // allocates: plan_gpu_memory (the GPU backend's arena) and CpuModel::planned_bytes.
-// A markdown table on stdout.
+// A markdown table on stdout; with --link, what a sync round costs on that link and
+// the setting to pick (engine/link_plan.hpp).
 #include <cctype>
 #include <cstdio>
 #include <functional>
@@ -14,6 +15,7 @@
 #include "engine/base/log.hpp"
 #include "engine/commands.hpp"
 #include "engine/config.hpp"
+#include "engine/link_plan.hpp"
 #include "model/cpu/cpu_model.hpp"
 #include "model/gpu_memory.hpp"
 #ifdef SPES_HAVE_CUDA
@@ -112,18 +114,23 @@ int plan_command(const std::vector<std::string>& args) {
   namespace po = boost::program_options;
   ConfigArgs a;
   int64_t gpus = 1, micro_batch = 0;
-  std::string memory, device;
+  std::string memory, device, link;
+  double step_ms = 0;
   po::options_description opts;
   a.declare(opts);
   opts.add_options()("gpus", po::value(&gpus), "GPUs per node (data parallel: each holds a replica)")(
       "micro-batch", po::value(&micro_batch), "sequences per forward/backward (default: the config's)")(
       "memory", po::value(&memory), "device memory, e.g. 80GiB: also print the largest micro-batch that fits")(
-      "device", po::value(&device), "cuda or cpu (default: cuda when this binary has CUDA, else cpu)");
+      "device", po::value(&device), "cuda or cpu (default: cuda when this binary has CUDA, else cpu)")(
+      "link", po::value(&link), "the node's link, e.g. 100Mbit or 1Gbit: what a sync round costs per codec")(
+      "step-ms", po::value(&step_ms), "with --link: the step time (default: the plan's FLOPs at 40% of an H100)");
   if (!parse_args(args, opts,
                   "spes-engine plan CONFIG [--set k=v]... [--node-id N] [--gpus G] [--micro-batch B] "
-                  "[--memory SIZE] [--device cuda|cpu]"))
+                  "[--memory SIZE] [--device cuda|cpu] [--link RATE [--step-ms MS]]"))
     return 0;
   if (gpus < 1) throw UsageError("--gpus must be ≥ 1");
+  if (step_ms < 0 || (step_ms > 0 && link.empty())) throw UsageError("--step-ms: a positive time, with --link");
+  const double bits_per_s = link.empty() ? 0 : parse_link_rate(link);
   const Config spes = a.load();
   if (micro_batch <= 0) micro_batch = spes.train.micro_batch;
   // Data parallel: each of the node's GPUs runs micro_batch / gpus sequences.
@@ -191,6 +198,14 @@ int plan_command(const std::vector<std::string>& args) {
                 (long long)largest_fitting(plan, spes, usable), (long long)largest_fitting(plan, central, usable));
     if (per_node) std::printf(" (× %lld GPUs per node)", (long long)gpus);
     std::printf(".\n");
+  }
+  if (bits_per_s > 0) {
+    const double step_s = step_ms > 0 ? step_ms / 1e3 : step_seconds_from_flops(spes);
+    const std::string source =
+        step_ms > 0 ? "--step-ms"
+                    : strprintf("the plan's FLOPs at %.0f%% MFU of an H100's %.0f TFLOP/s", 100 * kPlanMfu,
+                                kPlanPeakFlops / 1e12);
+    print_link_plan(spes, plan_link(spes, bits_per_s, step_s), source);
   }
   return 0;
 }

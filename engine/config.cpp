@@ -245,6 +245,9 @@ void check_consistency(const Config& c) {
       fail("[spes] n_nodes × experts_per_node = " + std::to_string(k * s.n_nodes) +
            " leaves experts without an owner ([model] n_experts = " + std::to_string(m.n_experts) + ")");
   }
+  if (s.overlap_steps > 0 && (!s.overlap || s.overlap_steps >= s.sync_steps))
+    fail("[spes] overlap_steps = " + std::to_string(s.overlap_steps) + " needs overlap = true and must be below "
+         "sync_steps = " + std::to_string(s.sync_steps));
   if (s.min_nodes > s.n_nodes)
     fail("[spes] min_nodes = " + std::to_string(s.min_nodes) + " exceeds n_nodes = " + std::to_string(s.n_nodes));
   if (s.merge_alpha > 0 && (s.merge_interval == 0 || s.merge_decay_steps == 0))

@@ -72,6 +72,7 @@ struct SpesConfig {
   std::string status_bind = "127.0.0.1:0";  // the coordinator's status page (net/status_server); "" = off
   net::Codec codec = net::Codec::fp32;
   bool overlap = false;                   // overlapped rounds: train on while a round is in flight
+  int64_t overlap_steps = 0;              // overlap: steps from a push to applying its round (0 = at the next round)
   std::string secret_file;                // shared secret for HMAC auth (or env SPES_SECRET)
   bool allow_insecure = false;            // no secret, no TLS and a non-loopback address
   // TLS 1.3 with node certificates (`spes-engine certs`); "" = off. tls_cert and

@@ -146,12 +146,15 @@ void spes_keys(V& v, S& s) {
   v.choice("codec", s.codec, net::kCodecNames,
            "how deltas travel ([net/README.md, Codecs](../net/README.md#codecs))");
   v.boolean("overlap", s.overlap,
-            "overlapped rounds: at a round the node pushes and trains on; the merged θ is applied at the next round "
-            "(or before a checkpoint / at the end) as θ_global + (θ − θ_pushed) on the parameters it trains, "
-            "θ_global elsewhere; the step loop waits only when a round has not arrived by then (said on stderr). Off "
-            "by default: it cost quality in the study ([bench/RESULTS.md, The "
-            "study](../bench/RESULTS.md#the-study-does-sparse-sync-work)); worth it only where a round is slow "
-            "against the steps between rounds");
+            "overlapped rounds: at a round the node pushes and trains on; the merged θ is applied `overlap_steps` "
+            "later (or before a checkpoint / at the end of the run) keeping the progress since the push "
+            "([net/README.md, Overlapped rounds](../net/README.md#overlapped-rounds)); the step loop waits only when a "
+            "round has not arrived by then (said on stderr). What it costs in quality: [bench/RESULTS.md, "
+            "Links](../bench/RESULTS.md#links-codecs-overlap-and-the-planner-issue-32); `spes-engine plan --link` "
+            "says when it is worth it");
+  v.integer("overlap_steps", s.overlap_steps, 0, kMaxInt,
+            "with `overlap`: optimizer steps from a push to applying its round, below `sync_steps` (0 = at the next "
+            "round); as few as the link allows: a round is stale for that long");
   v.path("secret_file", s.secret_file,
          "file holding the shared secret (else `$SPES_SECRET`); at least 16 non-blank bytes");
   v.boolean("allow_insecure", s.allow_insecure,

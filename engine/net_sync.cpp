@@ -56,8 +56,8 @@ class NetSyncHook : public SyncHook {
   NetSyncHook(const net::SyncClientParams& p, bool overlap)
       : client_(p), overlap_(overlap), prefix_("[node " + std::to_string(p.node_id) + "]") {}
 
-  // Overlapped: apply the round started at the last sync step (waiting only if it
-  // has not arrived in the sync_steps steps since), then push this one and go on.
+  // Overlapped: apply the round started at the last sync step if it is still in
+  // flight (waiting only if it has not arrived since), then push this one and go on.
   SyncStats sync_round(float* params, int64_t step, const net::TrainFigures& figures) override {
     if (!overlap_) return engine_stats(client_.sync_round(params, step, figures));
     SyncStats out;
@@ -67,8 +67,8 @@ class NetSyncHook : public SyncHook {
     return out;
   }
   bool round_in_flight() const override { return client_.round_in_flight(); }
-  void settle(float* params) override {
-    if (client_.round_in_flight()) finish(params, " (applied early: checkpoint or end of run)");
+  SyncStats settle(float* params) override {
+    return client_.round_in_flight() ? finish(params, "") : SyncStats{};
   }
   void save_state(CheckpointState& s) const override {
     net::SyncState st = client_.state();

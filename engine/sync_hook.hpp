@@ -30,10 +30,10 @@ class SyncHook {
   virtual SyncStats sync_round(float* params, int64_t step, const net::TrainFigures& figures) = 0;
   virtual void save_state(CheckpointState& s) const = 0;
   virtual void load_state(const CheckpointState& s, float* params) = 0;
-  // Overlapped rounds: whether one is in flight, and applying it now (before a
-  // checkpoint and at the end of the run).
+  // Overlapped rounds: whether one is in flight, and applying it now (overlap_steps
+  // after its push, before a checkpoint, at the end of the run).
   virtual bool round_in_flight() const { return false; }
-  virtual void settle(float*) {}
+  virtual SyncStats settle(float*) { return {}; }
   // The first step after `round` was not finite: tell the coordinator (best effort).
   virtual void report_bad_round(int64_t, const std::string&) {}
 };

@@ -196,7 +196,10 @@ EvalResult Trainer::evaluate(int64_t max_batches) {
 }
 
 SyncStats Trainer::sync_if_due() {
-  if (!sync_ || cfg_.spes.sync_steps <= 0 || step_ % cfg_.spes.sync_steps != 0) return {};
+  if (!sync_ || cfg_.spes.sync_steps <= 0) return {};
+  const int64_t tau = cfg_.spes.overlap_steps;  // overlapped rounds: apply a round tau steps after its push
+  if (tau > 0 && step_ % cfg_.spes.sync_steps == tau) return settle_round();
+  if (step_ % cfg_.spes.sync_steps != 0) return {};
   backend_->pull_theta();
   // What a checkpoint would hold now: kept until the first step after this round.
   // Overlapped rounds apply a round while another is in flight, whose sync state is
@@ -288,6 +291,7 @@ Trainer::StepStats Trainer::train_step(std::ostream& csv) {
   figures_.tokens_per_s = double(step_tokens) / (ms_since(t0) / 1000.0);  // the compute, before the round
   rec.sync = sync_if_due();
   const bool last = step_ == cfg_.train.steps;
+  if (last) settle_round();  // overlapped rounds: the run ends on its last round's θ, which the final eval sees
   if (data_->validation && ((cfg_.train.eval_every > 0 && step_ % cfg_.train.eval_every == 0) || last)) {
     rec.val_ce = evaluate(cfg_.train.eval_batches).ce;
     figures_.val_ce = *rec.val_ce;
@@ -308,12 +312,16 @@ Trainer::StepStats Trainer::train_step(std::ostream& csv) {
   return {loss, rec.tokens_per_s, val_ce_field(rec)};
 }
 
+SyncStats Trainer::settle_round() {
+  if (!sync_ || !sync_->round_in_flight()) return {};
+  backend_->pull_theta();
+  const SyncStats s = sync_->settle(backend_->host_theta().data());
+  backend_->push_theta();
+  return s;
+}
+
 void Trainer::save(bool final) {
-  if (sync_ && sync_->round_in_flight()) {  // overlapped rounds: a checkpoint holds a whole round
-    backend_->pull_theta();
-    sync_->settle(backend_->host_theta().data());
-    backend_->push_theta();
-  }
+  settle_round();  // overlapped rounds: a checkpoint holds a whole round
   CheckpointState s;
   s.config_toml = config_to_toml(cfg_);
   s.fingerprint = fingerprint_;

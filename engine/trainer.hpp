@@ -74,6 +74,7 @@ class Trainer {
   std::string node_prefix() const;
   SyncStats sync_if_due();
   void stop_after_bad_round(const std::string& what);
+  SyncStats settle_round();  // applies an overlapped round in flight (overlap_steps after its push, before a checkpoint, at the end)
   void save(bool final);
   void restore_latest();
   std::string checkpoint_root() const;

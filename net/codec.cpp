@@ -27,11 +27,14 @@ inline float from_bf16(uint16_t b) { return float_of(uint32_t(b) << 16); }
 // Deltas below this are flushed to zero so q·scale never reaches subnormals.
 constexpr float kInt8MinAmax = 1e-30f;
 
-// Scale for a block with max |x| = amax: amax/127 rounded *up* to 17 significant
+// The largest code of a block codec: int8 ±127, int3 ±3.
+inline float qmax_of(Codec c) { return c == Codec::int3 ? 3.0f : 127.0f; }
+
+// Scale for a block with max |x| = amax: amax/qmax rounded *up* to 17 significant
 // bits (see the header: exact dequantisation).
-inline float int8_scale(float amax) {
+inline float block_scale(float amax, float qmax) {
   if (!(amax >= kInt8MinAmax)) return 0.0f;
-  uint32_t u = bits_of(amax / 127.0f);
+  uint32_t u = bits_of(amax / qmax);
   if (u & 0x7Fu) u = (u | 0x7Fu) + 1u;
   return float_of(u);
 }
@@ -41,8 +44,20 @@ inline float canonical_scale(float s) { return float_of(bits_of(s) & ~0x7Fu); }
 // A scale no encoder produces (127·s would overflow, or it is negative/NaN).
 inline bool bad_scale(float s) { return !(s >= 0.0f && s <= 1e36f); }
 
-// int8 layout: [n_blocks fp32 scales][n int8 values].
+// int8 layout: [n_blocks fp32 scales][n int8 values]; int3: [scales][ceil(n/8) groups
+// of 3 bytes], value 8g + j in bits 3j..3j+2 of group g (little-endian), 0-padded.
 inline int64_t n_blocks(int64_t n) { return (n + kInt8Block - 1) / kInt8Block; }
+inline int64_t int3_groups(int64_t n) { return (n + 7) / 8; }
+
+void int3_pack(const int32_t* q, int64_t m, uint8_t* out) {  // m ≤ 8 codes into 3 bytes
+  uint32_t v = 0;
+  for (int64_t j = 0; j < m; ++j) v |= uint32_t(q[j] & 7) << (3 * j);
+  out[0] = uint8_t(v), out[1] = uint8_t(v >> 8), out[2] = uint8_t(v >> 16);
+}
+inline int32_t int3_code(const uint8_t* group, int64_t j) {
+  const uint32_t v = uint32_t(group[0]) | uint32_t(group[1]) << 8 | uint32_t(group[2]) << 16;
+  return int32_t(((v >> (3 * j)) & 7u) ^ 4u) - 4;
+}
 
 bool all_finite(const float* x, int64_t n) {
   // Branch-free OR of "exponent all ones" so the loop vectorises.
@@ -134,13 +149,20 @@ bool encode_slice(Codec c, const float* params, const float* base, const float* 
       // through int32, and a zero scale (|x| < 1e-30) divides by 1, which rounds to 0.
       uint32_t amax_bits = 0;
       for (int64_t i = 0; i < m; ++i) amax_bits = std::max(amax_bits, bits_of(x[i]) & 0x7FFFFFFFu);
-      const float s = int8_scale(float_of(amax_bits));
+      const float qmax = qmax_of(c);
+      const float s = block_scale(float_of(amax_bits), qmax);
       std::memcpy(out + 4 * (j0 / kInt8Block), &s, 4);
       const float divisor = s == 0.0f ? 1.0f : s;
       int32_t qi[kInt8Block];
-      for (int64_t i = 0; i < m; ++i) qi[i] = int32_t(std::min(127.0f, std::max(-127.0f, std::nearbyint(x[i] / divisor))));
-      auto* q = reinterpret_cast<int8_t*>(out + 4 * nb) + j0;
-      for (int64_t i = 0; i < m; ++i) q[i] = int8_t(qi[i]), dq[i] = float(qi[i]) * s;
+      for (int64_t i = 0; i < m; ++i) qi[i] = int32_t(std::min(qmax, std::max(-qmax, std::nearbyint(x[i] / divisor))));
+      for (int64_t i = 0; i < m; ++i) dq[i] = float(qi[i]) * s;
+      if (c == Codec::int8) {
+        auto* q = reinterpret_cast<int8_t*>(out + 4 * nb) + j0;
+        for (int64_t i = 0; i < m; ++i) q[i] = int8_t(qi[i]);
+      } else {  // a block starts on a group: kInt8Block is a multiple of 8
+        uint8_t* g = out + 4 * nb + 3 * (j0 / 8);
+        for (int64_t i = 0; i < m; i += 8) int3_pack(qi + i, std::min<int64_t>(8, m - i), g + 3 * (i / 8));
+      }
     }
     if (residual_out)
       for (int64_t i = 0; i < m; ++i) residual_out[j0 + i] = x[i] - dq[i];
@@ -169,6 +191,16 @@ bool decode_slice(Codec c, const uint8_t* in, int64_t n, int64_t i0, int64_t i1,
       }
       return true;
     }
+    case Codec::int3: {
+      const uint8_t* groups = in + 4 * n_blocks(n);
+      for (int64_t j0 = i0; j0 < i1; j0 += kInt8Block) {
+        float s;
+        if (!int8_block_scale(in, j0 / kInt8Block, &s)) return false;
+        const int64_t j1 = std::min(i1, j0 + kInt8Block);
+        for (int64_t i = j0; i < j1; ++i) sink(i, float(int3_code(groups + 3 * (i / 8), i % 8)) * s);
+      }
+      return true;
+    }
     case Codec::sparse: break;  // not sliced: see for_each_sparse
   }
   return false;
@@ -190,6 +222,7 @@ size_t encoded_bytes(Codec c, int64_t n) {
     case Codec::fp32: return size_t(n) * 4;
     case Codec::bf16: return size_t(n) * 2;
     case Codec::int8: return size_t(n_blocks(n)) * 4 + size_t(n);
+    case Codec::int3: return size_t(n_blocks(n)) * 4 + size_t(int3_groups(n)) * 3;
     case Codec::sparse: return sparse_max_bytes(n);
   }
   return 0;
@@ -254,6 +287,7 @@ bool payload_valid(Codec c, const uint8_t* in, int64_t n) {
       return bad == 0;
     }
     case Codec::int8:
+    case Codec::int3:
       for (int64_t b = 0; b < n_blocks(n); ++b)
         if (bad_scale(load_f32(in + 4 * b))) return false;
       return true;

@@ -1,15 +1,18 @@
-// Delta codecs for sync payloads: fp32, bf16, int8 block-wise (the sparse codec is
-// net/codec_sparse.hpp).
+// Delta codecs for sync payloads: fp32, bf16, int8 and int3 block-wise (the sparse
+// codec is net/codec_sparse.hpp).
 //
-// A payload carries one chunk of a parameter range. The lossy codecs (bf16, int8)
+// A payload carries one chunk of a parameter range. The lossy codecs (bf16, int8, int3)
 // carry a *delta* against a base both sides hold (upload: the node's θ at the last
 // round; download: the coordinator's θ_old); fp32 is lossless and carries the new
 // values themselves, which makes "1 node + coordinator" equal plain local training
 // bit for bit (base + (x − base) is not always x in fp32).
 //
-// Decoding is bit-deterministic: bf16 widens exactly, and the int8 per-block
+// Decoding is bit-deterministic: bf16 widens exactly, and the int8 / int3 per-block
 // scale keeps at most 17 significant bits, so q·scale (|q| ≤ 127, 7 bits) is exact
 // in fp32 and "base + q·scale" rounds once whether or not the compiler fuses it.
+//
+// int3: q ∈ [−3, 3] in 3-bit two's complement, eight to three bytes, one fp32 scale
+// per 128: 0.41 bytes per value, 1/9.8 of fp32. Its error feedback carries the rest.
 // So the node and the coordinator apply the very same update.
 #pragma once
 #include <cstddef>
@@ -20,17 +23,21 @@
 
 namespace spes::net {
 
-enum class Codec : uint8_t { fp32 = 0, bf16 = 1, int8 = 2, sparse = 3 };  // = wire::Codec values
-inline constexpr EnumName<Codec> kCodecNames[] = {
-    {Codec::fp32, "fp32"}, {Codec::bf16, "bf16"}, {Codec::int8, "int8"}, {Codec::sparse, "sparse"}};
+enum class Codec : uint8_t { fp32 = 0, bf16 = 1, int8 = 2, sparse = 3, int3 = 4 };  // = wire::Codec values
+inline constexpr EnumName<Codec> kCodecNames[] = {{Codec::fp32, "fp32"},
+                                                  {Codec::bf16, "bf16"},
+                                                  {Codec::int8, "int8"},
+                                                  {Codec::sparse, "sparse"},
+                                                  {Codec::int3, "int3"}};
 
-constexpr int64_t kInt8Block = 128;  // elements per int8 scale
+constexpr int64_t kInt8Block = 128;  // elements per int8 / int3 scale
 
 Codec parse_codec(const std::string& name);  // throws ConfigError
 const char* codec_name(Codec c);
 bool codec_is_lossy(Codec c);
 
-// Payload bytes for n elements (int8: one fp32 scale per block, then n int8; sparse:
+// Payload bytes for n elements (int8: one fp32 scale per block, then n int8; int3: the
+// scales, then 3 bytes per 8 values; sparse:
 // the most a payload can take, its real size is payload_bytes).
 size_t encoded_bytes(Codec c, int64_t n);
 // The size of an encoded payload: encoded_bytes, or what a sparse header declares.

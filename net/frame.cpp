@@ -177,7 +177,8 @@ FrameView FrameWriter::snapshot_done(int64_t round, int64_t step, uint32_t chunk
 }
 
 bool valid_codec(wire::Codec c) {
-  return c == wire::Codec_fp32 || c == wire::Codec_bf16 || c == wire::Codec_int8 || c == wire::Codec_sparse;
+  return c == wire::Codec_fp32 || c == wire::Codec_bf16 || c == wire::Codec_int8 || c == wire::Codec_sparse ||
+         c == wire::Codec_int3;
 }
 
 namespace {

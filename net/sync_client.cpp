@@ -50,7 +50,10 @@ SyncClientOptions with_defaults(SyncClientOptions o, double round_timeout_s) {
 std::string node_name(const SyncClientParams& p) { return "node " + std::to_string(p.node_id); }
 
 // Overlapped rounds: θ ← θ_global + (θ − θ_pushed) over the owned ranges (the local
-// progress since the push is kept), θ ← θ_global elsewhere.
+// progress since the push is kept: θ_pushed stood in for the round's result, and is
+// corrected), θ ← θ_global elsewhere. Two exactness rules: a parameter not trained
+// since the push becomes θ_global itself, and one whose θ_global is its pushed value
+// keeps its own (so one node owning every parameter, fp32, trains exactly as alone).
 void keep_local_progress(float* params, const float* global, const std::vector<float>& pushed,
                          const OwnedSpace& space, int64_t total) {
   int64_t at = 0;
@@ -59,7 +62,9 @@ void keep_local_progress(float* params, const float* global, const std::vector<f
     const float* p = pushed.data() + s.packed_begin;
     for (int64_t i = 0; i < s.flat.size(); ++i) {
       float& x = params[s.flat.begin + i];
-      x = global[s.flat.begin + i] + (x - p[i]);
+      const float g = global[s.flat.begin + i];
+      if (std::memcmp(&x, &p[i], 4) == 0) x = g;
+      else if (std::memcmp(&g, &p[i], 4) != 0) x = g + (x - p[i]);
     }
     at = s.flat.end;
   }

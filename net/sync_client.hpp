@@ -99,7 +99,8 @@ class SyncClient {
   // helper thread and returns at once, so the node keeps training; finish_round
   // waits for that round (if it has not arrived yet) and applies it keeping the
   // local progress since the push: θ ← θ_global + (θ − θ_pushed) on the owned
-  // ranges, θ ← θ_global elsewhere (after a resync from a snapshot: θ_global).
+  // ranges, θ ← θ_global elsewhere (after a resync from a snapshot: θ_global); a
+  // parameter not trained since the push becomes θ_global bit for bit.
   // The returned report's state_hash is θ_global's, checked against the coordinator.
   // No other call may run while a round is in flight.
   void start_round(const float* params, int64_t step, const TrainFigures& figures = {});

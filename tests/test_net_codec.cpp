@@ -71,8 +71,38 @@ TEST_CASE("codec: int8 block-wise error bound, and q*scale is exact in fp32") {
   }
 }
 
+TEST_CASE("codec: int3 is ≤ 1/8 of fp32's bytes, codes in [-3, 3], q*scale exact, error ≤ scale/2") {
+  const int64_t n = 1000 + 5;  // a partial last block and a partial last group
+  CHECK(encoded_bytes(Codec::int3, n) == size_t(8 * 4 + 126 * 3));  // ceil(n/128) scales, ceil(n/8) groups
+  CHECK(encoded_bytes(Codec::int3, n) * 8 <= size_t(n) * 4);
+  CHECK(parse_codec("int3") == Codec::int3);
+  auto x = random_vec(size_t(n), 1e-2f, 7);
+  x[5] = 0.5f, x[130] = -0.3f, x[1004] = 0.2f;  // outliers, one in the last group
+  std::vector<uint8_t> buf(encoded_bytes(Codec::int3, n));
+  std::vector<float> y(static_cast<size_t>(n)), r(static_cast<size_t>(n));
+  REQUIRE(encode_delta(Codec::int3, x.data(), n, buf.data(), r.data()));
+  REQUIRE(decode(Codec::int3, buf.data(), n, y.data()));
+  double worst = 0;
+  for (int64_t b = 0; b * kInt8Block < n; ++b) {
+    float s;
+    std::memcpy(&s, buf.data() + 4 * b, 4);
+    CHECK((std::bit_cast<uint32_t>(s) & 0x7Fu) == 0u);
+    for (int64_t i = b * kInt8Block; i < std::min<int64_t>(n, (b + 1) * kInt8Block); ++i) {
+      const double q = double(y[size_t(i)]) / double(s);
+      CHECK(q == std::nearbyint(q));  // an integer code times the scale, exactly
+      CHECK(std::fabs(q) <= 3);
+      worst = std::max(worst, std::fabs(double(y[size_t(i)]) - x[size_t(i)]) / (0.5 * s));
+      CHECK(r[size_t(i)] == x[size_t(i)] - y[size_t(i)]);
+    }
+  }
+  MESSAGE("int3 worst error / (scale/2): " << worst);
+  CHECK(worst <= 1.0001);
+  CHECK(y[5] == doctest::Approx(0.5).epsilon(1e-4));  // the block maximum survives
+  CHECK(y[1004] == doctest::Approx(0.2).epsilon(1e-4));
+}
+
 TEST_CASE("codec: apply_update is θ_old + decoded, bit-deterministic") {
-  for (Codec c : {Codec::fp32, Codec::bf16, Codec::int8}) {
+  for (Codec c : {Codec::fp32, Codec::bf16, Codec::int8, Codec::int3}) {
     CAPTURE(codec_name(c));
     const auto base = random_vec(3000, 0.02f, 3);
     const auto d = random_vec(3000, 1e-3f, 4);
@@ -97,7 +127,7 @@ TEST_CASE("codec: apply_update is θ_old + decoded, bit-deterministic") {
 }
 
 TEST_CASE("codec: error feedback carries the quantisation error to later rounds") {
-  for (Codec c : {Codec::bf16, Codec::int8}) {
+  for (Codec c : {Codec::bf16, Codec::int8, Codec::int3}) {
     CAPTURE(codec_name(c));
     const int64_t n = 512;
     std::vector<float> base(n, 0.0f), params(n), res(n, 0.0f), res2(n);
@@ -119,7 +149,7 @@ TEST_CASE("codec: error feedback carries the quantisation error to later rounds"
       worst_res = std::max(worst_res, double(std::fabs(res[i])));
     }
     CHECK(worst < 1e-7);
-    CHECK(worst_res < (c == Codec::int8 ? 3e-5 : 2e-5));  // bounded, not growing with rounds
+    CHECK(worst_res < (c == Codec::int3 ? 1.5e-3 : c == Codec::int8 ? 3e-5 : 2e-5));  // bounded, not growing
   }
 }
 
@@ -151,7 +181,7 @@ TEST_CASE("codec: encode, decode, apply and accumulate on several threads equal 
   const int64_t n = 300000 + 77;  // several slices, a partial last block
   const auto params = random_vec(size_t(n), 0.02f, 11), base = random_vec(size_t(n), 0.02f, 12);
   const auto res_in = random_vec(size_t(n), 1e-5f, 13);
-  for (Codec c : {Codec::fp32, Codec::bf16, Codec::int8}) {
+  for (Codec c : {Codec::fp32, Codec::bf16, Codec::int8, Codec::int3}) {
     CAPTURE(codec_name(c));
     const size_t bytes = encoded_bytes(c, n);
     std::vector<uint8_t> out1(bytes), outT(bytes);

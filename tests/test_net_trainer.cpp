@@ -169,9 +169,12 @@ TEST_CASE("trainer + coordinator: sparse codec, a resumed node continues exactly
 }
 
 TEST_CASE("trainer + coordinator: 4 SPES nodes with overlapped rounds: hashes agree every round, none lost, loss falls") {
-  const auto dir = test::temp_dir("net-trainer-overlap");
+ for (const int tau : {0, 1}) {  // overlap_steps: a round applied at the next round, or one step after its push
+  CAPTURE(tau);
+  const auto dir = test::temp_dir("net-trainer-overlap-" + std::to_string(tau));
   const std::vector<std::string> spes = {"spes.codec=\"int8\"", "spes.n_nodes=4", "spes.ownership=\"partitioned\"",
-                                         "spes.overlap=true", "train.steps=12"};
+                                         "spes.overlap=true", "train.steps=12",
+                                         "spes.overlap_steps=" + std::to_string(tau)};
   Server server(trainer_config(dir / "c", spes));
   std::vector<std::ostringstream> csv(4);
   const auto nodes = run_synced_nodes(server, dir, spes, csv);
@@ -193,14 +196,15 @@ TEST_CASE("trainer + coordinator: 4 SPES nodes with overlapped rounds: hashes ag
       last_loss = std::stod(row[col("loss")]);
       const int64_t r = std::stoll(row[col("sync_round")]);
       if (r == 0) continue;
-      // Round r (pushed at step 2r) is applied at the next round's step, 2r + 2.
+      // Round r (pushed at step 2r) is applied at the next round's step, 2r + 2, or tau steps later.
       CHECK(r == expect_round++);
-      CHECK(std::stoll(row[col("step")]) == 2 * r + 2);
+      CHECK(std::stoll(row[col("step")]) == 2 * r + (tau ? tau : 2));
       CHECK(std::stod(row[col("sync_inflight_ms")]) > 0);
       hashes[p].push_back(row[col("state_hash")]);
     }
     CHECK(last_loss < first_loss);
   }
-  CHECK(hashes[0].size() == 5);  // round 6 is applied at the end of the run (before the final checkpoint)
+  CHECK(hashes[0].size() == 5);  // round 6 is applied at the end of the run (before the final eval)
   for (int p = 1; p < 4; ++p) CHECK(hashes[p] == hashes[0]);
+ }
 }

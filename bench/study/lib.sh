@@ -93,10 +93,21 @@ remember() {
   VARIANTS+=("$1")
 }
 
+# Whether --only names this variant (everything runs without --only). A variant left
+# out keeps its earlier runs under DIR in the table.
+wanted() {
+  local v
+  [ -z "${ONLY:-}" ] && return 0
+  for v in ${ONLY//,/ }; do [ "$v" = "$1" ] && return 0; done
+  [ -f "$OUT/runs/$1/s$2/curve.csv" ] && remember "$1"
+  return 1
+}
+
 # NAME SEED NODES OFFSET OVERRIDES...: one run of a variant, and its curve and numbers.
 run_variant() {
   local name=$1 seed=$2 nodes=$3 offset=$4
   shift 4
+  wanted "$name" "$seed" || return 0
   local dir=$OUT/runs/$name/s$seed
   rm -rf "$dir"
   echo "study: $name seed $seed ($nodes node(s))" >&2
@@ -112,6 +123,7 @@ run_variant() {
 # variant for the second half from the upcycled checkpoint.
 run_upcycled() {
   local seed=$1 half=$((STEPS / 2))
+  wanted upcycled "$seed" || return 0
   local dir=$OUT/runs/upcycled/s$seed
   rm -rf "$dir"
   echo "study: upcycled seed $seed (dense $half steps, then $BEST)" >&2
@@ -141,9 +153,16 @@ final_ce() {
   for f in "$OUT/runs/$1"/s*/curve.csv; do tail -n 1 "$f"; done | awk -F, '{ s += $2; n++ } END { printf "%.6f\n", s / n }'
 }
 
+# The variant of lowest mean final CE among those with runs under DIR (spes-warmup,
+# the committed study's best, when none has).
 best_of() {
   local v
-  for v in "$@"; do echo "$(final_ce "$v") $v"; done | sort -g | head -n 1 | cut -d' ' -f2
+  {
+    for v in "$@"; do
+      if compgen -G "$OUT/runs/$v/s*/curve.csv" > /dev/null; then echo "$(final_ce "$v") $v"; fi
+    done
+    echo "inf spes-warmup"
+  } | sort -g | head -n 1 | cut -d' ' -f2
 }
 
 # table.csv, table.md, curves.csv, curves_mean.csv and the two SVGs.
@@ -160,7 +179,7 @@ write_results() {
           for (i = 1; i <= m; ++i) { split(order[i], p, SUBSEP); printf "%s,%s,%.6f\n", p[1], p[2], sum[order[i]] / n[order[i]] } }' \
     "$OUT/curves.csv" > "$OUT/curves_mean.csv"
   {
-    echo "variant,seeds,final_val_ce,final_val_ce_spread,val_ce_quarter,val_ce_half,gap_to_central_pct,opt_grad_bytes_per_node,bytes_per_node_per_round,wall_s,tokens,tokens_per_s"
+    echo "variant,seeds,final_val_ce,final_val_ce_spread,val_ce_quarter,val_ce_half,gap_to_central_pct,opt_grad_bytes_per_node,bytes_per_node_per_round,wall_s,tokens,tokens_per_s,gap_to_sync_pts"
     for v in "${VARIANTS[@]}"; do
       for s in "$OUT/runs/$v"/s*; do
         printf '%s,%s,%s,%s,%s\n' "$v" "$(tail -n 1 "$s/curve.csv" | cut -d, -f2)" \
@@ -168,20 +187,23 @@ write_results() {
           "$(awk -F, -v t=$((BUDGET / 2)) '$1 == t { print $2 }' "$s/curve.csv")" \
           "$(cat "$s/opt_grad_bytes")|$(cat "$s/bytes_round")|$(cat "$s/wall_s")|$(tail -n 1 "$s/curve.csv" | cut -d, -f1)"
       done
-    done | awk -F, '
+    done | awk -F, -v best="${BEST:-}" '
       { v = $1; if (!(v in n)) order[++m] = v; n[v]++; f[v] += $2; q[v] += $3; h[v] += $4
         if (n[v] == 1 || $2 < lo[v]) lo[v] = $2; if (n[v] == 1 || $2 > hi[v]) hi[v] = $2
         split($5, x, "|"); og[v] = x[1]; br[v] += x[2]; w[v] += x[3]; tk[v] += x[4]; hq[v] += ($3 != ""); hh[v] += ($4 != "") }
       END {
         c = ("central" in n) ? f["central"] / n["central"] : 0
+        b = (best in n) ? f[best] / n[best] : 0
+        ref = (c > 0) ? c : b
         for (i = 1; i <= m; ++i) {
           v = order[i]; fm = f[v] / n[v]
           quarter = (hq[v] == n[v]) ? sprintf("%.4f", q[v] / n[v]) : ""
           half = (hh[v] == n[v]) ? sprintf("%.4f", h[v] / n[v]) : ""
           gap = (c > 0) ? sprintf("%+.1f", 100 * (fm - c) / c) : ""
           round_bytes = (br[v] > 0) ? sprintf("%.0f", br[v] / n[v]) : ""
-          printf("%s,%d,%.4f,%.4f,%s,%s,%s,%s,%s,%.1f,%.0f,%.0f\n", v, n[v], fm, (hi[v] - lo[v]) / 2, quarter, half,
-                 gap, og[v], round_bytes, w[v] / n[v], tk[v] / n[v], (w[v] > 0) ? tk[v] / w[v] : 0)
+          pts = (b > 0) ? sprintf("%+.1f", 100 * (fm - b) / ref) : ""
+          printf("%s,%d,%.4f,%.4f,%s,%s,%s,%s,%s,%.1f,%.0f,%.0f,%s\n", v, n[v], fm, (hi[v] - lo[v]) / 2, quarter, half,
+                 gap, og[v], round_bytes, w[v] / n[v], tk[v] / n[v], (w[v] > 0) ? tk[v] / w[v] : 0, pts)
         } }'
   } > "$OUT/table.csv"
   write_markdown > "$OUT/table.md"
@@ -189,7 +211,7 @@ write_results() {
     "validation CE against tokens (mean of seeds $SEEDS)" -o "$OUT/val_ce.svg"
   [ -n "${SWEEP:-}" ] || return 0  # no sync sweep (the GPU-scale study)
   local sync_series  # the best variant itself is the sweep's sync_steps = $SYNC
-  sync_series=$(grep -E "^($BEST|$BEST-sync[0-9]+)," "$OUT/curves_mean.csv" | sed "s/^$BEST,/$BEST-sync$SYNC,/")
+  sync_series=$(grep -E "^($BEST|$BEST-sync[0-9]+)," "$OUT/curves_mean.csv" | sed "s/^$BEST,/$BEST-sync$SYNC,/" || true)
   { echo "variant,tokens,val_ce"; echo "$sync_series"; } > "$OUT/curves_sync.csv"
   "$BIN" plot "$OUT/curves_sync.csv" --x tokens --y val_ce --group variant --title \
     "$BEST: sync interval sweep" -o "$OUT/val_ce_sync.svg"
@@ -197,14 +219,15 @@ write_results() {
 
 write_markdown() {
   echo "Budget: $BUDGET tokens over all nodes ($STEPS steps × $NODES nodes × $NODE_BATCH × $SEQ tokens), seeds $SEEDS;"
-  echo "validation CE on the same $EVAL_BATCHES held-out batches; ± is half the spread over the seeds."
+  echo "validation CE on the same $EVAL_BATCHES held-out batches; ± is half the spread over the seeds; the gap to"
+  echo "${BEST:-the best SPES variant} (fp32 synchronous rounds at the same interval) in points of central's final CE (of its own without central)."
   echo
-  echo "| variant | final val CE | CE at ¼ | CE at ½ | gap to central | opt+grad bytes/node | bytes/node/round | wall s | tokens | tokens/s |"
-  echo "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |"
+  echo "| variant | final val CE | CE at ¼ | CE at ½ | gap to central | gap to sync | opt+grad bytes/node | bytes/node/round | wall s | tokens | tokens/s |"
+  echo "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |"
   awk -F, 'NR > 1 {
     og = $8 == "" ? "-" : sprintf("%.1f MiB", $8 / 2^20); br = $9 == "" ? "-" : sprintf("%.2f MiB", $9 / 2^20)
-    printf "| %s | %s ± %s | %s | %s | %s | %s | %s | %s | %s | %s |\n", $1, $3, $4, ($5 == "" ? "-" : $5),
-      ($6 == "" ? "-" : $6), ($7 == "" ? "-" : $7 "%"), og, br, $10, $11, $12 }' "$OUT/table.csv"
+    printf "| %s | %s ± %s | %s | %s | %s | %s | %s | %s | %s | %s | %s |\n", $1, $3, $4, ($5 == "" ? "-" : $5),
+      ($6 == "" ? "-" : $6), ($7 == "" ? "-" : $7 "%"), ($13 == "" ? "-" : $13), og, br, $10, $11, $12 }' "$OUT/table.csv"
 }
 
 # Every variant has a row in the table and a series in val_ce.svg; the sweep plot has

@@ -3,7 +3,7 @@
 # the shipped corpus at one total-token budget and writes a table and SVG plots:
 #
 #   bench/study/run.sh [--smoke] [--scale N | --steps N] [--seeds "S1 S2"] [--device cpu|cuda|auto]
-#                      [--out DIR] [--bin SPES_ENGINE]
+#                      [--out DIR] [--bin SPES_ENGINE] [--only "VARIANT..."]
 #
 # The model is configs/tiny.toml's (the tiny family: 8 experts, top-2, d 128, 4
 # layers); only steps change. The budget is STEPS optimizer steps of 4 nodes × 8
@@ -13,7 +13,10 @@
 # node reads its own data order (seed + 1000·node, as SPES has it). Outputs under
 # DIR (default runs/study): table.md, table.csv, curves.csv (every eval point),
 # val_ce.svg (one series per variant, mean over seeds), val_ce_sync.svg (the sync
-# sweep), runs/<variant>/s<seed>/ (each run's CSV, rounds.csv, log).
+# sweep), runs/<variant>/s<seed>/ (each run's CSV, rounds.csv, log). --only runs just
+# the variants named (e.g. "spes-warmup spes-warmup-int8"): the best SPES variant is then
+# the best of those of its candidates with runs under DIR, else spes-warmup (the
+# committed study's best, bench/RESULTS.md).
 # Only bash, awk and spes-engine: CI has nothing else.
 set -euo pipefail
 
@@ -25,6 +28,7 @@ SMOKE=0
 STEPS=
 SEEDS="1234 1235"
 DEVICE=cpu
+ONLY=
 
 usage() { sed -n '5,6p' "${BASH_SOURCE[0]}" | sed 's/^# *//'; }
 die() { echo "study: $*" >&2; exit 1; }
@@ -37,6 +41,7 @@ while [ $# -gt 0 ]; do
     --device) DEVICE=${2:?--device needs cpu, cuda or auto}; shift ;;
     --out) OUT=${2:?--out needs DIR}; shift ;;
     --bin) BIN=${2:?--bin needs a path}; shift ;;
+    --only) ONLY=${2:?--only needs a list of variants}; shift ;;
     -h|--help) usage; exit 0 ;;
     *) echo "study: unknown argument '$1'" >&2; usage >&2; exit 2 ;;
   esac
@@ -51,9 +56,8 @@ CONFIG=$ROOT/configs/tiny.toml
 source "$ROOT/bench/study/lib.sh"
 
 # ---- the budget --------------------------------------------------------------------
-# Full: 180 steps per run (≈1.5M tokens over all nodes; 26 runs in about 36 minutes
-# on 2 cores, inside the 45-minute budget: configs/tiny.toml's 300 steps would take
-# about 60), an eval and a sync round every 15 steps (12 rounds, as `make run` has),
+# Full: 180 steps per run (≈1.5M tokens over all nodes; 36 runs in about 50 minutes
+# on 2 cores: configs/tiny.toml's 300 steps would take about 80), an eval and a sync round every 15 steps (12 rounds, as `make run` has),
 # the sweep 3 and 60. --steps N (a multiple of 60) or --scale N (180·N steps) keep
 # that shape: sync intervals, evals and the merge schedule scale with the steps, so
 # every eval of the base variants follows a sync round and every run ends on one.
@@ -99,11 +103,16 @@ CENTRAL=("spes.n_nodes=1" "spes.ownership=\"all\"" "train.global_batch=$((NODES 
 SOLO=("spes.n_nodes=1" "spes.ownership=\"all\"" "train.global_batch=$NODE_BATCH" "spes.sync_steps=0"
   "spes.merge_alpha=0")
 
-# ---- (9) hooks: overlapped rounds and the sparse codec (built on another branch) ---
-# Each hook: name|overrides on top of the best SPES variant. A hook whose key this
-# engine does not know yet is skipped with a message; set the real key names here
-# when those land.
-HOOKS=("overlap|spes.overlap=true" "sparse-codec|spes.codec=\"sparse\"")
+# ---- (9) hooks: every codec and overlapped rounds on the best SPES variant ---------
+# Each hook: name|overrides on top of the best SPES variant, at its sync interval (so
+# the best variant itself is the fp32 synchronous baseline). Overlapped rounds are
+# applied at the next round (overlap) or a fifth of the interval after their push
+# (overlap-fifth: a link whose round takes a fifth of the compute between rounds). A
+# hook whose key this engine does not know is skipped with a message.
+FIFTH=$((SYNC / 5 > 0 ? SYNC / 5 : 1))
+HOOKS=("overlap|spes.overlap=true" "overlap-fifth|spes.overlap=true spes.overlap_steps=$FIFTH"
+  "sparse-codec|spes.codec=\"sparse\"" "bf16|spes.codec=\"bf16\"" "int8|spes.codec=\"int8\""
+  "int3|spes.codec=\"int3\"" "int3-overlap-fifth|spes.codec=\"int3\" spes.overlap=true spes.overlap_steps=$FIFTH")
 
 echo "study: $STEPS steps per run, budget $BUDGET tokens over all nodes, seeds $SEEDS, out $OUT" >&2
 start=$(date +%s)
