@@ -76,7 +76,10 @@ RoundBytes round_bytes(const Config& cfg, net::Codec codec, int64_t chunk_elems,
       ++pushed;
     }
   }
-  b.up += int64_t(w.push_done(1, int32_t(cfg.spes.node_id), cfg.spes.sync_steps, pushed).size()) + mac;
+  // The push ends with the node's training figures (the coordinator's status page), every
+  // field present as once the node has evaluated: the largest they get.
+  const net::TrainFigures figures{1, 1.0, 1.0, 1.0, 1, 1.0};
+  b.up += int64_t(w.push_done(1, int32_t(cfg.spes.node_id), cfg.spes.sync_steps, pushed, &figures).size()) + mac;
   // FlatBuffers leaves out fields at their default (0): a real hash and the warm-up's first α.
   b.down += int64_t(w.round_done(1, cfg.spes.sync_steps, uint32_t(grid.chunks.size()), ~uint64_t(0),
                                  int32_t(cfg.spes.n_nodes), cfg.spes.merge_alpha)

@@ -20,7 +20,10 @@ TEST_CASE("plan --link: a round's bytes up and down are what round_bytes compute
     const Config cfg = tiny_config(2, codec);
     CoordThread co(cfg);  // chunks of 1024 values, a shared secret: frame MACs on
     std::vector<std::unique_ptr<TestNode>> nodes;
-    for (int p = 0; p < 2; ++p) nodes.push_back(std::make_unique<TestNode>(cfg, p, co.address()));
+    for (int p = 0; p < 2; ++p) {
+      nodes.push_back(std::make_unique<TestNode>(cfg, p, co.address()));
+      nodes.back()->figures = {5, 2.5, 1000.0, 2.75, 5, 12.0};  // every figure reported, as the plan prices them
+    }
     sync_all(nodes);  // the first round also carries the handshake
     const auto st = sync_all(nodes);
     for (int p = 0; p < 2; ++p) {
