@@ -41,14 +41,6 @@ Config memory_config(const std::string& codec, uint16_t port) {
   return c;
 }
 
-// A field of /proc/PID/status in KiB: VmHWM (peak RSS) or VmRSS.
-long status_kib(pid_t pid, const char* field) {
-  std::ifstream f("/proc/" + std::to_string(pid) + "/status");
-  for (std::string line; std::getline(f, line);)
-    if (line.rfind(field, 0) == 0) return std::atol(line.c_str() + std::strlen(field));
-  return 0;
-}
-
 }  // namespace
 
 TEST_CASE("net child: memory coordinator process" * doctest::skip()) {
