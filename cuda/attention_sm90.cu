@@ -64,14 +64,13 @@
 // row leaves in 16-byte stores.
 #include "cuda/attention_sm90.cuh"
 
-#include <map>
-#include <mutex>
 #include <string>
 
 #include "cuda/check.cuh"
 #include "cuda/launch.cuh"
 #include "cuda/ptx.cuh"
 #include "cuda/ptx_sm90.cuh"
+#include "cuda/sm90a_device.cuh"
 
 namespace spes::cuda::attention_sm90 {
 namespace {
@@ -592,49 +591,15 @@ constexpr bool kBuiltForSm90a = true;
 constexpr bool kBuiltForSm90a = false;
 #endif
 
-// Empty when the kernels' loaded code is compute capability 9.0 machine code from PTX
-// 9.0 or later: with this file's 9.0 code built as sm_90a (kBuiltForSm90a), that code
-// is it (an older architecture's PTX JIT-compiled for the GPU reports its own
-// ptxVersion). Else what was loaded.
-std::string loaded_code_mismatch() {
-  cudaFuncAttributes fa{};
-  cuda_check(cudaFuncGetAttributes(&fa, dkv_kernel<64>));  // one module: one answers for all
-  if (fa.binaryVersion == 90 && fa.ptxVersion >= 90) return "";
-  return "the driver loaded its kernels as binary version " + std::to_string(fa.binaryVersion) + " from PTX " +
-         std::to_string(fa.ptxVersion) + ", not sm_90a code";
-}
-
 DeviceInfo query_device(int dev) {
   DeviceInfo d;
-  int major = 0, minor = 0, optin = 0;
-  cuda_check(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev));
-  cuda_check(cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, dev));
-  cuda_check(cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev));
-  if (!kBuiltForSm90a)
-    d.why_not = "this build has no sm_90a code (9.0 is not among its CUDA architectures)";
-  else if (major != 9 || minor != 0)
-    d.why_not = "the GPU is compute capability " + std::to_string(major) + "." + std::to_string(minor) +
-                ", sm_90a code runs on 9.0 alone";
-  else if (Smem<128>::kAlloc > static_cast<size_t>(optin))
-    d.why_not = "the kernels need " + std::to_string(Smem<128>::kAlloc) +
-                " bytes of shared memory per block, the GPU allows " + std::to_string(optin);
-  else
-    d.why_not = loaded_code_mismatch();
+  // one module: dkv_kernel<64> answers for all
+  d.why_not = sm90a_unavailable_reason(dev, kBuiltForSm90a, Smem<128>::kAlloc, dkv_kernel<64>);
   d.sm90a = d.why_not.empty();
   return d;
 }
 
-// The current device's DeviceInfo. Thread-safe: one mutex over all devices.
-const DeviceInfo& device_info() {
-  static std::mutex mu;
-  static std::map<int, DeviceInfo> devices;
-  int dev = 0;
-  cuda_check(cudaGetDevice(&dev));
-  std::lock_guard<std::mutex> lock(mu);
-  auto it = devices.find(dev);
-  if (it == devices.end()) it = devices.emplace(dev, query_device(dev)).first;  // nothing stored on a throw
-  return it->second;
-}
+const DeviceInfo& device_info() { return per_device<DeviceInfo>(query_device); }
 
 template <int D>
 void forward_impl(bf16* out, float* lse, const bf16* q, const bf16* k, const bf16* v, int B, int T, int H, int Hkv,

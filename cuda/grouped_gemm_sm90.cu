@@ -71,8 +71,6 @@
 
 #include <algorithm>
 #include <atomic>
-#include <map>
-#include <mutex>
 #include <string>
 
 #include "cuda/check.cuh"
@@ -80,6 +78,7 @@
 #include "cuda/launch.cuh"
 #include "cuda/ptx.cuh"
 #include "cuda/ptx_sm90.cuh"
+#include "cuda/sm90a_device.cuh"
 
 namespace spes::cuda::grouped_sm90 {
 
@@ -810,36 +809,10 @@ constexpr bool kBuiltForSm90a = true;
 constexpr bool kBuiltForSm90a = false;
 #endif
 
-// Empty when the kernel's loaded code is compute capability 9.0 machine code from PTX
-// 9.0 or later: with this file's 9.0 code built as sm_90a (kBuiltForSm90a), that code
-// is it (an older architecture's PTX JIT-compiled for the GPU reports its own
-// ptxVersion). Else what was loaded.
-template <typename Kernel>
-std::string loaded_code_mismatch(Kernel kernel) {
-  cudaFuncAttributes fa{};
-  cuda_check(cudaFuncGetAttributes(&fa, kernel));
-  if (fa.binaryVersion == 90 && fa.ptxVersion >= 90) return "";
-  return "the driver loaded its kernels as binary version " + std::to_string(fa.binaryVersion) + " from PTX " +
-         std::to_string(fa.ptxVersion) + ", not sm_90a code";
-}
-
 DeviceInfo query_device(int dev) {
   DeviceInfo d;
-  int major = 0, minor = 0, optin = 0;
-  cuda_check(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev));
-  cuda_check(cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, dev));
-  cuda_check(cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev));
   cuda_check(cudaDeviceGetAttribute(&d.sms, cudaDevAttrMultiProcessorCount, dev));
-  if (!kBuiltForSm90a)
-    d.why_not = "this build has no sm_90a code (9.0 is not among its CUDA architectures, or it is the host emulator)";
-  else if (major != 9 || minor != 0)
-    d.why_not = "the GPU is compute capability " + std::to_string(major) + "." + std::to_string(minor) +
-                ", sm_90a code runs on 9.0 alone";
-  else if (kSmemBytes > static_cast<size_t>(optin))
-    d.why_not = "the kernels need " + std::to_string(kSmemBytes) + " bytes of shared memory per block, the GPU allows " +
-                std::to_string(optin);
-  else  // one kernel answers for the three: they are one module
-    d.why_not = loaded_code_mismatch(rows_kernel<Major::k>);
+  d.why_not = sm90a_unavailable_reason(dev, kBuiltForSm90a, kSmemBytes, rows_kernel<Major::k>);
   d.sm90a = d.why_not.empty();
   if (d.sm90a) {  // above 48 KB of dynamic shared memory a kernel must opt in, per device
     allow_dynamic_smem("grouped_matmul (sm90a)", rows_kernel<Major::k>, kSmemBytes);
@@ -849,18 +822,7 @@ DeviceInfo query_device(int dev) {
   return d;
 }
 
-// The current device's DeviceInfo. Thread-safe: one mutex over all devices (a few
-// calls per step, one host thread per GPU).
-const DeviceInfo& device_info() {
-  static std::mutex mu;
-  static std::map<int, DeviceInfo> devices;
-  int dev = 0;
-  cuda_check(cudaGetDevice(&dev));
-  std::lock_guard<std::mutex> lock(mu);
-  auto it = devices.find(dev);
-  if (it == devices.end()) it = devices.emplace(dev, query_device(dev)).first;  // nothing stored on a throw
-  return it->second;
-}
+const DeviceInfo& device_info() { return per_device<DeviceInfo>(query_device); }
 
 unsigned persistent_grid(int64_t tiles) {
   return static_cast<unsigned>(std::min<int64_t>(tiles, device_info().sms));
