@@ -3,8 +3,8 @@
 # on a corpus a machine that can download nothing already holds: the Python sources
 # of its own installation (bench/study/python_corpus.py).
 #
-#   bench/study/gpu_scale.sh [--smoke] [--tokens N] [--seeds "S1 S2"] [--device cuda|cpu|auto]
-#                            [--out DIR] [--bin SPES_ENGINE] [--threads N]
+#   bench/study/gpu_scale.sh [--smoke] [--tokens N] [--fit-seconds S] [--seeds "S1 S2"]
+#                            [--device cuda|cpu|auto] [--out DIR] [--bin SPES_ENGINE] [--threads N]
 #
 # The model is configs/study-python.toml's (spes-1b's family at d 512, 8 layers, 16
 # experts top-2, the GPT-NeoX BPE). Every variant sees the same total tokens (N,
@@ -16,6 +16,12 @@
 #                   tiny sweep's best interval), the nodes sharing the GPU;
 #   solo            one node's share alone (its batch, the same steps: ¼ of the tokens);
 #   diloco-average  4 nodes each owning every expert, averaged every round.
+# --fit-seconds S: fewer tokens where N would not finish within S seconds of the
+# script's start (a lent GPU's call has a hard limit): after the corpus, two short
+# probe runs (central, and 4 nodes owning every expert, the dearest per step) time a
+# step, an eval, a sync round and the start-up on this machine; the steps are then
+# the most (a multiple of 48, at most N's) whose four variants' predicted time, with
+# a 15% margin, fits what is left of S.
 # The corpus is split by file (held-out files never trained on, fixed by a hash of the
 # path) and tokenized on every core. Results go to DIR (default runs/study-gpu): the
 # study's table.md / table.csv / curves.csv / val_ce.svg (written again after every
@@ -30,6 +36,7 @@ BIN=$ROOT/build/spes-engine
 OUT=$ROOT/runs/study-gpu
 SMOKE=0
 TOKENS=50331648
+FIT_SECONDS=0
 SEEDS=1234
 DEVICE=
 THREADS=0
@@ -40,6 +47,7 @@ while [ $# -gt 0 ]; do
   case $1 in
     --smoke) SMOKE=1 ;;
     --tokens) TOKENS=${2:?--tokens needs N}; shift ;;
+    --fit-seconds) FIT_SECONDS=${2:?--fit-seconds needs S}; shift ;;
     --seeds) SEEDS=${2:?--seeds needs a list}; shift ;;
     --device) DEVICE=${2:?--device needs cuda, cpu or auto}; shift ;;
     --out) OUT=${2:?--out needs DIR}; shift ;;
@@ -51,6 +59,7 @@ while [ $# -gt 0 ]; do
   shift
 done
 [[ $TOKENS =~ ^[1-9][0-9]*$ ]] || die "--tokens $TOKENS: expected a positive integer"
+[[ $FIT_SECONDS =~ ^[0-9]+$ ]] || die "--fit-seconds $FIT_SECONDS: expected a whole number of seconds"
 [ -x "$BIN" ] || die "$BIN is not an executable (build it: make engine, or pass --bin)"
 command -v python3 > /dev/null || die "python3 is needed to collect the corpus (bench/study/python_corpus.py)"
 mkdir -p "$OUT"
@@ -70,14 +79,22 @@ if [ "$SMOKE" = 1 ]; then
   MODEL=("model.d_model=64" "model.n_layers=2" "model.n_heads=2" "model.n_kv_heads=2" "model.expert_hidden=64")
   DEVICE=${DEVICE:-cpu} MAX_MB=2
 else
-  NODE_BATCH=16 SEQ=1024
-  STEPS=$((TOKENS / (NODES * NODE_BATCH * SEQ) / 48 * 48))
-  ((STEPS > 0)) || die "--tokens $TOKENS: fewer than 48 steps of $((NODES * NODE_BATCH * SEQ)) tokens"
-  EVAL_EVERY=$((STEPS / 16)) EVAL_BATCHES=16 WARMUP=$((STEPS / 15)) SYNC=$((STEPS / 48))
-  MERGE_INTERVAL=$((STEPS / 6)) MERGE_DECAY=$((STEPS / 2))
+  NODE_BATCH=16 SEQ=1024 EVAL_BATCHES=16
   DEVICE=${DEVICE:-cuda} MAX_MB=0
 fi
-BUDGET=$((STEPS * NODES * NODE_BATCH * SEQ))  # total tokens over all nodes
+schedule_of() {
+  STEPS=$1
+  BUDGET=$((STEPS * NODES * NODE_BATCH * SEQ))  # total tokens over all nodes
+  [ "$SMOKE" = 1 ] && return
+  EVAL_EVERY=$((STEPS / 16)) WARMUP=$((STEPS / 15)) SYNC=$((STEPS / 48))
+  MERGE_INTERVAL=$((STEPS / 6)) MERGE_DECAY=$((STEPS / 2))
+}
+if [ "$SMOKE" = 1 ]; then
+  schedule_of 8
+else
+  schedule_of $((TOKENS / (NODES * NODE_BATCH * SEQ) / 48 * 48))
+  ((STEPS > 0)) || die "--tokens $TOKENS: fewer than 48 steps of $((NODES * NODE_BATCH * SEQ)) tokens"
+fi
 SWEEP=""  # no sync sweep here (lib.sh)
 
 # ---- the corpus: this machine's Python sources, split by file, tokenized once -------
@@ -102,27 +119,107 @@ echo "study-gpu: corpus (split, files, bytes, tokens):" >&2
 sed 's/^/  /' "$OUT/corpus.csv" >&2
 
 # ---- the variants ---------------------------------------------------------------------
-COMMON=("train.steps=$STEPS" "train.eval_every=$EVAL_EVERY" "train.eval_batches=$EVAL_BATCHES"
-  "train.micro_batch=$NODE_BATCH" "model.seq_len=$SEQ" "train.device=\"$DEVICE\"" "optim.warmup_steps=$WARMUP"
-  "optim.decay_steps=$STEPS" "data.train=\"$DATA/train/train.manifest\""
-  "data.validation=\"$DATA/heldout/train.manifest\"" "data.tokenizer=\"$TOKENIZER\"" "checkpoint.every=0"
-  "checkpoint.keep=1" "spes.merge_interval=$MERGE_INTERVAL" "spes.merge_decay_steps=$MERGE_DECAY" "${MODEL[@]}")
-SPES=("spes.n_nodes=$NODES" "spes.ownership=\"partitioned\"" "train.global_batch=$NODE_BATCH" "spes.sync_steps=$SYNC")
-CENTRAL=("spes.n_nodes=1" "spes.ownership=\"all\"" "train.global_batch=$((NODES * NODE_BATCH))"
-  "spes.sync_steps=0" "spes.merge_alpha=0")
-SOLO=("spes.n_nodes=1" "spes.ownership=\"all\"" "train.global_batch=$NODE_BATCH" "spes.sync_steps=0"
-  "spes.merge_alpha=0")
-DILOCO=("spes.n_nodes=$NODES" "spes.ownership=\"all\"" "train.global_batch=$NODE_BATCH" "spes.sync_steps=$SYNC"
-  "spes.merge_alpha=0")
+# The runs' overrides, from the schedule (again after --fit-seconds changes it).
+define_variants() {
+  COMMON=("train.steps=$STEPS" "train.eval_every=$EVAL_EVERY" "train.eval_batches=$EVAL_BATCHES"
+    "train.micro_batch=$NODE_BATCH" "model.seq_len=$SEQ" "train.device=\"$DEVICE\"" "optim.warmup_steps=$WARMUP"
+    "optim.decay_steps=$STEPS" "data.train=\"$DATA/train/train.manifest\""
+    "data.validation=\"$DATA/heldout/train.manifest\"" "data.tokenizer=\"$TOKENIZER\"" "checkpoint.every=0"
+    "checkpoint.keep=1" "spes.merge_interval=$MERGE_INTERVAL" "spes.merge_decay_steps=$MERGE_DECAY" "${MODEL[@]}")
+  SPES=("spes.n_nodes=$NODES" "spes.ownership=\"partitioned\"" "train.global_batch=$NODE_BATCH" "spes.sync_steps=$SYNC")
+  CENTRAL=("spes.n_nodes=1" "spes.ownership=\"all\"" "train.global_batch=$((NODES * NODE_BATCH))"
+    "spes.sync_steps=0" "spes.merge_alpha=0")
+  SOLO=("spes.n_nodes=1" "spes.ownership=\"all\"" "train.global_batch=$NODE_BATCH" "spes.sync_steps=0"
+    "spes.merge_alpha=0")
+  DILOCO=("spes.n_nodes=$NODES" "spes.ownership=\"all\"" "train.global_batch=$NODE_BATCH" "spes.sync_steps=$SYNC"
+    "spes.merge_alpha=0")
+}
+define_variants
+
+# The study reads only each run's CSV and log: its final checkpoint and coordinator
+# state (GBs at this model's size) go, so that --out stays small enough to bring back.
+drop_state() {
+  local d
+  for d in "$@"; do rm -rf "$d/checkpoints" "$d/coordinator"; done
+}
+
+# ---- fitting the budget to the time left (--fit-seconds) -----------------------------
+# One probe run's figures from its CSV, for the node of most step time: the median
+# step_ms of its plain steps, its eval step's extra, its mean sync round (sync_ms) and
+# the start-up (the wall time less the steps').
+probe_figures() {
+  awk -F, -v wall="$(cat "$1/wall_s")" '
+    NR == 1 { for (i = 1; i <= NF; ++i) col[$i] = i; next }
+    $1 == "node" || $1 == "step" { next }
+    {
+      node = ("node" in col) ? $col["node"] : 0; ms = $col["step_ms"]; total[node] += ms
+      if ($col["val_ce"] != "") eval_ms[node] = ms - $col["sync_ms"]
+      else if ($col["sync_round"] > 0) { sync[node] += $col["sync_ms"]; rounds[node]++ }
+      else if ($col["step"] > 2) plain[node, ++n[node]] = ms
+    }
+    END {
+      worst = -1
+      for (node in total) if (worst == -1 || total[node] > total[worst]) worst = node
+      m = n[worst]
+      for (i = 1; i <= m; ++i) v[i] = plain[worst, i]
+      for (i = 2; i <= m; ++i) for (k = i; k > 1 && v[k - 1] > v[k]; --k) { t = v[k]; v[k] = v[k - 1]; v[k - 1] = t }
+      step = v[int((m + 1) / 2)]
+      printf "%.4f %.4f %.4f %.4f\n", step / 1000, (eval_ms[worst] - step) / 1000,
+        rounds[worst] ? sync[worst] / rounds[worst] / 1000 : 0, wall - total[worst] / 1000
+    }' "$1/train.csv"
+}
+
+fit_steps() {
+  local probe=$OUT/probe steps=12
+  local -a timing=("train.steps=$steps" "train.eval_every=$steps" "train.eval_batches=$EVAL_BATCHES"
+    "optim.warmup_steps=2" "optim.decay_steps=$steps" "spes.merge_interval=$steps" "spes.merge_decay_steps=$steps")
+  echo "study-gpu: timing $steps-step probe runs to fit the study into ${FIT_SECONDS} s" >&2
+  run_engine "$probe/central" 1 "${CENTRAL[@]}" "${timing[@]}"
+  run_engine "$probe/nodes" "$NODES" "${DILOCO[@]}" "${timing[@]}" "spes.sync_steps=$((steps / 2))"
+  drop_state "$probe"/*
+  local c n
+  c=$(probe_figures "$probe/central") n=$(probe_figures "$probe/nodes")
+  echo "study-gpu: probe (step s, eval extra s, round s, start-up s): central $c; 4 nodes $n" >&2
+  # Per seed: central and solo (¼ of central's batch per step) on one node; spes and
+  # diloco-average on four, each with 48 rounds. Every run evaluates 16 times.
+  awk -v c="$c" -v n="$n" -v left=$((FIT_SECONDS - SECONDS)) -v seeds="$(wc -w <<< "$SEEDS")" -v most="$STEPS" '
+    BEGIN {
+      split(c, C, " "); split(n, N, " ")
+      fixed = 2 * (C[4] + 16 * C[2]) + 2 * (N[4] + 16 * N[2] + 48 * N[3])
+      per_step = 1.25 * C[1] + 2 * N[1]
+      steps = int((left / 1.15 / seeds - fixed) / per_step / 48) * 48
+      if (steps > most) steps = most
+      print steps
+    }'
+}
+
+if [ "$FIT_SECONDS" -gt 0 ]; then
+  fitted=$(fit_steps)
+  [[ $fitted =~ ^-?[0-9]+$ ]] || die "--fit-seconds: the probe runs gave no step count ('$fitted'); see $OUT/probe"
+  if [ "$SMOKE" = 1 ]; then
+    echo "study-gpu: --fit-seconds would run $fitted steps (the smoke keeps its $STEPS)" >&2
+  else
+    ((fitted >= 48)) || die "--fit-seconds $FIT_SECONDS: not even 48 steps per run fit in the $((FIT_SECONDS - SECONDS)) s left"
+    ((fitted < STEPS)) && echo "study-gpu: $STEPS steps would not fit in ${FIT_SECONDS} s: $fitted" >&2
+    schedule_of "$fitted"
+    define_variants
+  fi
+fi
 
 echo "study-gpu: $STEPS steps per run on $DEVICE, budget $BUDGET tokens over all nodes, seeds $SEEDS, out $OUT" >&2
 BEST=spes
 start=$(date +%s)
+# One variant's run, then the results so far (a run cut short leaves the ones before it).
+study_run() {
+  run_variant "$@"
+  drop_state "$OUT/runs/$1/s$2"
+  write_results
+}
 for seed in $SEEDS; do
-  run_variant central "$seed" 1 0 "${CENTRAL[@]}" && write_results
-  run_variant spes "$seed" "$NODES" 0 "${SPES[@]}" && write_results
-  run_variant solo "$seed" 1 0 "${SOLO[@]}" && write_results
-  run_variant diloco-average "$seed" "$NODES" 0 "${DILOCO[@]}" && write_results
+  study_run central "$seed" 1 0 "${CENTRAL[@]}"
+  study_run spes "$seed" "$NODES" 0 "${SPES[@]}"
+  study_run solo "$seed" 1 0 "${SOLO[@]}"
+  study_run diloco-average "$seed" "$NODES" 0 "${DILOCO[@]}"
 done
 echo "study-gpu: done in $(( $(date +%s) - start )) s: $OUT/table.md, $OUT/val_ce.svg" >&2
 check_results
