@@ -8,7 +8,9 @@
 //
 // The model is small but of GPU shape: d_model 128, 2 heads of 64 (the attention
 // kernels take head dims 64 and 128), GQA with one kv head, 4 experts, seq 64, and a
-// SPES node owning experts 2 and 3 of 4, so frozen experts are in every step.
+// SPES node owning experts 2 and 3 of 4, so frozen experts are in every step. The
+// imported architectures' options (Qwen3's per-head QK-norm and wide q, OLMo-2's
+// post-norm) get one step each against the CPU, and their buffers the arena check.
 //
 // Tolerances (first calibration, from the precision of the step, not yet from a
 // run): the GPU computes with bf16 activations (8-bit mantissa, relative rounding
