@@ -6,6 +6,11 @@
 // branch output, writes the new residual and its normalised copy in one pass.
 // Backward adds the norm's input gradient to the residual-stream gradient: the sum
 // is the gradient of the new residual, hence of both the old residual and the branch.
+//
+// Post-norm (OLMo-2: `h = x + RMSNorm_attn(Attn(x))`, `x' = h + RMSNorm_mlp(MoE(h))`)
+// normalises the branch instead: rmsnorm_post_forward adds the normalised branch to
+// the residual in the same pass, and rmsnorm_post_backward first completes the
+// residual gradient (adding the MoE input's gradient, which arrives apart from it).
 #pragma once
 #include <cuda_runtime.h>
 
@@ -34,5 +39,16 @@ size_t rmsnorm_backward_scratch_bytes(int64_t N, int64_t C);
 void rmsnorm_backward(bf16* dres_out, float* dweight, void* scratch, const bf16* dout, const bf16* dres_in,
                       const bf16* x, const bf16* weight, const float* rstd, int64_t N, int64_t C,
                       cudaStream_t stream);
+
+// Post-norm: res_out = bf16(res_in + x · rstd · weight) (fp32 sum, rounded once),
+// rstd as rmsnorm_forward's, over x. res_out must not overlap x.
+void rmsnorm_post_forward(bf16* res_out, float* rstd, const bf16* res_in, const bf16* x, const bf16* weight,
+                          int64_t N, int64_t C, float eps, cudaStream_t stream);
+
+// Post-norm backward: dres (the residual's gradient, in place) += dbranch, rounded to
+// bf16 (dbranch == nullptr: left as it is); then dx = the norm's input gradient for
+// dout = dres, dweight as rmsnorm_backward's (its scratch size too).
+void rmsnorm_post_backward(bf16* dx, float* dweight, void* scratch, bf16* dres, const bf16* dbranch, const bf16* x,
+                           const bf16* weight, const float* rstd, int64_t N, int64_t C, cudaStream_t stream);
 
 }  // namespace spes::cuda

@@ -7,6 +7,9 @@
 // channels lie in one half of one head, so it reads its own values, the partner
 // half's and the cos/sin pairs as float4s (rotate8_paired); else scalars (rotate8),
 // whose reads are 8-way shared-memory bank conflicts.
+// The per-head norm (Qwen3) runs the same kernels over rows of one head each
+// (NormRows below): a row of D = 128 channels is 16 vectors, so half of each row's
+// 32 threads idle (a warp never straddles rows), and 4 rows share a block.
 //
 // Memory passes: forward reads inp and writes out (4 B/channel/row); backward reads
 // dout and inp, writes dinp (6 B/channel/row) + the dweight partials. Single pass.
@@ -119,8 +122,8 @@ __device__ __forceinline__ void rotate8_any(float (&o)[8], const float* ys, cons
 template <int VPT>
 __global__ void __launch_bounds__(norm::kMaxThreads)
     qknorm_rope_forward_kernel(bf16* out, float* __restrict__ rstd, const bf16* inp, const bf16* __restrict__ weight,
-                               const float2* __restrict__ table, int64_t N, int C, int64_t T, int D, float eps,
-                               int stride, bool paired) {
+                               const float2* __restrict__ table, int64_t N, int C, int64_t T, int rows_per_token,
+                               int D, float eps, int stride, bool paired) {
   float* smem = dynamic_smem<float>;
   __shared__ float scratch[norm::kMaxRowsPerBlock * kWarp];
   float* ys = smem + threadIdx.y * stride;
@@ -156,7 +159,7 @@ __global__ void __launch_bounds__(norm::kMaxThreads)
   }
   __syncthreads();  // normalised row visible to the whole row slice
   if (!active) return;
-  const float2* cst = table + (row % T) * (D / 2);
+  const float2* cst = table + (row / rows_per_token % T) * (D / 2);
 #pragma unroll
   for (int k = 0; k < VPT; ++k) {
     const int v = threadIdx.x + k * blockDim.x;
@@ -173,7 +176,7 @@ __global__ void __launch_bounds__(norm::kMaxThreads)
     qknorm_rope_backward_kernel(bf16* dinp, float* __restrict__ partial, const bf16* __restrict__ dout,
                                 const bf16* __restrict__ inp, const bf16* __restrict__ weight,
                                 const float* __restrict__ rstd, const float2* __restrict__ table, int64_t N, int C,
-                                int64_t T, int D, int stride, bool paired) {
+                                int64_t T, int rows_per_token, int D, int stride, bool paired) {
   float* smem = dynamic_smem<float>;
   __shared__ float scratch[norm::kMaxRowsPerBlock * kWarp];
   float* ys = smem + threadIdx.y * stride;
@@ -203,7 +206,7 @@ __global__ void __launch_bounds__(norm::kMaxThreads)
     }
     __syncthreads();  // incoming gradient row visible
     const float r = active ? rstd[row] : 0.0f;
-    const float2* cst = table + (active ? row % T : 0) * (D / 2);
+    const float2* cst = table + (active ? row / rows_per_token % T : 0) * (D / 2);
     float g[VPT][8];
     float dot = 0.0f;
 #pragma unroll
@@ -270,6 +273,82 @@ bool pairs_contiguous(int64_t D, const float2* table) {
   return D % 16 == 0 && (reinterpret_cast<uintptr_t>(table) & 15) == 0;
 }
 
+// The rows the norm runs over: the whole projection (N = B·T rows of C = H·D, one per
+// token) or each head (N = B·T·H rows of C = D, H per token). Either way a row holds
+// whole heads, and row n's position is n / rows_per_token mod T.
+struct NormRows {
+  int64_t N, C;
+  int rows_per_token;
+};
+NormRows whole_rows(int64_t B, int64_t T, int64_t H, int64_t D) { return {B * T, H * D, 1}; }
+NormRows head_rows(int64_t B, int64_t T, int64_t H, int64_t D) { return {B * T * H, D, static_cast<int>(H)}; }
+
+void forward_rows(const char* op, const NormRows& r, bf16* out, float* rstd, const bf16* inp, const bf16* weight,
+                  const float2* table, int64_t B, int64_t T, int64_t H, int64_t D, float eps, cudaStream_t stream) {
+  check_shape(op, B, T, H, D, table);
+  require_ptr(out, 16, op, "out");
+  require_ptr(rstd, 4, op, "rstd");
+  require_ptr(inp, 16, op, "inp");
+  require_ptr(weight, 16, op, "weight");
+  require(static_cast<const void*>(out) != static_cast<const void*>(inp), op, "out must not alias inp");
+  const RowLayout l = rope_layout(r.C, op);
+  if (r.N == 0) return;
+  const int stride = smem_row_floats(r.C);
+  const size_t smem = size_t(l.ty) * stride * sizeof(float);
+  const dim3 block(l.tx, l.ty);
+  const unsigned grid = static_cast<unsigned>(ceil_div(r.N, l.ty));
+  const int c = static_cast<int>(r.C), d = static_cast<int>(D), rpt = r.rows_per_token;
+  const int64_t N = r.N;
+  const bool paired = pairs_contiguous(D, table);
+  switch (l.vpt) {
+    case 1: launch(qknorm_rope_forward_kernel<1>, grid, block, smem, stream, out, rstd, inp, weight, table, N, c, T, rpt, d, eps, stride, paired); break;
+    case 2: launch(qknorm_rope_forward_kernel<2>, grid, block, smem, stream, out, rstd, inp, weight, table, N, c, T, rpt, d, eps, stride, paired); break;
+    default: launch(qknorm_rope_forward_kernel<4>, grid, block, smem, stream, out, rstd, inp, weight, table, N, c, T, rpt, d, eps, stride, paired); break;
+  }
+  cuda_check_launch();
+}
+
+size_t backward_scratch_rows(const char* op, const NormRows& r) {
+  const RowLayout l = rope_layout(r.C, op);
+  if (r.N == 0) return 0;
+  const size_t smem = size_t(l.ty) * smem_row_floats(r.C) * sizeof(float);
+  return static_cast<size_t>(backward_blocks(l, smem, r.N)) * r.C * sizeof(float);
+}
+
+void backward_rows(const char* op, const NormRows& r, bf16* dinp, float* dweight, void* scratch, const bf16* dout,
+                   const bf16* inp, const bf16* weight, const float* rstd, const float2* table, int64_t B, int64_t T,
+                   int64_t H, int64_t D, cudaStream_t stream) {
+  check_shape(op, B, T, H, D, table);
+  require_ptr(dinp, 16, op, "dinp");
+  require_aligned(dweight, 4, op, "dweight");
+  require_aligned(scratch, 16, op, "scratch");
+  require_ptr(dout, 16, op, "dout");
+  require_ptr(inp, 16, op, "inp");
+  require_ptr(weight, 16, op, "weight");
+  require_ptr(rstd, 4, op, "rstd");
+  require(dweight == nullptr || scratch != nullptr, op, "dweight needs scratch (the op's *_backward_scratch_bytes)");
+  const size_t bytes = size_t(r.N * r.C) * sizeof(bf16);
+  require_disjoint(dinp, bytes, dout, bytes, op, "dout must not overlap dinp");
+  require_disjoint(dinp, bytes, inp, bytes, op, "inp must not overlap dinp");
+  const RowLayout l = rope_layout(r.C, op);
+  if (r.N == 0) return;
+  const int stride = smem_row_floats(r.C);
+  const size_t smem = size_t(l.ty) * stride * sizeof(float);
+  const int G = backward_blocks(l, smem, r.N);
+  float* partial = dweight ? static_cast<float*>(scratch) : nullptr;
+  const dim3 block(l.tx, l.ty);
+  const int c = static_cast<int>(r.C), d = static_cast<int>(D), rpt = r.rows_per_token;
+  const int64_t N = r.N;
+  const bool paired = pairs_contiguous(D, table);
+  switch (l.vpt) {
+    case 1: launch(qknorm_rope_backward_kernel<1>, G, block, smem, stream, dinp, partial, dout, inp, weight, rstd, table, N, c, T, rpt, d, stride, paired); break;
+    case 2: launch(qknorm_rope_backward_kernel<2>, G, block, smem, stream, dinp, partial, dout, inp, weight, rstd, table, N, c, T, rpt, d, stride, paired); break;
+    default: launch(qknorm_rope_backward_kernel<4>, G, block, smem, stream, dinp, partial, dout, inp, weight, rstd, table, N, c, T, rpt, d, stride, paired); break;
+  }
+  cuda_check_launch();
+  if (dweight) norm::launch_dweight_reduce(dweight, partial, G, r.C, stream);
+}
+
 }  // namespace
 
 size_t rope_table_bytes(int64_t T, int64_t D) { return static_cast<size_t>(T * (D / 2)) * sizeof(float2); }
@@ -285,71 +364,35 @@ void rope_table_init(float2* table, int64_t T, int64_t D, double theta, cudaStre
 
 void qknorm_rope_forward(bf16* out, float* rstd, const bf16* inp, const bf16* weight, const float2* table,
                          int64_t B, int64_t T, int64_t H, int64_t D, float eps, cudaStream_t stream) {
-  const char* op = "qknorm_rope_forward";
-  check_shape(op, B, T, H, D, table);
-  require_ptr(out, 16, op, "out");
-  require_ptr(rstd, 4, op, "rstd");
-  require_ptr(inp, 16, op, "inp");
-  require_ptr(weight, 16, op, "weight");
-  require(static_cast<const void*>(out) != static_cast<const void*>(inp), op, "out must not alias inp");
-  const int64_t N = B * T, C = H * D;
-  const RowLayout l = rope_layout(C, op);
-  if (N == 0) return;
-  const int stride = smem_row_floats(C);
-  const size_t smem = size_t(l.ty) * stride * sizeof(float);
-  const dim3 block(l.tx, l.ty);
-  const unsigned grid = static_cast<unsigned>(ceil_div(N, l.ty));
-  const int c = static_cast<int>(C), d = static_cast<int>(D);
-  const bool paired = pairs_contiguous(D, table);
-  switch (l.vpt) {
-    case 1: launch(qknorm_rope_forward_kernel<1>, grid, block, smem, stream, out, rstd, inp, weight, table, N, c, T, d, eps, stride, paired); break;
-    case 2: launch(qknorm_rope_forward_kernel<2>, grid, block, smem, stream, out, rstd, inp, weight, table, N, c, T, d, eps, stride, paired); break;
-    default: launch(qknorm_rope_forward_kernel<4>, grid, block, smem, stream, out, rstd, inp, weight, table, N, c, T, d, eps, stride, paired); break;
-  }
-  cuda_check_launch();
+  forward_rows("qknorm_rope_forward", whole_rows(B, T, H, D), out, rstd, inp, weight, table, B, T, H, D, eps, stream);
 }
 
 size_t qknorm_rope_backward_scratch_bytes(int64_t B, int64_t T, int64_t H, int64_t D) {
-  const int64_t N = B * T, C = H * D;
-  const RowLayout l = rope_layout(C, "qknorm_rope_backward");
-  if (N == 0) return 0;
-  const size_t smem = size_t(l.ty) * smem_row_floats(C) * sizeof(float);
-  return static_cast<size_t>(backward_blocks(l, smem, N)) * C * sizeof(float);
+  return backward_scratch_rows("qknorm_rope_backward", whole_rows(B, T, H, D));
 }
 
 void qknorm_rope_backward(bf16* dinp, float* dweight, void* scratch, const bf16* dout, const bf16* inp,
                           const bf16* weight, const float* rstd, const float2* table, int64_t B, int64_t T, int64_t H,
                           int64_t D, cudaStream_t stream) {
-  const char* op = "qknorm_rope_backward";
-  check_shape(op, B, T, H, D, table);
-  require_ptr(dinp, 16, op, "dinp");
-  require_aligned(dweight, 4, op, "dweight");
-  require_aligned(scratch, 16, op, "scratch");
-  require_ptr(dout, 16, op, "dout");
-  require_ptr(inp, 16, op, "inp");
-  require_ptr(weight, 16, op, "weight");
-  require_ptr(rstd, 4, op, "rstd");
-  require(dweight == nullptr || scratch != nullptr, op, "dweight needs scratch (qknorm_rope_backward_scratch_bytes)");
-  const int64_t N = B * T, C = H * D;
-  const size_t bytes = size_t(N * C) * sizeof(bf16);
-  require_disjoint(dinp, bytes, dout, bytes, op, "dout must not overlap dinp");
-  require_disjoint(dinp, bytes, inp, bytes, op, "inp must not overlap dinp");
-  const RowLayout l = rope_layout(C, op);
-  if (N == 0) return;
-  const int stride = smem_row_floats(C);
-  const size_t smem = size_t(l.ty) * stride * sizeof(float);
-  const int G = backward_blocks(l, smem, N);
-  float* partial = dweight ? static_cast<float*>(scratch) : nullptr;
-  const dim3 block(l.tx, l.ty);
-  const int c = static_cast<int>(C), d = static_cast<int>(D);
-  const bool paired = pairs_contiguous(D, table);
-  switch (l.vpt) {
-    case 1: launch(qknorm_rope_backward_kernel<1>, G, block, smem, stream, dinp, partial, dout, inp, weight, rstd, table, N, c, T, d, stride, paired); break;
-    case 2: launch(qknorm_rope_backward_kernel<2>, G, block, smem, stream, dinp, partial, dout, inp, weight, rstd, table, N, c, T, d, stride, paired); break;
-    default: launch(qknorm_rope_backward_kernel<4>, G, block, smem, stream, dinp, partial, dout, inp, weight, rstd, table, N, c, T, d, stride, paired); break;
-  }
-  cuda_check_launch();
-  if (dweight) norm::launch_dweight_reduce(dweight, partial, G, C, stream);
+  backward_rows("qknorm_rope_backward", whole_rows(B, T, H, D), dinp, dweight, scratch, dout, inp, weight, rstd, table,
+                B, T, H, D, stream);
+}
+
+void qknorm_head_rope_forward(bf16* out, float* rstd, const bf16* inp, const bf16* weight, const float2* table,
+                              int64_t B, int64_t T, int64_t H, int64_t D, float eps, cudaStream_t stream) {
+  forward_rows("qknorm_head_rope_forward", head_rows(B, T, H, D), out, rstd, inp, weight, table, B, T, H, D, eps,
+               stream);
+}
+
+size_t qknorm_head_rope_backward_scratch_bytes(int64_t B, int64_t T, int64_t H, int64_t D) {
+  return backward_scratch_rows("qknorm_head_rope_backward", head_rows(B, T, H, D));
+}
+
+void qknorm_head_rope_backward(bf16* dinp, float* dweight, void* scratch, const bf16* dout, const bf16* inp,
+                               const bf16* weight, const float* rstd, const float2* table, int64_t B, int64_t T,
+                               int64_t H, int64_t D, cudaStream_t stream) {
+  backward_rows("qknorm_head_rope_backward", head_rows(B, T, H, D), dinp, dweight, scratch, dout, inp, weight, rstd,
+                table, B, T, H, D, stream);
 }
 
 }  // namespace spes::cuda

@@ -1,8 +1,11 @@
 // QK-norm + RoPE, fused: q = q_norm(Wq·a), k = k_norm(Wk·a) where the
-// norm is an RMSNorm over the whole projection (C = H·D channels, before the split
-// into heads), then RoPE in the rotate_half (NeoX) convention on [B,T,H,D].
-// Same math as cpu::rmsnorm_forward followed by cpu::rope_forward (fp32 in
-// between: the normalised value is never rounded to bf16 before the rotation).
+// norm is an RMSNorm over the whole projection (qknorm_rope_*: C = H·D channels,
+// before the split into heads; OLMoE, OLMo-2) or over each head (qknorm_head_rope_*:
+// D channels per head, one weight of D entries shared by the heads; Qwen3), then
+// RoPE in the rotate_half (NeoX) convention on [B,T,H,D].
+// Same math as cpu::rmsnorm_forward (over B·T rows of H·D, or B·T·H rows of D)
+// followed by cpu::rope_forward (fp32 in between: the normalised value is never
+// rounded to bf16 before the rotation).
 #pragma once
 #include <cuda_runtime.h>
 
@@ -35,5 +38,18 @@ size_t qknorm_rope_backward_scratch_bytes(int64_t B, int64_t T, int64_t H, int64
 void qknorm_rope_backward(bf16* dinp, float* dweight, void* scratch, const bf16* dout, const bf16* inp,
                           const bf16* weight, const float* rstd, const float2* table, int64_t B, int64_t T, int64_t H,
                           int64_t D, cudaStream_t stream);
+
+// Per-head QK-norm (Qwen3): as above with the RMSNorm over each head's D channels;
+// weight [D], rstd[B·T·H] (token-major, as cpu::rmsnorm_forward over B·T·H rows).
+// D must be a multiple of 8 (≤ 8192); H·D any width.
+void qknorm_head_rope_forward(bf16* out, float* rstd, const bf16* inp, const bf16* weight, const float2* table,
+                              int64_t B, int64_t T, int64_t H, int64_t D, float eps, cudaStream_t stream);
+
+size_t qknorm_head_rope_backward_scratch_bytes(int64_t B, int64_t T, int64_t H, int64_t D);
+
+// dweight[D] += Σ over every (token, head) row, deterministic as qknorm_rope_backward's.
+void qknorm_head_rope_backward(bf16* dinp, float* dweight, void* scratch, const bf16* dout, const bf16* inp,
+                               const bf16* weight, const float* rstd, const float2* table, int64_t B, int64_t T,
+                               int64_t H, int64_t D, cudaStream_t stream);
 
 }  // namespace spes::cuda

@@ -70,7 +70,11 @@ GpuSizes gpu_sizes(const ModelConfig& m, const ParamLayout& layout, const Owners
   GpuSizes s;
   s.tokens = micro_batch * m.seq_len;
   s.d = m.d_model;
+  s.q = m.q_dim();
   s.kv = m.kv_dim();
+  s.q_norm_rows = m.q_norm_rows();
+  s.k_norm_rows = m.k_norm_rows();
+  s.post_norm = m.post_norm;
   s.heads = m.n_heads;
   s.layers = m.n_layers;
   s.experts = m.n_experts;

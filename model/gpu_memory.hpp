@@ -42,7 +42,9 @@ struct KernelScratch {
 // The sizes every buffer derives from.
 struct GpuSizes {
   int64_t tokens = 0;        // N = micro_batch · seq_len
-  int64_t d = 0, kv = 0;     // d_model, the k/v projection width
+  int64_t d = 0, q = 0, kv = 0;  // d_model, the q and attention-output width, the k/v width
+  int64_t q_norm_rows = 1, k_norm_rows = 1;  // QK-norm rows per token: 1, or the heads (per-head QK-norm)
+  bool post_norm = false;    // OLMo-2's norm placement: no an1/an2 copies, a d_c gradient
   int64_t heads = 0, layers = 0, experts = 0, top_k = 0, hidden = 0;
   int64_t lm_chunk = 0;      // tokens per lm-head / cross-entropy chunk
   int64_t vocab_stride = 0;  // the logits' row stride
@@ -62,7 +64,9 @@ GpuSizes gpu_sizes(const ModelConfig& m, const ParamLayout& layout, const Owners
 // the next RMSNorm (so the attention output attn_out and the MoE output moe_out are
 // kept apart from the residual h), the router logits land in probs, and the experts'
 // gate and up projections are one [S, 2H] buffer gate_up, from one GEMM over the
-// stacked [gate; up] weights (the layout stores them adjacent).
+// stacked [gate; up] weights (the layout stores them adjacent). Post-norm (OLMo-2):
+// the attention and MoE blocks read x_in and h themselves (an1, an2 are empty), and
+// attn_out, moe_out are the CPU's o_raw, y_raw (the inputs of the norms).
 template <class Bf16>
 struct GpuLayerBuffers {
   Bf16 *x_in, *an1, *q_raw, *k_raw, *v, *q, *k, *att, *attn_out, *h, *an2;
@@ -78,21 +82,22 @@ struct GpuLayerBuffers {
   // f(T*& pointer, int64_t count, const char* name) for every buffer.
   template <class F>
   void for_each_buffer(const GpuSizes& s, F&& f) {
-    const int64_t N = s.tokens, d = s.d, kv = s.kv, E = s.experts, K = s.top_k, S = s.slots(), H = s.hidden;
+    const int64_t N = s.tokens, d = s.d, q_w = s.q, kv = s.kv, E = s.experts, K = s.top_k, S = s.slots(),
+                  H = s.hidden, pre = s.post_norm ? 0 : 1;
     f(x_in, N * d, "x_in");
-    f(an1, N * d, "an1");
-    f(q_raw, N * d, "q_raw");
+    f(an1, pre * N * d, "an1");
+    f(q_raw, N * q_w, "q_raw");
     f(k_raw, N * kv, "k_raw");
     f(v, N * kv, "v");
-    f(q, N * d, "q");
+    f(q, N * q_w, "q");
     f(k, N * kv, "k");
-    f(att, N * d, "att");
+    f(att, N * q_w, "att");
     f(attn_out, N * d, "attn_out");
     f(h, N * d, "h");
-    f(an2, N * d, "an2");
+    f(an2, pre * N * d, "an2");
     f(rstd1, N, "rstd1");
-    f(rstd_q, N, "rstd_q");
-    f(rstd_k, N, "rstd_k");
+    f(rstd_q, N * s.q_norm_rows, "rstd_q");
+    f(rstd_k, N * s.k_norm_rows, "rstd_k");
     f(lse, N * s.heads, "lse");
     f(rstd2, N, "rstd2");
     f(probs, N * E, "probs");
@@ -127,6 +132,7 @@ struct GpuBuffers {
   float *rstd_f, *ce_losses, *ce_lse;
   // Backward's activation gradients, reused by every layer.
   Bf16 *d_x, *d_a, *d_att, *d_q, *d_q_raw, *d_k, *d_v, *d_k_raw;
+  Bf16* d_c;  // post-norm only: gradient of a branch output before its norm
   // The MoE block's temporaries, reused by every layer: h (forward), then dh and h
   // recomputed (backward); the expert outputs' gradient, then dxe; dgate_up; the
   // routing weights' and the router logits' gradients.
@@ -147,7 +153,7 @@ struct GpuBuffers {
   // buffer, in allocation order; layer is −1 outside the layers.
   template <class F>
   void for_each_buffer(const GpuSizes& s, F&& f) {
-    const int64_t N = s.tokens, d = s.d, kv = s.kv, S = s.slots(), H = s.hidden;
+    const int64_t N = s.tokens, d = s.d, q_w = s.q, kv = s.kv, S = s.slots(), H = s.hidden;
     auto act = [&](auto*& p, int64_t count, const char* name) { f(p, count, MemCategory::activations, name, -1); };
     auto work = [&](auto*& p, int64_t count, const char* name) { f(p, count, MemCategory::workspace, name, -1); };
     f(weights, s.params, MemCategory::weights, "weights", -1);
@@ -168,9 +174,9 @@ struct GpuBuffers {
     act(logits, s.lm_chunk * s.vocab_stride, "logits");
     act(d_x, N * d, "d_x");
     act(d_a, N * d, "d_a");
-    act(d_att, N * d, "d_att");
-    act(d_q, N * d, "d_q");
-    act(d_q_raw, N * d, "d_q_raw");
+    act(d_att, N * q_w, "d_att");
+    act(d_q, N * q_w, "d_q");
+    act(d_q_raw, N * q_w, "d_q_raw");
     act(d_k, N * kv, "d_k");
     act(d_v, N * kv, "d_v");
     act(d_k_raw, N * kv, "d_k_raw");
@@ -179,6 +185,7 @@ struct GpuBuffers {
     act(d_gate_up, S * 2 * H, "d_gate_up");
     act(d_topk_w, N * s.top_k, "d_topk_w");
     act(d_router_logits, N * s.experts, "d_router_logits");
+    act(d_c, s.post_norm ? N * d : 0, "d_c");
 
     work(router_partials, s.k.router_partials / 4, "router_partials");
     work(dispatch_scratch, s.k.moe_dispatch / 4, "dispatch_scratch");

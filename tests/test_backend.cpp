@@ -412,6 +412,36 @@ TEST_CASE("gpu memory plan: categories add up to the arena plus the runtime work
   }
 }
 
+// The imported shapes: Qwen3's q is n_heads·head_dim wide (here 2·d_model), and so are
+// the attention output and their gradients; its per-head QK-norm keeps an rstd per
+// (token, head); OLMo-2's post-norm reads x_in and h directly (no an1, an2) and takes
+// each branch's gradient through its norm in d_c.
+TEST_CASE("gpu memory plan: q and the attention output are the q width wide; post-norm drops an1 and an2 for d_c") {
+  ModelConfig m = small_model();
+  m.d_model = 64, m.n_heads = 4, m.n_kv_heads = 2, m.head_dim_key = 32, m.qk_norm_per_head = true, m.seq_len = 32;
+  const ParamLayout layout = make_layout(m);
+  const Ownership own = make_ownership(m, layout, 0, 1, OwnershipMode::all, 0);
+  const int64_t B = 3, N = B * m.seq_len;
+  const GpuMemoryPlan p = plan_gpu_memory(m, layout, own, B, scratch_for(N));
+  for (const char* name : {"q_raw.0", "q.1", "att.0", "d_att", "d_q", "d_q_raw"}) {
+    CAPTURE(name);
+    CHECK(p.find(name).bytes == 2 * N * 128);
+  }
+  CHECK(p.find("k_raw.0").bytes == 2 * N * 64);
+  CHECK(p.find("attn_out.0").bytes == 2 * N * 64);
+  CHECK(p.find("rstd_q.0").bytes == 4 * N * 4);
+  CHECK(p.find("rstd_k.1").bytes == 4 * N * 2);
+  CHECK(p.find("an1.0").bytes == 2 * N * 64);
+  CHECK(p.find("d_c").bytes == 0);
+  m.post_norm = true;
+  const GpuMemoryPlan post = plan_gpu_memory(m, layout, own, B, scratch_for(N));
+  CHECK(post.find("an1.0").bytes == 0);
+  CHECK(post.find("an2.1").bytes == 0);
+  CHECK(post.find("d_c").bytes == 2 * N * 64);
+  CHECK(post.bytes(MemCategory::activations) == p.bytes(MemCategory::activations) - 2 * m.n_layers * 2 * N * 64 +
+                                                   2 * N * 64);
+}
+
 TEST_CASE("gpu memory plan: activations grow linearly with micro_batch; the lm chunk never exceeds the tokens") {
   ModelConfig m = small_model();
   m.d_model = 64, m.n_heads = 2, m.n_kv_heads = 1, m.seq_len = 32, m.vocab_size = 301;

@@ -1,12 +1,13 @@
-// RMSNorm + residual and QK-norm + RoPE (cuda/rmsnorm.cu, cuda/rope.cu,
+// RMSNorm + residual (pre-norm, and OLMo-2's post-norm) and QK-norm + RoPE (over the
+// whole projection, and Qwen3's per head) (cuda/rmsnorm.cu, cuda/rope.cu,
 // cuda/norm_common.{cuh,cu}) vs cpu::rmsnorm_* / cpu::rope_* on the same bf16 values.
 // Tolerances: bf16 outputs 1e-2 relative (bf16 storage alone costs ~2e-3); fp32 rstd
 // and dweight 1e-5 (same math; the summation order and the rsqrt rounding differ);
 // the rope table 1e-7 (double, rounded once, both sides). Measured on the emulator:
-// bf16 ≤ 2.2e-3, fp32 ≤ 1.5e-6, the table 0 (printed: ErrorReport). Exact: the new
-// residual is bf16(res + branch); an in-place call gives the bits of the out-of-place
-// one; dweight accumulates, each call adding the same bits; the float4 and scalar
-// rotations agree. Every output and the scratch start as NaN; every launcher runs
+// bf16 ≤ 2.2e-3, fp32 ≤ 2.0e-6, the table 0 (printed: ErrorReport). Exact: the new
+// residual is bf16(res + branch), post-norm's residual gradient bf16(dres + dbranch);
+// an in-place call gives the bits of the out-of-place one; dweight accumulates, each
+// call adding the same bits; the float4 and scalar rotations agree. Every output and the scratch start as NaN; every launcher runs
 // under every schedule (for_each_schedule) and must write the same bits.
 //
 // Inputs are seeded (kSeed) per shape: a test that runs on every commit must not flake.
@@ -132,6 +133,59 @@ void check_rmsnorm(int64_t N, int64_t C, ErrorReport& report) {
   report.check("rmsnorm bwd dx, no residual grad", shape, download(d_dres_out.get(), NC), dx_ref, kTolBf16);
 }
 
+// ---- Post-norm (OLMo-2): the norm on the branch, added to the residual ----------------
+
+// Forward: res_out = bf16(res + rmsnorm(x)·w) against the CPU's fp32 norm then add.
+// Backward: dres += dbranch in bf16 (exact: bf16(dres + dbranch)), then dx of the norm
+// for that sum, against cpu::rmsnorm_backward; without dbranch, dres untouched.
+void check_rmsnorm_post(int64_t N, int64_t C, ErrorReport& report) {
+  const std::string shape = "N=" + std::to_string(N) + " C=" + std::to_string(C);
+  INFO(shape);
+  rng().seed(kSeed + 1);
+  const int64_t NC = N * C;
+  const std::vector<float> res = random_bf16_values(NC), x = random_bf16_values(NC, 3.0f), w = norm_weight(C);
+  const std::vector<float> dres = random_bf16_values(NC), dbranch = random_bf16_values(NC);
+
+  std::vector<float> normed(NC), rstd_ref(N), out_ref(NC), g(NC), dx_ref(NC), dw_ref(C, 0.0f), dx_plain(NC),
+      dw_plain(C, 0.0f);
+  spes::cpu::rmsnorm_forward(normed.data(), rstd_ref.data(), x.data(), w.data(), N, C, kEps);
+  for (int64_t i = 0; i < NC; ++i) out_ref[i] = res[i] + normed[i];
+  for (int64_t i = 0; i < NC; ++i) g[i] = bf16_round(dres[i] + dbranch[i]);
+  spes::cpu::rmsnorm_backward(dx_ref.data(), dw_ref.data(), g.data(), x.data(), w.data(), rstd_ref.data(), N, C);
+  spes::cpu::rmsnorm_backward(dx_plain.data(), dw_plain.data(), dres.data(), x.data(), w.data(), rstd_ref.data(), N,
+                              C);
+
+  const DevTensor<bf16> d_res = upload_bf16(res), d_x = upload_bf16(x), d_w = upload_bf16(w), d_out(NC),
+                        d_dbranch = upload_bf16(dbranch), d_dres(NC), d_dx(NC);
+  const DevTensor<float> d_rstd(N), d_dw(C);
+  for_each_schedule("rmsnorm_post fwd " + shape, {d_out, d_rstd}, [&] {
+    rmsnorm_post_forward(d_out, d_rstd, d_res, d_x, d_w, N, C, kEps, stream());
+    report.check("rmsnorm_post fwd res_out", shape, download(d_out.get(), NC), out_ref, kTolBf16);
+    report.check("rmsnorm_post fwd rstd", shape, download(d_rstd.get(), N), rstd_ref, kTolF32);
+  });
+
+  const DevTensor<char> scratch(int64_t(rmsnorm_backward_scratch_bytes(N, C)));
+  std::vector<float> dx, dw;
+  for_each_schedule("rmsnorm_post bwd " + shape, {d_dres, d_dx, d_dw, scratch}, [&] {
+    d_dres.upload(to_bf16(dres));  // in place: every run starts from the same dres
+    d_dw.zero();
+    rmsnorm_post_backward(d_dx, d_dw, scratch, d_dres, d_dbranch, d_x, d_w, d_rstd, N, C, stream());
+    CHECK_MESSAGE(bitwise_equal(download(d_dres.get(), NC), g), shape << ": dres is not bf16(dres + dbranch)");
+    dx = download(d_dx.get(), NC);
+    dw = download(d_dw.get(), C);
+    report.check("rmsnorm_post bwd dx", shape, dx, dx_ref, kTolBf16);
+    report.check("rmsnorm_post bwd dweight", shape, dw, dw_ref, kTolF32);
+  });
+  // No branch gradient: dres stays as it is, dx is the norm's backward of dres alone.
+  d_dres.upload(to_bf16(dres));
+  d_dx.poison();
+  d_dw.zero();
+  rmsnorm_post_backward(d_dx, d_dw, scratch, d_dres, nullptr, d_x, d_w, d_rstd, N, C, stream());
+  CHECK_MESSAGE(bitwise_equal(download(d_dres.get(), NC), dres), shape << ": without dbranch, dres changed");
+  report.check("rmsnorm_post bwd dx, no dbranch", shape, download(d_dx.get(), NC), dx_plain, kTolBf16);
+  report.check("rmsnorm_post bwd dweight, no dbranch", shape, download(d_dw.get(), C), dw_plain, kTolF32);
+}
+
 // ---- QK-norm + RoPE -------------------------------------------------------------------
 
 // The table as the CPU reference computes its angles: double, rounded once.
@@ -155,20 +209,25 @@ struct RopeShape {
   }
 };
 
-void check_qknorm_rope(const RopeShape& s, ErrorReport& report) {
+// per_head: the norm over each head's D channels (qknorm_head_rope_*, Qwen3; the
+// CPU's rmsnorm over B·T·H rows of D, a weight of D), else over the whole projection
+// (qknorm_rope_*: B·T rows of H·D, a weight of H·D).
+void check_qknorm_rope(const RopeShape& s, bool per_head, ErrorReport& report) {
   const auto [B, T, H, D, theta] = s;
+  const std::string op = per_head ? "qknorm_head_rope" : "qknorm_rope";
   const std::string shape = s.tag();
-  INFO(shape);
+  INFO(op << " " << shape);
   rng().seed(kSeed);
   const int64_t N = B * T, C = H * D, NC = N * C;
-  const std::vector<float> inp = random_bf16_values(NC, 2.0f), w = norm_weight(C), dout = random_bf16_values(NC);
+  const int64_t rows = per_head ? N * H : N, W = per_head ? D : C;  // norm rows, weight entries
+  const std::vector<float> inp = random_bf16_values(NC, 2.0f), w = norm_weight(W), dout = random_bf16_values(NC);
 
-  std::vector<float> normed(NC), rstd_ref(N), out_ref(NC), dnormed(NC), dinp_ref(NC), dw_ref(C, 0.0f);
-  spes::cpu::rmsnorm_forward(normed.data(), rstd_ref.data(), inp.data(), w.data(), N, C, kEps);
+  std::vector<float> normed(NC), rstd_ref(rows), out_ref(NC), dnormed(NC), dinp_ref(NC), dw_ref(W, 0.0f);
+  spes::cpu::rmsnorm_forward(normed.data(), rstd_ref.data(), inp.data(), w.data(), rows, W, kEps);
   spes::cpu::rope_forward(out_ref.data(), normed.data(), B, T, H, D, theta);
   spes::cpu::rope_backward(dnormed.data(), dout.data(), B, T, H, D, theta);
-  spes::cpu::rmsnorm_backward(dinp_ref.data(), dw_ref.data(), dnormed.data(), inp.data(), w.data(), rstd_ref.data(), N,
-                              C);
+  spes::cpu::rmsnorm_backward(dinp_ref.data(), dw_ref.data(), dnormed.data(), inp.data(), w.data(), rstd_ref.data(),
+                              rows, W);
 
   // The table, 16-byte aligned (D % 16 == 0 takes the float4 rotation,
   // rotate8_paired), and the same table one float2 further on (8-byte aligned only:
@@ -185,32 +244,36 @@ void check_qknorm_rope(const RopeShape& s, ErrorReport& report) {
 
   const DevTensor<bf16> d_inp = upload_bf16(inp), d_w = upload_bf16(w), d_out(NC), d_dout = upload_bf16(dout),
                         d_dinp(NC);
-  const DevTensor<float> d_rstd(N), d_dw(C);
-  const DevTensor<char> scratch(int64_t(qknorm_rope_backward_scratch_bytes(B, T, H, D)));
+  const DevTensor<float> d_rstd(rows), d_dw(W);
+  const size_t scratch_bytes = per_head ? qknorm_head_rope_backward_scratch_bytes(B, T, H, D)
+                                        : qknorm_rope_backward_scratch_bytes(B, T, H, D);
+  const DevTensor<char> scratch{int64_t(scratch_bytes)};
   auto forward = [&](const float2* table) {
-    qknorm_rope_forward(d_out, d_rstd, d_inp, d_w, table, B, T, H, D, kEps, stream());
+    (per_head ? qknorm_head_rope_forward : qknorm_rope_forward)(d_out, d_rstd, d_inp, d_w, table, B, T, H, D, kEps,
+                                                                 stream());
   };
   auto backward = [&](const float2* table, float* dweight, void* partials) {
-    qknorm_rope_backward(d_dinp, dweight, partials, d_dout, d_inp, d_w, d_rstd, table, B, T, H, D, stream());
+    (per_head ? qknorm_head_rope_backward : qknorm_rope_backward)(d_dinp, dweight, partials, d_dout, d_inp, d_w,
+                                                                   d_rstd, table, B, T, H, D, stream());
   };
   std::vector<float> out;
-  for_each_schedule("qknorm_rope fwd " + shape, {d_out, d_rstd}, [&] {
+  for_each_schedule(op + " fwd " + shape, {d_out, d_rstd}, [&] {
     forward(d_table);
     out = download(d_out.get(), NC);
-    report.check("qknorm_rope fwd out", shape, out, out_ref, kTolBf16);
-    report.check("qknorm_rope fwd rstd", shape, download(d_rstd.get(), N), rstd_ref, kTolF32);
+    report.check(op + " fwd out", shape, out, out_ref, kTolBf16);
+    report.check(op + " fwd rstd", shape, download(d_rstd.get(), rows), rstd_ref, kTolF32);
   });
   std::vector<float> dinp, dw;
-  for_each_schedule("qknorm_rope bwd " + shape, {d_dinp, d_dw, scratch}, [&] {
+  for_each_schedule(op + " bwd " + shape, {d_dinp, d_dw, scratch}, [&] {
     d_dw.zero();
     backward(d_table, d_dw, scratch);
     dinp = download(d_dinp.get(), NC);
-    dw = download(d_dw.get(), C);
-    report.check("qknorm_rope bwd dinp", shape, dinp, dinp_ref, kTolBf16);
-    report.check("qknorm_rope bwd dweight", shape, dw, dw_ref, kTolF32);
+    dw = download(d_dw.get(), W);
+    report.check(op + " bwd dinp", shape, dinp, dinp_ref, kTolBf16);
+    report.check(op + " bwd dweight", shape, dw, dw_ref, kTolF32);
   });
   backward(d_table, d_dw, scratch);  // dweight accumulates: the second call adds the same bits
-  CHECK_MESSAGE(bitwise_equal(download(d_dw.get(), C), twice(dw)), shape << ": a second call added other dweight bits");
+  CHECK_MESSAGE(bitwise_equal(download(d_dw.get(), W), twice(dw)), shape << ": a second call added other dweight bits");
 
   d_dinp.poison();
   backward(d_table, nullptr, nullptr);  // frozen weight: the same input gradient
@@ -225,7 +288,7 @@ void check_qknorm_rope(const RopeShape& s, ErrorReport& report) {
     backward(shifted.get() + 1, d_dw, scratch);
     CHECK_MESSAGE(bitwise_equal(download(d_dinp.get(), NC), dinp),
                   shape << ": backward dinp: float4 and scalar rotations differ");
-    CHECK_MESSAGE(bitwise_equal(download(d_dw.get(), C), dw),
+    CHECK_MESSAGE(bitwise_equal(download(d_dw.get(), W), dw),
                   shape << ": backward dweight: float4 and scalar rotations differ");
   }
 }
@@ -245,6 +308,14 @@ GPU_TEST_CASE("cuda rmsnorm + residual: forward and backward vs cpu") {
   for (const auto& [N, C] : shapes) check_rmsnorm(N, C, report);
 }
 
+// Post-norm (OLMo-2): one vector per thread, 2 and 4 (the backward stride loop is
+// the kernel rmsnorm_backward runs, checked above).
+GPU_TEST_CASE("cuda post-norm rmsnorm: the normalised branch added to the residual, forward and backward vs cpu") {
+  const std::pair<int64_t, int64_t> shapes[] = {{37, 64}, {130, 768}, {5, 4104}, {3, 8192}};
+  ErrorReport report;
+  for (const auto& [N, C] : shapes) check_rmsnorm_post(N, C, report);
+}
+
 // Head dims with D % 8 != 0 (24: vectors straddle the halves; 6: vectors straddle
 // heads), long T (large angles), OLMoE-like 16 × 128, C = 6144 (two 24 KB rows once
 // overflowed 48 KB with the static scratch; now one row a block), the tiny demo's q/k
@@ -256,7 +327,18 @@ GPU_TEST_CASE("cuda qk-norm + rope: forward and backward vs cpu rmsnorm then rop
                               {1, 3, 16, 128, 5e5}, {1, 2049, 2, 16, 1e4}, {2, 5, 48, 128, 1e4}, {8, 256, 4, 32, 1e4},
                               {1, 3, 24, 128, 1e4}, {1, 3, 64, 128, 1e4},  {3, 2900, 2, 32, 1e4}};
   ErrorReport report;
-  for (const RopeShape& s : shapes) check_qknorm_rope(s, report);
+  for (const RopeShape& s : shapes) check_qknorm_rope(s, false, report);
+}
+
+// The per-head norm (Qwen3: one RMSNorm per head over D, a weight of D): Qwen3-0.6B's
+// q and k heads (16 and 8 of 128, q wider than d_model = 1024), head dims 32 and 64,
+// D % 16 != 0 (24: the scalar rotation), T not a multiple of anything, and rows
+// (B·T·H) beyond one wave of backward blocks (D = 32: 4 rows a block).
+GPU_TEST_CASE("cuda per-head qk-norm + rope: forward and backward vs cpu rmsnorm per head then rope") {
+  const RopeShape shapes[] = {{1, 9, 16, 128, 1e6}, {1, 9, 8, 128, 1e6}, {2, 5, 3, 64, 1e4},
+                              {1, 7, 4, 24, 1e4},   {2, 33, 12, 32, 1e4}, {4, 300, 8, 32, 1e6}};
+  ErrorReport report;
+  for (const RopeShape& s : shapes) check_qknorm_rope(s, true, report);
 }
 
 // The dweight partial count G (blocks resident at once, capped by the row groups) is

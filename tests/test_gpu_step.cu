@@ -8,7 +8,9 @@
 //
 // The model is small but of GPU shape: d_model 128, 2 heads of 64 (the attention
 // kernels take head dims 64 and 128), GQA with one kv head, 4 experts, seq 64, and a
-// SPES node owning experts 2 and 3 of 4, so frozen experts are in every step.
+// SPES node owning experts 2 and 3 of 4, so frozen experts are in every step. The
+// imported architectures' options (Qwen3's per-head QK-norm and wide q, OLMo-2's
+// post-norm) get one step each against the CPU, and their buffers the arena check.
 //
 // Tolerances (first calibration, from the precision of the step, not yet from a
 // run): the GPU computes with bf16 activations (8-bit mantissa, relative rounding
@@ -376,6 +378,34 @@ GPU_TEST_CASE("gpu step: one step equals the CPU's, top-2 routing") {
   }
 }
 
+// The imported architectures' shapes (model/hf_config.cpp), small: Qwen3's per-head
+// QK-norm (one weight of head_dim shared by the heads) with q wider than d_model
+// (4 heads of 64 = 256 over d_model 128), GQA 2:1, rope_theta 1e6 and the lm head tied
+// to the embedding; OLMo-2's
+// post-norm (norms on the attention and MoE outputs, added to the residual), QK-norm
+// over the whole projection; and both at once. Dense routing (top_k = n_experts), so
+// the dense case's tolerances hold: a norm placed wrong, a per-head statistic taken
+// over the row or a q width read as d_model gives errors of order 1.
+GPU_TEST_CASE("gpu step: one step equals the CPU's for the Qwen3 and OLMo-2 shapes (per-head QK-norm, wide q, post-norm)") {
+  const std::vector<std::string> dense = {"model.top_k=4", "train.lb_coef=0.5", "train.router_z_coef=0.1",
+                                          "train.lm_z_coef=0.1"};
+  const std::vector<std::string> qwen3 = {"model.qk_norm_per_head=true", "model.head_dim=64", "model.n_heads=4",
+                                          "model.n_kv_heads=2", "model.rope_theta=1e6", "model.tie_embeddings=true"};
+  const std::vector<std::string> olmo2 = {"model.post_norm=true"};
+  struct Case {
+    const char* name;
+    std::vector<const std::vector<std::string>*> parts;
+  };
+  for (const Case& c : {Case{"qwen3", {&qwen3}}, Case{"olmo2", {&olmo2}}, Case{"qwen3-post-norm", {&qwen3, &olmo2}}}) {
+    const std::string name = c.name;
+    CAPTURE(name);
+    std::vector<std::string> sets = dense;
+    for (const auto* p : c.parts) sets.insert(sets.end(), p->begin(), p->end());
+    auto dir = test::temp_dir("gpu-step-" + name);
+    compare_one_step(gpu_config(dir, sets), StepTolerances{});
+  }
+}
+
 // The lm head and cross-entropy over several chunks with a padded logits row stride —
 // what every real vocabulary runs (V = 151 665: stride 151 672, a 16384-token
 // micro-batch in 5 chunks of up to 3328 tokens).
@@ -512,9 +542,7 @@ GPU_TEST_CASE("gpu resume: N steps equal N/2 + resume + N/2, bitwise; a GPU chec
   CHECK(rel(gpu_eval.ce, cpu_eval.ce) <= 1e-3);
 }
 
-GPU_TEST_CASE("gpu memory: the backend's arena is exactly the memory plan's") {
-  auto dir = test::temp_dir("gpu-arena");
-  const Config cfg = gpu_config(dir);
+static void check_arena_is_plan(const Config& cfg) {
   const ParamLayout layout = make_layout(cfg.model);
   const Ownership own = ownership_of(cfg, layout);
   const GpuMemoryPlan plan = plan_gpu_node(cfg.model, layout, own, cfg.train.micro_batch, current_gpu_limits());
@@ -547,6 +575,18 @@ GPU_TEST_CASE("gpu memory: the backend's arena is exactly the memory plan's") {
   CHECK(gpu->optimizer_state_bytes() == 12 * own.space.size());
   CpuBackend cpu(cfg.model, cfg.train.loss, layout, own, cfg.train.micro_batch, 1);
   CHECK_THROWS_AS(gpu_memory_use(cpu), Error);
+}
+
+// Also with the imported shapes' buffers: q wider than d_model, an rstd per head,
+// post-norm's d_c and no an1 / an2.
+GPU_TEST_CASE("gpu memory: the backend's arena is exactly the memory plan's") {
+  for (const bool imported : {false, true}) {
+    CAPTURE(imported);
+    auto dir = test::temp_dir(imported ? "gpu-arena-imported" : "gpu-arena");
+    check_arena_is_plan(imported ? gpu_config(dir, {"model.qk_norm_per_head=true", "model.head_dim=64",
+                                                    "model.n_heads=4", "model.n_kv_heads=2", "model.post_norm=true"})
+                                 : gpu_config(dir));
+  }
 }
 
 GPU_TEST_CASE("gpu memory: θ and the moments never leave the GPU past an overwritten arena guard") {

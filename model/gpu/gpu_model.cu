@@ -102,44 +102,70 @@ void GpuModel::embed_forward() {
   cuda::embedding_forward(b_.layers[0].x_in, inputs(), w(layout_.embed), N_, cfg_.d_model, V_, stream_);
 }
 
-// h = x + Wo·attn(rope(qknorm(Wq·a)), rope(qknorm(Wk·a)), Wv·a), a = rmsnorm(x);
+// Pre-norm (OLMoE, Qwen3): h = x + Wo·attn(rope(qknorm(Wq·a)), rope(qknorm(Wk·a)), Wv·a), a = rmsnorm(x);
 // x_out = h + Σ_k w_k · expert_k(rmsnorm(h)). The residual adds happen inside the
 // next norm: x_in of layer l (l > 0) = h + moe_out of layer l − 1.
+// Post-norm (OLMo-2): h = x + rmsnorm(Wo·attn(…x…)); x_out = h + rmsnorm(Σ_k w_k · expert_k(h)),
+// each add fused into its norm; x_out lands in the next layer's x_in (or x_final).
 void GpuModel::layer_forward(int l, float aux_factor) {
   const LayerOffsets& o = layout_.layers[size_t(l)];
   const GpuLayerBuffers<bf16>& a = b_.layers[size_t(l)];
-  const int64_t d = cfg_.d_model, kv = cfg_.kv_dim(), hd = cfg_.head_dim();
+  const int64_t d = cfg_.d_model;
   const float eps = float(cfg_.norm_eps);
-  const float2* rope = reinterpret_cast<const float2*>(b_.rope_table);
-  cuda::Gemm& g = rt_.gemm();
 
-  // Attention block.
+  if (cfg_.post_norm) {
+    bf16* x_out = l + 1 < cfg_.n_layers ? b_.layers[size_t(l + 1)].x_in : b_.x_final;
+    attention_forward_block(l, a.x_in);
+    cuda::rmsnorm_post_forward(a.h, a.rstd1, a.x_in, a.attn_out, w(o.attn_norm), N_, d, eps, stream_);
+    moe_forward_block(l, a.h, aux_factor);
+    cuda::rmsnorm_post_forward(x_out, a.rstd2, a.h, a.moe_out, w(o.moe_norm), N_, d, eps, stream_);
+    return;
+  }
   const bf16* res_in = l == 0 ? a.x_in : b_.layers[size_t(l - 1)].h;
   const bf16* branch = l == 0 ? nullptr : b_.layers[size_t(l - 1)].moe_out;
   cuda::rmsnorm_forward(a.an1, a.rstd1, a.x_in, res_in, branch, w(o.attn_norm), N_, d, eps, stream_);
-  cuda::matmul_forward(g, a.q_raw, DType::bf16, a.an1, w(o.wq), N_, d, d, stream_);
-  cuda::matmul_forward(g, a.k_raw, DType::bf16, a.an1, w(o.wk), N_, d, kv, stream_);
-  cuda::matmul_forward(g, a.v, DType::bf16, a.an1, w(o.wv), N_, d, kv, stream_);
-  // QK-norm is an RMSNorm over the whole projection, before the head split (OLMoE).
-  cuda::qknorm_rope_forward(a.q, a.rstd_q, a.q_raw, w(o.q_norm), rope, B_, T_, cfg_.n_heads, hd, eps, stream_);
-  cuda::qknorm_rope_forward(a.k, a.rstd_k, a.k_raw, w(o.k_norm), rope, B_, T_, cfg_.n_kv_heads, hd, eps, stream_);
-  cuda::attention_forward(a.att, a.lse, a.q, a.k, a.v, B_, T_, cfg_.n_heads, cfg_.n_kv_heads, hd, stream_);
-  cuda::matmul_forward(g, a.attn_out, DType::bf16, a.att, w(o.wo), N_, d, d, stream_);
-
-  // MoE block: h = x_in + attn_out (fused into the norm), then route, group tokens by
-  // expert, run every expert on its rows (one grouped GEMM per product for all experts,
-  // their row ranges read on the device), combine. The router's logits land in probs,
-  // which router_forward overwrites; the aux losses' statistics stay on the device.
-  const int64_t E = cfg_.n_experts, K = cfg_.top_k, H = cfg_.expert_hidden;
+  attention_forward_block(l, a.an1);
+  // h = x_in + attn_out, fused into the norm.
   cuda::rmsnorm_forward(a.an2, a.rstd2, a.h, a.x_in, a.attn_out, w(o.moe_norm), N_, d, eps, stream_);
-  cuda::matmul_forward(g, a.probs, DType::f32, a.an2, w(o.router), N_, d, E, stream_);
+  moe_forward_block(l, a.an2, aux_factor);
+}
+
+// attn_out = Wo·attn(rope(qknorm(Wq·in)), rope(qknorm(Wk·in)), Wv·in). QK-norm is an
+// RMSNorm over the whole projection, before the head split (OLMoE, OLMo-2), or over
+// each head (Qwen3). q and the attention output are q_dim = n_heads·head_dim wide.
+void GpuModel::attention_forward_block(int l, const bf16* in) {
+  const LayerOffsets& o = layout_.layers[size_t(l)];
+  const GpuLayerBuffers<bf16>& a = b_.layers[size_t(l)];
+  const int64_t d = cfg_.d_model, qd = cfg_.q_dim(), kv = cfg_.kv_dim(), hd = cfg_.head_dim();
+  const float eps = float(cfg_.norm_eps);
+  const float2* rope = reinterpret_cast<const float2*>(b_.rope_table);
+  cuda::Gemm& g = rt_.gemm();
+  cuda::matmul_forward(g, a.q_raw, DType::bf16, in, w(o.wq), N_, d, qd, stream_);
+  cuda::matmul_forward(g, a.k_raw, DType::bf16, in, w(o.wk), N_, d, kv, stream_);
+  cuda::matmul_forward(g, a.v, DType::bf16, in, w(o.wv), N_, d, kv, stream_);
+  auto qknorm_rope = cfg_.qk_norm_per_head ? cuda::qknorm_head_rope_forward : cuda::qknorm_rope_forward;
+  qknorm_rope(a.q, a.rstd_q, a.q_raw, w(o.q_norm), rope, B_, T_, cfg_.n_heads, hd, eps, stream_);
+  qknorm_rope(a.k, a.rstd_k, a.k_raw, w(o.k_norm), rope, B_, T_, cfg_.n_kv_heads, hd, eps, stream_);
+  cuda::attention_forward(a.att, a.lse, a.q, a.k, a.v, B_, T_, cfg_.n_heads, cfg_.n_kv_heads, hd, stream_);
+  cuda::matmul_forward(g, a.attn_out, DType::bf16, a.att, w(o.wo), N_, qd, d, stream_);
+}
+
+// moe_out = Σ_k w_k · expert_k(x): route, group tokens by expert, run every expert on
+// its rows (one grouped GEMM per product for all experts, their row ranges read on the
+// device), combine. The router's logits land in probs, which router_forward
+// overwrites; the aux losses' statistics stay on the device.
+void GpuModel::moe_forward_block(int l, const bf16* x, float aux_factor) {
+  const LayerOffsets& o = layout_.layers[size_t(l)];
+  const GpuLayerBuffers<bf16>& a = b_.layers[size_t(l)];
+  const int64_t d = cfg_.d_model, E = cfg_.n_experts, K = cfg_.top_k, H = cfg_.expert_hidden;
+  cuda::matmul_forward(rt_.gemm(), a.probs, DType::f32, x, w(o.router), N_, d, E, stream_);
   cuda::router_forward(a.probs, a.router_lse, a.topk_idx, a.topk_w, b_.router_partials, a.probs, N_, E, K,
                        cfg_.norm_topk_prob, stream_);
   cuda::moe_dispatch_indices(a.offsets, a.slot_token, a.token_slot, b_.dispatch_scratch, a.topk_idx, N_, E, K,
                              stream_);
   set_count_scale(aux_factor);
   cuda::router_aux_forward(a.aux, a.lb_weight, b_.router_partials, a.offsets, b_.count_scale, N_, E, K, stream_);
-  cuda::moe_gather_forward(a.xe, a.an2, a.slot_token, S_, d, stream_);
+  cuda::moe_gather_forward(a.xe, x, a.slot_token, S_, d, stream_);
   cuda::grouped_matmul_forward(a.gate_up, a.xe, a.gate_up_weights, a.offsets, S_, E, d, 2 * H, stream_);
   cuda::swiglu_forward(b_.expert_h, a.gate_up, a.gate_up + H, S_, H, 2 * H, stream_);
   cuda::grouped_matmul_forward(a.ye, b_.expert_h, a.down_weights, a.offsets, S_, E, H, d, stream_);
@@ -195,31 +221,61 @@ LossParts GpuModel::read_loss_parts(int64_t loss_tokens) {
   return parts;
 }
 
+// fnorm = rmsnorm(x_final). Pre-norm: x_final = h + moe_out of the last layer, fused
+// into the norm; post-norm: the last layer wrote x_final.
+void GpuModel::final_norm_forward() {
+  const GpuLayerBuffers<bf16>& last = b_.layers.back();
+  const bool post = cfg_.post_norm;
+  cuda::rmsnorm_forward(b_.fnorm, b_.rstd_f, post ? nullptr : b_.x_final, post ? b_.x_final : last.h,
+                        post ? nullptr : last.moe_out, w(layout_.final_norm), N_, cfg_.d_model, float(cfg_.norm_eps),
+                        stream_);
+}
+
 LossParts GpuModel::forward(const LossConfig& loss, float aux_factor, int64_t loss_tokens) {
   embed_forward();
   for (int l = 0; l < cfg_.n_layers; ++l) layer_forward(l, aux_factor);
-  const GpuLayerBuffers<bf16>& last = b_.layers.back();
-  cuda::rmsnorm_forward(b_.fnorm, b_.rstd_f, b_.x_final, last.h, last.moe_out, w(layout_.final_norm), N_,
-                        cfg_.d_model, float(cfg_.norm_eps), stream_);
+  final_norm_forward();
   lm_head(loss, 1.0f, false);
   return read_loss_parts(loss_tokens);
 }
 
 // ---- backward ----------------------------------------------------------------------
 
-// d_x holds dLoss/dx_out of layer l (x_out = h + moe_out); on return, dLoss/dx_in.
+// d_x holds dLoss/dx_out of layer l; on return, dLoss/dx_in. Pre-norm: each norm's
+// backward adds its input gradient into d_x. Post-norm: d_c takes each branch's
+// output gradient through its norm; the MoE input's gradient (d_a) is added to d_x
+// inside the attention norm's backward, the attention input's GEMMs add into d_x.
 void GpuModel::layer_backward(int l, const LossConfig& loss, float grad_scale) {
   const LayerOffsets& o = layout_.layers[size_t(l)];
   const GpuLayerBuffers<bf16>& a = b_.layers[size_t(l)];
-  const int64_t d = cfg_.d_model, kv = cfg_.kv_dim(), hd = cfg_.head_dim(), L = cfg_.n_layers;
-  const float2* rope = reinterpret_cast<const float2*>(b_.rope_table);
-  cuda::Gemm& g = rt_.gemm();
+  const int64_t d = cfg_.d_model;
+  if (cfg_.post_norm) {
+    cuda::rmsnorm_post_backward(b_.d_c, grad_of(o.moe_norm), b_.norm_scratch, b_.d_x, nullptr, a.moe_out,
+                                w(o.moe_norm), a.rstd2, N_, d, stream_);
+    moe_backward_block(l, b_.d_c, a.h, loss, grad_scale);
+    cuda::rmsnorm_post_backward(b_.d_c, grad_of(o.attn_norm), b_.norm_scratch, b_.d_x, b_.d_a, a.attn_out,
+                                w(o.attn_norm), a.rstd1, N_, d, stream_);  // d_x is now dLoss/dh
+    attention_backward_block(l, b_.d_c, a.x_in, b_.d_x, true);  // d_x is now dLoss/dx_in
+    return;
+  }
+  moe_backward_block(l, b_.d_x, a.an2, loss, grad_scale);
+  cuda::rmsnorm_backward(b_.d_x, grad_of(o.moe_norm), b_.norm_scratch, b_.d_a, b_.d_x, a.h, w(o.moe_norm), a.rstd2,
+                         N_, d, stream_);  // d_x is now dLoss/dh
+  attention_backward_block(l, b_.d_x, a.an1, b_.d_a, false);
+  cuda::rmsnorm_backward(b_.d_x, grad_of(o.attn_norm), b_.norm_scratch, b_.d_a, b_.d_x, a.x_in, w(o.attn_norm),
+                         a.rstd1, N_, d, stream_);  // d_x is now dLoss/dx_in
+}
 
-  // MoE branch, from d_x = dLoss/dx_out to d_a = dLoss/dan2. expert_h gets dh, then
-  // the forward h recomputed in its place (for the down weight gradient); d_ye gets
-  // dye, then dxe once dye is used. Frozen experts get no weight-gradient tiles.
-  const int64_t E = cfg_.n_experts, K = cfg_.top_k, H = cfg_.expert_hidden;
-  cuda::moe_combine_backward(b_.d_ye, b_.d_topk_w, b_.d_x, a.ye, a.topk_w, a.token_slot, N_, K, d, stream_);
+// Backward of moe_forward_block (input x) for dLoss/dmoe_out = d_y: weight gradients,
+// and dLoss/dx in d_a. expert_h gets dh, then the forward h recomputed in its place
+// (for the down weight gradient); d_ye gets dye, then dxe once dye is used. Frozen
+// experts get no weight-gradient tiles.
+void GpuModel::moe_backward_block(int l, const bf16* d_y, const bf16* x, const LossConfig& loss, float grad_scale) {
+  const LayerOffsets& o = layout_.layers[size_t(l)];
+  const GpuLayerBuffers<bf16>& a = b_.layers[size_t(l)];
+  const int64_t d = cfg_.d_model, E = cfg_.n_experts, K = cfg_.top_k, H = cfg_.expert_hidden, L = cfg_.n_layers;
+  cuda::Gemm& g = rt_.gemm();
+  cuda::moe_combine_backward(b_.d_ye, b_.d_topk_w, d_y, a.ye, a.topk_w, a.token_slot, N_, K, d, stream_);
   cuda::grouped_matmul_backward_input(b_.expert_h, b_.d_ye, a.down_weights, a.offsets, S_, E, H, d, stream_);
   cuda::swiglu_backward(b_.d_gate_up, b_.d_gate_up + H, b_.expert_h, b_.expert_h, a.gate_up, a.gate_up + H, S_, H,
                         2 * H, stream_);
@@ -230,47 +286,49 @@ void GpuModel::layer_backward(int l, const LossConfig& loss, float grad_scale) {
                                        n_trained_, S_, E, d, 2 * H, stream_);
   cuda::moe_gather_backward(b_.d_a, b_.d_ye, a.token_slot, N_, K, d, stream_);
   // The router: the layer's LB and RZ enter the loss as lb_coef/L and router_z_coef/L;
-  // d_a += dlogits·Wr, dWr += dlogitsᵀ·an2.
+  // d_a += dlogits·Wr, dWr += dlogitsᵀ·x.
   cuda::router_backward(b_.d_router_logits, b_.d_topk_w, a.probs, a.router_lse, a.topk_idx, a.topk_w, a.lb_weight,
                         float(grad_scale * loss.lb_coef / double(L)),
                         float(grad_scale * loss.router_z_coef / double(L)) / float(N_), N_, E, K,
                         cfg_.norm_topk_prob, stream_);
   cuda::matmul_backward_input(g, b_.d_a, DType::bf16, b_.d_router_logits, w(o.router), N_, d, E, stream_, true);
-  if (float* dw = grad_of(o.router))
-    cuda::matmul_backward_weight(g, dw, b_.d_router_logits, a.an2, N_, d, E, stream_);
-  cuda::rmsnorm_backward(b_.d_x, grad_of(o.moe_norm), b_.norm_scratch, b_.d_a, b_.d_x, a.h, w(o.moe_norm), a.rstd2,
-                         N_, d, stream_);  // d_x is now dLoss/dh
+  if (float* dw = grad_of(o.router)) cuda::matmul_backward_weight(g, dw, b_.d_router_logits, x, N_, d, E, stream_);
+}
 
-  // Attention branch.
-  cuda::matmul_backward(g, b_.d_att, grad_of(o.wo), b_.d_x, a.att, w(o.wo), N_, d, d, stream_);
+// Backward of attention_forward_block (input in) for dLoss/dattn_out = d_out: weight
+// gradients, and dLoss/din written to d_in (accumulate: added to it).
+void GpuModel::attention_backward_block(int l, const bf16* d_out, const bf16* in, bf16* d_in, bool accumulate) {
+  const LayerOffsets& o = layout_.layers[size_t(l)];
+  const GpuLayerBuffers<bf16>& a = b_.layers[size_t(l)];
+  const int64_t d = cfg_.d_model, qd = cfg_.q_dim(), kv = cfg_.kv_dim(), hd = cfg_.head_dim();
+  const float2* rope = reinterpret_cast<const float2*>(b_.rope_table);
+  cuda::Gemm& g = rt_.gemm();
+  cuda::matmul_backward(g, b_.d_att, grad_of(o.wo), d_out, a.att, w(o.wo), N_, qd, d, stream_);
   cuda::attention_backward(b_.d_q, b_.d_k, b_.d_v, b_.d_att, a.q, a.k, a.v, a.att, a.lse, b_.attention_scratch, B_,
                            T_, cfg_.n_heads, cfg_.n_kv_heads, hd, stream_);
-  cuda::qknorm_rope_backward(b_.d_q_raw, grad_of(o.q_norm), b_.norm_scratch, b_.d_q, a.q_raw, w(o.q_norm), a.rstd_q,
-                             rope, B_, T_, cfg_.n_heads, hd, stream_);
-  cuda::qknorm_rope_backward(b_.d_k_raw, grad_of(o.k_norm), b_.norm_scratch, b_.d_k, a.k_raw, w(o.k_norm), a.rstd_k,
-                             rope, B_, T_, cfg_.n_kv_heads, hd, stream_);
-  // d_a = d_q_raw·Wq + d_k_raw·Wk + d_v·Wv; each weight gradient += doutᵀ·an1.
+  auto qknorm_rope = cfg_.qk_norm_per_head ? cuda::qknorm_head_rope_backward : cuda::qknorm_rope_backward;
+  qknorm_rope(b_.d_q_raw, grad_of(o.q_norm), b_.norm_scratch, b_.d_q, a.q_raw, w(o.q_norm), a.rstd_q, rope, B_, T_,
+              cfg_.n_heads, hd, stream_);
+  qknorm_rope(b_.d_k_raw, grad_of(o.k_norm), b_.norm_scratch, b_.d_k, a.k_raw, w(o.k_norm), a.rstd_k, rope, B_, T_,
+              cfg_.n_kv_heads, hd, stream_);
+  // d_in (+)= d_q_raw·Wq + d_k_raw·Wk + d_v·Wv; each weight gradient += doutᵀ·in.
   struct Proj {
     const bf16* dout;
     int64_t offset, out;
   };
-  const Proj projs[] = {{b_.d_q_raw, o.wq, d}, {b_.d_k_raw, o.wk, kv}, {b_.d_v, o.wv, kv}};
+  const Proj projs[] = {{b_.d_q_raw, o.wq, qd}, {b_.d_k_raw, o.wk, kv}, {b_.d_v, o.wv, kv}};
   for (int i = 0; i < 3; ++i) {
     const Proj& p = projs[i];
-    cuda::matmul_backward_input(g, b_.d_a, DType::bf16, p.dout, w(p.offset), N_, d, p.out, stream_, i > 0);
-    if (float* dw = grad_of(p.offset)) cuda::matmul_backward_weight(g, dw, p.dout, a.an1, N_, d, p.out, stream_);
+    cuda::matmul_backward_input(g, d_in, DType::bf16, p.dout, w(p.offset), N_, d, p.out, stream_, accumulate || i > 0);
+    if (float* dw = grad_of(p.offset)) cuda::matmul_backward_weight(g, dw, p.dout, in, N_, d, p.out, stream_);
   }
-  cuda::rmsnorm_backward(b_.d_x, grad_of(o.attn_norm), b_.norm_scratch, b_.d_a, b_.d_x, a.x_in, w(o.attn_norm),
-                         a.rstd1, N_, d, stream_);  // d_x is now dLoss/dx_in
 }
 
 LossParts GpuModel::forward_backward(const LossConfig& loss, float aux_factor, float grad_scale) {
   const int64_t d = cfg_.d_model;
   embed_forward();
   for (int l = 0; l < cfg_.n_layers; ++l) layer_forward(l, aux_factor);
-  const GpuLayerBuffers<bf16>& last = b_.layers.back();
-  cuda::rmsnorm_forward(b_.fnorm, b_.rstd_f, b_.x_final, last.h, last.moe_out, w(layout_.final_norm), N_, d,
-                        float(cfg_.norm_eps), stream_);
+  final_norm_forward();
   lm_head(loss, grad_scale, true);  // d_a = dLoss/dfnorm
   cuda::rmsnorm_backward(b_.d_x, grad_of(layout_.final_norm), b_.norm_scratch, b_.d_a, nullptr, b_.x_final,
                          w(layout_.final_norm), b_.rstd_f, N_, d, stream_);

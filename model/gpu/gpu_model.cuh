@@ -1,8 +1,10 @@
-// The GPU twin of CpuModel (model/cpu/cpu_model): the same OLMoE decoder, the same
-// order of ops and the same names, read side by side like llm.c's train_gpt2.c and
-// train_gpt2.cu. What differs is only how each step runs:
+// The GPU twin of CpuModel (model/cpu/cpu_model): the same decoder (OLMoE, and the
+// imported shapes: per-head QK-norm, a q width apart from d_model, OLMo-2's
+// post-norm), the same order of ops and the same names, read side by side like
+// llm.c's train_gpt2.c and train_gpt2.cu. What differs is only how each step runs:
 //   - activations and compute weights are bf16, statistics and loss math fp32;
-//   - RMSNorm is fused with the residual add that feeds it (cuda/rmsnorm), QK-norm
+//   - RMSNorm is fused with the residual add that feeds it (post-norm: that it
+//     feeds) (cuda/rmsnorm), QK-norm
 //     with RoPE (cuda/rope); each expert product is one grouped GEMM for all experts
 //     (cuda/grouped_gemm), which reads the experts' row ranges on the device, so the
 //     host never waits inside a micro-batch until its loss is read back;
@@ -52,8 +54,14 @@ class GpuModel {
  private:
   void embed_forward();
   void layer_forward(int l, float aux_factor);
+  void attention_forward_block(int l, const cuda::bf16* in);
+  void moe_forward_block(int l, const cuda::bf16* x, float aux_factor);
+  void final_norm_forward();
   void lm_head(const LossConfig& loss, float grad_scale, bool backward);
   void layer_backward(int l, const LossConfig& loss, float grad_scale);
+  void moe_backward_block(int l, const cuda::bf16* d_y, const cuda::bf16* x, const LossConfig& loss, float grad_scale);
+  void attention_backward_block(int l, const cuda::bf16* d_out, const cuda::bf16* in, cuda::bf16* d_in,
+                                bool accumulate);
   LossParts read_loss_parts(int64_t loss_tokens);
   void set_count_scale(float aux_factor);
   void upload_expert_tables();

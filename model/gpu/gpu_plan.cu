@@ -16,13 +16,8 @@ namespace spes {
 
 void check_gpu_shape(const ModelConfig& m, const std::string& config_path) {
   auto refuse = [&](const std::string& why) { throw GpuShapeError(config_path + ": [model] " + why); };
-  // Imported Qwen3 / OLMo-2 shapes run on the CPU only for now (the GPU model has no kernels for them yet).
-  if (m.qk_norm_per_head) refuse("qk_norm_per_head = true (Qwen3) runs on the CPU only: the GPU has no per-head QK-norm");
-  if (m.head_dim_key && m.head_dim() * m.n_heads != m.d_model)
-    refuse("head_dim = " + std::to_string(m.head_dim()) + " != d_model / n_heads runs on the CPU only");
-  if (m.post_norm) refuse("post_norm = true (OLMo-2) runs on the CPU only: the GPU model is pre-norm");
   if (m.head_dim() != 32 && m.head_dim() != 64 && m.head_dim() != 128)
-    refuse("d_model / n_heads = " + std::to_string(m.head_dim()) +
+    refuse(std::string(m.head_dim_key ? "head_dim" : "d_model / n_heads") + " = " + std::to_string(m.head_dim()) +
            ": the GPU attention kernels support head dims 32, 64 and 128");
   if (m.d_model % 8 || m.kv_dim() % 8 || m.expert_hidden % 8)
     refuse("d_model, the kv width and expert_hidden must be multiples of 8 on the GPU (16-byte rows)");
@@ -30,8 +25,12 @@ void check_gpu_shape(const ModelConfig& m, const std::string& config_path) {
   if (m.n_experts > cuda::kRouterMaxExperts || m.top_k > cuda::kRouterMaxTopK)
     refuse("the GPU router supports at most " + std::to_string(cuda::kRouterMaxExperts) + " experts and top_k " +
            std::to_string(cuda::kRouterMaxTopK));
-  if (m.d_model > cuda::norm::kMaxChannels || m.kv_dim() > cuda::norm::kMaxChannels)
-    refuse("d_model and the kv width must be at most " + std::to_string(cuda::norm::kMaxChannels) +
+  // The norms keep a row in registers: d_model's, and the q and kv widths' when the
+  // QK-norm runs over the whole projection (per head, a row is head_dim ≤ 128).
+  const int64_t qk_rows = m.qk_norm_per_head ? m.head_dim() : std::max(m.q_dim(), m.kv_dim());
+  if (std::max(m.d_model, qk_rows) > cuda::norm::kMaxChannels)
+    refuse(std::string(m.qk_norm_per_head ? "d_model" : "d_model, the q width and the kv width") +
+           " must be at most " + std::to_string(cuda::norm::kMaxChannels) +
            " on the GPU (its norm kernels keep a row in registers)");
 }
 
@@ -52,10 +51,14 @@ KernelScratch gpu_kernel_scratch(const ModelConfig& m, int64_t micro_batch, int6
   k.router_partials = 4 * cuda::router_partials_count(N, E);
   k.moe_dispatch = 4 * cuda::moe_dispatch_scratch_count(N, E, K);
   k.attention_backward = int64_t(cuda::attention_backward_scratch_bytes(micro_batch, m.seq_len, m.n_heads));
-  // One fp32 partial row per resident block of a norm backward (rmsnorm over d,
-  // qk-norm+RoPE over d and the kv width): at most every block the device holds.
+  // One fp32 partial row per resident block of a norm backward (rmsnorm: N rows of d;
+  // qk-norm+RoPE: N rows of the q and kv widths, or per head N·heads rows of
+  // head_dim): at most every block the device holds.
   const int64_t resident = int64_t(device.sm_count) * device.max_blocks_per_sm;
-  k.norm_backward = std::min(N, resident) * std::max(m.d_model, m.kv_dim()) * 4;
+  const int64_t qk_partials = m.qk_norm_per_head
+                                  ? std::min(N * m.n_heads, resident) * m.head_dim()
+                                  : std::min(N, resident) * std::max(m.q_dim(), m.kv_dim());
+  k.norm_backward = std::max(std::min(N, resident) * m.d_model, qk_partials) * 4;
   // Sort keys and positions (4 arrays of N int32, 256-byte rounded) and CUB's radix
   // sort storage, about a second copy of the pairs plus histograms, without a device.
   k.embedding_backward = device.on_device ? int64_t(cuda::embedding_backward_workspace_bytes(N, m.vocab_size))
