@@ -81,6 +81,7 @@ std::mutex g_smem_optin_mutex;
 std::map<const void*, int> g_smem_optin;
 std::atomic<uint64_t> g_cluster_launches{0};
 std::atomic<uint64_t> g_wgmma_issued{0};
+std::atomic<bool> g_wgmma_a_misread{false};  // see set_wgmma_a_misread
 
 // cudaFuncAttributeMaxDynamicSharedMemorySize of `kernel`.
 int dynamic_smem_limit(const void* kernel) {
@@ -975,10 +976,12 @@ void wgmma_bf16_rs(float* d, int n, const uint32_t (&a)[4], uint64_t desc_b, boo
   if (n % 8 != 0 || n < 8 || n > 256) fail("wgmma: N must be a multiple of 8 in [8, 256]");
   require_sw128(desc_b, "B");
   const unsigned lane = threadIdx.x % 32;
+  const bool misread = g_wgmma_a_misread;
+  const uint32_t reg[4] = {a[0], misread ? a[2] : a[1], misread ? a[1] : a[2], a[3]};
   uint32_t quad[4][4];  // register r of quad lane c
   for (unsigned c = 0; c < 4; ++c)
     for (unsigned r = 0; r < 4; r += 2) {
-      const uint64_t v = shuffle(Shuffle::idx, a[r] | uint64_t(a[r + 1]) << 32, int((lane & ~3u) | c));
+      const uint64_t v = shuffle(Shuffle::idx, reg[r] | uint64_t(reg[r + 1]) << 32, int((lane & ~3u) | c));
       quad[c][r] = uint32_t(v);
       quad[c][r + 1] = uint32_t(v >> 32);
     }
@@ -1000,6 +1003,8 @@ void wgmma_bf16_rs(float* d, int n, const uint32_t (&a)[4], uint64_t desc_b, boo
 void wgmma_commit() { ++this_fiber().wgmma_groups; }
 
 uint64_t wgmma_issued() { return g_wgmma_issued; }
+
+void set_wgmma_a_misread(bool misread) { g_wgmma_a_misread = misread; }
 
 // wgmma.wait_group n: every group but the n most recent committed is complete.
 void wgmma_wait(int n) {

@@ -112,6 +112,10 @@ void wgmma_wait(int n);
 // The wgmma issued so far, by every thread of every launch: which kernel family a
 // launcher chose (the two families of a product may well give the same bits here).
 uint64_t wgmma_issued();
+// From now on (true) wgmma with A from registers reads registers 1 and 2 of the A
+// fragment swapped: a GPU whose fragment layout is not the one we decoded, for the
+// test of the attention launchers' check of their sm90a kernels (false: as decoded).
+void set_wgmma_a_misread(bool misread);
 enum class Shuffle { bfly, up, idx };
 uint64_t shuffle(Shuffle mode, uint64_t value, int b);  // the value of another lane
 uint32_t match_any(uint64_t value);                     // the lanes holding the same value
