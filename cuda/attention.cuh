@@ -16,8 +16,9 @@
 // GPU of sm_80 or later, every D; cuda/attention.cu) and the Hopper one (wgmma, D = 64
 // and 128, an sm_90 GPU in a build that carries sm_90a code; cuda/attention_sm90.cu).
 // `path` picks: automatic (the default) takes the Hopper family wherever it can run
-// and agrees with the portable one on the device, else the portable one; portable and sm90a force one, for tests and benches (sm90a
-// throws spes::Error where it cannot run, or for D = 32).
+// and agrees with the portable one on the device, else the portable one; portable and
+// sm90a force one, for tests and benches (sm90a throws spes::Error where it cannot
+// run, or for D = 32).
 #pragma once
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>

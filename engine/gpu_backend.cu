@@ -68,7 +68,7 @@ class GpuBackend final : public RankBackend {
     check_gpu_shape(cfg.model, cfg.path);
     // The attention's kernel family, chosen before anything is allocated or captured:
     // where it may be the sm90a one, that one's check against the portable kernels runs
-    // now (once per device; a disagreement is said on stderr and the portable run).
+    // now (once per device; on a disagreement, said on stderr, the portable ones run).
     cuda::attention_automatic_path(cfg.model.head_dim());
     plan_ = plan_gpu_node(cfg.model, layout_, own_, micro_batch_, current_gpu_limits());
     require_plan_fits(cfg, layout_, own_, plan_, micro_batch_, ranks, rt_.info());
