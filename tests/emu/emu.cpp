@@ -23,6 +23,7 @@
 #include <mutex>
 #include <optional>
 #include <shared_mutex>
+#include <string>
 #include <thread>
 #include <vector>
 
@@ -176,6 +177,18 @@ struct Fiber {  // one CUDA thread
   uint64_t committed_groups = 0;  // also the number of the open group
   std::vector<Wgmma> wgmma_pending;  // wgmma issued and not run, in issue order
   uint64_t wgmma_groups = 0;         // committed wgmma groups; also the open one's number
+  uint64_t wgmma_count = 0;          // wgmma issued by this thread so far
+};
+
+// What every thread of a warpgroup must give its k-th wgmma alike (PTX ISA, wgmma:
+// one instruction for the warpgroup, .aligned; the matrix descriptors the same across
+// its warps): the first of its 128 threads to issue it records this, the others
+// compare (see require_warpgroup_uniform).
+struct WgmmaIssue {
+  int n;
+  uint64_t desc_a, desc_b;  // desc_a 0 with A from registers
+  bool accumulate, trans_a, trans_b, a_in_registers;
+  bool operator==(const WgmmaIssue&) const = default;
 };
 
 enum class Collective : uint8_t { syncwarp, ldmatrix, ldmatrix_trans, mma, shfl_bfly, shfl_up, shfl_idx, match_any };
@@ -217,6 +230,9 @@ struct Cta {
   unsigned barrier_arrived = 0;
   uint64_t barrier_generation = 0;
   uint64_t progress = 0;  // barriers completed + threads exited: the deadlock check
+  // The wgmma some thread of a warpgroup issued and not all 128 have: (warpgroup, k) →
+  // the first one's operands and how many threads issued it so far.
+  std::map<std::pair<unsigned, uint64_t>, std::pair<WgmmaIssue, unsigned>> wgmma_issues;
   void* scheduler_stack_pointer = nullptr;
   const std::function<void()>* body = nullptr;
   // In a cluster launch (else null): this CTA's rank, its fibers waiting at
@@ -949,12 +965,28 @@ void run_wgmma(const Wgmma& op) {
     }
 }
 
+// A GPU runs one wgmma for the warpgroup from what its threads give it; one thread
+// giving other descriptors, shape, transposes or scale-d than the rest is undefined
+// there (a descriptor that depends on the warp, say), while here each thread would
+// compute its own fragment from its own operands: so this fails.
+void require_warpgroup_uniform(const WgmmaIssue& issue) {
+  Fiber& f = this_fiber();
+  const unsigned warpgroup = threadIdx.x / 128;
+  auto [it, first] = t_cta->wgmma_issues.try_emplace({warpgroup, f.wgmma_count++}, issue, 0u);
+  if (!first && !(it->second.first == issue))
+    fail("wgmma: thread " + std::to_string(threadIdx.x) + " of warpgroup " + std::to_string(warpgroup) +
+         " issued its wgmma with other operands (descriptors, N, transposes, scale-d or A's source) than the "
+         "warpgroup's first thread to issue it; the matrix descriptors must be the same across the warpgroup");
+  if (++it->second.second == 128) t_cta->wgmma_issues.erase(it);
+}
+
 void wgmma_bf16(float* d, int n, uint64_t desc_a, uint64_t desc_b, bool accumulate, bool trans_a, bool trans_b) {
   if (blockDim.x % 128 != 0 || blockDim.y != 1 || blockDim.z != 1)
     fail("wgmma: the block is not whole warpgroups along x");
   if (n % 8 != 0 || n < 8 || n > 256) fail("wgmma: N must be a multiple of 8 in [8, 256]");
   require_sw128(desc_a, "A");
   require_sw128(desc_b, "B");
+  require_warpgroup_uniform({n, desc_a, desc_b, accumulate, trans_a, trans_b, false});
   Fiber& f = this_fiber();
   ++g_wgmma_issued;
   const Wgmma op{d, n, desc_a, desc_b, accumulate, trans_a, trans_b, f.wgmma_groups};
@@ -975,6 +1007,7 @@ void wgmma_bf16_rs(float* d, int n, const uint32_t (&a)[4], uint64_t desc_b, boo
     fail("wgmma: the block is not whole warpgroups along x");
   if (n % 8 != 0 || n < 8 || n > 256) fail("wgmma: N must be a multiple of 8 in [8, 256]");
   require_sw128(desc_b, "B");
+  require_warpgroup_uniform({n, 0, desc_b, accumulate, false, trans_b, true});
   const unsigned lane = threadIdx.x % 32;
   const bool misread = g_wgmma_a_misread;
   const uint32_t reg[4] = {a[0], misread ? a[2] : a[1], misread ? a[1] : a[2], a[3]};
