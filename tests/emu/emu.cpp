@@ -179,6 +179,14 @@ struct Fiber {  // one CUDA thread
   uint64_t wgmma_groups = 0;         // committed wgmma groups; also the open one's number
   uint64_t wgmma_count = 0;          // wgmma issued by this thread so far
   bool wgmma_fenced = false;         // a wgmma.fence since its last wgmma.wait_group (or its start)
+  // Its wgmma with A from registers not yet waited for: the group, the caller's
+  // registers and their values at issue (see wgmma_wait).
+  struct RegisterA {
+    uint64_t group;
+    const uint32_t* registers;
+    uint32_t at_issue[4];
+  };
+  std::vector<RegisterA> register_a;
   // Its landed cp.async (destination, bytes) not yet behind a fence.proxy.async.
   std::vector<std::pair<uint32_t, int>> unfenced;
 };
@@ -1073,6 +1081,7 @@ void wgmma_bf16_rs(float* d, int n, const uint32_t (&a)[4], uint64_t desc_b, boo
     }
   Fiber& f = this_fiber();
   ++g_wgmma_issued;
+  f.register_a.push_back({f.wgmma_groups, a, {a[0], a[1], a[2], a[3]}});
   Wgmma op{d, n, 0, desc_b, accumulate, false, trans_b, f.wgmma_groups};
   op.a_in_registers = true;
   for (unsigned h = 0; h < 2; ++h)
@@ -1099,6 +1108,17 @@ void wgmma_wait(int n) {
   Fiber& f = this_fiber();
   f.wgmma_fenced = false;
   const uint64_t complete_below = f.wgmma_groups > uint64_t(n) ? f.wgmma_groups - uint64_t(n) : 0;
+  // The tensor cores may read a wgmma's A registers until its group is waited for
+  // (PTX ISA, wgmma.mma_async): a thread that changed them before that (say, packing
+  // the next k-step into the same registers) gives the GPU other values than the
+  // emulator took at issue, so it fails here.
+  auto done = f.register_a.begin();
+  for (; done != f.register_a.end() && done->group < complete_below; ++done)
+    for (int r = 0; r < 4; ++r)
+      if (done->registers[r] != done->at_issue[r])
+        fail("wgmma: thread " + std::to_string(threadIdx.x) + " changed register " + std::to_string(r) +
+             " of a wgmma's A fragment before the wait_group for it; the tensor cores read A until then");
+  f.register_a.erase(f.register_a.begin(), done);
   auto first_pending = f.wgmma_pending.begin();
   for (; first_pending != f.wgmma_pending.end() && first_pending->group < complete_below; ++first_pending)
     run_wgmma(*first_pending);

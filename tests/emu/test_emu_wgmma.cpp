@@ -9,6 +9,8 @@
 // - wgmma.fence before a warpgroup's first wgmma and between register accesses and
 //   the wgmma that use those registers (PTX ISA, wgmma.fence); the emulator asks for
 //   one after every wait_group, a little stricter than the rule;
+// - the tensor cores may read A's registers until the wgmma's group is waited for, so
+//   a thread may not change them before (PTX ISA, wgmma.mma_async);
 // - wgmma reads shared memory through the async proxy, cp.async writes it through
 //   the generic one: the writing thread must run fence.proxy.async.shared::cta after
 //   its copies land and before the barrier that hands them to the warpgroup (PTX
@@ -43,6 +45,8 @@ enum Variant : int {
   lane_transpose,      // lane 5 of warp 0 alone reads B N-major: an rs wgmma, so trans-b differs
   no_fence,            // no wgmma.fence before the first wgmma
   no_fence_after_wait, // a second wgmma after the wait with no wgmma.fence between
+  rs_uniform,          // A from registers, every thread alike: runs
+  rs_a_changed,        // A from registers, rewritten before the wait for it
 };
 
 constexpr unsigned kThreads = 256;
@@ -60,12 +64,14 @@ void wgmma_kernel(int variant) {
   const uint64_t a = sw128_descriptor(base, 16, 1024), b = sw128_descriptor(base + b_offset, 16, 1024);
   float d[32] = {};
   if (variant != no_fence) wgmma_fence();
-  if (variant == warp_rs_descriptor || variant == lane_transpose) {
-    const uint32_t frag[4] = {0, 0, 0, 0};
+  uint32_t frag[4] = {0, 0, 0, 0};
+  if (variant == warp_rs_descriptor || variant == lane_transpose || variant == rs_uniform ||
+      variant == rs_a_changed) {
     if (variant == lane_transpose && threadIdx.x == 5)
       wgmma_rs<64, 1>(d, frag, b, 0);
     else
       wgmma_rs<64, 0>(d, frag, b, 0);
+    if (variant == rs_a_changed) frag[2] = 0x3f803f80u;  // the next k-step's A, too early
   } else {
     wgmma_ss<64, 0, 0>(d, a, b, variant == warp_scale_d && warp == 1 ? 1 : 0);
   }
@@ -111,9 +117,17 @@ TEST_CASE("emulated wgmma: a wgmma.fence comes before the first wgmma and after 
   }
 }
 
+TEST_CASE("emulated wgmma: A's registers stay unchanged until the wait_group for it") {
+  const std::string msg = run(rs_a_changed);
+  CHECK_MESSAGE((has(msg, "[aborted]") && has(msg, "changed register 2 of a wgmma's A fragment before the wait_group")),
+                msg);
+}
+
 TEST_CASE("emulated wgmma: the threads of a warpgroup must issue the same wgmma") {
   const std::string refused = "issued its wgmma with other operands";
   std::string msg = run(uniform);
+  CHECK_MESSAGE(msg == "[returned]", msg);
+  msg = run(rs_uniform);
   CHECK_MESSAGE(msg == "[returned]", msg);
   msg = run(per_warpgroup);
   CHECK_MESSAGE(msg == "[returned]", msg);
