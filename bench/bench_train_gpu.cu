@@ -14,7 +14,9 @@
 //   - device memory: cudaMemGetInfo before the backend and after the timed steps
 //     (what the node really took), next to the memory plan's total and categories;
 //   - which kernels the grouped expert GEMMs take (sm90a, or portable: where the
-//     device lacks sm_90a or SPES_GROUPED_GEMM=portable keeps them there);
+//     device lacks sm_90a or SPES_GROUPED_GEMM=portable keeps them there), and which
+//     the attention takes (likewise, and portable where the sm90a kernels failed
+//     their check against the portable ones on this GPU);
 //   - the per-kernel share of the step: every kernel the step launches, timed in
 //     isolation at the step's shapes (median of 25 runs after warm-up, CUDA events),
 //     times its calls per step, as ms and % of the measured step, with its achieved
@@ -618,6 +620,18 @@ int main(int argc, char** argv) {
                                  ? "sm90a (wgmma)"
                                  : "portable: " + cuda::grouped_gemm_sm90a_unavailable_reason();
     std::printf("grouped expert GEMMs: %s\n", path.c_str());
+    // Which kernels the step's attention takes (spes-1b's head dim 64): the sm90a ones
+    // where they can run and agree with the portable ones on this GPU.
+    const char* attention_forced = std::getenv("SPES_ATTENTION");
+    const bool attention_sm90a = cuda::attention_automatic_path(64) == cuda::AttentionPath::sm90a;
+    const std::string attention_path =
+        attention_sm90a ? "sm90a (wgmma), agreeing with the portable kernels on this GPU"
+        : attention_forced && std::string(attention_forced) == "portable"
+            ? "portable (SPES_ATTENTION=portable)"
+        : !cuda::attention_sm90a_available()
+            ? "portable: " + cuda::attention_sm90a_unavailable_reason()
+            : "portable: the sm90a kernels failed their check: " + cuda::attention_sm90a_check_failure();
+    std::printf("attention kernels: %s\n", attention_path.c_str());
     for (const Node& node : nodes) {
       std::vector<std::string> sets = node.sets;
       sets.push_back("train.device=cuda");

@@ -702,6 +702,15 @@ bool portable_forced(const char* op) {
   return value != nullptr && std::string(value) == "portable";
 }
 
+// The automatic choice for the current device and D: the sm90a family only once it
+// has agreed with the portable one on this device.
+AttentionPath automatic_path(const char* op, int64_t D) {
+  return (D == 64 || D == 128) && attention_sm90::available() && !portable_forced(op) &&
+                 attention_sm90a_check_failure().empty()
+             ? AttentionPath::sm90a
+             : AttentionPath::portable;
+}
+
 // The kernel family a call runs on: `requested` resolved for the current device and D.
 AttentionPath choose_path(const char* op, AttentionPath requested, int64_t D) {
   switch (requested) {
@@ -713,14 +722,14 @@ AttentionPath choose_path(const char* op, AttentionPath requested, int64_t D) {
               "the sm90a path cannot run here: " + attention_sm90::unavailable_reason());
       return requested;
     default:
-      return (D == 64 || D == 128) && attention_sm90::available() && !portable_forced(op) ? AttentionPath::sm90a
-                                                                                          : AttentionPath::portable;
+      return automatic_path(op, D);
   }
 }
 
 }  // namespace
 
 bool attention_sm90a_available() { return attention_sm90::available(); }
+AttentionPath attention_automatic_path(int64_t D) { return automatic_path("attention", D); }
 std::string attention_sm90a_unavailable_reason() { return attention_sm90::unavailable_reason(); }
 
 void attention_forward(bf16* out, float* lse, const bf16* q, const bf16* k, const bf16* v, int64_t B, int64_t T,

@@ -15,9 +15,10 @@
 // same results up to summation order and rounding: the portable one (mma.sync, any
 // GPU of sm_80 or later, every D; cuda/attention.cu) and the Hopper one (wgmma, D = 64
 // and 128, an sm_90 GPU in a build that carries sm_90a code; cuda/attention_sm90.cu).
-// `path` picks: automatic (the default) takes the Hopper family wherever it can run,
-// else the portable one; portable and sm90a force one, for tests and benches (sm90a
-// throws spes::Error where it cannot run, or for D = 32).
+// `path` picks: automatic (the default) takes the Hopper family wherever it can run
+// and agrees with the portable one on the device, else the portable one; portable and
+// sm90a force one, for tests and benches (sm90a throws spes::Error where it cannot
+// run, or for D = 32).
 #pragma once
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
@@ -30,14 +31,29 @@ namespace spes::cuda {
 
 using bf16 = __nv_bfloat16;
 
-// automatic: the sm90a family where it can run and D is 64 or 128, else the portable
-// one; the environment variable SPES_ATTENTION=portable keeps it on the portable one.
+// automatic: the sm90a family where it can run, D is 64 or 128 and it passed its check
+// on the device (attention_sm90a_check_failure), else the portable one; the environment
+// variable SPES_ATTENTION=portable keeps it on the portable one.
 enum class AttentionPath { automatic, portable, sm90a };
 
 // Whether the sm90a kernels can run on the current device (asked once per device),
 // and if not, why (a sentence for test and bench output; empty when it can).
 bool attention_sm90a_available();
 std::string attention_sm90a_unavailable_reason();
+
+// Empty where the sm90a kernels cannot run, or where they agree with the portable ones
+// on the current device: both families run forward and backward on one small problem
+// at D = 64 and 128 and must agree within the bf16 tolerance (attention_check.cu).
+// Else the first disagreement, a sentence, which the automatic choice also says once
+// on stderr as it falls back to the portable kernels. Run once per device, on its
+// first call (the automatic choice's first sm90a-eligible call makes it); throws
+// spes::Error, naming the check, when the kernels fail to run.
+std::string attention_sm90a_check_failure();
+
+// The family `automatic` takes on the current device for head dim D (running the
+// check above if it has not run): where a caller wants the choice made, and said,
+// before its first call (the GPU backend at start-up, the step bench).
+AttentionPath attention_automatic_path(int64_t D);
 
 // out = softmax(q·kᵀ/√D + causal mask)·v, lse = per-row logsumexp (saved for backward).
 void attention_forward(bf16* out, float* lse, const bf16* q, const bf16* k, const bf16* v,

@@ -59,9 +59,13 @@
 // Ordering. Step it: each thread waits for its own cp.async of it, fences them to
 // the async proxy (wgmma reads through it), and a barrier makes everyone's visible;
 // each warpgroup waits for all its wgmma before the barrier that ends the step, after
-// which the step's buffers may be refilled. Outputs are staged through shared memory
-// (the resident tiles, free by then; chunks swizzled by row as above) so that each
-// row leaves in 16-byte stores.
+// which the step's buffers may be refilled. Registers: wgmma.fence orders the
+// warpgroup's earlier accesses of a wgmma's accumulators and A fragment before it, but
+// the compiler sees no register in that fence; the operand fences (fence_accumulators,
+// fence_registers) in front of it keep the rescale of O and the packing of P and dS
+// from being scheduled past it, and behind each wait keep reads from moving above it.
+// Outputs are staged through shared memory (the resident tiles, free by then; chunks
+// swizzled by row as above) so that each row leaves in 16-byte stores.
 #include "cuda/attention_sm90.cuh"
 
 #include <string>
@@ -309,6 +313,8 @@ __global__ void __launch_bounds__(kThreads, 1)
         }
       }
       pack_a<BN>(pa, s);
+      fence_accumulators(o);  // the rescale and the packing stay before the fence
+      fence_registers(pa);
       wgmma_fence();
 #pragma unroll
       for (int kk = 0; kk < KN; ++kk) wgmma_rs<D, 1>(o, pa[kk], KV::n_major(v_s, kk), 1);  // O += P·V
@@ -447,6 +453,10 @@ __global__ void __launch_bounds__(kThreads, 1)
       }
       pack_a<BM>(pa, st);
       pack_a<BM>(dsa, dpt);
+      fence_accumulators(dv_acc);  // the packing stays before the fence
+      fence_accumulators(dk_acc);
+      fence_registers(pa);
+      fence_registers(dsa);
       wgmma_fence();
 #pragma unroll
       for (int kk = 0; kk < KM; ++kk) wgmma_rs<D, 1>(dv_acc, pa[kk], QT::n_major(do_s, kk), 1);  // dV += Pᵀ·dO
@@ -561,6 +571,8 @@ __global__ void __launch_bounds__(kThreads, 1)
 #pragma unroll
         for (int e = 0; e < 4; ++e) dp[4 * j + e] = s[4 * j + e] * (dp[4 * j + e] - dd[e >> 1]);  // dS
       pack_a<BN>(dsa, dp);
+      fence_accumulators(dq_acc);  // the packing stays before the fence
+      fence_registers(dsa);
       wgmma_fence();
 #pragma unroll
       for (int kk = 0; kk < KN; ++kk) wgmma_rs<D, 1>(dq_acc, dsa[kk], KV::n_major(k_s, kk), 1);  // dQ += dS·K

@@ -14,6 +14,7 @@
 #include <cstring>
 
 #include "cuda/adamw.cuh"
+#include "cuda/attention.cuh"
 #include "cuda/check.cuh"
 #include "cuda/convert.cuh"
 #include "cuda/device_probe.hpp"
@@ -65,6 +66,10 @@ class GpuBackend final : public RankBackend {
         micro_batch_(cfg.train.micro_batch / ranks), rt_(ordinal), stream_(rt_.stream()),
         runs_(adamw_runs(layout, own, false)), runs_by_class_(adamw_runs(layout, own, true)) {
     check_gpu_shape(cfg.model, cfg.path);
+    // The attention's kernel family, chosen before anything is allocated or captured:
+    // where it may be the sm90a one, that one's check against the portable kernels runs
+    // now (once per device; on a disagreement, said on stderr, the portable ones run).
+    cuda::attention_automatic_path(cfg.model.head_dim());
     plan_ = plan_gpu_node(cfg.model, layout_, own_, micro_batch_, current_gpu_limits());
     require_plan_fits(cfg, layout_, own_, plan_, micro_batch_, ranks, rt_.info());
     arena_ = cuda::DeviceArena(size_t(plan_.arena_bytes()), "GPU node arena");

@@ -19,6 +19,7 @@ import tempfile
 
 TRAIN_GPU = """device: NVIDIA H200 (sm_90, 132 SMs, 139.8 GiB)
 grouped expert GEMMs: {path}
+attention kernels: sm90a (wgmma), agreeing with the portable kernels on this GPU
 
 == spes-1b shape, node owning all 16 experts: 12 layers, 1.316B parameters, 1.316B owned; micro_batch 8 x seq 2048, 8 micro-batches per step
 backend: cuda: NVIDIA H200 (sm_90, 140 GiB); MFU against the datasheet
@@ -132,6 +133,11 @@ def main():
            "5.52× / 4.91× (portable); MFU 36.0 % sm90a, 29.5 % portable; attention (spes-1b) vs SDPA flash fwd 1.07×, "
            "bwd 1.06×; grouped GEMMs vs dense bf16: sm90a 0.45–0.82×, portable 0.30–0.40× |", "the ratios' summary")
     expect("step MFU, all experts owned: 36.0 % on the sm90a (wgmma) grouped GEMMs, 29.5 % on the portable", "both MFUs")
+    attention_line = "attention kernels: sm90a (wgmma), agreeing with the portable kernels on this GPU"
+    section = report.split("### bench_train_gpu ", 1)[-1]
+    key_lines = section.split("Key lines", 1)[1].split("```", 2)[1] if "Key lines" in section else ""
+    if attention_line not in key_lines:
+        problems.append(f"bench_train_gpu's key lines lack '{attention_line}': which attention kernels the step took")
     expect("skipped: bench_gemm (out of time", "1b names the bench skipped for time")
     expect("| training step, all 16 experts owned, grouped GEMMs sm90a (bench_train_gpu) vs OlmoeForCausalLM torch.compile "
            "| spes-1b, micro-batch 8 × 2048 | 214,402 tokens/s (MFU 36.0 %) | 35,688 tokens/s | 6.01 |", "the step row")

@@ -27,6 +27,8 @@
 //   Tile::n_major: leading offset 1024 instead of the panel size: wrong dq, dk, dv (D = 128)
 //   dkv: the wgmma_wait<1> before Pᵀ removed: wrong dk, dv, bits differ by schedule
 //   dkv, dq: fence_proxy_async_shared + __syncthreads after the cp.async wait removed: inf
+//   forward: fence_proxy_async_shared alone removed: EMU "wrote by cp.async and has not fenced"
+//   forward: the wgmma_fence before O += P·V removed: EMU "with no wgmma.fence since"
 //   dkv: the trailing __syncthreads removed: wrong dv, bits differ by schedule
 //   forward: the trailing __syncthreads removed: wrong out (T = 129)
 //   forward: the wgmma_wait<0> after S removed: wrong out
@@ -196,8 +198,12 @@ GPU_TEST_CASE("cuda attention matches the CPU reference, head dim 128") {
 
 // The launchers' path argument (AttentionPath): automatic runs the sm90a family where
 // it can (so the same bits as forcing it), else the portable one (the same bits as
-// forcing that); forcing sm90a throws for D = 32, and where it cannot run. Which
-// kernels each choice ran, and SPES_ATTENTION=portable (not set here): the emulator's
+// forcing that); forcing sm90a throws for D = 32, and where it cannot run. Where it
+// can, its check against the portable kernels on this device
+// (attention_sm90a_check_failure) must pass: a failure here is the GPU reading a
+// descriptor or a fragment otherwise than the emulator, which training survives on
+// the portable kernels. Which kernels each choice ran, SPES_ATTENTION=portable (not
+// set here), and the fallback where the check fails: the emulator's
 // tests/emu/test_emu_attention_path.cpp.
 GPU_TEST_CASE("cuda attention: the path argument picks the kernel family") {
   using spes::cuda::attention_backward;
@@ -228,6 +234,8 @@ GPU_TEST_CASE("cuda attention: the path argument picks the kernel family") {
                                                             : "the sm90a path cannot run here");
       continue;
     }
+    const std::string check_failure = spes::cuda::attention_sm90a_check_failure();
+    CHECK_MESSAGE(check_failure.empty(), "the sm90a kernels failed their check on this device: " << check_failure);
     CHECK_MESSAGE(bitwise_equal(automatic, run(AttentionPath::sm90a)),
                   "automatic is not the sm90a path where it can run");
   }

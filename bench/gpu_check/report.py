@@ -433,7 +433,7 @@ class Report:
                     self.add(*full)
                 continue
             key = [l for l in s.out.splitlines()
-                   if re.search(r"GB/s|TFLOP/s|GFLOP/s|tokens/s|%|^device:|^ceilings:|^grouped expert GEMMs:", l)]
+                   if re.search(r"GB/s|TFLOP/s|GFLOP/s|tokens/s|%|^device:|^ceilings:|^grouped expert GEMMs:|^attention kernels:", l)]
             if key and st == PASS:
                 self.add("Key lines (GB/s, TFLOP/s, % of ceiling):", "", "```", *key, "```", "")
             self.add("<details><summary>full output</summary>", "", *full, "</details>", "")

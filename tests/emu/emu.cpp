@@ -23,6 +23,7 @@
 #include <mutex>
 #include <optional>
 #include <shared_mutex>
+#include <string>
 #include <thread>
 #include <vector>
 
@@ -81,6 +82,7 @@ std::mutex g_smem_optin_mutex;
 std::map<const void*, int> g_smem_optin;
 std::atomic<uint64_t> g_cluster_launches{0};
 std::atomic<uint64_t> g_wgmma_issued{0};
+std::atomic<bool> g_wgmma_a_misread{false};  // see set_wgmma_a_misread
 
 // cudaFuncAttributeMaxDynamicSharedMemorySize of `kernel`.
 int dynamic_smem_limit(const void* kernel) {
@@ -175,6 +177,29 @@ struct Fiber {  // one CUDA thread
   uint64_t committed_groups = 0;  // also the number of the open group
   std::vector<Wgmma> wgmma_pending;  // wgmma issued and not run, in issue order
   uint64_t wgmma_groups = 0;         // committed wgmma groups; also the open one's number
+  uint64_t wgmma_count = 0;          // wgmma issued by this thread so far
+  bool wgmma_fenced = false;         // a wgmma.fence since its last wgmma.wait_group (or its start)
+  // Its wgmma with A from registers not yet waited for: the group, the caller's
+  // registers and their values at issue (see wgmma_wait).
+  struct RegisterA {
+    uint64_t group;
+    const uint32_t* registers;
+    uint32_t at_issue[4];
+  };
+  std::vector<RegisterA> register_a;
+  // Its landed cp.async (destination, bytes) not yet behind a fence.proxy.async.
+  std::vector<std::pair<uint32_t, int>> unfenced;
+};
+
+// What every thread of a warpgroup must give its k-th wgmma alike (PTX ISA, wgmma:
+// one instruction for the warpgroup, .aligned; the matrix descriptors the same across
+// its warps): the first of its 128 threads to issue it records this, the others
+// compare (see require_warpgroup_uniform).
+struct WgmmaIssue {
+  int n;
+  uint64_t desc_a, desc_b;  // desc_a 0 with A from registers
+  bool accumulate, trans_a, trans_b, a_in_registers;
+  bool operator==(const WgmmaIssue&) const = default;
 };
 
 enum class Collective : uint8_t { syncwarp, ldmatrix, ldmatrix_trans, mma, shfl_bfly, shfl_up, shfl_idx, match_any };
@@ -216,6 +241,13 @@ struct Cta {
   unsigned barrier_arrived = 0;
   uint64_t barrier_generation = 0;
   uint64_t progress = 0;  // barriers completed + threads exited: the deadlock check
+  // The wgmma some thread of a warpgroup issued and not all 128 have: (warpgroup, k) →
+  // the first one's operands and how many threads issued it so far.
+  std::map<std::pair<unsigned, uint64_t>, std::pair<WgmmaIssue, unsigned>> wgmma_issues;
+  // Per byte of dynamic shared memory: 1 + the thread whose landed cp.async wrote it
+  // last, while that thread has not run fence.proxy.async since; else 0. Sized at the
+  // CTA's first cp.async.
+  std::vector<uint16_t> unfenced_by;
   void* scheduler_stack_pointer = nullptr;
   const std::function<void()>* body = nullptr;
   // In a cluster launch (else null): this CTA's rank, its fibers waiting at
@@ -437,10 +469,16 @@ void match_values(Warp& w) {
 
 // PTX cp.async: src-size bytes are read, the rest of the cp-size destination bytes
 // are written as zeros.
+// The bytes it wrote are then the generic proxy's until the thread runs
+// fence.proxy.async (see fence_proxy_async_shared).
 void land(const Copy& c) {
   unsigned char* dst = dynamic_smem + c.dst;
   std::memcpy(dst, c.src, size_t(c.src_size));
   std::memset(dst + c.src_size, 0, size_t(c.size - c.src_size));
+  std::vector<uint16_t>& by = t_cta->unfenced_by;
+  if (by.empty()) by.assign(t_cta->smem_bytes, 0);
+  std::fill(by.begin() + c.dst, by.begin() + c.dst + c.size, uint16_t(t_cta->current + 1));
+  this_fiber().unfenced.emplace_back(c.dst, c.size);
 }
 
 // ---- thread-block clusters ----------------------------------------------------------
@@ -923,6 +961,30 @@ void require_sw128(uint64_t desc, const char* which) {
   if ((desc >> 49) & 7) fail(std::string("wgmma: ") + which + " descriptor: a base offset is not emulated");
 }
 
+// cp.async writes shared memory through the generic proxy, wgmma reads it through the
+// async proxy (PTX ISA, Memory Consistency Model: proxies); the writes are ordered
+// before such reads only by a fence.proxy.async of the writing thread after they
+// landed (and a barrier to the reading warpgroup, which the emulator's other
+// schedules check). On a GPU a wgmma may see stale bytes without it; here it fails.
+void fence_proxy_async_shared() {
+  Fiber& f = this_fiber();
+  const uint16_t me = uint16_t(t_cta->current + 1);
+  for (const auto& [dst, size] : f.unfenced)
+    for (uint32_t b = dst; b < dst + uint32_t(size); ++b)
+      if (t_cta->unfenced_by[b] == me) t_cta->unfenced_by[b] = 0;
+  f.unfenced.clear();
+}
+
+void require_fenced(uint32_t addr) {
+  const std::vector<uint16_t>& by = t_cta->unfenced_by;
+  shared_bytes(addr, 2, "wgmma operand");
+  for (uint32_t b = addr; b < addr + 2; ++b)
+    if (by[b] != 0)
+      fail("wgmma: reads shared byte " + std::to_string(b) + ", which thread " + std::to_string(by[b] - 1) +
+           " wrote by cp.async and has not fenced (fence.proxy.async.shared::cta) since: the tensor cores read "
+           "through the async proxy and may not see it");
+}
+
 float shared_bf16(uint32_t addr) {
   uint16_t bits;
   std::memcpy(&bits, shared_bytes(addr, 2, "wgmma operand"), 2);
@@ -931,6 +993,14 @@ float shared_bf16(uint32_t addr) {
 
 void run_wgmma(const Wgmma& op) {
   const unsigned t = threadIdx.x % 128, row0 = 16 * (t / 32) + (t % 32) / 4, col0 = 2 * (t % 4);
+  // Every thread of the warpgroup reads the same operands (require_warpgroup_uniform),
+  // after the same barrier: the first thread checks all of them for the proxy fence.
+  if (t == 0 && !t_cta->unfenced_by.empty())
+    for (unsigned k = 0; k < 16; ++k) {
+      if (!op.a_in_registers)
+        for (unsigned i = 0; i < 64; ++i) require_fenced(wgmma_element_address(op.desc_a, op.trans_a, i, k));
+      for (unsigned n = 0; n < unsigned(op.n); ++n) require_fenced(wgmma_element_address(op.desc_b, op.trans_b, n, k));
+    }
   float a[2][16], b[16];
   for (unsigned h = 0; h < 2; ++h)
     for (unsigned k = 0; k < 16; ++k)
@@ -948,12 +1018,36 @@ void run_wgmma(const Wgmma& op) {
     }
 }
 
+// A GPU runs one wgmma for the warpgroup from what its threads give it; one thread
+// giving other descriptors, shape, transposes or scale-d than the rest is undefined
+// there (a descriptor that depends on the warp, say), while here each thread would
+// compute its own fragment from its own operands: so this fails.
+void require_warpgroup_uniform(const WgmmaIssue& issue) {
+  Fiber& f = this_fiber();
+  // wgmma.fence (PTX ISA) must come before a warpgroup's first wgmma and between a
+  // thread's accesses of registers a wgmma reads or writes and that wgmma, else the
+  // wgmma may see them unready. The emulator asks for one after every wait_group (the
+  // point after which a kernel reads or rewrites them): stricter than the rule, which
+  // lets a thread that touched no such register go on without it.
+  if (!f.wgmma_fenced)
+    fail("wgmma: thread " + std::to_string(threadIdx.x) + " issued a wgmma with no wgmma.fence since its last "
+         "wgmma.wait_group (or its start)");
+  const unsigned warpgroup = threadIdx.x / 128;
+  auto [it, first] = t_cta->wgmma_issues.try_emplace({warpgroup, f.wgmma_count++}, issue, 0u);
+  if (!first && !(it->second.first == issue))
+    fail("wgmma: thread " + std::to_string(threadIdx.x) + " of warpgroup " + std::to_string(warpgroup) +
+         " issued its wgmma with other operands (descriptors, N, transposes, scale-d or A's source) than the "
+         "warpgroup's first thread to issue it; the matrix descriptors must be the same across the warpgroup");
+  if (++it->second.second == 128) t_cta->wgmma_issues.erase(it);
+}
+
 void wgmma_bf16(float* d, int n, uint64_t desc_a, uint64_t desc_b, bool accumulate, bool trans_a, bool trans_b) {
   if (blockDim.x % 128 != 0 || blockDim.y != 1 || blockDim.z != 1)
     fail("wgmma: the block is not whole warpgroups along x");
   if (n % 8 != 0 || n < 8 || n > 256) fail("wgmma: N must be a multiple of 8 in [8, 256]");
   require_sw128(desc_a, "A");
   require_sw128(desc_b, "B");
+  require_warpgroup_uniform({n, desc_a, desc_b, accumulate, trans_a, trans_b, false});
   Fiber& f = this_fiber();
   ++g_wgmma_issued;
   const Wgmma op{d, n, desc_a, desc_b, accumulate, trans_a, trans_b, f.wgmma_groups};
@@ -974,16 +1068,20 @@ void wgmma_bf16_rs(float* d, int n, const uint32_t (&a)[4], uint64_t desc_b, boo
     fail("wgmma: the block is not whole warpgroups along x");
   if (n % 8 != 0 || n < 8 || n > 256) fail("wgmma: N must be a multiple of 8 in [8, 256]");
   require_sw128(desc_b, "B");
+  require_warpgroup_uniform({n, 0, desc_b, accumulate, false, trans_b, true});
   const unsigned lane = threadIdx.x % 32;
+  const bool misread = g_wgmma_a_misread;
+  const uint32_t reg[4] = {a[0], misread ? a[2] : a[1], misread ? a[1] : a[2], a[3]};
   uint32_t quad[4][4];  // register r of quad lane c
   for (unsigned c = 0; c < 4; ++c)
     for (unsigned r = 0; r < 4; r += 2) {
-      const uint64_t v = shuffle(Shuffle::idx, a[r] | uint64_t(a[r + 1]) << 32, int((lane & ~3u) | c));
+      const uint64_t v = shuffle(Shuffle::idx, reg[r] | uint64_t(reg[r + 1]) << 32, int((lane & ~3u) | c));
       quad[c][r] = uint32_t(v);
       quad[c][r + 1] = uint32_t(v >> 32);
     }
   Fiber& f = this_fiber();
   ++g_wgmma_issued;
+  f.register_a.push_back({f.wgmma_groups, a, {a[0], a[1], a[2], a[3]}});
   Wgmma op{d, n, 0, desc_b, accumulate, false, trans_b, f.wgmma_groups};
   op.a_in_registers = true;
   for (unsigned h = 0; h < 2; ++h)
@@ -997,14 +1095,30 @@ void wgmma_bf16_rs(float* d, int n, const uint32_t (&a)[4], uint64_t desc_b, boo
     f.wgmma_pending.push_back(op);
 }
 
+void wgmma_fence() { this_fiber().wgmma_fenced = true; }
+
 void wgmma_commit() { ++this_fiber().wgmma_groups; }
 
 uint64_t wgmma_issued() { return g_wgmma_issued; }
 
+void set_wgmma_a_misread(bool misread) { g_wgmma_a_misread = misread; }
+
 // wgmma.wait_group n: every group but the n most recent committed is complete.
 void wgmma_wait(int n) {
   Fiber& f = this_fiber();
+  f.wgmma_fenced = false;
   const uint64_t complete_below = f.wgmma_groups > uint64_t(n) ? f.wgmma_groups - uint64_t(n) : 0;
+  // The tensor cores may read a wgmma's A registers until its group is waited for
+  // (PTX ISA, wgmma.mma_async): a thread that changed them before that (say, packing
+  // the next k-step into the same registers) gives the GPU other values than the
+  // emulator took at issue, so it fails here.
+  auto done = f.register_a.begin();
+  for (; done != f.register_a.end() && done->group < complete_below; ++done)
+    for (int r = 0; r < 4; ++r)
+      if (done->registers[r] != done->at_issue[r])
+        fail("wgmma: thread " + std::to_string(threadIdx.x) + " changed register " + std::to_string(r) +
+             " of a wgmma's A fragment before the wait_group for it; the tensor cores read A until then");
+  f.register_a.erase(f.register_a.begin(), done);
   auto first_pending = f.wgmma_pending.begin();
   for (; first_pending != f.wgmma_pending.end() && first_pending->group < complete_below; ++first_pending)
     run_wgmma(*first_pending);

@@ -107,11 +107,19 @@ void mma_m16n8k16_bf16(float (&c)[4], const uint32_t (&a)[4], uint32_t b0, uint3
 void wgmma_bf16(float* d, int n, uint64_t desc_a, uint64_t desc_b, bool accumulate, bool trans_a, bool trans_b);
 // The same with A from registers: a, the thread's part of the A fragment (cuda/ptx_sm90.cuh, wgmma_rs).
 void wgmma_bf16_rs(float* d, int n, const uint32_t (&a)[4], uint64_t desc_b, bool accumulate, bool trans_b);
+void wgmma_fence();
 void wgmma_commit();
 void wgmma_wait(int n);
+// fence.proxy.async.shared::cta: this thread's landed cp.async bytes become readable
+// by wgmma (which reads shared memory through the async proxy; see emu.cpp).
+void fence_proxy_async_shared();
 // The wgmma issued so far, by every thread of every launch: which kernel family a
 // launcher chose (the two families of a product may well give the same bits here).
 uint64_t wgmma_issued();
+// From now on (true) wgmma with A from registers reads registers 1 and 2 of the A
+// fragment swapped: a GPU whose fragment layout is not the one we decoded, for the
+// test of the attention launchers' check of their sm90a kernels (false: as decoded).
+void set_wgmma_a_misread(bool misread);
 enum class Shuffle { bfly, up, idx };
 uint64_t shuffle(Shuffle mode, uint64_t value, int b);  // the value of another lane
 uint32_t match_any(uint64_t value);                     // the lanes holding the same value

@@ -88,3 +88,23 @@ TEST_CASE("emulated attention: SPES_ATTENTION=portable overrides the automatic s
   MESSAGE(bad);
   CHECK(has(bad, "error: attention_forward: SPES_ATTENTION is \"sm90\"; it may only be \"portable\" or unset\n"));
 }
+
+// The launchers' check of the sm90a kernels against the portable ones
+// (cuda/attention_check.cu), on an emulated GPU whose wgmma reads the A register
+// fragment otherwise than we decoded it (registers 1 and 2 swapped): the check names
+// the first output that disagrees, says on stderr that the portable kernels run
+// instead, and automatic then runs them (no wgmma, the portable bits) while forcing
+// sm90a still runs the misread ones. As decoded, the check passes and automatic runs
+// the sm90a kernels (the case above).
+TEST_CASE("emulated attention: where the sm90a kernels disagree with the portable ones, automatic falls back and says so") {
+  const std::string text = run_in_child([] {
+    emu::set_wgmma_a_misread(true);
+    std::fprintf(stderr, "check: %s\n", spes::cuda::attention_sm90a_check_failure().c_str());
+    report_automatic(nullptr);
+  });
+  MESSAGE(text);
+  CHECK(has(text, "spes: attention: the sm90a (wgmma) kernels disagree with the portable ones on GPU 0 (out at head "
+                  "dim 64: relative error "));
+  CHECK(has(text, "; the portable kernels run instead\ncheck: out at head dim 64: relative error "));
+  CHECK(has(text, "automatic: no wgmma\nportable: no wgmma\nsm90a: wgmma\nother bits\n[returned]"));
+}

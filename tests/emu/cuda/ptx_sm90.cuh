@@ -22,8 +22,8 @@ inline uint64_t sw128_descriptor(uint32_t smem_addr, uint32_t lbo_bytes, uint32_
 // Orderings the emulator has no use for: it has one proxy, no L2, and the compiler
 // does not reorder across its calls.
 inline void prefetch_l2(const void*) {}
-inline void fence_proxy_async_shared() {}
-inline void wgmma_fence() {}
+inline void fence_proxy_async_shared() { emu::fence_proxy_async_shared(); }
+inline void wgmma_fence() { emu::wgmma_fence(); }
 template <int N>
 void fence_accumulators(float (&)[N]) {}
 template <int K>
