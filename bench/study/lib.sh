@@ -111,7 +111,7 @@ run_variant() {
   local dir=$OUT/runs/$name/s$seed
   rm -rf "$dir"
   echo "study: $name seed $seed ($nodes node(s))" >&2
-  run_engine "$dir" "$nodes" "$@" "train.seed=$seed"
+  "${ENGINE:-run_engine}" "$dir" "$nodes" "$@" "train.seed=$seed"  # ENGINE: bench/study/link.sh's linked runs
   curve_of "$dir/train.csv" "$nodes" "$offset" > "$dir/curve.csv"
   bytes_per_round "$dir/train.csv" > "$dir/bytes_round"
   opt_grad_bytes "$dir/log.txt" > "$dir/opt_grad_bytes"
