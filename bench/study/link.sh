@@ -141,9 +141,12 @@ run_linked() { run_load run_engine_linked "$@"; }
 run_plain() { run_load run_engine "$@"; }
 
 # Validation CE against wall-clock seconds: on eval steps, the latest node's
-# elapsed_s (a round holds every node until the last arrives) and the mean val_ce.
+# elapsed_s (a round holds every node until the last arrives), the same with the
+# run's compute at REF_MS per step instead of its own median RUN_MS (elapsed +
+# step × (REF_MS − RUN_MS): the load of others' processes on a shared machine taken
+# out; the waits at rounds stay measured), and the mean val_ce.
 time_curve_of() {
-  awk -F, '
+  awk -F, -v ref="$2" -v run="$3" '
     NR == 1 { for (i = 1; i <= NF; ++i) col[$i] = i; next }
     $1 == "node" || $1 == "step" { next }
     $col["val_ce"] != "" {
@@ -152,15 +155,16 @@ time_curve_of() {
       sum[s] += $col["val_ce"]; n[s]++
       if ($col["elapsed_s"] + 0 > t[s]) t[s] = $col["elapsed_s"] + 0
     }
-    END { for (i = 1; i <= k; ++i) printf "%.3f,%.6f\n", t[order[i]], sum[order[i]] / n[order[i]] }' "$1"
+    END { for (i = 1; i <= k; ++i) { s = order[i]; printf "%.3f,%.3f,%.6f\n", t[s], t[s] + s * (ref - run) / 1000, sum[s] / n[s] } }' "$1"
 }
 
-# The step loop's seconds at rounds per round (synchronous: the rounds; overlapped:
-# the waits for a round still in flight), mean over the nodes.
+# The step loop's seconds at rounds per round (synchronous: the round, sync_ms;
+# overlapped: its wait for a round still in flight, sync_wait_ms, as sync_ms is then
+# the round's time in flight), mean over the nodes.
 round_wait_s() {
   awk -F, 'NR == 1 { for (i = 1; i <= NF; ++i) col[$i] = i; next }
     $1 == "node" || $1 == "step" { next }
-    { ms += $col["sync_ms"] + $col["sync_wait_ms"]; if ($col["sync_round"] > 0) rounds++ }
+    { ms += $col["sync_inflight_ms"] > 0 ? $col["sync_wait_ms"] : $col["sync_ms"]; if ($col["sync_round"] > 0) rounds++ }
     END { printf "%.2f\n", rounds ? ms / rounds / 1000 : 0 }' "$1"
 }
 
@@ -173,15 +177,18 @@ round_wait_s() {
 write_ttq() {
   local v s
   {
-    echo "variant,seed,elapsed_s,val_ce"
+    echo "variant,seed,elapsed_s,elapsed_ref_s,val_ce"
     for v in "${VARIANTS[@]}"; do
-      for s in "$OUT/runs/$v"/s*; do time_curve_of "$s/train.csv" | sed "s/^/$v,${s##*/s},/"; done
+      for s in "$OUT/runs/$v"/s*; do
+        time_curve_of "$s/train.csv" "$STEP_MS" "$(compute_step_ms "$s/train.csv")" | sed "s/^/$v,${s##*/s},/"
+      done
     done
   } > "$OUT/curves_time.csv"
   awk -F, 'NR > 1 { k = $1 SUBSEP $2; i[k]++; key = $1 SUBSEP i[k]; if (!(key in n)) order[++m] = key
-      t[key] += $3; c[key] += $4; n[key]++ }
-    END { print "variant,elapsed_s,val_ce"
-          for (j = 1; j <= m; ++j) { split(order[j], p, SUBSEP); printf "%s,%.3f,%.6f\n", p[1], t[order[j]] / n[order[j]], c[order[j]] / n[order[j]] } }' \
+      t[key] += $3; r[key] += $4; c[key] += $5; n[key]++ }
+    END { print "variant,elapsed_s,elapsed_ref_s,val_ce"
+          for (j = 1; j <= m; ++j) { k = order[j]; split(k, p, SUBSEP)
+            printf "%s,%.3f,%.3f,%.6f\n", p[1], t[k] / n[k], r[k] / n[k], c[k] / n[k] } }' \
     "$OUT/curves_time.csv" > "$OUT/curves_time_mean.csv"
   {
     echo "variant,seed,rate,final_val_ce,target_ce,time_to_target_s,time_to_1pct_s,wall_s,bytes_per_node_per_round,round_wait_s,step_ms,load_start,load_end"
@@ -191,8 +198,8 @@ write_ttq() {
         [ -f "$OUT/runs/fp32/s$seed/curve.csv" ] && target=$(tail -n 1 "$OUT/runs/fp32/s$seed/curve.csv" | cut -d, -f2)
         [ -f "$s/links.csv" ] || rate=none
         printf '%s,%s,%s,%s,%s,%s,%s,%s,%s,%s,%s,%s\n' "$v" "$seed" "$rate" "$(tail -n 1 "$s/curve.csv" | cut -d, -f2)" \
-          "$target" "$(time_to "$OUT/curves_time.csv" "$v,$seed," "$target" 1)" \
-          "$(time_to "$OUT/curves_time.csv" "$v,$seed," "$target" 1.01)" "$(cat "$s/wall_s")" "$(cat "$s/bytes_round")" \
+          "$target" "$(time_to "$OUT/curves_time.csv" "$v,$seed," "$target" 1 3)" \
+          "$(time_to "$OUT/curves_time.csv" "$v,$seed," "$target" 1.01 3)" "$(cat "$s/wall_s")" "$(cat "$s/bytes_round")" \
           "$(round_wait_s "$s/train.csv")" "$(compute_step_ms "$s/train.csv" || true)" "$(tr ' ' , < "$s/load")"
       done
     done
@@ -203,37 +210,44 @@ write_ttq() {
     -o "$OUT/val_ce_time.svg"
 }
 
-# CSV PREFIX TARGET FACTOR: elapsed_s (3rd field from the end) of the first row
-# starting with PREFIX whose CE (the last field) is at most FACTOR × TARGET; "" if none.
+# CSV PREFIX TARGET FACTOR BACK: the field BACK from the end (3: elapsed_s, 2:
+# elapsed_ref_s) of the first row starting with PREFIX whose CE (the last field) is at
+# most FACTOR × TARGET; "" if none.
 time_to() {
   [ -n "$3" ] || return 0
-  awk -F, -v p="$2" -v t="$3" -v f="$4" 'index($0, p) == 1 && $NF <= t * f { print $(NF - 1); exit }' "$1"
+  awk -F, -v p="$2" -v t="$3" -v f="$4" -v back="$5" 'index($0, p) == 1 && $NF <= t * f { print $(NF - back + 1); exit }' "$1"
 }
 
-# Means over seeds; the time to the target on the mean curve (write_ttq).
+# Means over seeds; the time to the target on the mean curve (write_ttq), as measured
+# and with the compute at the rate's step time (STEP_MS).
 write_ttq_markdown() {
-  local target
-  target=$(awk -F, '$1 == "fp32" { t = $NF } END { print t }' "$OUT/curves_time_mean.csv")
+  local target m="$OUT/curves_time_mean.csv"
+  target=$(awk -F, '$1 == "fp32" { t = $NF } END { print t }' "$m")
   echo "Every node through its own link of $RATE each way (an fp32 round's wire time $(head -n 1 "$OUT/link.txt" | cut -d' ' -f2)×"
-  echo "the compute per round, as spes-1b's at 100 Mbit/s); seeds $SEEDS. Target: the fp32 synchronous run's final"
-  echo "val CE, $target (mean of the seeds), reached on the mean curve; of fp32's: that time over fp32's."
+  echo "the compute per round at $STEP_MS ms per step, as spes-1b's at 100 Mbit/s); seeds $SEEDS. Target: the fp32"
+  echo "synchronous run's final val CE, $target (mean of the seeds), reached on the mean curve; ×: that time over"
+  echo "fp32's. \"At $STEP_MS ms/step\": each run's compute at that step time instead of its own median (the"
+  echo "others' load taken out; the waits at rounds as measured)."
   echo
-  echo "| variant | link | bytes/node/round | step loop at rounds, s/round | final val CE | time to target s | of fp32's | time to within 1% s | of fp32's | wall s | load (1 min, start–end) |"
-  echo "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |"
-  local v t1 t2 f1 f2
-  f1=$(time_to "$OUT/curves_time_mean.csv" "fp32," "$target" 1)
-  f2=$(time_to "$OUT/curves_time_mean.csv" "fp32," "$target" 1.01)
+  echo "| variant | link | bytes/node/round | step loop at rounds, s/round | median step ms | final val CE | to target s (×) | to within 1% s (×) | at $STEP_MS ms/step: to target s (×) | to within 1% s (×) | wall s | load (1 min, start–end) |"
+  echo "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |"
+  local v k cells f
   for v in "${VARIANTS[@]}"; do
-    t1=$(time_to "$OUT/curves_time_mean.csv" "$v," "$target" 1)
-    t2=$(time_to "$OUT/curves_time_mean.csv" "$v," "$target" 1.01)
-    awk -F, -v v="$v" -v t1="$t1" -v t2="$t2" -v f1="$f1" -v f2="$f2" '
-      $1 == v { n++; rate = $3; ce += $4; w += $8; b += $9; rw += $10
+    cells=""
+    for k in "1 3" "1.01 3" "1 2" "1.01 2"; do
+      set -- $k
+      local t ref
+      t=$(time_to "$m" "$v," "$target" "$1" "$2")
+      ref=$(time_to "$m" "fp32," "$target" "$1" "$2")
+      cells+=$(awk -v t="$t" -v f="$ref" 'BEGIN { if (t == "") printf "not reached|"; else printf "%.0f (%.2f)|", t, t / f }')
+    done
+    awk -F, -v v="$v" -v cells="$cells" '
+      $1 == v { n++; rate = $3; ce += $4; w += $8; b += $9; rw += $10; ms += $11
         if (n == 1 || $4 < clo) clo = $4; if (n == 1 || $4 > chi) chi = $4
         if (n == 1 || $12 < lo) lo = $12; if (n == 1 || $13 > hi) hi = $13 }
-      function show(t) { return t == "" ? "not reached" : sprintf("%.0f", t) }
-      function of(t, f) { return (t == "" || f == "") ? "-" : sprintf("%.2f", t / f) }
-      END { printf "| %s | %s | %.2f MB | %.1f | %.4f ± %.4f | %s | %s | %s | %s | %.0f | %s–%s |\n", v, rate, b / n / 1e6,
-              rw / n, ce / n, (chi - clo) / 2, show(t1), of(t1, f1), show(t2), of(t2, f2), w / n, lo, hi }' "$OUT/ttq.csv"
+      END { gsub(/\|/, " | ", cells)
+            printf "| %s | %s | %.2f MB | %.1f | %.0f | %.4f ± %.4f | %s%.0f | %s–%s |\n", v, rate, b / n / 1e6, rw / n, ms / n,
+              ce / n, (chi - clo) / 2, cells, w / n, lo, hi }' "$OUT/ttq.csv"
   done
 }
 
