@@ -229,7 +229,7 @@ write_ttq_markdown() {
   echo "fp32's. \"At $STEP_MS ms/step\": each run's compute at that step time instead of its own median (the"
   echo "others' load taken out; the waits at rounds as measured)."
   echo
-  echo "| variant | link | bytes/node/round | step loop at rounds, s/round | median step ms | final val CE | to target s (×) | to within 1% s (×) | at $STEP_MS ms/step: to target s (×) | to within 1% s (×) | wall s | load (1 min, start–end) |"
+  echo "| variant | link | bytes/node/round | step loop at rounds, s/round | median step ms | final val CE | to target s (×) | to within 1% s (×) | at $STEP_MS ms/step: to target s (×) | to within 1% s (×) | wall s | load (1 min, lowest–highest at the runs' starts and ends) |"
   echo "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |"
   local v k cells f
   for v in "${VARIANTS[@]}"; do
@@ -244,7 +244,7 @@ write_ttq_markdown() {
     awk -F, -v v="$v" -v cells="$cells" '
       $1 == v { n++; rate = $3; ce += $4; w += $8; b += $9; rw += $10; ms += $11
         if (n == 1 || $4 < clo) clo = $4; if (n == 1 || $4 > chi) chi = $4
-        if (n == 1 || $12 < lo) lo = $12; if (n == 1 || $13 > hi) hi = $13 }
+        for (i = 12; i <= 13; ++i) { if (n == 1 && i == 12 || $i < lo) lo = $i; if (n == 1 && i == 12 || $i > hi) hi = $i } }
       END { gsub(/\|/, " | ", cells)
             printf "| %s | %s | %.2f MB | %.1f | %.0f | %.4f ± %.4f | %s%.0f | %s–%s |\n", v, rate, b / n / 1e6, rw / n, ms / n,
               ce / n, (chi - clo) / 2, cells, w / n, lo, hi }' "$OUT/ttq.csv"
