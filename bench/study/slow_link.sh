@@ -16,9 +16,11 @@
 # Variants, each through the links: fp32 (synchronous), int3, fp32-overlap, int3-overlap;
 # an overlapped variant's overlap_steps is what `plan --link` sets for that link and
 # step time (the steps its round's wire time takes; 0 = the next round).
-# Outputs in DIR (default runs/slow-link): link.txt (ratio, rate, step time, load),
-# ttq.csv (a row per run), ttq.md (mean over seeds), curves_time.csv, val_ce_time.svg
-# (validation CE against wall-clock seconds), runs/<variant>/s<seed>/ (each node's
+# Outputs in DIR (default runs/slow-link): link.txt (ratio, step time, bytes, rate,
+# the planned overlap_steps), ttq.csv (a row per run), ttq.md (means over seeds; times
+# as measured and with each run's compute at the rate's step time, bench/study/link.sh),
+# curves_time.csv, curves_time_mean.csv, val_ce_time.svg (validation CE against
+# wall-clock seconds), runs/<variant>/s<seed>/ (each node's
 # CSV and log, the coordinator's rounds.csv, the proxy's links.csv). The budget is the
 # study's (bench/study/budget.sh); --smoke: its smoke budget, for CI.
 # Only bash, awk, spes-engine and link_proxy.
@@ -57,7 +59,8 @@ while [ $# -gt 0 ]; do
 done
 [ -x "$BIN" ] || die "$BIN is not an executable (build it: make engine, or pass --bin)"
 [ -x "$PROXY" ] || die "$PROXY is not an executable (build it: cmake --build build --target link_proxy, or pass --proxy)"
-[[ -z $RATIO || $RATIO =~ ^[0-9]+([.][0-9]+)?$ ]] || die "--ratio $RATIO: expected a positive number"
+[[ -z $RATIO || ( $RATIO =~ ^[0-9]+([.][0-9]+)?$ && $(awk -v r="$RATIO" 'BEGIN { print (r > 0) }') = 1 ) ]] ||
+  die "--ratio $RATIO: expected a positive number"
 mkdir -p "$OUT"
 OUT=$(cd "$OUT" && pwd)
 CONFIG=$ROOT/configs/tiny.toml
@@ -76,7 +79,8 @@ start=$(date +%s)
 first_seed=${SEEDS%% *}
 run_plain nolink "$first_seed" "${SPES[@]}"
 NOLINK=$OUT/runs/nolink/s$first_seed
-[ -f "$NOLINK/train.csv" ] || die "no baseline run in $NOLINK (run nolink first, or pass --rate)"
+[ -f "$NOLINK/train.csv" ] ||
+  die "no baseline run in $NOLINK: its step time sets the rate and the planned overlap_steps (leave nolink in --only)"
 STEP_MS=$(compute_step_ms "$NOLINK/train.csv")
 if [ -z "$RATE" ]; then
   RATE=$(awk -v b="$(cat "$NOLINK/bytes_round")" -v r="$RATIO" -v s="$SYNC" -v ms="$STEP_MS" \
