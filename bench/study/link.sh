@@ -6,7 +6,7 @@
 # log.txt, wall_s) and the coordinator's rounds.csv, the proxy's links.csv and load
 # (the 1-minute load average at the start and the end).
 
-# spes-1b's ratio at RATE as `plan CONFIG --link RATE` prices it: an fp32 synchronous
+# CONFIG RATE: the ratio `plan CONFIG --link RATE` prices: an fp32 synchronous
 # round's wire seconds over the compute per round.
 plan_ratio() {
   "$BIN" plan "$1" --link "$2" | awk -F'|' '
