@@ -35,7 +35,8 @@ run_engine() {
       awk -v a="$t0" -v b="$(date +%s.%N)" 'BEGIN { printf "%.1f\n", b - a }' > "$dir/wall_s"
       return 0
     fi
-    grep -qi "address already in use\|bind" "$dir/log.txt" || break
+    # A port in use, or another script's coordinator on it (ctest runs the smoke tests side by side).
+    grep -qi "address already in use\|bind\|run id mismatch" "$dir/log.txt" || break
   done
   echo "study: $cmd failed in $dir; the last lines of $dir/log.txt:" >&2
   tail -n 5 "$dir/log.txt" >&2

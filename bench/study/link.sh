@@ -6,6 +6,9 @@
 # log.txt, wall_s) and the coordinator's rounds.csv, the proxy's links.csv and load
 # (the 1-minute load average at the start and the end).
 
+# Ports apart from lib.sh's (20000-39999), for a study running beside this script.
+PORT=$((10000 + ($$ % 10000)))
+
 # CONFIG RATE: the ratio `plan CONFIG --link RATE` prices: an fp32 synchronous
 # round's wire seconds over the compute per round.
 plan_ratio() {
@@ -58,7 +61,7 @@ run_engine_linked() {
       cat "$dir"/node-*.log > "$dir/log.txt"
       return 0
     fi
-    grep -qi "address already in use\|cannot listen\|bind" "$dir"/*.log || break
+    grep -qi "address already in use\|cannot listen\|bind\|run id mismatch" "$dir"/*.log || break
   done
   echo "slow_link: the run in $dir failed; the last lines of its logs:" >&2
   tail -n 3 "$dir"/*.log >&2
