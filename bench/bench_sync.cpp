@@ -34,6 +34,7 @@
 #include <thread>
 #include <vector>
 
+#include "bench/throttled_link.hpp"
 #include "engine/config.hpp"
 #include "engine/net_sync.hpp"
 #include "engine/openmp_env.hpp"
@@ -46,6 +47,9 @@
 extern char** environ;
 
 using namespace spes;
+using spes::bench::connect_loopback;
+using spes::bench::listen_loopback;
+using spes::bench::ThrottledProxy;
 using Clock = std::chrono::steady_clock;
 
 namespace {
@@ -78,35 +82,6 @@ Config bench_config(const std::string& codec, int n_nodes, int size, uint16_t po
   c.spes.state_dir = "/dev/shm/spes-bench-sync-" + std::to_string(port);
   if (size == 2) m.vocab_size = 256, m.d_model = 64, m.n_layers = 1, m.n_heads = 2, m.n_kv_heads = 2, m.expert_hidden = 64;
   return c;
-}
-
-sockaddr_in loopback_address(uint16_t port) {
-  sockaddr_in a{};
-  a.sin_family = AF_INET;
-  a.sin_port = htons(port);
-  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  return a;
-}
-
-// A socket bound to a free loopback port (*port), listening when backlog > 0.
-int listen_loopback(int backlog, uint16_t* port) {
-  const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
-  sockaddr_in a = loopback_address(0);
-  ::bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof a);
-  if (backlog > 0) ::listen(fd, backlog);
-  socklen_t len = sizeof a;
-  ::getsockname(fd, reinterpret_cast<sockaddr*>(&a), &len);
-  *port = ntohs(a.sin_port);
-  return fd;
-}
-
-// A socket connected to the loopback `port`, or -1.
-int connect_loopback(uint16_t port) {
-  const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
-  const sockaddr_in a = loopback_address(port);
-  if (::connect(fd, reinterpret_cast<const sockaddr*>(&a), sizeof a) == 0) return fd;
-  ::close(fd);
-  return -1;
 }
 
 uint16_t free_port() {
@@ -235,62 +210,6 @@ void codec_speed(const char* name, int threads) {
   std::printf("%-6s %7d %12.2f %12.2f\n", name, threads, gb / enc, gb / app);
   std::fflush(stdout);
 }
-
-// A loopback TCP proxy to `target_port` whose two directions each pass a token
-// bucket of `bytes_per_s` (the emulated link), for one connection at a time.
-class ThrottledProxy {
- public:
-  ThrottledProxy(uint16_t target_port, double bytes_per_s) : target_(target_port), rate_(bytes_per_s) {
-    lfd_ = listen_loopback(8, &port_);
-    accept_ = std::thread([this] { serve(); });
-  }
-  ~ThrottledProxy() {
-    ::shutdown(lfd_, SHUT_RDWR);
-    ::close(lfd_);
-    accept_.join();
-    for (auto& t : pumps_) t.join();
-  }
-  uint16_t port() const { return port_; }
-
- private:
-  void serve() {
-    for (;;) {
-      const int in = ::accept(lfd_, nullptr, nullptr);
-      if (in < 0) return;
-      const int out = connect_loopback(target_);
-      if (out < 0) {
-        ::close(in);
-        continue;
-      }
-      pumps_.emplace_back([this, in, out] { pump(in, out); });
-      pumps_.emplace_back([this, in, out] { pump(out, in); });
-    }
-  }
-  // Forwards from → to, sleeping so that n bytes take n / rate seconds.
-  void pump(int from, int to) {
-    std::vector<uint8_t> buf(64 * 1024);
-    auto next = Clock::now();
-    for (;;) {
-      const ssize_t r = ::recv(from, buf.data(), buf.size(), 0);
-      if (r <= 0) break;
-      next += std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(double(r) / rate_));
-      std::this_thread::sleep_until(next);
-      if (next < Clock::now()) next = Clock::now();  // an idle link does not bank credit
-      for (ssize_t w = 0; w < r;) {
-        const ssize_t k = ::send(to, buf.data() + w, size_t(r - w), MSG_NOSIGNAL);
-        if (k <= 0) return;
-        w += k;
-      }
-    }
-    ::shutdown(to, SHUT_WR);
-  }
-
-  uint16_t target_, port_ = 0;
-  double rate_;
-  int lfd_ = -1;
-  std::thread accept_;
-  std::vector<std::thread> pumps_;
-};
 
 // One node owning everything in `mode`: the best round of `rounds` (size 0/1), or
 // the mean round with (reconnect) or without a new connection each time (size 2);

@@ -49,7 +49,7 @@ struct StepRecord {
   int64_t step = 0, tokens = 0;
   double loss = 0;
   LossParts parts;  // the step's mean over its micro-batches
-  double lr = 0, grad_norm = 0, step_ms = 0, tokens_per_s = 0;
+  double lr = 0, grad_norm = 0, step_ms = 0, tokens_per_s = 0, elapsed_s = 0;
   std::optional<double> mfu;     // on a GPU only
   double expert_load_cv = 0;
   std::optional<double> val_ce;  // on eval steps only
@@ -103,6 +103,9 @@ const CsvColumn<StepRecord> kStepColumns[] = {
      },
      "hash of θ after that round (hex; empty on steps without a round); identical on every node and the "
      "coordinator (with `overlap`: of the round's θ_global, applied at this step)"},
+    {"elapsed_s", [](const StepRecord& r) { return strprintf("%.3f", r.elapsed_s); },
+     "seconds since this node's trainer was created (start-up before it excluded; from 0 again on `--resume`) "
+     "to the end of this step: eval rows against it give time to quality"},
 };
 
 // The loss parts of a step: the mean over its micro-batches; expert counts summed.
@@ -298,6 +301,7 @@ Trainer::StepStats Trainer::train_step(std::ostream& csv) {
     figures_.val_step = step_;
   }
   rec.step_ms = ms_since(t0);
+  rec.elapsed_s = ms_since(started_) / 1000.0;
   rec.step = step_;
   rec.tokens = tokens_seen_;
   rec.loss = loss;

@@ -3,6 +3,7 @@
 // CSV metrics on stdout, checkpoints, validation and the sync hook. The math runs
 // in a TrainBackend (engine/backend.hpp); the loop is the same on every device.
 #pragma once
+#include <chrono>
 #include <cstdint>
 #include <iosfwd>
 #include <memory>
@@ -89,6 +90,7 @@ class Trainer {
   std::vector<int32_t> inputs_, targets_;
   int64_t step_ = 0;
   int64_t tokens_seen_ = 0;
+  std::chrono::steady_clock::time_point started_ = std::chrono::steady_clock::now();  // the CSV's elapsed_s
   std::string last_checkpoint_;
   net::TrainFigures figures_;  // reported with the next push: the last step, eval and sync round
   // A bad round never costs the run (net/README.md, A bad round): the node's state

@@ -19,6 +19,21 @@
 
 namespace spes::test {
 
+// The field of CSV `row` in the column `header` names `name` ("" when absent).
+inline std::string csv_field(const std::string& header, const std::string& row, const std::string& name) {
+  auto split = [](const std::string& line) {
+    std::vector<std::string> out;
+    std::istringstream is(line);
+    for (std::string f; std::getline(is, f, ',');) out.push_back(f);
+    if (!line.empty() && line.back() == ',') out.push_back("");
+    return out;
+  };
+  const std::vector<std::string> names = split(header), fields = split(row);
+  for (size_t i = 0; i < names.size() && i < fields.size(); ++i)
+    if (names[i] == name) return fields[i];
+  return "";
+}
+
 class InProcessSpes {
  public:
   // base: the run's config (n_nodes, run_id, state_dir, …); the coordinator starts a
@@ -59,14 +74,14 @@ class InProcessSpes {
     return out;
   }
 
-  // The state hash of every row that ended a sync round (the CSV's last column).
+  // The state hash of every row that ended a sync round (column state_hash).
   static std::vector<std::string> round_hashes(const std::string& csv) {
     std::vector<std::string> out;
     std::istringstream is(csv);
-    std::string line;
-    std::getline(is, line);  // header
+    std::string header, line;
+    std::getline(is, header);
     while (std::getline(is, line))
-      if (!line.empty() && line.back() != ',') out.push_back(line.substr(line.rfind(',') + 1));
+      if (std::string h = csv_field(header, line, "state_hash"); !h.empty()) out.push_back(h);
     return out;
   }
 

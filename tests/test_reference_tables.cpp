@@ -54,7 +54,7 @@ TEST_CASE("net/README.md's rounds CSV columns are the coordinator's") {
 TEST_CASE("the CSV headers users parse stay as they are") {
   CHECK(Trainer::csv_header() ==
         "step,tokens,loss,ce,lb,router_z,lm_z,lr,grad_norm,step_ms,tokens_per_s,mfu,expert_load_cv,"
-        "val_ce,sync_round,sync_ms,bytes_up,bytes_down,sync_inflight_ms,sync_wait_ms,state_hash");
+        "val_ce,sync_round,sync_ms,bytes_up,bytes_down,sync_inflight_ms,sync_wait_ms,state_hash,elapsed_s");
   CHECK(net::Coordinator::csv_header() ==
         "round,step,participants,missing_nodes,late_pushes,bytes_in,bytes_out,merge_alpha,merge_ms,state_hash");
 }

@@ -25,6 +25,7 @@
 #include "model/upcycle.hpp"
 #include "net/coordinator.hpp"
 #include "net/digest.hpp"
+#include "spes_run_util.hpp"
 #include "test_util.hpp"
 
 using namespace spes;
@@ -362,11 +363,11 @@ TEST_CASE("[train] init: two SPES nodes and the coordinator start from the upcyc
   // The first round's state hash (CSV column state_hash at step 2) is the same on both nodes.
   auto first_hash = [](const std::string& text) {
     std::istringstream is(text);
-    std::string line;
-    std::getline(is, line);
+    std::string header, line;
+    std::getline(is, header);
     std::getline(is, line);
     std::getline(is, line);  // step 2: the first sync round
-    return line.substr(line.rfind(',') + 1);
+    return test::csv_field(header, line, "state_hash");
   };
   CHECK(first_hash(csv[0].str()).size() == 16);
   CHECK(first_hash(csv[0].str()) == first_hash(csv[1].str()));

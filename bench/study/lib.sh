@@ -35,7 +35,8 @@ run_engine() {
       awk -v a="$t0" -v b="$(date +%s.%N)" 'BEGIN { printf "%.1f\n", b - a }' > "$dir/wall_s"
       return 0
     fi
-    grep -qi "address already in use\|bind" "$dir/log.txt" || break
+    # A port in use, or another script's coordinator on it (ctest runs the smoke tests side by side).
+    grep -qi "address already in use\|bind\|run id mismatch" "$dir/log.txt" || break
   done
   echo "study: $cmd failed in $dir; the last lines of $dir/log.txt:" >&2
   tail -n 5 "$dir/log.txt" >&2
@@ -111,7 +112,7 @@ run_variant() {
   local dir=$OUT/runs/$name/s$seed
   rm -rf "$dir"
   echo "study: $name seed $seed ($nodes node(s))" >&2
-  run_engine "$dir" "$nodes" "$@" "train.seed=$seed"
+  "${ENGINE:-run_engine}" "$dir" "$nodes" "$@" "train.seed=$seed"  # ENGINE: bench/study/link.sh's linked runs
   curve_of "$dir/train.csv" "$nodes" "$offset" > "$dir/curve.csv"
   bytes_per_round "$dir/train.csv" > "$dir/bytes_round"
   opt_grad_bytes "$dir/log.txt" > "$dir/opt_grad_bytes"
@@ -165,6 +166,9 @@ best_of() {
   } | sort -g | head -n 1 | cut -d' ' -f2
 }
 
+# Whether the sweep's series (the best variant at its interval) has runs under DIR.
+sweep_ran() { compgen -G "$OUT/runs/$BEST/s*/curve.csv" > /dev/null; }
+
 # table.csv, table.md, curves.csv, curves_mean.csv and the two SVGs.
 write_results() {
   local v s
@@ -210,6 +214,7 @@ write_results() {
   "$BIN" plot "$OUT/curves_mean.csv" --x tokens --y val_ce --group variant --title \
     "validation CE against tokens (mean of seeds $SEEDS)" -o "$OUT/val_ce.svg"
   [ -n "${SWEEP:-}" ] || return 0  # no sync sweep (the GPU-scale study)
+  sweep_ran || return 0             # --only without the sweep's variants under DIR
   local sync_series  # the best variant itself is the sweep's sync_steps = $SYNC
   sync_series=$(grep -E "^($BEST|$BEST-sync[0-9]+)," "$OUT/curves_mean.csv" | sed "s/^$BEST,/$BEST-sync$SYNC,/" || true)
   { echo "variant,tokens,val_ce"; echo "$sync_series"; } > "$OUT/curves_sync.csv"
@@ -235,7 +240,7 @@ write_markdown() {
 check_results() {
   local v bad=0
   local files=(table.md table.csv val_ce.svg)
-  [ -n "${SWEEP:-}" ] && files+=(val_ce_sync.svg)
+  [ -n "${SWEEP:-}" ] && sweep_ran && files+=(val_ce_sync.svg)
   for f in "${files[@]}"; do
     [ -s "$OUT/$f" ] || { echo "study: $OUT/$f is missing or empty" >&2; bad=1; }
   done
@@ -246,7 +251,7 @@ check_results() {
     awk -F, -v v="$v" '$1 == v && $3 !~ /^[0-9.]+$/ { exit 1 }' "$OUT/table.csv" ||
       { echo "study: $v has no final validation CE" >&2; bad=1; }
   done
-  [ -z "${SWEEP:-}" ] || grep -q ">variant=$BEST-sync$SYNC<" "$OUT/val_ce_sync.svg" ||
+  [ -z "${SWEEP:-}" ] || ! sweep_ran || grep -q ">variant=$BEST-sync$SYNC<" "$OUT/val_ce_sync.svg" ||
     { echo "study: no sweep series in val_ce_sync.svg" >&2; bad=1; }
   [ "$bad" = 0 ] || exit 1
   echo "study: table and plots hold every variant: ${VARIANTS[*]}" >&2
