@@ -43,9 +43,10 @@ struct LinkPlan {
   LinkOption recommended;
 };
 
-// The recommendation: the option of least quality cost whose round costs at most
-// kLinkBudget of the compute between rounds (ties: the simplest, synchronous and the
-// widest codec first); if none does, the one that costs least time.
+// The recommendation, the fastest to fp32 synchronous rounds' quality: of the options
+// of least quality cost, the simplest (synchronous and the widest codec first) whose
+// round costs at most kLinkBudget of the compute between rounds, else the one of them
+// that costs least time.
 constexpr double kLinkBudget = 0.05;
 LinkPlan plan_link(const Config& cfg, double bits_per_s, double step_s);
 

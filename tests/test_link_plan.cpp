@@ -87,3 +87,36 @@ TEST_CASE("plan --link: configs/spes-1b.toml's default is the recommendation at 
     CHECK(o.wire_s == doctest::Approx(double(o.bytes.up + o.bytes.down) * 8 / 1e9));
   }
 }
+
+TEST_CASE("plan --link: at the throttled-link runs' setting it recommends what reached fp32's quality first") {
+  // bench/study/slow_link.sh's committed run: the tiny study's nodes, a round every 15
+  // steps of 913 ms, each behind a 4.47 Mbit/s link. Measured there: int3 synchronous
+  // reached fp32 synchronous's final CE in 0.48× its time; int3 overlapped by 4 steps
+  // ended 0.8 points short of it.
+  Config cfg = load_config(std::string(SPES_SOURCE_DIR) + "/configs/tiny.toml");
+  cfg.spes.sync_steps = 15;
+  const LinkPlan p = plan_link(cfg, 4.47e6, 0.913);
+  CAPTURE(codec_name(p.recommended.codec));
+  CAPTURE(p.recommended.overlap);
+  CHECK(p.recommended.codec == net::Codec::int3);
+  CHECK_FALSE(p.recommended.overlap);
+  for (const LinkOption& o : p.options) {
+    CAPTURE(codec_name(o.codec));
+    if (o.codec == net::Codec::int3 && o.overlap) {
+      CHECK(o.overlap_steps == 4);
+      CHECK(o.quality_pts == doctest::Approx(0.8));
+    }
+    if (o.codec == net::Codec::fp32 && o.overlap) CHECK(o.quality_pts == doctest::Approx(4.1));  // a round late
+  }
+}
+
+TEST_CASE("plan --link: spes-1b at 100 Mbit/s, int3 synchronous (overlap would cost quality), at 10 Gbit/s fp32") {
+  const Config cfg = load_config(std::string(SPES_SOURCE_DIR) + "/configs/spes-1b.toml");
+  const LinkPlan slow = plan_link(cfg, 1e8, step_seconds_from_flops(cfg));
+  CHECK(slow.recommended.codec == net::Codec::int3);
+  CHECK_FALSE(slow.recommended.overlap);
+  CHECK(slow.recommended.quality_pts == 0);
+  const LinkPlan fast = plan_link(cfg, 1e10, step_seconds_from_flops(cfg));
+  CHECK(fast.recommended.codec == net::Codec::fp32);
+  CHECK_FALSE(fast.recommended.overlap);
+}
