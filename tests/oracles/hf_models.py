@@ -3,6 +3,7 @@
 
     pip install torch transformers safetensors numpy
     python3 tests/oracles/hf_models.py write      # rewrites tests/oracles/hf/
+    python3 tests/oracles/hf_models.py write qwen3_gpu olmo2_gpu   # only those cases
     python3 tests/oracles/hf_models.py check --engine build-cpu/spes-engine
 
 `write` builds a small random model of each architecture the engine imports with
@@ -18,6 +19,17 @@ import and CPU forward against these with no Python. Cases:
   olmoe       4 experts top-2 (no renormalisation), QK-norm over the projection
   qwen3_bf16  the qwen3 model saved in bf16 (logits of its bf16-rounded weights in fp32)
   olmo2_sharded  the olmo2 model saved in shards with model.safetensors.index.json
+GPU-shaped cases (head_dim 32, widths multiples of 8: what the GPU kernels take, see
+check_gpu_shape in model/gpu/gpu_plan.cu), their weights bf16 (on disk too), so that
+the GPU's bf16 compute copy is exactly transformers' weights; checked by
+tests/test_gpu_import.cu on the GPU model (and the emulator) and by test_import_hf.cpp:
+  qwen3_gpu   dense, per-head QK-norm, head_dim 32 with 2 heads over hidden 32 (q width
+              64), GQA 2:1, tied embeddings, rope_theta 1e6
+  olmo2_gpu   dense, post-norm, QK-norm over the whole projection, 2 heads of 32 over
+              hidden 64, GQA 2:1
+  qwen3_moe_gpu  qwen3_gpu's attention, 4 experts of 16 top-2, norm_topk_prob
+  olmoe_gpu   olmo2_gpu's attention (pre-norm), 4 experts of 16 top-2, no renormalisation
+The MoE cases' seeds keep every routing decision clear of the GPU's rounding (GPU_SEEDS).
 
 `check` imports every case with the engine, exports it again (`import-hf`, then
 `export-hf`), loads the export with from_pretrained (no missing or unexpected
@@ -72,6 +84,65 @@ def make(case):
     raise ValueError(case)
 
 
+GPU_COMMON = dict(vocab_size=64, num_hidden_layers=2, max_position_embeddings=len(TOKENS), initializer_range=0.2,
+                  attention_bias=False, hidden_act="silu")
+# Each GPU case's seed. The MoE cases' seeds were picked so that every routing decision
+# has a margin (router logit of the k-th expert over the next one's) of at least
+# MIN_ROUTER_MARGIN, some 5x the GPU's bf16 rounding of those logits: a token routed
+# to another expert on the GPU would change its logits by order 1.
+GPU_SEEDS = {"qwen3_gpu": 200, "olmo2_gpu": 201, "qwen3_moe_gpu": 213, "olmoe_gpu": 204}
+GPU_CASES = list(GPU_SEEDS)
+MIN_ROUTER_MARGIN = 0.05
+
+
+def make_gpu(case):
+    t = transformers
+    qwen3_attention = dict(hidden_size=32, num_attention_heads=2, num_key_value_heads=1, head_dim=32, rope_theta=1e6,
+                           rms_norm_eps=1e-6, use_sliding_window=False)
+    olmo_attention = dict(hidden_size=64, num_attention_heads=2, num_key_value_heads=1, rope_theta=10000.0)
+    if case == "qwen3_gpu":
+        cfg = t.Qwen3Config(**GPU_COMMON, **qwen3_attention, intermediate_size=24, tie_word_embeddings=True)
+        return t.Qwen3ForCausalLM(cfg)
+    if case == "olmo2_gpu":
+        cfg = t.Olmo2Config(**GPU_COMMON, **olmo_attention, intermediate_size=24, rms_norm_eps=1e-6,
+                            tie_word_embeddings=False)
+        return t.Olmo2ForCausalLM(cfg)
+    if case == "qwen3_moe_gpu":
+        cfg = t.Qwen3MoeConfig(**GPU_COMMON, **qwen3_attention, intermediate_size=48, moe_intermediate_size=16,
+                               num_experts=4, num_experts_per_tok=2, norm_topk_prob=True, tie_word_embeddings=False,
+                               decoder_sparse_step=1, mlp_only_layers=[])
+        return t.Qwen3MoeForCausalLM(cfg)
+    if case == "olmoe_gpu":
+        cfg = t.OlmoeConfig(**GPU_COMMON, **olmo_attention, intermediate_size=16, num_experts=4, num_experts_per_tok=2,
+                            norm_topk_prob=False, rms_norm_eps=1e-5, tie_word_embeddings=False)
+        return t.OlmoeForCausalLM(cfg)
+    raise ValueError(case)
+
+
+def router_margin(model):
+    """The smallest gap, over tokens and layers, between the router logit of a token's
+    k-th expert and of its (k+1)-th: how far each routing decision is from flipping."""
+    k = model.config.num_experts_per_tok
+    gaps = []
+
+    def hook(module, inputs, _):
+        x = inputs[0].reshape(-1, inputs[0].shape[-1])
+        top = (x @ module.weight.T).sort(dim=-1, descending=True).values
+        gaps.append((top[:, k - 1] - top[:, k]).min().item())
+
+    hooks = [layer.mlp.gate.register_forward_hook(hook) for layer in model.model.layers]
+    logits_of(model)
+    for h in hooks:
+        h.remove()
+    return min(gaps)
+
+
+def round_to_bf16(model):
+    with torch.no_grad():
+        for p in model.parameters():
+            p.copy_(p.to(torch.bfloat16).float())
+
+
 def randomize(model, seed):
     """Random weights everywhere, norms away from 1 so a misplaced norm shows."""
     g = torch.Generator().manual_seed(seed)
@@ -99,10 +170,32 @@ def write_case(name, model, reference=None, **save):
     print(f"wrote {out}")
 
 
-def write():
+CPU_CASES = ["qwen3", "qwen3_moe", "olmo2", "olmoe"]
+
+
+def write(cases):
+    """Writes the named cases (qwen3 also writes qwen3_bf16, olmo2 olmo2_sharded); every
+    case's weights come from its own seed, so a case written alone has the same bytes."""
     torch.manual_seed(0)
     os.makedirs(FIXTURES, exist_ok=True)
-    for i, case in enumerate(["qwen3", "qwen3_moe", "olmo2", "olmoe"]):
+    for case in GPU_CASES:
+        if case not in cases:
+            continue
+        model = make_gpu(case).float().eval()
+        randomize(model, GPU_SEEDS[case])
+        round_to_bf16(model)
+        if model.config.num_experts_per_tok if hasattr(model.config, "num_experts_per_tok") else 0:
+            margin = router_margin(model)
+            print(f"{case}: smallest routing margin {margin:.3f}")
+            assert margin >= MIN_ROUTER_MARGIN, f"{case}: a routing decision within {margin} of flipping: change its seed"
+        # Saved in bf16 (its values are bf16 already: the same weights in half the bytes);
+        # the logits are the fp32 model's (a fresh bf16 model: RoPE's buffers stay fp32).
+        bf = make_gpu(case).eval()
+        bf.load_state_dict(model.state_dict())
+        write_case(case, bf.to(torch.bfloat16), reference=model)
+    for i, case in enumerate(CPU_CASES):
+        if case not in cases:
+            continue
         model = make(case).float().eval()
         randomize(model, 100 + i)
         write_case(case, model)
@@ -173,10 +266,14 @@ def check_upcycle(engine):
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("mode", choices=["write", "check"])
+    ap.add_argument("cases", nargs="*", help="write: only these cases (default: all)")
     ap.add_argument("--engine", default=os.path.join(ROOT, "build-cpu", "spes-engine"))
     a = ap.parse_args()
     if a.mode == "write":
-        write()
+        unknown = set(a.cases) - set(CPU_CASES + GPU_CASES)
+        if unknown:
+            ap.error(f"unknown case(s) {sorted(unknown)}: choose from {CPU_CASES + GPU_CASES}")
+        write(a.cases or CPU_CASES + GPU_CASES)
         return 0
     return 1 if check(a.engine) else 0
 
