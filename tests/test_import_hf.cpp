@@ -95,7 +95,10 @@ double worst_relative(const std::vector<float>& a, const std::vector<float>& b) 
   return worst / scale;
 }
 
-const char* kCases[] = {"qwen3", "qwen3_moe", "olmo2", "olmoe", "qwen3_bf16", "olmo2_sharded"};
+// *_gpu: the GPU-shaped cases (head_dim 32, bf16 weights), also run on the GPU model by
+// test_gpu_import.cu.
+const char* kCases[] = {"qwen3",     "qwen3_moe",     "olmo2",     "olmoe",    "qwen3_bf16", "olmo2_sharded",
+                        "qwen3_gpu", "qwen3_moe_gpu", "olmo2_gpu", "olmoe_gpu"};
 
 }  // namespace
 
@@ -116,8 +119,9 @@ TEST_CASE("import-hf: our CPU forward gives transformers' fp32 logits for every 
       dec_logits.insert(dec_logits.end(), lg.begin(), lg.end());
     }
     const double rel_dec = worst_relative(dec_logits, ref);
-    MESSAGE(c << " (" << hf_arch_class(hf.arch) << "): worst |logit - transformers| / max |logit|: forward " << rel
-              << ", decoder " << rel_dec << " (tol 1e-5)");
+    const std::string arch = hf_arch_class(hf.arch);  // doctest prints a const char* as an address
+    MESSAGE(c << " (" << arch << "): worst |logit - transformers| / max |logit|: forward " << rel << ", decoder "
+              << rel_dec << " (tol 1e-5)");
     CHECK(rel < 1e-5);
     CHECK(rel_dec < 1e-5);
   }
