@@ -4,9 +4,9 @@
 # BUILD_DIR must be configured with -DSPES_PORTABLE=ON (static C++/Fortran/OpenMP/CUDA
 # runtimes). The bundle is everything a lent GPU machine needs for one call of
 # BUNDLE_DIR/run.sh OUT: stripped binaries, the two tiny configs, the tokenized
-# Tiny Shakespeare, the PyTorch anchors script, the commit. Fails, naming the cause,
-# when a binary needs a shared library the GPU machine may lack, or when the bundle
-# exceeds GPU_BUNDLE_MAX_MIB.
+# Tiny Shakespeare, the GPU-shaped Hugging Face fixtures, the PyTorch anchors script,
+# the commit. Fails, naming the cause, when a binary needs a shared library the GPU
+# machine may lack, or when the bundle exceeds GPU_BUNDLE_MAX_MIB.
 # --rehearsal packs a normal CUDA build for a run on this machine only (the rehearsal
 # without a GPU, tests/gpu_check_rehearsal.sh): no portability or size checks, fast gzip.
 set -euo pipefail
@@ -81,6 +81,9 @@ rm -rf "$PART/stage"
 "$BUILD/spes-engine" tokenize --input "$SRC/data/corpus/tinyshakespeare.txt" \
   --out "$PART/data/tinyshakespeare" --val-fraction 0.05 >/dev/null
 cp "$SRC/configs/tiny.toml" "$SRC/configs/tiny-central.toml" "$PART/configs/"
+# test_gpu_import's fixtures (run.sh points SPES_HF_FIXTURES at them).
+mkdir -p "$PART/hf"
+cp -r "$SRC"/tests/oracles/hf/*_gpu "$PART/hf/"
 # Every GPU test file: the kernels (test_cuda_*) and the whole step (test_gpu_step).
 for t in "$SRC"/tests/*.cu; do basename "$t" .cu; done > "$PART/cuda-tests.txt"
 cp "$HERE/run.sh" "$HERE/report.py" "$SRC/bench/torch_anchors.py" "$PART/"

@@ -56,6 +56,7 @@ mkdir -p "$L"/{env,tests,guard,bench,torch,train,spes,sanitize}
 BIN="$WORK/bin"
 CFG="$HERE/configs"
 DATA="$HERE/data/tinyshakespeare"
+export SPES_HF_FIXTURES="$HERE/hf"  # test_gpu_import's fixtures (bundle.sh)
 T0=$(date +%s)
 declare -A DEFAULT_BUDGET=([quick]=285 [full]=465)
 BUDGET=${SPES_CHECK_BUDGET_S:-${DEFAULT_BUDGET[$MODE]}}
