@@ -184,12 +184,12 @@ def write(cases):
         model = make_gpu(case).float().eval()
         randomize(model, GPU_SEEDS[case])
         round_to_bf16(model)
-        if model.config.num_experts_per_tok if hasattr(model.config, "num_experts_per_tok") else 0:
+        if getattr(model.config, "num_experts_per_tok", None):
             margin = router_margin(model)
             print(f"{case}: smallest routing margin {margin:.3f}")
             assert margin >= MIN_ROUTER_MARGIN, f"{case}: a routing decision within {margin} of flipping: change its seed"
-        # Saved in bf16 (its values are bf16 already: the same weights in half the bytes);
-        # the logits are the fp32 model's (a fresh bf16 model: RoPE's buffers stay fp32).
+        # Saved in bf16 (its values are bf16 already: the same weights in half the bytes)
+        # from a copy, since .to() converts in place; the logits are the fp32 model's.
         bf = make_gpu(case).eval()
         bf.load_state_dict(model.state_dict())
         write_case(case, bf.to(torch.bfloat16), reference=model)
