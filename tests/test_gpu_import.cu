@@ -44,6 +44,10 @@
 #include "model/layout.hpp"
 #include "tests/bf16_values.hpp"
 #include "tests/gpu_test.hpp"
+#include "tests/hf_fixtures.hpp"
+
+using spes::testing::hf_fixtures;
+using spes::testing::read_fixture_bin;
 
 using namespace spes;
 namespace fs = std::filesystem;
@@ -52,21 +56,6 @@ namespace {
 
 // SPES_HF_FIXTURES where set (the GPU check's bundle carries the *_gpu fixtures:
 // bench/gpu_check/bundle.sh), else the source tree's.
-fs::path fixtures() {
-  const char* dir = std::getenv("SPES_HF_FIXTURES");
-  return dir && *dir ? fs::path(dir) : fs::path(SPES_SOURCE_DIR) / "tests" / "oracles" / "hf";
-}
-
-template <class T>
-std::vector<T> read_bin(const fs::path& p) {
-  std::ifstream f(p, std::ios::binary);
-  REQUIRE_MESSAGE(f.good(), p.string() << " missing: run tests/oracles/hf_models.py write");
-  std::vector<char> bytes((std::istreambuf_iterator<char>(f)), std::istreambuf_iterator<char>());
-  std::vector<T> v(bytes.size() / sizeof(T));
-  std::memcpy(v.data(), bytes.data(), v.size() * sizeof(T));
-  return v;
-}
-
 // What a forward gives per token: logits [T, V], CE against the next token, lse; and
 // the tokens each expert got per layer (our forwards only).
 struct TokenOutputs {
@@ -188,9 +177,9 @@ void compare(const std::string& what, const TokenOutputs& gpu, const TokenOutput
 GPU_TEST_CASE("gpu import: imported Qwen3, Qwen3-MoE, OLMo-2 and OLMoE models give transformers' logits on the GPU model") {
   for (const std::string c : {"qwen3_gpu", "olmo2_gpu", "qwen3_moe_gpu", "olmoe_gpu"}) {
     CAPTURE(c);
-    const fs::path dir = fixtures() / c;
+    const fs::path dir = hf_fixtures() / c;
     HfModel hf = import_hf(dir.string());
-    const std::vector<int32_t> tokens = read_bin<int32_t>(dir / "tokens.bin");
+    const std::vector<int32_t> tokens = read_fixture_bin<int32_t>(dir / "tokens.bin");
     std::vector<int32_t> targets(tokens.begin() + 1, tokens.end());
     targets.push_back(tokens.front());
     ModelConfig& m = hf.config;
@@ -202,7 +191,7 @@ GPU_TEST_CASE("gpu import: imported Qwen3, Qwen3-MoE, OLMo-2 and OLMoE models gi
     REQUIRE(not_bf16 == 0);
     const ParamLayout layout = make_layout(m);
     const Ownership own = make_ownership(m, layout, 0, 1, OwnershipMode::all, 0);
-    const TokenOutputs theirs = from_logits(read_bin<float>(dir / "logits.bin"), targets, m.vocab_size);
+    const TokenOutputs theirs = from_logits(read_fixture_bin<float>(dir / "logits.bin"), targets, m.vocab_size);
     const TokenOutputs cpu = cpu_forward(m, layout, own, hf.params, tokens, targets);
     const TokenOutputs gpu = gpu_forward(m, layout, own, hf.params, tokens, targets);
     compare(c + " gpu vs transformers", gpu, theirs, Tolerances{});

@@ -27,24 +27,18 @@
 #include "model/cpu/cpu_model.hpp"
 #include "model/hf_export.hpp"
 #include "model/upcycle.hpp"
+#include "hf_fixtures.hpp"
 #include "test_util.hpp"
+
+using spes::testing::hf_fixtures;
+using spes::testing::read_fixture_bin;
 
 using namespace spes;
 namespace fs = std::filesystem;
 
 namespace {
 
-const fs::path kFixtures = fs::path(SPES_SOURCE_DIR) / "tests" / "oracles" / "hf";
-
-template <class T>
-std::vector<T> read_bin(const fs::path& p) {
-  std::ifstream f(p, std::ios::binary);
-  REQUIRE_MESSAGE(f.good(), p.string() << " missing: run tests/oracles/hf_models.py write");
-  std::vector<char> bytes((std::istreambuf_iterator<char>(f)), std::istreambuf_iterator<char>());
-  std::vector<T> v(bytes.size() / sizeof(T));
-  std::memcpy(v.data(), bytes.data(), v.size() * sizeof(T));
-  return v;
-}
+const fs::path kFixtures = hf_fixtures();
 
 // Every tensor's stored bytes (and dtype) in an HF folder, by name: one file or shards.
 std::map<std::string, std::pair<std::string, std::string>> tensor_bytes(const fs::path& dir) {
@@ -107,8 +101,8 @@ TEST_CASE("import-hf: our CPU forward gives transformers' fp32 logits for every 
     CAPTURE(c);
     const fs::path dir = kFixtures / c;
     const HfModel hf = import_hf(dir.string());
-    const auto tokens = read_bin<int32_t>(dir / "tokens.bin");
-    const auto ref = read_bin<float>(dir / "logits.bin");
+    const auto tokens = read_fixture_bin<int32_t>(dir / "tokens.bin");
+    const auto ref = read_fixture_bin<float>(dir / "logits.bin");
     const double rel = worst_relative(forward_logits(hf.config, hf.params, tokens).values, ref);
     // The KV-cache decoder (generate) on the same tokens.
     const ParamLayout layout = make_layout(hf.config);
@@ -201,7 +195,7 @@ TEST_CASE("dense import -> upcycle at noise 0 -> the MoE's logits are the dense 
     const ParamLayout dl = make_layout(dense.config), ml = make_layout(moe);
     std::vector<float> params(size_t(ml.total));
     upcycle(dense.config, dl, dense.params, moe, ml, params.data(), UpcycleOptions{0.0, 5});
-    const auto tokens = read_bin<int32_t>(dir / "tokens.bin");
+    const auto tokens = read_fixture_bin<int32_t>(dir / "tokens.bin");
     const double rel = worst_relative(forward_logits(moe, params, tokens).values,
                                       forward_logits(dense.config, dense.params, tokens).values);
     MESSAGE(c << ": upcycled (4 experts, top-2, noise 0) vs dense: worst |logit diff| / max |logit| " << rel
