@@ -1,5 +1,6 @@
 #include "engine/args.hpp"
 
+#include <cctype>
 #include <iostream>
 
 #include "engine/config.hpp"
@@ -41,6 +42,19 @@ Config ConfigArgs::load() const {
   std::vector<std::string> all = sets;
   if (node_id >= 0) all.push_back("spes.node_id=" + std::to_string(node_id));
   return load_config(config, all);
+}
+
+std::optional<Quantity> parse_quantity(const std::string& s) {
+  Quantity q;
+  size_t i = 0;
+  try {
+    q.value = std::stod(s, &i);
+  } catch (const std::exception&) {
+    return std::nullopt;
+  }
+  for (; i < s.size(); ++i)
+    if (!std::isspace(static_cast<unsigned char>(s[i]))) q.unit += char(std::tolower(static_cast<unsigned char>(s[i])));
+  return q;
 }
 
 }  // namespace spes

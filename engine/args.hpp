@@ -5,6 +5,7 @@
 #pragma once
 #include <boost/program_options.hpp>
 #include <cstdint>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -38,5 +39,14 @@ struct ConfigArgs {
   void declare(boost::program_options::options_description& opts, bool with_node_id = true);
   Config load() const;  // load_config with the overrides; throws ConfigError
 };
+
+// A number and its unit as an argument gives them ("80 GiB", "100Mbit", "1e9"): the
+// value, and the unit lower-cased without spaces ("" when none); nullopt when the text
+// does not start with a number.
+struct Quantity {
+  double value = 0;
+  std::string unit;
+};
+std::optional<Quantity> parse_quantity(const std::string& s);
 
 }  // namespace spes

@@ -6,7 +6,6 @@
 // allocates: plan_gpu_memory (the GPU backend's arena) and CpuModel::planned_bytes.
 // A markdown table on stdout; with --link, what a sync round costs on that link and
 // the setting to pick (engine/link_plan.hpp).
-#include <cctype>
 #include <cstdio>
 #include <functional>
 #include <optional>
@@ -36,21 +35,13 @@ std::string gib(int64_t bytes) { return strprintf("%.2f GiB", double(bytes) / do
 
 // "80GiB", "80 GB", "81920MiB", "1e9": bytes.
 int64_t parse_size(const std::string& s) {
-  size_t i = 0;
-  double v = 0;
-  try {
-    v = std::stod(s, &i);
-  } catch (const std::exception&) {
-    throw UsageError("--memory " + s + ": expected a size such as 80GiB");
-  }
-  std::string unit;
-  for (; i < s.size(); ++i)
-    if (!std::isspace(static_cast<unsigned char>(s[i]))) unit += char(std::tolower(static_cast<unsigned char>(s[i])));
+  const std::optional<Quantity> q = parse_quantity(s);
+  const std::string unit = q ? q->unit : "";
   const double k = unit.empty() || unit == "b" ? 1 : unit == "kib" ? 1024.0 : unit == "mib" ? 1048576.0
                  : unit == "gib" ? 1073741824.0 : unit == "tib" ? 1099511627776.0 : unit == "kb" ? 1e3
                  : unit == "mb" ? 1e6 : unit == "gb" ? 1e9 : unit == "tb" ? 1e12 : -1;
-  if (k < 0 || v <= 0) throw UsageError("--memory " + s + ": expected a size such as 80GiB");
-  return int64_t(v * k);
+  if (!q || k < 0 || q->value <= 0) throw UsageError("--memory " + s + ": expected a size such as 80GiB");
+  return int64_t(q->value * k);
 }
 
 // One node's memory per device, by category, at a micro-batch.

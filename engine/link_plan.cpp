@@ -1,7 +1,6 @@
 #include "engine/link_plan.hpp"
 
 #include <algorithm>
-#include <cctype>
 #include <cmath>
 #include <cstdio>
 #include <iterator>
@@ -93,22 +92,15 @@ RoundBytes round_bytes(const Config& cfg, net::Codec codec, int64_t chunk_elems,
 }
 
 double parse_link_rate(const std::string& s) {
-  size_t i = 0;
-  double v = 0;
-  try {
-    v = std::stod(s, &i);
-  } catch (const std::exception&) {
-    i = 0;
-  }
-  std::string unit;
-  for (; i < s.size(); ++i)
-    if (!std::isspace(static_cast<unsigned char>(s[i]))) unit += char(std::tolower(static_cast<unsigned char>(s[i])));
+  const std::optional<Quantity> q = parse_quantity(s);
+  std::string unit = q ? q->unit : "";
   if (unit.ends_with("bit/s")) unit.resize(unit.size() - 2);
   if (unit.ends_with("bps")) unit.replace(unit.size() - 3, 3, "bit");
   const double k = unit == "bit" ? 1 : unit == "kbit" ? 1e3 : unit == "mbit" ? 1e6 : unit == "gbit" ? 1e9
                  : unit == "tbit" ? 1e12 : -1;
-  if (k < 0 || !(v > 0)) throw UsageError("--link " + s + ": expected a rate in bits per second such as 100Mbit or 1Gbit");
-  return v * k;
+  if (!q || k < 0 || !(q->value > 0))
+    throw UsageError("--link " + s + ": expected a rate in bits per second such as 100Mbit or 1Gbit");
+  return q->value * k;
 }
 
 double step_seconds_from_flops(const Config& cfg) {
