@@ -1,7 +1,7 @@
 // The Hugging Face fixtures of tests/oracles/hf/ (written by tests/oracles/hf_models.py):
 // where they are and how their raw .bin arrays read back. Shared by the CPU import test
 // and the GPU one; a GPU machine given only the check's bundle points SPES_HF_FIXTURES at
-// its copy.
+// its copy of the *_gpu fixtures (bench/gpu_check/bundle.sh).
 #pragma once
 
 #include <doctest/doctest.h>

@@ -27,11 +27,7 @@
 
 #include <algorithm>
 #include <cmath>
-#include <cstdlib>
-#include <cstring>
 #include <filesystem>
-#include <fstream>
-#include <iterator>
 #include <string>
 #include <vector>
 
@@ -54,8 +50,6 @@ namespace fs = std::filesystem;
 
 namespace {
 
-// SPES_HF_FIXTURES where set (the GPU check's bundle carries the *_gpu fixtures:
-// bench/gpu_check/bundle.sh), else the source tree's.
 // What a forward gives per token: logits [T, V], CE against the next token, lse; and
 // the tokens each expert got per layer (our forwards only).
 struct TokenOutputs {

@@ -27,7 +27,7 @@ void check_gpu_shape(const ModelConfig& m, const std::string& config_path) {
            std::to_string(cuda::kRouterMaxTopK));
   // The norms keep a row in registers: d_model's, and the q and kv widths' when the
   // QK-norm runs over the whole projection (per head, a row is head_dim ≤ 128).
-  const int64_t qk_rows = m.qk_norm_per_head ? m.head_dim() : std::max(m.q_dim(), m.kv_dim());
+  const int64_t qk_rows = std::max(m.q_norm_width(), m.k_norm_width());
   if (std::max(m.d_model, qk_rows) > cuda::norm::kMaxChannels)
     refuse(std::string(m.qk_norm_per_head ? "d_model" : "d_model, the q width and the kv width") +
            " must be at most " + std::to_string(cuda::norm::kMaxChannels) +
@@ -55,10 +55,10 @@ KernelScratch gpu_kernel_scratch(const ModelConfig& m, int64_t micro_batch, int6
   // qk-norm+RoPE: N rows of the q and kv widths, or per head N·heads rows of
   // head_dim): at most every block the device holds.
   const int64_t resident = int64_t(device.sm_count) * device.max_blocks_per_sm;
-  const int64_t qk_partials = m.qk_norm_per_head
-                                  ? std::min(N * m.n_heads, resident) * m.head_dim()
-                                  : std::min(N, resident) * std::max(m.q_dim(), m.kv_dim());
-  k.norm_backward = std::max(std::min(N, resident) * m.d_model, qk_partials) * 4;
+  auto partials = [&](int64_t rows_per_token, int64_t width) { return std::min(N * rows_per_token, resident) * width; };
+  k.norm_backward = std::max({partials(1, m.d_model), partials(m.q_norm_rows(), m.q_norm_width()),
+                              partials(m.k_norm_rows(), m.k_norm_width())}) *
+                    4;
   // Sort keys and positions (4 arrays of N int32, 256-byte rounded) and CUB's radix
   // sort storage, about a second copy of the pairs plus histograms, without a device.
   k.embedding_backward = device.on_device ? int64_t(cuda::embedding_backward_workspace_bytes(N, m.vocab_size))
