@@ -34,17 +34,11 @@ COMMON=("train.steps=$STEPS" "train.eval_every=$EVAL_EVERY" "train.eval_batches=
   "optim.decay_steps=$STEPS" "data.train=\"$DATA/train.manifest\"" "data.validation=\"$DATA/val.manifest\""
   "checkpoint.every=0" "checkpoint.keep=1" "spes.merge_interval=$MERGE_INTERVAL"
   "spes.merge_decay_steps=$MERGE_DECAY")
-# SPES as configs/tiny.toml: 4 nodes × 2 of 8 experts, the merging warm-up on.
-SPES=("spes.n_nodes=$NODES" "spes.ownership=\"partitioned\"" "train.global_batch=$NODE_BATCH"
-  "spes.sync_steps=$SYNC")
+# SPES as configs/tiny.toml: 4 nodes × 2 of 8 experts, the merging warm-up on; and
+# the other layouts (lib.sh).
+node_variants
 NOWARM=("spes.merge_alpha=0")
 NESTEROV=("spes.outer_optimizer=\"nesterov\"")
 # DiLoCo's momentum 0.9 assumes hundreds of rounds; this budget has 12, so also a mild
 # one whose first round moves about as far as averaging does (0.7 × (1 + 0.5)).
 NESTEROV_MILD=("spes.outer_optimizer=\"nesterov\"" "spes.outer_lr=0.7" "spes.outer_momentum=0.5")
-ALL_EXPERTS=("spes.n_nodes=$NODES" "spes.ownership=\"all\"" "train.global_batch=$NODE_BATCH"
-  "spes.sync_steps=$SYNC" "spes.merge_alpha=0")
-CENTRAL=("spes.n_nodes=1" "spes.ownership=\"all\"" "train.global_batch=$((NODES * NODE_BATCH))"
-  "spes.sync_steps=0" "spes.merge_alpha=0")
-SOLO=("spes.n_nodes=1" "spes.ownership=\"all\"" "train.global_batch=$NODE_BATCH" "spes.sync_steps=0"
-  "spes.merge_alpha=0")

@@ -74,6 +74,12 @@ source "$ROOT/bench/study/lib.sh"
 # study's shape at a longer run.
 NODES=4
 MODEL=()
+EVALS=16 ROUNDS=48  # per run, full size
+schedule_of() {
+  STEPS=$1
+  EVAL_EVERY=$((STEPS / EVALS)) WARMUP=$((STEPS / 15)) SYNC=$((STEPS / ROUNDS))
+  MERGE_INTERVAL=$((STEPS / 6)) MERGE_DECAY=$((STEPS / 2))
+}
 if [ "$SMOKE" = 1 ]; then
   STEPS=8 EVAL_EVERY=1 EVAL_BATCHES=1 WARMUP=2 SYNC=2 MERGE_INTERVAL=2 MERGE_DECAY=4 NODE_BATCH=2 SEQ=64
   MODEL=("model.d_model=64" "model.n_layers=2" "model.n_heads=2" "model.n_kv_heads=2" "model.expert_hidden=64")
@@ -81,19 +87,8 @@ if [ "$SMOKE" = 1 ]; then
 else
   NODE_BATCH=16 SEQ=1024 EVAL_BATCHES=16
   DEVICE=${DEVICE:-cuda} MAX_MB=0
-fi
-schedule_of() {
-  STEPS=$1
-  BUDGET=$((STEPS * NODES * NODE_BATCH * SEQ))  # total tokens over all nodes
-  [ "$SMOKE" = 1 ] && return
-  EVAL_EVERY=$((STEPS / 16)) WARMUP=$((STEPS / 15)) SYNC=$((STEPS / 48))
-  MERGE_INTERVAL=$((STEPS / 6)) MERGE_DECAY=$((STEPS / 2))
-}
-if [ "$SMOKE" = 1 ]; then
-  schedule_of 8
-else
-  schedule_of $((TOKENS / (NODES * NODE_BATCH * SEQ) / 48 * 48))
-  ((STEPS > 0)) || die "--tokens $TOKENS: fewer than 48 steps of $((NODES * NODE_BATCH * SEQ)) tokens"
+  schedule_of $((TOKENS / (NODES * NODE_BATCH * SEQ) / ROUNDS * ROUNDS))
+  ((STEPS > 0)) || die "--tokens $TOKENS: fewer than $ROUNDS steps of $((NODES * NODE_BATCH * SEQ)) tokens"
 fi
 SWEEP=""  # no sync sweep here (lib.sh)
 
@@ -126,13 +121,7 @@ define_variants() {
     "optim.decay_steps=$STEPS" "data.train=\"$DATA/train/train.manifest\""
     "data.validation=\"$DATA/heldout/train.manifest\"" "data.tokenizer=\"$TOKENIZER\"" "checkpoint.every=0"
     "checkpoint.keep=1" "spes.merge_interval=$MERGE_INTERVAL" "spes.merge_decay_steps=$MERGE_DECAY" "${MODEL[@]}")
-  SPES=("spes.n_nodes=$NODES" "spes.ownership=\"partitioned\"" "train.global_batch=$NODE_BATCH" "spes.sync_steps=$SYNC")
-  CENTRAL=("spes.n_nodes=1" "spes.ownership=\"all\"" "train.global_batch=$((NODES * NODE_BATCH))"
-    "spes.sync_steps=0" "spes.merge_alpha=0")
-  SOLO=("spes.n_nodes=1" "spes.ownership=\"all\"" "train.global_batch=$NODE_BATCH" "spes.sync_steps=0"
-    "spes.merge_alpha=0")
-  DILOCO=("spes.n_nodes=$NODES" "spes.ownership=\"all\"" "train.global_batch=$NODE_BATCH" "spes.sync_steps=$SYNC"
-    "spes.merge_alpha=0")
+  node_variants
 }
 define_variants
 
@@ -171,23 +160,23 @@ probe_figures() {
 
 fit_steps() {
   local probe=$OUT/probe steps=12
-  local -a timing=("train.steps=$steps" "train.eval_every=$steps" "train.eval_batches=$EVAL_BATCHES"
-    "optim.warmup_steps=2" "optim.decay_steps=$steps" "spes.merge_interval=$steps" "spes.merge_decay_steps=$steps")
+  local -a timing=("train.steps=$steps" "train.eval_every=$steps" "optim.warmup_steps=2" "optim.decay_steps=$steps" "spes.merge_interval=$steps" "spes.merge_decay_steps=$steps")
   echo "study-gpu: timing $steps-step probe runs to fit the study into ${FIT_SECONDS} s" >&2
   run_engine "$probe/central" 1 "${CENTRAL[@]}" "${timing[@]}"
-  run_engine "$probe/nodes" "$NODES" "${DILOCO[@]}" "${timing[@]}" "spes.sync_steps=$((steps / 2))"
+  run_engine "$probe/nodes" "$NODES" "${ALL_EXPERTS[@]}" "${timing[@]}" "spes.sync_steps=$((steps / 2))"
   drop_state "$probe"/*
   local c n
   c=$(probe_figures "$probe/central") n=$(probe_figures "$probe/nodes")
   echo "study-gpu: probe (step s, eval extra s, round s, start-up s): central $c; 4 nodes $n" >&2
   # Per seed: central and solo (¼ of central's batch per step) on one node; spes and
-  # diloco-average on four, each with 48 rounds. Every run evaluates 16 times.
-  awk -v c="$c" -v n="$n" -v left=$((FIT_SECONDS - SECONDS)) -v seeds="$(wc -w <<< "$SEEDS")" -v most="$STEPS" '
+  # diloco-average on four, each with ROUNDS rounds. Every run evaluates EVALS times.
+  awk -v c="$c" -v n="$n" -v left=$((FIT_SECONDS - SECONDS)) -v seeds="$(wc -w <<< "$SEEDS")" -v most="$STEPS" \
+    -v evals="$EVALS" -v rounds="$ROUNDS" '
     BEGIN {
       split(c, C, " "); split(n, N, " ")
-      fixed = 2 * (C[4] + 16 * C[2]) + 2 * (N[4] + 16 * N[2] + 48 * N[3])
+      fixed = 2 * (C[4] + evals * C[2]) + 2 * (N[4] + evals * N[2] + rounds * N[3])
       per_step = 1.25 * C[1] + 2 * N[1]
-      steps = int((left / 1.15 / seeds - fixed) / per_step / 48) * 48
+      steps = int((left / 1.15 / seeds - fixed) / per_step / rounds) * rounds
       if (steps > most) steps = most
       print steps
     }'
@@ -199,13 +188,14 @@ if [ "$FIT_SECONDS" -gt 0 ]; then
   if [ "$SMOKE" = 1 ]; then
     echo "study-gpu: --fit-seconds would run $fitted steps (the smoke keeps its $STEPS)" >&2
   else
-    ((fitted >= 48)) || die "--fit-seconds $FIT_SECONDS: not even 48 steps per run fit in the $((FIT_SECONDS - SECONDS)) s left"
+    ((fitted >= ROUNDS)) || die "--fit-seconds $FIT_SECONDS: not even $ROUNDS steps per run fit in the $((FIT_SECONDS - SECONDS)) s left"
     ((fitted < STEPS)) && echo "study-gpu: $STEPS steps would not fit in ${FIT_SECONDS} s: $fitted" >&2
     schedule_of "$fitted"
     define_variants
   fi
 fi
 
+BUDGET=$((STEPS * NODES * NODE_BATCH * SEQ))  # total tokens over all nodes
 echo "study-gpu: $STEPS steps per run on $DEVICE, budget $BUDGET tokens over all nodes, seeds $SEEDS, out $OUT" >&2
 BEST=spes
 start=$(date +%s)
@@ -219,7 +209,7 @@ for seed in $SEEDS; do
   study_run central "$seed" 1 0 "${CENTRAL[@]}"
   study_run spes "$seed" "$NODES" 0 "${SPES[@]}"
   study_run solo "$seed" 1 0 "${SOLO[@]}"
-  study_run diloco-average "$seed" "$NODES" 0 "${DILOCO[@]}"
+  study_run diloco-average "$seed" "$NODES" 0 "${ALL_EXPERTS[@]}"
 done
 echo "study-gpu: done in $(( $(date +%s) - start )) s: $OUT/table.md, $OUT/val_ce.svg" >&2
 check_results

@@ -8,6 +8,21 @@
 VARIANTS=()  # in the order they first ran
 PORT=$((20000 + ($$ % 20000)))
 
+# The overrides of the study's four node layouts, from NODES, NODE_BATCH and SYNC:
+# SPES (every node its share of the experts, the merging warm-up on), ALL_EXPERTS
+# (every node owning every expert, plain averaging: DiLoCo), CENTRAL (one node, the
+# nodes' batch together) and SOLO (one node's batch alone).
+node_variants() {
+  SPES=("spes.n_nodes=$NODES" "spes.ownership=\"partitioned\"" "train.global_batch=$NODE_BATCH"
+    "spes.sync_steps=$SYNC")
+  ALL_EXPERTS=("spes.n_nodes=$NODES" "spes.ownership=\"all\"" "train.global_batch=$NODE_BATCH"
+    "spes.sync_steps=$SYNC" "spes.merge_alpha=0")
+  CENTRAL=("spes.n_nodes=1" "spes.ownership=\"all\"" "train.global_batch=$((NODES * NODE_BATCH))"
+    "spes.sync_steps=0" "spes.merge_alpha=0")
+  SOLO=("spes.n_nodes=1" "spes.ownership=\"all\"" "train.global_batch=$NODE_BATCH" "spes.sync_steps=0"
+    "spes.merge_alpha=0")
+}
+
 # Appends --set for each override.
 set_args() {
   local s
