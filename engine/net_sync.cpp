@@ -61,14 +61,14 @@ class NetSyncHook : public SyncHook {
   SyncStats sync_round(float* params, int64_t step, const net::TrainFigures& figures) override {
     if (!overlap_) return engine_stats(client_.sync_round(params, step, figures));
     SyncStats out;
-    if (client_.round_in_flight()) out = finish(params, "");
+    if (client_.round_in_flight()) out = finish(params);
     client_.start_round(params, step, figures);
     started_ = std::chrono::steady_clock::now();
     return out;
   }
   bool round_in_flight() const override { return client_.round_in_flight(); }
   SyncStats settle(float* params) override {
-    return client_.round_in_flight() ? finish(params, "") : SyncStats{};
+    return client_.round_in_flight() ? finish(params) : SyncStats{};
   }
   void save_state(CheckpointState& s) const override {
     net::SyncState st = client_.state();
@@ -85,14 +85,14 @@ class NetSyncHook : public SyncHook {
   }
 
  private:
-  SyncStats finish(float* params, const char* why) {
+  SyncStats finish(float* params) {
     const auto t0 = std::chrono::steady_clock::now();
     SyncStats out = engine_stats(client_.finish_round(params));
     out.wait_ms = ms_since(t0);
     out.inflight_ms = ms_since(started_);
-    if (out.wait_ms >= 1 || *why)
-      log_line(prefix_.c_str(), "round %lld in flight %.0f ms; the step loop waited %.0f ms for it%s",
-               (long long)out.round, out.inflight_ms, out.wait_ms, why);
+    if (out.wait_ms >= 1)
+      log_line(prefix_.c_str(), "round %lld in flight %.0f ms; the step loop waited %.0f ms for it",
+               (long long)out.round, out.inflight_ms, out.wait_ms);
     return out;
   }
 
