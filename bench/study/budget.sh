@@ -14,6 +14,7 @@ if [ "$SMOKE" = 1 ]; then
   STEPS=8 EVAL_EVERY=2 EVAL_BATCHES=1 WARMUP=2 SYNC=2 SWEEP="1 4" MERGE_INTERVAL=2 MERGE_DECAY=4
   NODE_BATCH=2 SEQ=64
 else
+  [[ -z $STEPS || $STEPS =~ ^[1-9][0-9]*$ ]] || die "--steps $STEPS: expected a positive integer"
   STEPS=${STEPS:-$((180 * SCALE))}
   [ $((STEPS % 60)) = 0 ] || die "--steps $STEPS: expected a multiple of 60 (the sync sweep is steps/60, steps/12 and steps/3)"
   SYNC=$((STEPS / 12)) SWEEP="$((STEPS / 60)) $((STEPS / 3))" EVAL_EVERY=$((STEPS / 12)) EVAL_BATCHES=4

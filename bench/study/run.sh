@@ -48,7 +48,6 @@ while [ $# -gt 0 ]; do
   shift
 done
 [[ $SCALE =~ ^[1-9][0-9]*$ ]] || die "--scale $SCALE: expected a positive integer"
-[[ -z $STEPS || $STEPS =~ ^[1-9][0-9]*$ ]] || die "--steps $STEPS: expected a positive integer"
 [ -x "$BIN" ] || die "$BIN is not an executable (build it: make engine, or pass --bin)"
 mkdir -p "$OUT"
 OUT=$(cd "$OUT" && pwd)
