@@ -86,7 +86,9 @@ const CsvColumn<StepRecord> kStepColumns[] = {
      "coefficient of variation of tokens per expert, mean over layers (0 = balanced)"},
     {"val_ce", val_ce_field, "validation cross-entropy on eval steps, empty otherwise"},
     {"sync_round", [](const StepRecord& r) { return strprintf("%lld", (long long)r.sync.round); },
-     "the sync round done after this step (0 when none)"},
+     "the sync round done after this step (0 when none); a step that applies two (`overlap` with "
+     "`overlap_steps` 0, at a checkpoint or the run's end) names the later, and its bytes and wait are both "
+     "rounds'"},
     {"sync_ms", [](const StepRecord& r) { return strprintf("%.1f", r.sync.ms); },
      "wall time of that round (0 when none)"},
     {"bytes_up", [](const StepRecord& r) { return strprintf("%lld", (long long)r.sync.bytes_up); },
@@ -96,7 +98,8 @@ const CsvColumn<StepRecord> kStepColumns[] = {
     {"sync_inflight_ms", [](const StepRecord& r) { return strprintf("%.1f", r.sync.inflight_ms); },
      "`overlap` only: how long the round applied at this step was in flight since its push (0 otherwise)"},
     {"sync_wait_ms", [](const StepRecord& r) { return strprintf("%.1f", r.sync.wait_ms); },
-     "`overlap` only: how long the step loop waited for that round (0 otherwise)"},
+     "`overlap` only: how long the step loop waited for that round (0 otherwise); with the round still in "
+     "flight at a checkpoint or the run's end, the whole wait for it"},
     {"state_hash",
      [](const StepRecord& r) {
        return r.sync.round > 0 ? strprintf("%016llx", (unsigned long long)r.sync.state_hash) : "";
@@ -115,6 +118,18 @@ void accumulate(LossParts& sum, const LossParts& p, int64_t n_micro) {
   sum.router_z += p.router_z / double(n_micro);
   sum.lm_z += p.lm_z / double(n_micro);
   for (size_t k = 0; k < sum.expert_counts.size(); ++k) sum.expert_counts[k] += p.expert_counts[k];
+}
+
+// Two rounds applied at one step (overlapped, overlap_steps 0: the step finished one
+// and pushed the next, which a checkpoint or the run's end then applies): the row
+// names the later round; its bytes and the loop's wait are both rounds'.
+void fold_later_round(SyncStats& row, const SyncStats& later) {
+  if (later.round == 0) return;
+  const SyncStats earlier = row;
+  row = later;
+  row.bytes_up += earlier.bytes_up;
+  row.bytes_down += earlier.bytes_down;
+  row.wait_ms += earlier.wait_ms;
 }
 
 }  // namespace
@@ -293,8 +308,11 @@ Trainer::StepStats Trainer::train_step(std::ostream& csv) {
   figures_.loss = loss;
   figures_.tokens_per_s = double(step_tokens) / (ms_since(t0) / 1000.0);  // the compute, before the round
   rec.sync = sync_if_due();
+  // Overlapped rounds: a checkpoint holds a whole round, and the run ends on its last
+  // round's θ, so a round still in flight is applied here, where this row reports it
+  // and the eval sees it.
+  if (saves_after_step()) fold_later_round(rec.sync, settle_round());
   const bool last = step_ == cfg_.train.steps;
-  if (last) settle_round();  // overlapped rounds: the run ends on its last round's θ, which the final eval sees
   if (data_->validation && ((cfg_.train.eval_every > 0 && step_ % cfg_.train.eval_every == 0) || last)) {
     rec.val_ce = evaluate(cfg_.train.eval_batches).ce;
     figures_.val_ce = *rec.val_ce;
@@ -314,6 +332,10 @@ Trainer::StepStats Trainer::train_step(std::ostream& csv) {
   rec.expert_load_cv = expert_load_cv(sum.expert_counts, cfg_.model.n_layers, cfg_.model.n_experts);
   csv << csv_row(kStepColumns, rec) << std::endl;  // flushed: a reader following stdout sees every step
   return {loss, rec.tokens_per_s, val_ce_field(rec)};
+}
+
+bool Trainer::saves_after_step() const {
+  return step_ == stop_ || (cfg_.checkpoint.every > 0 && step_ % cfg_.checkpoint.every == 0);
 }
 
 SyncStats Trainer::settle_round() {
@@ -382,14 +404,14 @@ void Trainer::run(std::ostream& csv, bool resume) {
                (long long)layout_.expert_block, (long long)own_.space.size(), optimizer_state_bytes() / 1048576.0,
                backend_->describe().c_str());
   csv << csv_header() << std::endl;
-  const int64_t stop = cfg_.train.max_steps_this_run > 0
-                           ? std::min(cfg_.train.steps, step_ + cfg_.train.max_steps_this_run)
-                           : cfg_.train.steps;
+  stop_ = cfg_.train.max_steps_this_run > 0 ? std::min(cfg_.train.steps, step_ + cfg_.train.max_steps_this_run)
+                                            : cfg_.train.steps;
+  const int64_t stop = stop_;
   Progress progress(node_prefix(), 10.0);
   const int64_t start = step_;
   while (step_ < stop) {
     const StepStats st = train_step(csv);
-    if (cfg_.checkpoint.every > 0 && step_ % cfg_.checkpoint.every == 0 && step_ < stop) save(false);
+    if (saves_after_step() && step_ < stop) save(false);
     std::string line = strprintf("step %lld/%lld  loss %.4f  %.0f tok/s", (long long)step_,
                                  (long long)cfg_.train.steps, st.loss, st.tokens_per_s);
     if (!st.val_ce.empty()) line += "  val " + st.val_ce;

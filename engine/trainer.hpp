@@ -76,6 +76,7 @@ class Trainer {
   SyncStats sync_if_due();
   void stop_after_bad_round(const std::string& what);
   SyncStats settle_round();  // applies an overlapped round in flight (overlap_steps after its push, before a checkpoint, at the end)
+  bool saves_after_step() const;
   void save(bool final);
   void restore_latest();
   std::string checkpoint_root() const;
@@ -89,6 +90,7 @@ class Trainer {
   std::unique_ptr<SyncHook> sync_;
   std::vector<int32_t> inputs_, targets_;
   int64_t step_ = 0;
+  int64_t stop_ = 0;  // the step this run() ends at (the last, or --max-steps-this-run's)
   int64_t tokens_seen_ = 0;
   std::chrono::steady_clock::time_point started_ = std::chrono::steady_clock::now();  // the CSV's elapsed_s
   std::string last_checkpoint_;
