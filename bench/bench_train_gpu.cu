@@ -613,25 +613,9 @@ int main(int argc, char** argv) {
     cuda_check(cudaGetDeviceProperties(&prop, 0));
     std::printf("device: %s (sm_%d%d, %d SMs, %.1f GiB)\n", prop.name, prop.major, prop.minor,
                 prop.multiProcessorCount, gib(double(prop.totalGlobalMem)));
-    // Which kernels the step's grouped expert GEMMs take (the GPU check reports both).
-    const char* forced = std::getenv("SPES_GROUPED_GEMM");
-    const std::string path = forced && std::string(forced) == "portable" ? "portable (SPES_GROUPED_GEMM=portable)"
-                             : cuda::grouped_gemm_sm90a_available()
-                                 ? "sm90a (wgmma)"
-                                 : "portable: " + cuda::grouped_gemm_sm90a_unavailable_reason();
-    std::printf("grouped expert GEMMs: %s\n", path.c_str());
-    // Which kernels the step's attention takes (spes-1b's head dim 64): the sm90a ones
-    // where they can run and agree with the portable ones on this GPU.
-    const char* attention_forced = std::getenv("SPES_ATTENTION");
-    const bool attention_sm90a = cuda::attention_automatic_path(64) == cuda::AttentionPath::sm90a;
-    const std::string attention_path =
-        attention_sm90a ? "sm90a (wgmma), agreeing with the portable kernels on this GPU"
-        : attention_forced && std::string(attention_forced) == "portable"
-            ? "portable (SPES_ATTENTION=portable)"
-        : !cuda::attention_sm90a_available()
-            ? "portable: " + cuda::attention_sm90a_unavailable_reason()
-            : "portable: the sm90a kernels failed their check: " + cuda::attention_sm90a_check_failure();
-    std::printf("attention kernels: %s\n", attention_path.c_str());
+    // Which kernels the step takes (spes-1b's head dim 64; the GPU check reports both).
+    std::printf("grouped expert GEMMs: %s\n", cuda::grouped_gemm_automatic_path_description().c_str());
+    std::printf("attention kernels: %s\n", cuda::attention_automatic_path_description(64).c_str());
     for (const Node& node : nodes) {
       std::vector<std::string> sets = node.sets;
       sets.push_back("train.device=cuda");

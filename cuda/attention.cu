@@ -730,6 +730,14 @@ AttentionPath choose_path(const char* op, AttentionPath requested, int64_t D) {
 
 bool attention_sm90a_available() { return attention_sm90::available(); }
 AttentionPath attention_automatic_path(int64_t D) { return automatic_path("attention", D); }
+std::string attention_automatic_path_description(int64_t D) {
+  if (attention_automatic_path(D) == AttentionPath::sm90a)
+    return "sm90a (wgmma), agreeing with the portable kernels on this GPU";
+  if (D != 64 && D != 128) return "portable (the sm90a kernels cover head dims 64 and 128, not " + std::to_string(D) + ")";
+  if (!attention_sm90::available()) return "portable: " + attention_sm90::unavailable_reason();
+  if (portable_forced("attention")) return "portable (SPES_ATTENTION=portable)";
+  return "portable: the sm90a kernels failed their check: " + attention_sm90a_check_failure();
+}
 std::string attention_sm90a_unavailable_reason() { return attention_sm90::unavailable_reason(); }
 
 void attention_forward(bf16* out, float* lse, const bf16* q, const bf16* k, const bf16* v, int64_t B, int64_t T,

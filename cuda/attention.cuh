@@ -54,6 +54,9 @@ std::string attention_sm90a_check_failure();
 // check above if it has not run): where a caller wants the choice made, and said,
 // before its first call (the GPU backend at start-up, the step bench).
 AttentionPath attention_automatic_path(int64_t D);
+// The same choice as a phrase for logs: "sm90a (wgmma), agreeing with the portable
+// kernels on this GPU", or "portable" and why.
+std::string attention_automatic_path_description(int64_t D);
 
 // out = softmax(q·kᵀ/√D + causal mask)·v, lse = per-row logsumexp (saved for backward).
 void attention_forward(bf16* out, float* lse, const bf16* q, const bf16* k, const bf16* v,

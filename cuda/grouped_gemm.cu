@@ -422,6 +422,12 @@ void rows_impl(const char* op, bf16* out, const bf16* a, const bf16* const* weig
 
 bool grouped_gemm_sm90a_available() { return grouped_sm90::available(); }
 std::string grouped_gemm_sm90a_unavailable_reason() { return grouped_sm90::unavailable_reason(); }
+std::string grouped_gemm_automatic_path_description() {
+  const char* op = "grouped GEMM";
+  if (choose_path(op, GroupedGemmPath::automatic) == GroupedGemmPath::sm90a) return "sm90a (wgmma)";
+  if (!grouped_sm90::available()) return "portable: " + grouped_sm90::unavailable_reason();
+  return "portable (SPES_GROUPED_GEMM=portable)";
+}
 
 void grouped_matmul_forward(bf16* out, const bf16* inp, const bf16* const* weights, const int32_t* offsets,
                             int64_t S, int64_t E, int64_t C, int64_t OC, cudaStream_t stream, GroupedGemmPath path) {

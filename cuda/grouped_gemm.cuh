@@ -45,6 +45,9 @@ enum class GroupedGemmPath { automatic, portable, sm90a };
 // and if not, why (a sentence for test and bench output; empty when it can).
 bool grouped_gemm_sm90a_available();
 std::string grouped_gemm_sm90a_unavailable_reason();
+// The family `automatic` takes on the current device, as a phrase for logs:
+// "sm90a (wgmma)", or "portable" and why.
+std::string grouped_gemm_automatic_path_description();
 
 // out[s, 0:OC] = inp[s, 0:C] · W_eᵀ for every expert e and row s of it (bf16 out).
 // gate|up: C = d, OC = 2H (gate and up stacked in W_e); down: C = H, OC = d.

@@ -19,6 +19,7 @@
 #include "cuda/convert.cuh"
 #include "cuda/device_probe.hpp"
 #include "cuda/global_norm.cuh"
+#include "cuda/grouped_gemm.cuh"
 #include "cuda/runtime.cuh"
 #include "engine/base/error.hpp"
 #include "engine/config.hpp"
@@ -97,7 +98,9 @@ class GpuBackend final : public RankBackend {
   std::string describe() const override {
     const cuda::DeviceInfo& d = rt_.info();
     return "cuda: " + d.name + " (sm_" + std::to_string(d.cc_major) + std::to_string(d.cc_minor) + ", " +
-           cuda::format_bytes(d.total_bytes) + "); MFU against " + peak_.source;
+           cuda::format_bytes(d.total_bytes) + "); MFU against " + peak_.source + "; attention " +
+           cuda::attention_automatic_path_description(model_cfg_.head_dim()) + "; expert GEMMs " +
+           cuda::grouped_gemm_automatic_path_description();
   }
   PeakFlops peak_flops() const override { return peak_; }
   int64_t optimizer_state_bytes() const override { return 3 * int64_t(sizeof(float)) * own_.space.size(); }

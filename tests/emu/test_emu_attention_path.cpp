@@ -68,6 +68,7 @@ void report_automatic(const char* value) {
                sm90a = run(AttentionPath::sm90a);
     const bool same = same_bits(automatic, portable) && same_bits(portable, sm90a);
     std::fprintf(stderr, "%s\n", same ? "same bits" : "other bits");
+    std::fprintf(stderr, "said: %s\n", spes::cuda::attention_automatic_path_description(D).c_str());
   } catch (const std::exception& e) {
     std::fprintf(stderr, "error: %s\n", e.what());
   }
@@ -76,14 +77,17 @@ void report_automatic(const char* value) {
 }  // namespace
 
 TEST_CASE("emulated attention: SPES_ATTENTION=portable overrides the automatic sm90a choice") {
-  const std::string sm90a_chosen = "automatic: wgmma\nportable: no wgmma\nsm90a: wgmma\nsame bits\n[returned]";
+  const std::string sm90a_chosen =
+      "automatic: wgmma\nportable: no wgmma\nsm90a: wgmma\nsame bits\n"
+      "said: sm90a (wgmma), agreeing with the portable kernels on this GPU\n[returned]";
   const std::string unset = run_in_child([] { report_automatic(nullptr); });
   MESSAGE(unset);
   CHECK(unset == sm90a_chosen);
   CHECK(run_in_child([] { report_automatic(""); }) == sm90a_chosen);
   const std::string portable = run_in_child([] { report_automatic("portable"); });
   MESSAGE(portable);
-  CHECK(portable == "automatic: no wgmma\nportable: no wgmma\nsm90a: wgmma\nsame bits\n[returned]");
+  CHECK(portable == "automatic: no wgmma\nportable: no wgmma\nsm90a: wgmma\nsame bits\n"
+                    "said: portable (SPES_ATTENTION=portable)\n[returned]");
   const std::string bad = run_in_child([] { report_automatic("sm90"); });
   MESSAGE(bad);
   CHECK(has(bad, "error: attention_forward: SPES_ATTENTION is \"sm90\"; it may only be \"portable\" or unset\n"));
@@ -106,5 +110,6 @@ TEST_CASE("emulated attention: where the sm90a kernels disagree with the portabl
   CHECK(has(text, "spes: attention: the sm90a (wgmma) kernels disagree with the portable ones on GPU 0 (out at head "
                   "dim 64: relative error "));
   CHECK(has(text, "; the portable kernels run instead\ncheck: out at head dim 64: relative error "));
-  CHECK(has(text, "automatic: no wgmma\nportable: no wgmma\nsm90a: wgmma\nother bits\n[returned]"));
+  CHECK(has(text, "automatic: no wgmma\nportable: no wgmma\nsm90a: wgmma\nother bits\n"
+                  "said: portable: the sm90a kernels failed their check: out at head dim 64: relative error "));
 }
