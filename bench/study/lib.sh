@@ -29,13 +29,23 @@ set_args() {
   for s in "$@"; do printf '%s\0' --set "$s"; done
 }
 
-# Runs one spes-engine train (1 node) or local (several) into DIR; on failure the log's
-# tail goes to stderr. A coordinator port already in use is retried on the next one.
+# DIR NODES PORT ARGS...: one spes-engine train (1 node) or local (several, the
+# coordinator on PORT) into DIR/train.csv, its stderr into DIR/log.txt.
+launch_local() {
+  local dir=$1 nodes=$2 port=$3
+  shift 3
+  local cmd=local
+  [ "$nodes" = 1 ] && cmd=train
+  "$BIN" "$cmd" "$CONFIG" "$@" --set "spes.coordinator=\"127.0.0.1:$port\"" > "$dir/train.csv" 2> "$dir/log.txt"
+}
+
+# DIR NODES OVERRIDES...: one run into DIR, started by LAUNCH (default launch_local;
+# bench/study/link.sh's runs through throttled links set their own), which leaves
+# train.csv and log.txt there; DIR/wall_s gets its wall time. A coordinator port
+# already in use is retried on the next ones; on failure the logs' tails go to stderr.
 run_engine() {
   local dir=$1 nodes=$2
   shift 2
-  local cmd=local
-  [ "$nodes" = 1 ] && cmd=train
   mkdir -p "$dir"
   local -a args
   local run_id=${dir##*/runs/}
@@ -44,17 +54,17 @@ run_engine() {
   local t0 attempt
   t0=$(date +%s.%N)
   for attempt in 1 2 3; do
-    PORT=$((PORT + 1))
-    if "$BIN" "$cmd" "$CONFIG" "${args[@]}" --set "spes.coordinator=\"127.0.0.1:$PORT\"" > "$dir/train.csv" \
-      2> "$dir/log.txt"; then
+    PORT=$((PORT + nodes + 1))  # a linked run takes a port per node after the coordinator's
+    if "${LAUNCH:-launch_local}" "$dir" "$nodes" "$PORT" "${args[@]}"; then
       awk -v a="$t0" -v b="$(date +%s.%N)" 'BEGIN { printf "%.1f\n", b - a }' > "$dir/wall_s"
       return 0
     fi
     # A port in use, or another script's coordinator on it (ctest runs the smoke tests side by side).
-    grep -qi "address already in use\|bind\|run id mismatch" "$dir/log.txt" || break
+    cat "$dir"/*.txt "$dir"/*.log 2> /dev/null | grep -qi "address already in use\|cannot listen\|bind\|run id mismatch" ||
+      break
   done
-  echo "study: $cmd failed in $dir; the last lines of $dir/log.txt:" >&2
-  tail -n 5 "$dir/log.txt" >&2
+  echo "study: the run in $dir failed; the last lines of its logs:" >&2
+  tail -n 5 "$dir"/*.txt "$dir"/*.log >&2 2> /dev/null
   exit 1
 }
 
@@ -127,7 +137,7 @@ run_variant() {
   local dir=$OUT/runs/$name/s$seed
   rm -rf "$dir"
   echo "study: $name seed $seed ($nodes node(s))" >&2
-  "${ENGINE:-run_engine}" "$dir" "$nodes" "$@" "train.seed=$seed"  # ENGINE: bench/study/link.sh's linked runs
+  run_engine "$dir" "$nodes" "$@" "train.seed=$seed"
   curve_of "$dir/train.csv" "$nodes" "$offset" > "$dir/curve.csv"
   bytes_per_round "$dir/train.csv" > "$dir/bytes_round"
   opt_grad_bytes "$dir/log.txt" > "$dir/opt_grad_bytes"

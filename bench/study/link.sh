@@ -37,35 +37,21 @@ planned_overlap_steps() {
       END { if (!found) exit 1 }' || die "plan --link $RATE has no overlapped row for $1"
 }
 
-# DIR NODES OVERRIDES...: the run through the links (as run_engine runs `local`).
-run_engine_linked() {
-  local dir=$1 nodes=$2
-  shift 2
-  mkdir -p "$dir"
-  local run_id=${dir##*/runs/}
-  local threads=$(( $(nproc) / nodes > 0 ? $(nproc) / nodes : 1 ))  # local's share of the cores
-  local -a args
-  mapfile -d '' args < <(set_args "${COMMON[@]}" "$@" "checkpoint.dir=\"$dir/checkpoints\"" \
-    "spes.state_dir=\"$dir/coordinator\"" "spes.run_id=\"study-${run_id//\//-}\"" "train.threads=$threads")
-  local t0 attempt
-  t0=$(date +%s.%N)
-  for attempt in 1 2 3; do
-    PORT=$((PORT + nodes + 1))
-    if linked_processes "$dir" "$nodes" "$PORT" "${args[@]}"; then
-      awk -v a="$t0" -v b="$(date +%s.%N)" 'BEGIN { printf "%.1f\n", b - a }' > "$dir/wall_s"
-      local n
-      : > "$dir/train.csv"
-      for ((n = 0; n < nodes; ++n)); do
-        awk -v n="$n" 'NR == 1 { if (n == 0) print "node," $0; next } { print n "," $0 }' "$dir/node-$n.csv" >> "$dir/train.csv"
-      done
-      cat "$dir"/node-*.log > "$dir/log.txt"
-      return 0
-    fi
-    grep -qi "address already in use\|cannot listen\|bind\|run id mismatch" "$dir"/*.log || break
+# DIR NODES PORT ARGS...: run_engine's LAUNCH for a run through the links: `local`'s
+# processes (linked_processes), each node on its share of the cores as `local` gives
+# it; then the nodes' CSVs as one train.csv with local's `node` column, and their logs
+# as log.txt.
+launch_linked() {
+  local dir=$1 nodes=$2 port=$3
+  shift 3
+  local threads=$(( $(nproc) / nodes > 0 ? $(nproc) / nodes : 1 ))
+  linked_processes "$dir" "$nodes" "$port" "$@" --set "train.threads=$threads" || return 1
+  local n
+  : > "$dir/train.csv"
+  for ((n = 0; n < nodes; ++n)); do
+    awk -v n="$n" 'NR == 1 { if (n == 0) print "node," $0; next } { print n "," $0 }' "$dir/node-$n.csv" >> "$dir/train.csv"
   done
-  echo "slow_link: the run in $dir failed; the last lines of its logs:" >&2
-  tail -n 3 "$dir"/*.log >&2
-  exit 1
+  cat "$dir"/node-*.log > "$dir/log.txt"
 }
 
 # DIR NODES PORT ARGS...: the proxy (links on PORT+1..PORT+NODES to the coordinator on
@@ -129,19 +115,19 @@ stop_pids() {
   for p in "$@"; do [ -n "$p" ] && wait "$p" 2> /dev/null || true; done
 }
 
-# ENGINE NAME SEED OVERRIDES...: one run of a variant through the links
-# (run_engine_linked) or not (run_engine), with the load average around it.
+# LAUNCH NAME SEED OVERRIDES...: one run of a variant through the links
+# (launch_linked) or not (launch_local), with the load average around it.
 run_load() {
-  local engine=$1 name=$2 seed=$3
+  local launch=$1 name=$2 seed=$3
   shift 3
   wanted "$name" "$seed" || return 0
   local l0
   l0=$(cut -d' ' -f1 /proc/loadavg)
-  ENGINE=$engine run_variant "$name" "$seed" "$NODES" 0 "$@"
+  LAUNCH=$launch run_variant "$name" "$seed" "$NODES" 0 "$@"
   echo "$l0 $(cut -d' ' -f1 /proc/loadavg)" > "$OUT/runs/$name/s$seed/load"
 }
-run_linked() { run_load run_engine_linked "$@"; }
-run_plain() { run_load run_engine "$@"; }
+run_linked() { run_load launch_linked "$@"; }
+run_plain() { run_load launch_local "$@"; }
 
 # Validation CE against wall-clock seconds: on eval steps, the latest node's
 # elapsed_s (a round holds every node until the last arrives), the same with the
