@@ -406,16 +406,15 @@ void Trainer::run(std::ostream& csv, bool resume) {
   csv << csv_header() << std::endl;
   stop_ = cfg_.train.max_steps_this_run > 0 ? std::min(cfg_.train.steps, step_ + cfg_.train.max_steps_this_run)
                                             : cfg_.train.steps;
-  const int64_t stop = stop_;
   Progress progress(node_prefix(), 10.0);
   const int64_t start = step_;
-  while (step_ < stop) {
+  while (step_ < stop_) {
     const StepStats st = train_step(csv);
-    if (saves_after_step() && step_ < stop) save(false);
+    if (saves_after_step() && step_ < stop_) save(false);
     std::string line = strprintf("step %lld/%lld  loss %.4f  %.0f tok/s", (long long)step_,
                                  (long long)cfg_.train.steps, st.loss, st.tokens_per_s);
     if (!st.val_ce.empty()) line += "  val " + st.val_ce;
-    progress.update(line + "  ETA " + progress.eta(double(step_ - start), double(stop - start)), step_ == stop);
+    progress.update(line + "  ETA " + progress.eta(double(step_ - start), double(stop_ - start)), step_ == stop_);
   }
   progress.finish();
   save(true);
