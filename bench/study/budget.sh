@@ -1,5 +1,5 @@
 # The study's budget, data and variant overrides (sourced by bench/study/run.sh and
-# bench/study/slow_link.sh, which set ROOT, BIN, OUT, DEVICE, SMOKE, SCALE and STEPS):
+# bench/study/slow_link.sh, which set ROOT, BIN, OUT, DEVICE, SMOKE, SCALE, STEPS and DATA):
 # every script of the study trains on the same tokens with the same schedule.
 # ---- the budget --------------------------------------------------------------------
 # Full: 180 steps per run (≈1.5M tokens over all nodes; 36 runs in about 50 minutes
@@ -22,8 +22,15 @@ else
 fi
 BUDGET=$((STEPS * NODES * NODE_BATCH * SEQ))  # total tokens over all nodes
 
-# ---- data: the shipped corpus, tokenized once (95% train, 5% validation) -----------
-DATA=$OUT/data
+# ---- data: the shipped corpus, tokenized once (95% train, 5% validation), or DATA --
+if [ -n "${DATA:-}" ]; then
+  for m in train val; do
+    [ -f "$DATA/$m.manifest" ] || die "--data $DATA: no $m.manifest there (spes-engine tokenize writes it)"
+  done
+  DATA=$(cd "$DATA" && pwd)
+else
+  DATA=$OUT/data
+fi
 if [ ! -f "$DATA/val.manifest" ]; then
   "$BIN" tokenize --input "$ROOT/data/corpus/tinyshakespeare.txt" --out "$DATA" --val-fraction 0.05 >&2 ||
     die "tokenize failed"

@@ -3,7 +3,7 @@
 # the shipped corpus at one total-token budget and writes a table and SVG plots:
 #
 #   bench/study/run.sh [--smoke] [--scale N | --steps N] [--seeds "S1 S2"] [--device cpu|cuda|auto]
-#                      [--out DIR] [--bin SPES_ENGINE] [--only "VARIANT..."]
+#                      [--out DIR] [--bin SPES_ENGINE] [--only "VARIANT..."] [--data DIR]
 #
 # The model is configs/tiny.toml's (the tiny family: 8 experts, top-2, d 128, 4
 # layers); only steps change. The budget is STEPS optimizer steps of 4 nodes × 8
@@ -16,7 +16,10 @@
 # sweep), runs/<variant>/s<seed>/ (each run's CSV, rounds.csv, log). --only runs just
 # the variants named (e.g. "spes-warmup spes-warmup-int8"): the best SPES variant is then
 # the best of those of its candidates with runs under DIR, else spes-warmup (the
-# committed study's best, bench/RESULTS.md).
+# committed study's best, bench/RESULTS.md). --data DIR trains on a corpus of your own,
+# already tokenized with the byte tokenizer (`spes-engine tokenize`, the tiny family's
+# vocabulary): DIR/train.manifest and DIR/val.manifest (held-out text), in place of
+# the shipped Shakespeare.
 # Only bash, awk and spes-engine: CI has nothing else.
 set -euo pipefail
 
@@ -29,6 +32,7 @@ STEPS=
 SEEDS="1234 1235"
 DEVICE=cpu
 ONLY=
+DATA=
 
 usage() { sed -n '5,6p' "${BASH_SOURCE[0]}" | sed 's/^# *//'; }
 die() { echo "study: $*" >&2; exit 1; }
@@ -42,6 +46,7 @@ while [ $# -gt 0 ]; do
     --out) OUT=${2:?--out needs DIR}; shift ;;
     --bin) BIN=${2:?--bin needs a path}; shift ;;
     --only) ONLY=${2:?--only needs a list of variants}; shift ;;
+    --data) DATA=${2:?--data needs DIR}; shift ;;
     -h|--help) usage; exit 0 ;;
     *) echo "study: unknown argument '$1'" >&2; usage >&2; exit 2 ;;
   esac
