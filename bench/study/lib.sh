@@ -208,7 +208,7 @@ write_results() {
           for (i = 1; i <= m; ++i) { split(order[i], p, SUBSEP); printf "%s,%s,%.6f\n", p[1], p[2], sum[order[i]] / n[order[i]] } }' \
     "$OUT/curves.csv" > "$OUT/curves_mean.csv"
   {
-    echo "variant,seeds,final_val_ce,final_val_ce_spread,val_ce_quarter,val_ce_half,gap_to_central_pct,opt_grad_bytes_per_node,bytes_per_node_per_round,wall_s,tokens,tokens_per_s,gap_to_sync_pts"
+    echo "variant,seeds,final_val_ce,final_val_ce_spread,val_ce_quarter,val_ce_half,gap_to_central_pct,opt_grad_bytes_per_node,bytes_per_node_per_round,wall_s,tokens,tokens_per_s,gap_to_sync_pts,central_tokens_to_final"
     for v in "${VARIANTS[@]}"; do
       for s in "$OUT/runs/$v"/s*; do
         printf '%s,%s,%s,%s,%s\n' "$v" "$(tail -n 1 "$s/curve.csv" | cut -d, -f2)" \
@@ -216,7 +216,19 @@ write_results() {
           "$(awk -F, -v t=$((BUDGET / 2)) '$1 == t { print $2 }' "$s/curve.csv")" \
           "$(cat "$s/opt_grad_bytes")|$(cat "$s/bytes_round")|$(cat "$s/wall_s")|$(tail -n 1 "$s/curve.csv" | cut -d, -f1)"
       done
-    done | awk -F, -v best="${BEST:-}" '
+    done | awk -F, -v best="${BEST:-}" -v curves="$OUT/curves_mean.csv" '
+      # The tokens central took to reach CE x: linear between its eval points, the
+      # first that reaches it; empty where it never does (or without central).
+      function central_tokens(x,    i, t) {
+        for (i = 1; i <= nc; ++i) {
+          if (cv[i] > x + 5e-7) continue  # the curve is rounded to 6 decimals
+          if (i == 1) return ct[1]
+          t = ct[i - 1] + (ct[i] - ct[i - 1]) * (cv[i - 1] - x) / (cv[i - 1] - cv[i])
+          return sprintf("%.0f", t)
+        }
+        return ""
+      }
+      BEGIN { while ((getline line < curves) > 0) { split(line, p, ","); if (p[1] == "central") { ct[++nc] = p[2]; cv[nc] = p[3] } } }
       { v = $1; if (!(v in n)) order[++m] = v; n[v]++; f[v] += $2; q[v] += $3; h[v] += $4
         if (n[v] == 1 || $2 < lo[v]) lo[v] = $2; if (n[v] == 1 || $2 > hi[v]) hi[v] = $2
         split($5, x, "|"); og[v] = x[1]; br[v] += x[2]; w[v] += x[3]; tk[v] += x[4]; hq[v] += ($3 != ""); hh[v] += ($4 != "") }
@@ -231,8 +243,8 @@ write_results() {
           gap = (c > 0) ? sprintf("%+.1f", 100 * (fm - c) / c) : ""
           round_bytes = (br[v] > 0) ? sprintf("%.0f", br[v] / n[v]) : ""
           pts = (b > 0) ? sprintf("%+.1f", 100 * (fm - b) / ref) : ""
-          printf("%s,%d,%.4f,%.4f,%s,%s,%s,%s,%s,%.1f,%.0f,%.0f,%s\n", v, n[v], fm, (hi[v] - lo[v]) / 2, quarter, half,
-                 gap, og[v], round_bytes, w[v] / n[v], tk[v] / n[v], (w[v] > 0) ? tk[v] / w[v] : 0, pts)
+          printf("%s,%d,%.4f,%.4f,%s,%s,%s,%s,%s,%.1f,%.0f,%.0f,%s,%s\n", v, n[v], fm, (hi[v] - lo[v]) / 2, quarter, half,
+                 gap, og[v], round_bytes, w[v] / n[v], tk[v] / n[v], (w[v] > 0) ? tk[v] / w[v] : 0, pts, central_tokens(fm))
         } }'
   } > "$OUT/table.csv"
   write_markdown > "$OUT/table.md"
@@ -250,14 +262,17 @@ write_results() {
 write_markdown() {
   echo "Budget: $BUDGET tokens over all nodes ($STEPS steps × $NODES nodes × $NODE_BATCH × $SEQ tokens), seeds $SEEDS;"
   echo "validation CE on the same $EVAL_BATCHES held-out batches; ± is half the spread over the seeds; the gap to"
-  echo "${BEST:-the best SPES variant} (fp32 synchronous rounds at the same interval) in points of central's final CE (of its own without central)."
+  echo "${BEST:-the best SPES variant} (fp32 synchronous rounds at the same interval) in points of central's final CE (of its own without central);"
+  echo "central's tokens to it: the tokens central took to reach the variant's final CE (× the variant's own tokens),"
+  echo "a measure of what the variant's tokens were worth that does not grow as the CE falls."
   echo
-  echo "| variant | final val CE | CE at ¼ | CE at ½ | gap to central | gap to sync | opt+grad bytes/node | bytes/node/round | wall s | tokens | tokens/s |"
-  echo "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |"
+  echo "| variant | final val CE | CE at ¼ | CE at ½ | gap to central | gap to sync | central's tokens to it | opt+grad bytes/node | bytes/node/round | wall s | tokens | tokens/s |"
+  echo "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |"
   awk -F, 'NR > 1 {
     og = $8 == "" ? "-" : sprintf("%.1f MiB", $8 / 2^20); br = $9 == "" ? "-" : sprintf("%.2f MiB", $9 / 2^20)
-    printf "| %s | %s ± %s | %s | %s | %s | %s | %s | %s | %s | %s | %s |\n", $1, $3, $4, ($5 == "" ? "-" : $5),
-      ($6 == "" ? "-" : $6), ($7 == "" ? "-" : $7 "%"), ($13 == "" ? "-" : $13), og, br, $10, $11, $12 }' "$OUT/table.csv"
+    worth = $14 == "" ? "-" : sprintf($14 >= 1e5 ? "%.2fM (%.2f×)" : "%.0f (%.2f×)", $14 >= 1e5 ? $14 / 1e6 : $14, $14 / $11)
+    printf "| %s | %s ± %s | %s | %s | %s | %s | %s | %s | %s | %s | %s | %s |\n", $1, $3, $4, ($5 == "" ? "-" : $5),
+      ($6 == "" ? "-" : $6), ($7 == "" ? "-" : $7 "%"), ($13 == "" ? "-" : $13), worth, og, br, $10, $11, $12 }' "$OUT/table.csv"
 }
 
 # Every variant has a row in the table and a series in val_ce.svg; the sweep plot has
