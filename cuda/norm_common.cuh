@@ -14,6 +14,7 @@
 // No float atomics: bit-identical results for the same device and shape.
 #pragma once
 #include <algorithm>
+#include <string>
 
 #include "cuda/check.cuh"
 #include "cuda/common.cuh"
@@ -128,6 +129,15 @@ static __global__ void __launch_bounds__(kWarp * kReduceY)
     for (int y = 0; y < kReduceY; ++y) t += s[y][threadIdx.x];
     dweight[c] += t;
   }
+}
+
+// A backward launcher's dweight arguments: dweight (may be null: no weight gradient)
+// fp32, and then the [G][C] scratch for the partials (stored as float4 pairs), whose
+// size `scratch_bytes` names the function that gives.
+inline void check_dweight_args(const char* op, const float* dweight, const void* scratch, const char* scratch_bytes) {
+  require_aligned(dweight, 4, op, "dweight");
+  require_aligned(scratch, 16, op, "scratch");
+  require(dweight == nullptr || scratch != nullptr, op, std::string("dweight needs scratch (") + scratch_bytes + ")");
 }
 
 inline void launch_dweight_reduce(float* dweight, const float* partial, int G, int64_t C, cudaStream_t stream) {

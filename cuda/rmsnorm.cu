@@ -243,14 +243,12 @@ void rmsnorm_backward(bf16* dres_out, float* dweight, void* scratch, const bf16*
   const RowLayout l = norm::row_layout(C, op);
   require(N >= 0, op, "N must be ≥ 0");
   require_ptr(dres_out, 16, op, "dres_out");
-  require_aligned(dweight, 4, op, "dweight");
-  require_aligned(scratch, 16, op, "scratch");  // the [G][C] fp32 partials, stored as float4 pairs
+  norm::check_dweight_args(op, dweight, scratch, "rmsnorm_backward_scratch_bytes");
   require_ptr(dout, 16, op, "dout");
   require_aligned(dres_in, 16, op, "dres_in");
   require_ptr(x, 16, op, "x");
   require_ptr(weight, 16, op, "weight");
   require_ptr(rstd, 4, op, "rstd");
-  require(dweight == nullptr || scratch != nullptr, op, "dweight needs scratch (rmsnorm_backward_scratch_bytes)");
   const size_t bytes = size_t(N * C) * sizeof(bf16);
   require_disjoint(dres_out, bytes, dout, bytes, op, "dout must not overlap dres_out");
   require_disjoint(dres_out, bytes, x, bytes, op, "x must not overlap dres_out");
@@ -263,14 +261,12 @@ void rmsnorm_post_backward(bf16* dx, float* dweight, void* scratch, bf16* dres, 
   const RowLayout l = norm::row_layout(C, op);
   require(N >= 0, op, "N must be ≥ 0");
   require_ptr(dx, 16, op, "dx");
-  require_aligned(dweight, 4, op, "dweight");
-  require_aligned(scratch, 16, op, "scratch");
+  norm::check_dweight_args(op, dweight, scratch, "rmsnorm_backward_scratch_bytes");
   require_ptr(dres, 16, op, "dres");
   require_aligned(dbranch, 16, op, "dbranch");
   require_ptr(x, 16, op, "x");
   require_ptr(weight, 16, op, "weight");
   require_ptr(rstd, 4, op, "rstd");
-  require(dweight == nullptr || scratch != nullptr, op, "dweight needs scratch (rmsnorm_backward_scratch_bytes)");
   const size_t bytes = size_t(N * C) * sizeof(bf16);
   require_disjoint(dx, bytes, dres, bytes, op, "dres must not overlap dx");
   require_disjoint(dx, bytes, x, bytes, op, "x must not overlap dx");

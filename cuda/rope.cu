@@ -320,13 +320,11 @@ void backward_rows(const char* op, const NormRows& r, bf16* dinp, float* dweight
                    int64_t H, int64_t D, cudaStream_t stream) {
   check_shape(op, B, T, H, D, table);
   require_ptr(dinp, 16, op, "dinp");
-  require_aligned(dweight, 4, op, "dweight");
-  require_aligned(scratch, 16, op, "scratch");
+  norm::check_dweight_args(op, dweight, scratch, "the op's *_backward_scratch_bytes");
   require_ptr(dout, 16, op, "dout");
   require_ptr(inp, 16, op, "inp");
   require_ptr(weight, 16, op, "weight");
   require_ptr(rstd, 4, op, "rstd");
-  require(dweight == nullptr || scratch != nullptr, op, "dweight needs scratch (the op's *_backward_scratch_bytes)");
   const size_t bytes = size_t(r.N * r.C) * sizeof(bf16);
   require_disjoint(dinp, bytes, dout, bytes, op, "dout must not overlap dinp");
   require_disjoint(dinp, bytes, inp, bytes, op, "inp must not overlap dinp");
