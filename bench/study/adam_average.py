@@ -1,12 +1,14 @@
 #!/usr/bin/env python3
 """An independent check of the study's averaging, in PyTorch (not the engine's code).
 
-Trains one small dense byte-level transformer four ways on the same corpus and the
-same schedule, and prints each one's held-out CE as CSV (variant,final_ce,curve,wall):
+Trains one small dense byte-level transformer five ways on the same corpus and the
+same schedule, and prints each one's held-out CE as CSV (variant,final_ce,curve,wall_s;
+the curve is the CE at every sixth of the steps):
   central          one worker, the 4 workers' batch (32 sequences), AdamW lr 3e-3
   central-lr-half  the same at lr 1.5e-3
-  average-every-N  4 workers of 8 sequences, each its own AdamW state, parameters
-                   averaged every N steps (N = 1 and 15)
+  average-every-1, average-every-15
+                   4 workers of 8 sequences, each its own AdamW state, parameters
+                   averaged every step or every 15 steps
   solo             one worker of 8 sequences
 If averaging AdamW steps every step is sound, it lands near central at a smaller lr:
 each worker's Adam normalises a noisier gradient, so the averaged step is up to 2x
@@ -18,6 +20,7 @@ smaller. The study's engine runs (bench/RESULTS.md) are read against this.
 import argparse
 import json
 import math
+import os
 import sys
 import time
 
@@ -117,6 +120,11 @@ def main():
     ap.add_argument("--steps", type=int, default=180)
     ap.add_argument("--threads", type=int, default=2)
     a = ap.parse_args()
+    if a.steps < 6:
+        ap.error(f"--steps {a.steps}: expected at least 6 (the CE is taken at every sixth of the steps)")
+    for flag, path in (("--train", a.train), ("--heldout", a.heldout)):
+        if not os.path.isfile(path):
+            ap.error(f"{flag} {path}: no such file")
     torch.set_num_threads(a.threads)
     data = load_bytes(a.train, 20_000_000)
     held = load_bytes(a.heldout, 1_000_000)
