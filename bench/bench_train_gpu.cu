@@ -22,8 +22,13 @@
 //     times its calls per step, as ms and % of the measured step, with its achieved
 //     TFLOP/s (GEMMs, attention, MoE: useful FLOPs) or GB/s (memory-bound kernels:
 //     minimum bytes moved, bench/common.cuh's convention). The rows' sum against the
-//     measured step is what launch gaps, the MoE layer's host sync per layer forward,
-//     token copies and loss read-backs cost;
+//     measured step mixes two things: kernels running slower inside the step than
+//     alone, and the device waiting (launch gaps, token copies, loss read-backs);
+//   - the timeline of one more step, traced by CUPTI (bench/cupti_timeline.hpp) where
+//     the machine has it: the device's busy time, the time outside kernels (the step
+//     minus that, goal <= 2%) split into before the first kernel, gaps between work
+//     (by length, the longest named by the work either side) and after the last, and
+//     every kernel's own time inside the step;
 //   - for the all-experts node, the same step through the NCCL data-parallel path at
 //     one rank (issue 16): its overhead over the plain backend (goal ≤ 2%), the
 //     all-reduce of the owned gradients, and that all-reduce projected to 8 GPUs.
@@ -48,6 +53,8 @@
 #include <vector>
 
 #include "bench/common.cuh"
+#include "bench/cupti_timeline.hpp"
+#include "bench/timeline.hpp"
 #include "cuda/adamw.cuh"
 #include "cuda/attention.cuh"
 #include "cuda/crossentropy.cuh"
@@ -115,6 +122,88 @@ struct StepResult {
   double taken_bytes = 0;
 };
 
+// ---- one step as the device saw it (bench/timeline.hpp) -----------------------------
+
+void print_timeline(const spes::bench::TimelineSummary& t, uint64_t host_start, uint64_t host_end,
+                    double untraced_ms) {
+  const double ms = 1e-6, step = double(host_end - host_start) * ms;
+  const double outside = step - double(t.busy_ns) * ms;
+  std::printf("traced step: %.1f ms on the host clock (the untraced steps' median: %.1f ms)\n", step, untraced_ms);
+  std::printf("device busy (kernels, copies, memsets; overlaps counted once): %.2f ms = %.1f%% of the step\n",
+              double(t.busy_ns) * ms, 100.0 * double(t.busy_ns) * ms / step);
+  std::printf("time outside kernels: %.2f ms = %.2f%% of the step (goal <= 2%%): %.2f ms before the first work "
+              "started, %.2f ms idle between work in %zu gaps, %.2f ms from the last work's end to the host's\n",
+              outside, 100.0 * outside / step, (double(t.first_start_ns) - double(host_start)) * ms,
+              double(t.idle_ns) * ms, t.gaps.size(), (double(host_end) - double(t.last_end_ns)) * ms);
+  // Launch-to-launch gaps on a busy stream are a few µs; longer ones are the device
+  // waiting on the host (a sync, a copy, a slow launch).
+  const double bounds_us[] = {5, 50, 500};
+  int64_t count[4] = {};
+  double total[4] = {};
+  for (const auto& g : t.gaps) {
+    const double us = double(g.ns) * 1e-3;
+    int b = 0;
+    while (b < 3 && us >= bounds_us[b]) ++b;
+    count[b] += 1, total[b] += double(g.ns) * ms;
+  }
+  std::printf("gaps by length: < 5 us: %lld, %.2f ms; 5-50 us: %lld, %.2f ms; 50-500 us: %lld, %.2f ms; "
+              ">= 500 us: %lld, %.2f ms\n",
+              (long long)count[0], total[0], (long long)count[1], total[1], (long long)count[2], total[2],
+              (long long)count[3], total[3]);
+  std::printf("the longest gaps:\n");
+  for (size_t i = 0; i < std::min<size_t>(8, t.gaps.size()); ++i) {
+    const auto& g = t.gaps[i];
+    std::printf("  %8.3f ms at +%.2f ms, after %s, before %s\n", double(g.ns) * ms,
+                (double(g.start_ns) - double(host_start)) * ms, g.after.c_str(), g.before.c_str());
+  }
+  std::printf("%-74s %7s %9s %7s %10s\n", "kernel (in the traced step, the device's own times)", "calls", "ms",
+              "% step", "us/call");
+  const size_t shown = std::min<size_t>(40, t.names.size());
+  double rest = 0;
+  for (size_t i = 0; i < t.names.size(); ++i) {
+    const auto& n = t.names[i];
+    const double nms = double(n.ns) * ms;
+    if (i >= shown) {
+      rest += nms;
+      continue;
+    }
+    std::printf("%-74s %7lld %9.2f %6.1f%% %10.1f\n", n.name.c_str(), (long long)n.calls, nms, 100.0 * nms / step,
+                1e3 * nms / double(n.calls));
+  }
+  if (shown < t.names.size())
+    std::printf("%-74s %7s %9.2f %6.1f%%\n", ("the other " + std::to_string(t.names.size() - shown)).c_str(), "",
+                rest, 100.0 * rest / step);
+}
+
+// One more step under CUPTI's activity tracing: where the device was busy and idle,
+// and each kernel's time inside the step rather than alone.
+template <class Step>
+void trace_step(Step&& step, double untraced_ms) {
+  std::string why;
+  spes::bench::CuptiTimeline* timeline = spes::bench::CuptiTimeline::open(&why);
+  if (!timeline) {
+    std::printf("timeline: not traced: %s\n", why.c_str());
+    return;
+  }
+  std::fflush(stdout);  // what came before survives a failure inside CUPTI
+  try {
+    cuda_check(cudaDeviceSynchronize());
+    timeline->start();
+    const uint64_t host_start = timeline->now_ns();
+    step();  // ends with the device synchronised
+    const uint64_t host_end = timeline->now_ns();
+    const auto spans = timeline->stop();
+    if (spans.empty()) {
+      std::printf("timeline: not traced: CUPTI gave no records of the step (%s)\n", timeline->describe().c_str());
+      return;
+    }
+    std::printf("\n-- timeline of one more step (%s; %zu records) --\n", timeline->describe().c_str(), spans.size());
+    print_timeline(spes::bench::summarize_timeline(spans), host_start, host_end, untraced_ms);
+  } catch (const std::exception& e) {
+    std::printf("timeline: not traced: %s\n", e.what());
+  }
+}
+
 // ---- the whole step, through the backend ---------------------------------------------
 
 // nccl: the backend is the data-parallel one over NCCL with one rank (GPU 0), as a
@@ -141,30 +230,40 @@ StepResult time_step(const Config& cfg, const Options& opt, int64_t n_micro, boo
     for (int64_t i = 0; i < N; ++i) xs[p][i] = tok(g), ys[p][i] = tok(g);
   }
 
-  std::vector<double> step_ms, fb_ms, norm_ms, adam_ms;
-  size_t min_free = free_bytes();
-  for (int s = 0; s < 1 + opt.steps; ++s) {
+  // One training step as the trainer takes it (t: AdamW's step count); the host
+  // clock before it, after the micro-batches, after the norm and after AdamW.
+  struct StepTimes {
+    Clock::time_point start, fb_done, norm_done, end;
+  };
+  auto one_step = [&](int t) {
+    StepTimes at;
     cuda_check(cudaDeviceSynchronize());
-    const auto t0 = Clock::now();
+    at.start = Clock::now();
     gpu->zero_grads();
     for (int64_t i = 0; i < n_micro; ++i)
       gpu->forward_backward(xs[i % kPool].data(), ys[i % kPool].data(), 1.0f, 1.0f / float(n_micro));
-    const auto t1 = Clock::now();
+    at.fb_done = Clock::now();
     const double norm = std::sqrt(gpu->grad_sum_squares());
-    const auto t2 = Clock::now();
+    at.norm_done = Clock::now();
     AdamWStep st;
     st.lr = cfg.optim.lr, st.beta1 = cfg.optim.beta1, st.beta2 = cfg.optim.beta2, st.eps = cfg.optim.eps;
-    st.weight_decay = cfg.optim.weight_decay, st.t = s + 1;
+    st.weight_decay = cfg.optim.weight_decay, st.t = t;
     if (cfg.optim.grad_clip > 0 && norm > cfg.optim.grad_clip) st.grad_scale = float(cfg.optim.grad_clip / (norm + 1e-6));
     gpu->optimizer_step(st);
     cuda_check(cudaDeviceSynchronize());
-    const auto t3 = Clock::now();
+    at.end = Clock::now();
+    return at;
+  };
+  std::vector<double> step_ms, fb_ms, norm_ms, adam_ms;
+  size_t min_free = free_bytes();
+  for (int s = 0; s < 1 + opt.steps; ++s) {
+    const StepTimes at = one_step(s + 1);
     min_free = std::min(min_free, free_bytes());
     if (s == 0) continue;  // warm-up: GEMM plans, lazy module loading, first touches
-    step_ms.push_back(ms_between(t0, t3));
-    fb_ms.push_back(ms_between(t0, t1));
-    norm_ms.push_back(ms_between(t1, t2));
-    adam_ms.push_back(ms_between(t2, t3));
+    step_ms.push_back(ms_between(at.start, at.end));
+    fb_ms.push_back(ms_between(at.start, at.fb_done));
+    norm_ms.push_back(ms_between(at.fb_done, at.norm_done));
+    adam_ms.push_back(ms_between(at.norm_done, at.end));
   }
   auto median = [](std::vector<double> v) {
     std::sort(v.begin(), v.end());
@@ -201,6 +300,7 @@ StepResult time_step(const Config& cfg, const Options& opt, int64_t n_micro, boo
               gib(double(use.arena_capacity)), gib(double(use.arena_used)));
   for (const MemoryLine& l : memory_report(use.plan))
     if (l.category != "total") std::printf("  %-40s %10.3f GiB\n", l.category.c_str(), gib(double(l.bytes)));
+  trace_step([&] { one_step(opt.steps + 2); }, r.step_ms);
   return r;
 }
 
@@ -564,7 +664,7 @@ void print_table(const std::vector<Row>& rows, double step_ms) {
   }
   std::printf("%-44s %9s %10s %10.2f %7.1f%%\n", "sum of the kernels above", "", "", sum, 100.0 * sum / step_ms);
   std::printf("%-44s %9s %10s %10.2f %7.1f%%\n", "measured step", "", "", step_ms, 100.0);
-  std::printf("%-44s %9s %10s %10.2f %7.1f%%\n", "rest: launch gaps, MoE host syncs, copies", "", "", step_ms - sum,
+  std::printf("%-44s %9s %10s %10.2f %7.1f%%\n", "rest: slower in the step than alone, gaps", "", "", step_ms - sum,
               100.0 * (step_ms - sum) / step_ms);
 }
 

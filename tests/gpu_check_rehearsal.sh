@@ -43,6 +43,10 @@ case $WHAT in
       data/tinyshakespeare/train.manifest; do
       [[ -e $BUNDLE/$f ]] || fail "the bundle lacks $f"
     done
+    # CUPTI (bench_train_gpu's step timeline) travels with the binaries when the build found it.
+    if [[ -f $(sed -n 's/^CUDA_cupti_LIBRARY:FILEPATH=//p' "$BUILD/CMakeCache.txt") ]]; then
+      grep -q '^bin/libcupti\.so\.[0-9]*$' <<< "$(tar -tzf "$BUNDLE/bin.tar.gz")" || fail "the bundle lacks bin/libcupti.so.N"
+    fi
     exit $((problems > 0))
     ;;
   quick)

@@ -28,6 +28,16 @@ steps in order (ms): {ms} {ms} {ms}
 MFU: {mfu}% (1.661 GFLOP/token training, peak 989.4 TFLOP/s: datasheet)
 phases: forward+backward 600.0 ms (8 micro-batches, 75.00 ms each), grad norm 1.00 ms, AdamW 8.50 ms
 
+-- timeline of one more step (libcupti.so.13, CUPTI API 130001; 5321 records) --
+traced step: {ms} ms on the host clock (the untraced steps' median: {ms} ms)
+device busy (kernels, copies, memsets; overlaps counted once): 600.10 ms = 98.2% of the step
+time outside kernels: 11.20 ms = 1.83% of the step (goal <= 2%): 0.04 ms before the first work started, 10.90 ms idle between work in 5210 gaps, 0.26 ms from the last work's end to the host's
+gaps by length: < 5 us: 5100, 6.10 ms; 5-50 us: 100, 2.00 ms; 50-500 us: 9, 1.30 ms; >= 500 us: 1, 1.50 ms
+the longest gaps:
+     1.500 ms at +75.10 ms, after loss_sums_kernel, before memcpy HtoD
+kernel (in the traced step, the device's own times)                        calls        ms  % step    us/call
+attention_backward_dkv_kernel<64>                                             96     60.00    9.8%      625.0
+
 -- the same node through the NCCL data-parallel path, 1 rank --
 step: median 609.3 ms of 3 (min 609.0, max 610.0); 131072 tokens/step, 215121 tokens/s
 MFU: 36.1% (1.661 GFLOP/token training, peak 989.4 TFLOP/s: datasheet)
@@ -133,11 +143,15 @@ def main():
            "5.52× / 4.91× (portable); MFU 36.0 % sm90a, 29.5 % portable; attention (spes-1b) vs SDPA flash fwd 1.07×, "
            "bwd 1.06×; grouped GEMMs vs dense bf16: sm90a 0.45–0.82×, portable 0.30–0.40× |", "the ratios' summary")
     expect("step MFU, all experts owned: 36.0 % on the sm90a (wgmma) grouped GEMMs, 29.5 % on the portable", "both MFUs")
+    expect("; outside kernels: 1.8 % of the step (traced)", "the traced step's time outside kernels")
     attention_line = "attention kernels: sm90a (wgmma), agreeing with the portable kernels on this GPU"
     section = report.split("### bench_train_gpu ", 1)[-1]
     key_lines = section.split("Key lines", 1)[1].split("```", 2)[1] if "Key lines" in section else ""
     if attention_line not in key_lines:
         problems.append(f"bench_train_gpu's key lines lack '{attention_line}': which attention kernels the step took")
+    for line in ("gaps by length: < 5 us: 5100", "     1.500 ms at +75.10 ms, after loss_sums_kernel, before memcpy HtoD"):
+        if line not in key_lines:
+            problems.append(f"bench_train_gpu's key lines lack '{line}': where the traced step's device sat idle")
     expect("skipped: bench_gemm (out of time", "1b names the bench skipped for time")
     expect("| training step, all 16 experts owned, grouped GEMMs sm90a (bench_train_gpu) vs OlmoeForCausalLM torch.compile "
            "| spes-1b, micro-batch 8 × 2048 | 214,402 tokens/s (MFU 36.0 %) | 35,688 tokens/s | 6.01 |", "the step row")

@@ -3,9 +3,9 @@
 #   bench/gpu_check/bundle.sh [--rehearsal] BUILD_DIR BUNDLE_DIR
 # BUILD_DIR must be configured with -DSPES_PORTABLE=ON (static C++/Fortran/OpenMP/CUDA
 # runtimes). The bundle is everything a lent GPU machine needs for one call of
-# BUNDLE_DIR/run.sh OUT: stripped binaries, the two tiny configs, the tokenized
-# Tiny Shakespeare, the GPU-shaped Hugging Face fixtures, the PyTorch anchors script,
-# the commit. Fails, naming the cause, when a binary needs a shared library the GPU
+# BUNDLE_DIR/run.sh OUT: stripped binaries (and CUPTI, for bench_train_gpu's step
+# timeline), the two tiny configs, the tokenized Tiny Shakespeare, the GPU-shaped
+# Hugging Face fixtures, the PyTorch anchors script, the commit. Fails, naming the cause, when a binary needs a shared library the GPU
 # machine may lack, or when the bundle exceeds GPU_BUNDLE_MAX_MIB.
 # --rehearsal packs a normal CUDA build for a run on this machine only (the rehearsal
 # without a GPU, tests/gpu_check_rehearsal.sh): no portability or size checks, fast gzip.
@@ -68,6 +68,17 @@ if ((!REHEARSAL)) && { command -v cuobjdump >/dev/null || [[ -x /usr/local/cuda/
     fail "spes_tests has no sm_90 code (configure with -DCMAKE_CUDA_ARCHITECTURES=90)"
 fi
 
+# CUPTI, which bench_train_gpu opens (dlopen) to trace one step: the copy this build's
+# header describes, beside the binaries, where the bench looks first. Without it the
+# bench uses the GPU machine's own, or says why it has no timeline.
+cupti_lib=$(sed -n 's/^CUDA_cupti_LIBRARY:FILEPATH=//p' "$BUILD/CMakeCache.txt")
+cupti_note="none found here (bench_train_gpu uses the GPU machine's own, if any)"
+if [[ -n $cupti_lib && -f $cupti_lib ]]; then
+  cupti_so=$(readelf -d "$cupti_lib" | sed -n 's/.*(SONAME).*\[\(.*\)\]/\1/p')
+  cp -L "$cupti_lib" "$PART/stage/bin/${cupti_so:-libcupti.so}"
+  cupti_note="$cupti_so, from $cupti_lib"
+fi
+
 # The shared libraries the run script must find on the GPU machine.
 printf '%s\n' "${needed_all[@]}" | sort -u | grep -E '^lib(cublas|cublasLt|nccl|cuda)\.so' > "$PART/needed-libs.txt" || true
 
@@ -101,6 +112,7 @@ dirty=$(git -C "$SRC" status --porcelain --untracked-files=no 2>/dev/null | wc -
   echo "compiler: $(${CXX:-c++} --version | head -1)"
   echo "binaries: ${binaries[*]}"
   echo "binaries_unpacked_bytes: $unpacked"
+  echo "cupti: $cupti_note"
   echo "needs:"
   printf '%s' "$ldd_summary"
 } > "$PART/BUNDLE_INFO"

@@ -229,7 +229,8 @@ SHAPE_RE = re.compile(r"B=?(\d+) S=?(\d+) H=?(\d+) D=?(\d+)")
 
 
 def train_gpu_figures(text):
-    """bench_train_gpu's stdout: {"path": grouped-GEMM kernels, "nodes": {label: {"tokens_s", "mfu", "step_ms"}},
+    """bench_train_gpu's stdout: {"path": grouped-GEMM kernels,
+    "nodes": {label: {"tokens_s", "mfu", "step_ms", "outside_pct" (the traced step's time outside kernels)}},
     "attention": {"fwd": TFLOP/s, "bwd": TFLOP/s} of the all-experts node's kernel table, "shape": B S}."""
     out = {"path": None, "nodes": {}, "attention": {}, "shape": None}
     m = re.search(r"^grouped expert GEMMs: (.*)$", text, re.M)
@@ -243,6 +244,9 @@ def train_gpu_figures(text):
         mfu = re.search(r"^MFU: ([\d.]+)%", sec, re.M)
         if mfu:
             node["mfu"] = float(mfu.group(1))
+        outside = re.search(r"^time outside kernels: [\d.]+ ms = ([\d.]+)% of the step", sec, re.M)
+        if outside:
+            node["outside_pct"] = float(outside.group(1))
         out["nodes"][label] = node
         if "all" in label and not out["attention"]:
             shape = re.search(r"micro_batch (\d+) x seq (\d+)", sec)
@@ -433,7 +437,8 @@ class Report:
                     self.add(*full)
                 continue
             key = [l for l in s.out.splitlines()
-                   if re.search(r"GB/s|TFLOP/s|GFLOP/s|tokens/s|%|^device:|^ceilings:|^grouped expert GEMMs:|^attention kernels:", l)]
+                   if re.search(r"GB/s|TFLOP/s|GFLOP/s|tokens/s|%|^device:|^ceilings:|^grouped expert GEMMs:|^attention kernels:"
+                             r"|^gaps by length:|^ +[\d.]+ ms at \+", l)]
             if key and st == PASS:
                 self.add("Key lines (GB/s, TFLOP/s, % of ceiling):", "", "```", *key, "```", "")
             self.add("<details><summary>full output</summary>", "", *full, "</details>", "")
@@ -448,14 +453,17 @@ class Report:
             self.result(title, SKIPPED, f"{len(names)} benches: " + statuses[0][2])
         else:
             skipped = [f"{n} ({note})" for n, st, note in statuses if st == SKIPPED]
-            mfus = []
+            mfus, outside = [], ""
             for n in ("bench_train_gpu", "bench_train_gpu.portable"):
                 fig = train_gpu_figures(Step(os.path.join(d, n)).out)
                 node = all_experts_node(fig)
                 if node and "mfu" in node:
                     mfus.append(f"{node['mfu']:.1f} % on the {(fig['path'] or '?').split(':')[0]} grouped GEMMs")
-            self.result(title, PASS, f"{len(ran)} ran: {', '.join(ran)}"
+                if node and "outside_pct" in node and n == "bench_train_gpu":
+                    outside = f"; outside kernels: {node['outside_pct']:.1f} % of the step (traced)"
+            self.result(title, PASS, f"{len(ran)} ran"
                         + (f"; step MFU, all experts owned: {', '.join(mfus)}" if mfus else "")
+                        + outside
                         + (f"; skipped: {', '.join(skipped)}" if skipped else ""))
 
     # -- 1c
