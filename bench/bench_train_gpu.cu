@@ -25,10 +25,10 @@
 //     measured step mixes two things: kernels running slower inside the step than
 //     alone, and the device waiting (launch gaps, token copies, loss read-backs);
 //   - the timeline of one more step, traced by CUPTI (bench/cupti_timeline.hpp) where
-//     the machine has it: the device's busy time, the time outside kernels (the step
-//     minus that, goal <= 2%) split into before the first kernel, gaps between work
-//     (by length, the longest named by the work either side) and after the last, and
-//     every kernel's own time inside the step;
+//     the machine has it, after a traced warm-up: the device's busy time, the time
+//     outside kernels and copies (the step minus that, goal <= 2%) split into before
+//     the first work, gaps between work (by length, the longest named by the work
+//     either side) and after the last, and every kernel's own time inside the step;
 //   - for the all-experts node, the same step through the NCCL data-parallel path at
 //     one rank (issue 16): its overhead over the plain backend (goal ≤ 2%), the
 //     all-reduce of the owned gradients, and that all-reduce projected to 8 GPUs.
@@ -124,17 +124,23 @@ struct StepResult {
 
 // ---- one step as the device saw it (bench/timeline.hpp) -----------------------------
 
-void print_timeline(const spes::bench::TimelineSummary& t, uint64_t host_start, uint64_t host_end,
-                    double untraced_ms) {
-  const double ms = 1e-6, step = double(host_end - host_start) * ms;
+void print_timeline(const spes::bench::CuptiTimeline::Trace& trace, double untraced_ms) {
+  using spes::bench::fit;
+  const spes::bench::TimelineSummary t = spes::bench::summarize_timeline(trace.spans);
+  const double ms = 1e-6, step = double(trace.host_end_ns - trace.host_start_ns) * ms;
   const double outside = step - double(t.busy_ns) * ms;
   std::printf("traced step: %.1f ms on the host clock (the untraced steps' median: %.1f ms)\n", step, untraced_ms);
+  if (trace.dropped || trace.untimed)
+    std::printf("warning: %zu records dropped by CUPTI, %zu without timestamps: the device was busier than this says\n",
+                trace.dropped, trace.untimed);
   std::printf("device busy (kernels, copies, memsets; overlaps counted once): %.2f ms = %.1f%% of the step\n",
               double(t.busy_ns) * ms, 100.0 * double(t.busy_ns) * ms / step);
-  std::printf("time outside kernels: %.2f ms = %.2f%% of the step (goal <= 2%%): %.2f ms before the first work "
-              "started, %.2f ms idle between work in %zu gaps, %.2f ms from the last work's end to the host's\n",
-              outside, 100.0 * outside / step, (double(t.first_start_ns) - double(host_start)) * ms,
-              double(t.idle_ns) * ms, t.gaps.size(), (double(host_end) - double(t.last_end_ns)) * ms);
+  // Before and after come from CUPTI's mapping of device times onto the host clock:
+  // a slightly negative one is that mapping's error.
+  std::printf("time outside kernels and copies: %.2f ms = %.2f%% of the step (goal <= 2%%): %.2f ms before the first "
+              "work started, %.2f ms idle between work in %zu gaps, %.2f ms from the last work's end to the host's\n",
+              outside, 100.0 * outside / step, (double(t.first_start_ns) - double(trace.host_start_ns)) * ms,
+              double(t.idle_ns) * ms, t.gaps.size(), (double(trace.host_end_ns) - double(t.last_end_ns)) * ms);
   // Launch-to-launch gaps on a busy stream are a few µs; longer ones are the device
   // waiting on the host (a sync, a copy, a slow launch).
   const double bounds_us[] = {5, 50, 500};
@@ -154,8 +160,10 @@ void print_timeline(const spes::bench::TimelineSummary& t, uint64_t host_start, 
   for (size_t i = 0; i < std::min<size_t>(8, t.gaps.size()); ++i) {
     const auto& g = t.gaps[i];
     std::printf("  %8.3f ms at +%.2f ms, after %s, before %s\n", double(g.ns) * ms,
-                (double(g.start_ns) - double(host_start)) * ms, g.after.c_str(), g.before.c_str());
+                (double(g.start_ns) - double(trace.host_start_ns)) * ms, fit(g.after, 60).c_str(),
+                fit(g.before, 60).c_str());
   }
+  // Each row is its kernel's own time; kernels that overlap each count in full.
   std::printf("%-74s %7s %9s %7s %10s\n", "kernel (in the traced step, the device's own times)", "calls", "ms",
               "% step", "us/call");
   const size_t shown = std::min<size_t>(40, t.names.size());
@@ -167,16 +175,18 @@ void print_timeline(const spes::bench::TimelineSummary& t, uint64_t host_start, 
       rest += nms;
       continue;
     }
-    std::printf("%-74s %7lld %9.2f %6.1f%% %10.1f\n", n.name.c_str(), (long long)n.calls, nms, 100.0 * nms / step,
-                1e3 * nms / double(n.calls));
+    std::printf("%-74s %7lld %9.2f %6.1f%% %10.1f\n", fit(n.name, 74).c_str(), (long long)n.calls, nms,
+                100.0 * nms / step, 1e3 * nms / double(n.calls));
   }
   if (shown < t.names.size())
     std::printf("%-74s %7s %9.2f %6.1f%%\n", ("the other " + std::to_string(t.names.size() - shown)).c_str(), "",
                 rest, 100.0 * rest / step);
 }
 
-// One more step under CUPTI's activity tracing: where the device was busy and idle,
-// and each kernel's time inside the step rather than alone.
+// Two more steps under CUPTI's activity tracing, the first a warm-up (CUPTI sets up
+// its buffers on the first traced work); of the second, where the device was busy
+// and idle, and each kernel's time inside the step rather than alone. A CUPTI
+// failure is said and the bench goes on; the step's own errors end it as usual.
 template <class Step>
 void trace_step(Step&& step, double untraced_ms) {
   std::string why;
@@ -186,22 +196,22 @@ void trace_step(Step&& step, double untraced_ms) {
     return;
   }
   std::fflush(stdout);  // what came before survives a failure inside CUPTI
+  spes::bench::CuptiTimeline::Trace trace;
   try {
-    cuda_check(cudaDeviceSynchronize());
-    timeline->start();
-    const uint64_t host_start = timeline->now_ns();
-    step();  // ends with the device synchronised
-    const uint64_t host_end = timeline->now_ns();
-    const auto spans = timeline->stop();
-    if (spans.empty()) {
-      std::printf("timeline: not traced: CUPTI gave no records of the step (%s)\n", timeline->describe().c_str());
-      return;
-    }
-    std::printf("\n-- timeline of one more step (%s; %zu records) --\n", timeline->describe().c_str(), spans.size());
-    print_timeline(spes::bench::summarize_timeline(spans), host_start, host_end, untraced_ms);
-  } catch (const std::exception& e) {
-    std::printf("timeline: not traced: %s\n", e.what());
+    timeline->trace(step);
+    trace = timeline->trace(step);
+  } catch (const spes::bench::CuptiError& e) {
+    std::printf("timeline: not traced: %s (%s)\n", e.what(), timeline->describe().c_str());
+    return;
   }
+  if (trace.spans.empty()) {
+    std::printf("timeline: not traced: CUPTI gave no timed records of the step (%s)\n",
+                timeline->describe().c_str());
+    return;
+  }
+  std::printf("\n-- timeline of one more step (%s; %zu records) --\n", timeline->describe().c_str(),
+              trace.spans.size());
+  print_timeline(trace, untraced_ms);
 }
 
 // ---- the whole step, through the backend ---------------------------------------------
@@ -300,7 +310,8 @@ StepResult time_step(const Config& cfg, const Options& opt, int64_t n_micro, boo
               gib(double(use.arena_capacity)), gib(double(use.arena_used)));
   for (const MemoryLine& l : memory_report(use.plan))
     if (l.category != "total") std::printf("  %-40s %10.3f GiB\n", l.category.c_str(), gib(double(l.bytes)));
-  trace_step([&] { one_step(opt.steps + 2); }, r.step_ms);
+  int t = opt.steps + 1;  // AdamW's step count goes on from the timed steps
+  trace_step([&] { one_step(++t); }, r.step_ms);
   return r;
 }
 

@@ -26,8 +26,22 @@
 
 namespace spes::bench {
 
+// A CUPTI call failed (the traced code's own errors pass through as they are).
+struct CuptiError : std::runtime_error {
+  using std::runtime_error::runtime_error;
+};
+
 class CuptiTimeline {
  public:
+  // What the device ran while `step` ran, and CUPTI's clock just before and after it
+  // (the records' clock, ns).
+  struct Trace {
+    std::vector<DeviceSpan> spans;
+    uint64_t host_start_ns = 0, host_end_ns = 0;
+    size_t dropped = 0;  // records CUPTI had no buffer space for
+    size_t untimed = 0;  // records without timestamps (CUPTI may give a kernel none)
+  };
+
   // The one timeline of this process (CUPTI's activity callbacks are process-wide), or
   // nullptr and *why when CUPTI cannot be loaded or refuses.
   static CuptiTimeline* open(std::string* why) {
@@ -42,27 +56,28 @@ class CuptiTimeline {
     return the.get();
   }
 
-  // Records every kernel, copy and memset the device runs from now on.
-  void start() {
+  // Runs `step` (which must end with the device synchronised) with every kernel, copy
+  // and memset recorded. The first traced work of a process also pays for CUPTI
+  // setting up its buffers: trace a warm-up first.
+  template <class Step>
+  Trace trace(Step&& step) {
     {
       std::lock_guard<std::mutex> lock(records().mutex);
       records().spans.clear();
+      records().untimed = 0;
     }
-    for (const CUpti_ActivityKind k : kKinds) check(api_.enable(k), "cuptiActivityEnable");
-  }
-
-  // Call after synchronising the device: what it ran since start().
-  std::vector<DeviceSpan> stop() {
+    Trace t;
+    {
+      Enabled on(*this);  // disabled again on every way out
+      t.host_start_ns = now_ns();
+      step();
+      t.host_end_ns = now_ns();
+    }
     check(api_.flush_all(CUPTI_ACTIVITY_FLAG_FLUSH_FORCED), "cuptiActivityFlushAll");
-    for (const CUpti_ActivityKind k : kKinds) check(api_.disable(k), "cuptiActivityDisable");
+    check(api_.dropped(nullptr, 0, &t.dropped), "cuptiActivityGetNumDroppedRecords");
     std::lock_guard<std::mutex> lock(records().mutex);
-    return std::move(records().spans);
-  }
-
-  // CUPTI's clock, the one the records' times are on (ns).
-  uint64_t now_ns() const {
-    uint64_t t = 0;
-    check(api_.timestamp(&t), "cuptiGetTimestamp");
+    t.spans = std::move(records().spans);
+    t.untimed = records().untimed;
     return t;
   }
 
@@ -72,35 +87,67 @@ class CuptiTimeline {
  private:
   struct Api {
     CUptiResult (*register_callbacks)(CUpti_BuffersCallbackRequestFunc, CUpti_BuffersCallbackCompleteFunc) = nullptr;
+    CUptiResult (*set_attribute)(CUpti_ActivityAttribute, size_t*, void*) = nullptr;
     CUptiResult (*enable)(CUpti_ActivityKind) = nullptr;
     CUptiResult (*disable)(CUpti_ActivityKind) = nullptr;
     CUptiResult (*flush_all)(uint32_t) = nullptr;
+    CUptiResult (*dropped)(CUcontext, uint32_t, size_t*) = nullptr;
     CUptiResult (*next_record)(uint8_t*, size_t, CUpti_Activity**) = nullptr;
     CUptiResult (*timestamp)(uint64_t*) = nullptr;
     CUptiResult (*version)(uint32_t*) = nullptr;
     CUptiResult (*result_string)(CUptiResult, const char**) = nullptr;
   };
-  // Filled by CUPTI's buffer callback, on whichever thread CUPTI calls it.
+  // Filled by CUPTI's buffer callback, on whichever thread CUPTI calls it. Never
+  // freed: CUPTI may deliver a last buffer while the process exits.
   struct Records {
     std::mutex mutex;
     std::vector<DeviceSpan> spans;
+    size_t untimed = 0;
     CUptiResult (*next_record)(uint8_t*, size_t, CUpti_Activity**) = nullptr;
   };
   static Records& records() {
-    static Records r;
-    return r;
+    static Records* r = new Records;
+    return *r;
   }
   // Kernels as they run (CONCURRENT_KERNEL: tracing them does not serialise them).
   static constexpr CUpti_ActivityKind kKinds[] = {CUPTI_ACTIVITY_KIND_CONCURRENT_KERNEL, CUPTI_ACTIVITY_KIND_MEMCPY,
                                                   CUPTI_ACTIVITY_KIND_MEMSET};
+  static constexpr size_t kBufferBytes = size_t(8) << 20;
+
+  // The kinds above enabled for its lifetime; disabled before the flush, so that
+  // nothing is recorded after the records are collected.
+  struct Enabled {
+    explicit Enabled(const CuptiTimeline& t) : t_(t) {
+      for (const CUpti_ActivityKind k : kKinds) {
+        const CUptiResult r = t_.api_.enable(k);
+        if (r != CUPTI_SUCCESS) {
+          off();  // no destructor runs for a constructor that throws
+          t_.check(r, "cuptiActivityEnable");
+        }
+        ++on_;
+      }
+    }
+    ~Enabled() { off(); }
+    void off() {
+      for (; on_ > 0; --on_) t_.api_.disable(kKinds[on_ - 1]);
+    }
+    const CuptiTimeline& t_;
+    int on_ = 0;
+  };
 
   CuptiTimeline() = default;
+
+  uint64_t now_ns() const {
+    uint64_t t = 0;
+    check(api_.timestamp(&t), "cuptiGetTimestamp");
+    return t;
+  }
 
   void check(CUptiResult r, const char* what) const {
     if (r == CUPTI_SUCCESS) return;
     const char* s = nullptr;
     if (api_.result_string) api_.result_string(r, &s);
-    throw std::runtime_error(std::string("CUPTI: ") + what + " failed: " + (s ? s : std::to_string(int(r))));
+    throw CuptiError(std::string(what) + " failed: " + (s ? s : std::to_string(int(r))));
   }
 
   // The library's file name for this header's major version (libcupti.so.13 for 13.x).
@@ -132,8 +179,10 @@ class CuptiTimeline {
       fn = reinterpret_cast<std::remove_reference_t<decltype(fn)>>(dlsym(lib, name));
       return fn != nullptr;
     };
-    if (!sym(api_.register_callbacks, "cuptiActivityRegisterCallbacks") || !sym(api_.enable, "cuptiActivityEnable") ||
+    if (!sym(api_.register_callbacks, "cuptiActivityRegisterCallbacks") ||
+        !sym(api_.set_attribute, "cuptiActivitySetAttribute") || !sym(api_.enable, "cuptiActivityEnable") ||
         !sym(api_.disable, "cuptiActivityDisable") || !sym(api_.flush_all, "cuptiActivityFlushAll") ||
+        !sym(api_.dropped, "cuptiActivityGetNumDroppedRecords") ||
         !sym(api_.next_record, "cuptiActivityGetNextRecord") || !sym(api_.timestamp, "cuptiGetTimestamp") ||
         !sym(api_.version, "cuptiGetVersion") || !sym(api_.result_string, "cuptiGetResultString"))
       return description_ + " lacks a CUPTI function this bench calls";
@@ -143,36 +192,52 @@ class CuptiTimeline {
              std::to_string(CUPTI_API_VERSION) + "'s records";
     description_ += ", CUPTI API " + std::to_string(version);
     records().next_record = api_.next_record;
-    const CUptiResult r = api_.register_callbacks(&buffer_requested, &buffer_completed);
-    if (r != CUPTI_SUCCESS) {
-      const char* s = nullptr;
-      api_.result_string(r, &s);
-      return description_ + ": cuptiActivityRegisterCallbacks: " + (s ? s : "error");
+    try {
+      check(api_.register_callbacks(&buffer_requested, &buffer_completed), "cuptiActivityRegisterCallbacks");
+    } catch (const CuptiError& e) {
+      return description_ + ": " + e.what();
     }
+    // Our buffers come zeroed (calloc), so CUPTI need not zero them on the launching
+    // thread, inside the traced step. Where it refuses, it zeroes them: the
+    // description says so, the records are the same.
+    uint8_t zeroed = 1;
+    size_t bytes = sizeof zeroed;
+    if (api_.set_attribute(CUPTI_ACTIVITY_ATTR_ZEROED_OUT_ACTIVITY_BUFFER, &bytes, &zeroed) != CUPTI_SUCCESS)
+      description_ += ", buffers zeroed by CUPTI";
     return "";
   }
 
   static void buffer_requested(uint8_t** buffer, size_t* size, size_t* max_records) {
-    *size = size_t(8) << 20;
-    *buffer = static_cast<uint8_t*>(std::aligned_alloc(8, *size));
+    *buffer = static_cast<uint8_t*>(std::calloc(1, kBufferBytes));  // 16-byte aligned; CUPTI needs 8
+    *size = *buffer ? kBufferBytes : 0;
     *max_records = 0;  // as many as fit
   }
 
   static void buffer_completed(CUcontext, uint32_t, uint8_t* buffer, size_t, size_t valid) {
     Records& r = records();
-    std::lock_guard<std::mutex> lock(r.mutex);
-    CUpti_Activity* rec = nullptr;
-    while (r.next_record(buffer, valid, &rec) == CUPTI_SUCCESS) {
-      if (rec->kind == CUPTI_ACTIVITY_KIND_CONCURRENT_KERNEL || rec->kind == CUPTI_ACTIVITY_KIND_KERNEL) {
-        const auto* k = reinterpret_cast<const CUpti_ActivityKernel10*>(rec);
-        r.spans.push_back({short_kernel_name(demangle(k->name)), k->start, k->end});
-      } else if (rec->kind == CUPTI_ACTIVITY_KIND_MEMCPY) {
-        const auto* m = reinterpret_cast<const CUpti_ActivityMemcpy6*>(rec);
-        r.spans.push_back({std::string("memcpy ") + copy_kind(m->copyKind), m->start, m->end});
-      } else if (rec->kind == CUPTI_ACTIVITY_KIND_MEMSET) {
-        const auto* m = reinterpret_cast<const CUpti_ActivityMemset4*>(rec);
-        r.spans.push_back({"memset", m->start, m->end});
+    try {
+      std::lock_guard<std::mutex> lock(r.mutex);
+      CUpti_Activity* rec = nullptr;
+      while (r.next_record(buffer, valid, &rec) == CUPTI_SUCCESS) {
+        uint64_t start = 0, end = 0;
+        std::string name;
+        if (rec->kind == CUPTI_ACTIVITY_KIND_CONCURRENT_KERNEL || rec->kind == CUPTI_ACTIVITY_KIND_KERNEL) {
+          const auto* k = reinterpret_cast<const CUpti_ActivityKernel10*>(rec);
+          start = k->start, end = k->end, name = short_kernel_name(demangle(k->name));
+        } else if (rec->kind == CUPTI_ACTIVITY_KIND_MEMCPY) {
+          const auto* m = reinterpret_cast<const CUpti_ActivityMemcpy6*>(rec);
+          start = m->start, end = m->end, name = std::string("memcpy ") + copy_kind(m->copyKind);
+        } else if (rec->kind == CUPTI_ACTIVITY_KIND_MEMSET) {
+          const auto* m = reinterpret_cast<const CUpti_ActivityMemset4*>(rec);
+          start = m->start, end = m->end, name = "memset";
+        } else {
+          continue;
+        }
+        if (start == 0 || end < start) r.untimed += 1;  // CUPTI_TIMESTAMP_UNKNOWN
+        else r.spans.push_back({std::move(name), start, end});
       }
+    } catch (...) {
+      // An exception must not cross into CUPTI; what was read so far is kept.
     }
     std::free(buffer);
   }

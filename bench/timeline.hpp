@@ -14,7 +14,8 @@
 
 namespace spes::bench {
 
-// One piece of device work: a kernel (its short name), or "memcpy HtoD" and the like.
+// One piece of device work: a kernel (short_kernel_name's name), or "memcpy HtoD" and
+// the like. Spans of one name are one row of the summary.
 struct DeviceSpan {
   std::string name;
   uint64_t start_ns = 0, end_ns = 0;
@@ -83,35 +84,35 @@ inline TimelineSummary summarize_timeline(const std::vector<DeviceSpan>& spans) 
 }
 
 // A kernel's name as a table shows it, from its demangled signature: no return type,
-// no namespaces, no parameter list; template arguments kept (they tell a family's
-// instances apart), the whole cut to max_chars. A name with no parameter list is not
-// a C++ signature (cuBLAS's "nvjet_..." kernels, "memcpy HtoD"): it is only cut.
-inline std::string short_kernel_name(std::string s, size_t max_chars = 72) {
-  auto cut = [&](std::string n) { return n.size() > max_chars ? n.substr(0, max_chars - 3) + "..." : n; };
-  if (s.find('(') == std::string::npos) return cut(s);
-  const std::string anon = "(anonymous namespace)::";
-  for (size_t p; (p = s.find(anon)) != std::string::npos;) s.erase(p, anon.size());
-  // Depth counts <> and () together, so "::" and spaces inside template arguments or
-  // the parameter list are not taken for the name's own.
+// no parameter list, none of "(anonymous namespace)::" and our own "spes::cuda::"
+// (every kernel of ours has them); other qualifiers and the template arguments stay,
+// so that different kernels keep different names (grouped_sm90::rows_kernel<...> and
+// rows_kernel<...>). A name with no parameter list is not a C++ signature (cuBLAS's
+// "nvjet_..." kernels, "memcpy HtoD"): it is kept whole.
+inline std::string short_kernel_name(std::string s) {
+  if (s.find('(') == std::string::npos) return s;
+  for (const std::string drop : {"(anonymous namespace)::", "spes::cuda::"})
+    for (size_t p; (p = s.find(drop)) != std::string::npos;) s.erase(p, drop.size());
+  // Depth counts <> and () together, so spaces inside template arguments or the
+  // parameter list are not taken for the one after the return type.
   int depth = 0;
   size_t name_begin = 0, name_end = s.size();
   for (size_t i = 0; i < s.size(); ++i) {
     const char c = s[i];
-    if (c == '<' || c == '(') {
-      if (c == '(' && depth == 0) {
-        name_end = i;  // the parameter list
-        break;
-      }
-      ++depth;
-    } else if (c == '>' || c == ')') {
-      depth = std::max(0, depth - 1);
-    } else if (depth == 0 && c == ' ') {
-      name_begin = i + 1;  // after a return type such as "void"
-    } else if (depth == 0 && c == ':' && i + 1 < s.size() && s[i + 1] == ':') {
-      name_begin = i + 2, ++i;
+    if (c == '(' && depth == 0) {
+      name_end = i;  // the parameter list
+      break;
     }
+    if (c == '<' || c == '(') ++depth;
+    else if (c == '>' || c == ')') depth = std::max(0, depth - 1);
+    else if (c == ' ' && depth == 0) name_begin = i + 1;  // after a return type such as "void"
   }
-  return cut(s.substr(name_begin, name_end - name_begin));
+  return s.substr(name_begin, name_end - name_begin);
+}
+
+// `s` in at most `width` characters: cut, with "..." at the end, when longer.
+inline std::string fit(const std::string& s, size_t width) {
+  return s.size() <= width ? s : s.substr(0, width > 3 ? width - 3 : 0) + "...";
 }
 
 }  // namespace spes::bench

@@ -31,7 +31,7 @@ phases: forward+backward 600.0 ms (8 micro-batches, 75.00 ms each), grad norm 1.
 -- timeline of one more step (libcupti.so.13, CUPTI API 130001; 5321 records) --
 traced step: {ms} ms on the host clock (the untraced steps' median: {ms} ms)
 device busy (kernels, copies, memsets; overlaps counted once): 600.10 ms = 98.2% of the step
-time outside kernels: 11.20 ms = 1.83% of the step (goal <= 2%): 0.04 ms before the first work started, 10.90 ms idle between work in 5210 gaps, 0.26 ms from the last work's end to the host's
+time outside kernels and copies: 11.20 ms = 1.83% of the step (goal <= 2%): 0.04 ms before the first work started, 10.90 ms idle between work in 5210 gaps, 0.26 ms from the last work's end to the host's
 gaps by length: < 5 us: 5100, 6.10 ms; 5-50 us: 100, 2.00 ms; 50-500 us: 9, 1.30 ms; >= 500 us: 1, 1.50 ms
 the longest gaps:
      1.500 ms at +75.10 ms, after loss_sums_kernel, before memcpy HtoD

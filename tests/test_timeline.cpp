@@ -108,18 +108,31 @@ TEST_CASE("timeline: a random timeline agrees with counting every nanosecond") {
   }
 }
 
-TEST_CASE("timeline: kernel names lose return type, namespaces and parameters, keep template arguments") {
+TEST_CASE("timeline: kernel names lose return type, parameters and our namespaces, keep other qualifiers") {
   CHECK(short_kernel_name("void spes::cuda::(anonymous namespace)::attention_backward_dkv_kernel<64, true>"
                           "(spes::cuda::(anonymous namespace)::Args)") == "attention_backward_dkv_kernel<64, true>");
-  CHECK(short_kernel_name("void spes::cuda::grouped_sm90::(anonymous namespace)::rows_kernel<"
-                          "spes::cuda::grouped_sm90::Shape<128, 256>, (spes::cuda::Op)1>(int, float const*)", 100) ==
-        "rows_kernel<spes::cuda::grouped_sm90::Shape<128, 256>, (spes::cuda::Op)1>");
+  // The portable and the sm90a grouped GEMM kernels share a name: their namespace
+  // keeps them apart, as do their template arguments.
+  const std::string sm90a = short_kernel_name(
+      "void spes::cuda::grouped_sm90::(anonymous namespace)::rows_kernel<spes::cuda::grouped_sm90::Shape<128, "
+      "256>, (spes::cuda::Op)1>(int, float const*)");
+  CHECK(sm90a == "grouped_sm90::rows_kernel<grouped_sm90::Shape<128, 256>, (Op)1>");
+  CHECK(short_kernel_name("void spes::cuda::(anonymous namespace)::rows_kernel<(spes::cuda::Op)1>(int)") ==
+        "rows_kernel<(Op)1>");
+  CHECK(short_kernel_name("void cutlass::Kernel2<cutlass_80_tensorop_s16816gemm_bf16_64x64_nn_align8>"
+                          "(cutlass_80_tensorop_s16816gemm_bf16_64x64_nn_align8::Params)") ==
+        "cutlass::Kernel2<cutlass_80_tensorop_s16816gemm_bf16_64x64_nn_align8>");
   CHECK(short_kernel_name("nvjet_sm90_tst_192x192_64x4_2x1_v_bz_coopA_TNT") ==
         "nvjet_sm90_tst_192x192_64x4_2x1_v_bz_coopA_TNT");
   CHECK(short_kernel_name("memcpy HtoD") == "memcpy HtoD");
-  std::string long_name = "void k<";
-  long_name.append(100, 'x').append(">(int)");
-  const std::string cut = short_kernel_name(long_name, 20);
+}
+
+TEST_CASE("timeline: fit cuts a long name to its width with an ellipsis") {
+  CHECK(spes::bench::fit("short", 10) == "short");
+  CHECK(spes::bench::fit("exactly10!", 10) == "exactly10!");
+  std::string long_name = "k<";
+  long_name.append(100, 'x');
+  const std::string cut = spes::bench::fit(long_name, 20);
   CHECK(cut.size() == 20);
   CHECK(cut.substr(0, 2) == "k<");
   CHECK(cut.substr(17) == "...");

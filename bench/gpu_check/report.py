@@ -230,7 +230,8 @@ SHAPE_RE = re.compile(r"B=?(\d+) S=?(\d+) H=?(\d+) D=?(\d+)")
 
 def train_gpu_figures(text):
     """bench_train_gpu's stdout: {"path": grouped-GEMM kernels,
-    "nodes": {label: {"tokens_s", "mfu", "step_ms", "outside_pct" (the traced step's time outside kernels)}},
+    "nodes": {label: {"tokens_s", "mfu", "step_ms",
+                      "outside_pct" (the traced step's time outside kernels and copies)}},
     "attention": {"fwd": TFLOP/s, "bwd": TFLOP/s} of the all-experts node's kernel table, "shape": B S}."""
     out = {"path": None, "nodes": {}, "attention": {}, "shape": None}
     m = re.search(r"^grouped expert GEMMs: (.*)$", text, re.M)
@@ -244,7 +245,7 @@ def train_gpu_figures(text):
         mfu = re.search(r"^MFU: ([\d.]+)%", sec, re.M)
         if mfu:
             node["mfu"] = float(mfu.group(1))
-        outside = re.search(r"^time outside kernels: [\d.]+ ms = ([\d.]+)% of the step", sec, re.M)
+        outside = re.search(r"^time outside kernels and copies: [\d.]+ ms = ([\d.]+)% of the step", sec, re.M)
         if outside:
             node["outside_pct"] = float(outside.group(1))
         out["nodes"][label] = node
