@@ -439,7 +439,7 @@ class Report:
                 continue
             key = [l for l in s.out.splitlines()
                    if re.search(r"GB/s|TFLOP/s|GFLOP/s|tokens/s|%|^device:|^ceilings:|^grouped expert GEMMs:|^attention kernels:"
-                             r"|^gaps by length:|^ +[\d.]+ ms at \+", l)]
+                             r"|^gaps by length:|^ +[\d.]+ ms at \+|^timeline: not traced|^warning:", l)]
             if key and st == PASS:
                 self.add("Key lines (GB/s, TFLOP/s, % of ceiling):", "", "```", *key, "```", "")
             self.add("<details><summary>full output</summary>", "", *full, "</details>", "")
