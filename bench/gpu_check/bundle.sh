@@ -5,8 +5,9 @@
 # runtimes). The bundle is everything a lent GPU machine needs for one call of
 # BUNDLE_DIR/run.sh OUT: stripped binaries (and CUPTI, for bench_train_gpu's step
 # timeline), the two tiny configs, the tokenized Tiny Shakespeare, the GPU-shaped
-# Hugging Face fixtures, the PyTorch anchors script, the commit. Fails, naming the cause, when a binary needs a shared library the GPU
-# machine may lack, or when the bundle exceeds GPU_BUNDLE_MAX_MIB.
+# Hugging Face fixtures, the PyTorch anchors script, the commit. Fails, naming the
+# cause, when a binary needs a shared library the GPU machine may lack, or when the
+# bundle exceeds GPU_BUNDLE_MAX_MIB.
 # --rehearsal packs a normal CUDA build for a run on this machine only (the rehearsal
 # without a GPU, tests/gpu_check_rehearsal.sh): no portability or size checks, fast gzip.
 set -euo pipefail
