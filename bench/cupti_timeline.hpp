@@ -164,7 +164,8 @@ class CuptiTimeline {
       tried.push_back(dir.substr(0, dir.rfind('/') + 1) + soname());  // the bundle's copy
     }
     tried.push_back(soname());  // the loader's search path
-    for (const char* d : {"/usr/local/cuda/extras/CUPTI/lib64/", "/usr/local/cuda/lib64/"}) tried.push_back(d + soname());
+    for (const char* dir : {"/usr/local/cuda/extras/CUPTI/lib64/", "/usr/local/cuda/lib64/"})
+      tried.push_back(dir + soname());
     void* lib = nullptr;
     std::string errors;
     for (const std::string& path : tried) {
