@@ -222,7 +222,7 @@ class CuptiTimeline {
       while (r.next_record(buffer, valid, &rec) == CUPTI_SUCCESS) {
         uint64_t start = 0, end = 0;
         std::string name;
-        if (rec->kind == CUPTI_ACTIVITY_KIND_CONCURRENT_KERNEL || rec->kind == CUPTI_ACTIVITY_KIND_KERNEL) {
+        if (rec->kind == CUPTI_ACTIVITY_KIND_CONCURRENT_KERNEL) {
           const auto* k = reinterpret_cast<const CUpti_ActivityKernel10*>(rec);
           start = k->start, end = k->end, name = short_kernel_name(demangle(k->name));
         } else if (rec->kind == CUPTI_ACTIVITY_KIND_MEMCPY) {
