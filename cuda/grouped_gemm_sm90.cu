@@ -767,10 +767,13 @@ struct WgradProblem {
 };
 
 // One thread of each CTA, after its last draw: the launch's last CTA to get here puts
-// the slot back to zero (every CTA has drawn its last ticket by then).
+// the slot back to zero (every CTA has drawn its last ticket by then). The fence before
+// `done` releases this CTA's draws; the one after it acquires the others', so that in
+// the memory model (not only on today's L2) every draw comes before the reset.
 __device__ __forceinline__ void return_tickets(TileTickets& t) {
   __threadfence();
   if (atomicAdd(&t.done, 1) == static_cast<int>(gridDim.x) - 1) {
+    __threadfence();
     atomicExch(&t.next, 0);
     atomicExch(&t.done, 0);
   }
