@@ -125,13 +125,6 @@ define_variants() {
 }
 define_variants
 
-# The study reads only each run's CSV and log: its final checkpoint and coordinator
-# state (GBs at this model's size) go, so that --out stays small enough to bring back.
-drop_state() {
-  local d
-  for d in "$@"; do rm -rf "$d/checkpoints" "$d/coordinator"; done
-}
-
 # ---- fitting the budget to the time left (--fit-seconds) -----------------------------
 # One probe run's figures from its CSV, for the node of most step time: the median
 # step_ms of its plain steps, its eval step's extra, its mean sync round (sync_ms) and
@@ -202,7 +195,6 @@ start=$(date +%s)
 # One variant's run, then the results so far (a run cut short leaves the ones before it).
 study_run() {
   run_variant "$@"
-  drop_state "$OUT/runs/$1/s$2"
   write_results
 }
 for seed in $SEEDS; do

@@ -129,6 +129,14 @@ wanted() {
   return 1
 }
 
+# The study reads only each run's CSV and log: its final checkpoint and coordinator
+# state (hundreds of MB a run even at the tiny size, GBs at the GPU study's) go, so
+# that a study of dozens of runs fits the disk and --out stays small enough to bring back.
+drop_state() {
+  local d
+  for d in "$@"; do rm -rf "$d/checkpoints" "$d/coordinator"; done
+}
+
 # NAME SEED NODES OFFSET OVERRIDES...: one run of a variant, and its curve and numbers.
 run_variant() {
   local name=$1 seed=$2 nodes=$3 offset=$4
@@ -141,6 +149,7 @@ run_variant() {
   curve_of "$dir/train.csv" "$nodes" "$offset" > "$dir/curve.csv"
   bytes_per_round "$dir/train.csv" > "$dir/bytes_round"
   opt_grad_bytes "$dir/log.txt" > "$dir/opt_grad_bytes"
+  drop_state "$dir"
   remember "$name"
 }
 
@@ -162,7 +171,10 @@ run_upcycled() {
   mapfile -d '' up < <(set_args "${COMMON[@]}" "${BEST_SETS[@]}" "train.seed=$seed")
   "$BIN" upcycle --checkpoint "$dir/dense/checkpoints" --config "$CONFIG" --out "$dir/moe-init" --noise 0.5 \
     "${up[@]}" 2> "$dir/upcycle.log" || { tail -n 3 "$dir/upcycle.log" >&2; die "upcycle failed in $dir"; }
+  drop_state "$dir/dense"
   run_engine "$dir/moe" "$NODES" "${moe[@]}"
+  drop_state "$dir/moe"
+  rm -rf "$dir/moe-init"
   {
     curve_of "$dir/dense/train.csv" 1 0
     curve_of "$dir/moe/train.csv" "$NODES" $((BUDGET / 2))
