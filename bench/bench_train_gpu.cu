@@ -33,11 +33,15 @@
 //     one rank (issue 16): its overhead over the plain backend (goal ≤ 2%), the
 //     all-reduce of the owned gradients, and that all-reduce projected to 8 GPUs.
 //
-// Usage: bench_train_gpu [--steps N] [--micro-batches N] [--micro-batch N] [--layers N]
+// Usage: bench_train_gpu [--steps N] [--micro-batches N] [--micro-batch N] [--layers N] [--profile]
 //   --micro-batches: gradient-accumulation micro-batches per step (default: the
 //   config's global_batch / micro_batch = 32). Without a GPU it prints "no GPU:
 //   <reason>" and exits 0, like the other GPU benches.
+//   --profile: for a profiler, not a measurement: the all-experts node takes one
+//   warm-up step and one more step inside the NVTX range "profiled step" (which
+//   `ncu --nvtx --nvtx-include "profiled step/"` selects), and the bench exits.
 #include <cuda_runtime.h>
+#include <nvtx3/nvToolsExt.h>
 
 #include <algorithm>
 #include <cmath>
@@ -93,7 +97,10 @@ struct Options {
   int64_t micro_batches = 0;  // 0 = global_batch / micro_batch
   int64_t micro_batch = 0;    // 0 = the config's
   int64_t layers = 0;         // 0 = the config's (shrunk only when memory requires)
+  bool profile = false;       // one warm-up step, one step in kProfiledStep, exit (see the usage)
 };
+
+constexpr const char* kProfiledStep = "profiled step";
 
 double ms_between(Clock::time_point a, Clock::time_point b) {
   return std::chrono::duration<double, std::milli>(b - a).count();
@@ -267,7 +274,10 @@ StepResult time_step(const Config& cfg, const Options& opt, int64_t n_micro, boo
   std::vector<double> step_ms, fb_ms, norm_ms, adam_ms;
   size_t min_free = free_bytes();
   for (int s = 0; s < 1 + opt.steps; ++s) {
+    const bool profiled = opt.profile && s == 1;
+    if (profiled) nvtxRangePushA(kProfiledStep);
     const StepTimes at = one_step(s + 1);
+    if (profiled) nvtxRangePop();
     min_free = std::min(min_free, free_bytes());
     if (s == 0) continue;  // warm-up: GEMM plans, lazy module loading, first touches
     step_ms.push_back(ms_between(at.start, at.end));
@@ -310,6 +320,7 @@ StepResult time_step(const Config& cfg, const Options& opt, int64_t n_micro, boo
               gib(double(use.arena_capacity)), gib(double(use.arena_used)));
   for (const MemoryLine& l : memory_report(use.plan))
     if (l.category != "total") std::printf("  %-40s %10.3f GiB\n", l.category.c_str(), gib(double(l.bytes)));
+  if (opt.profile) return r;  // CUPTI's tracing and the profiler's would meet
   int t = opt.steps + 1;  // AdamW's step count goes on from the timed steps
   trace_step([&] { one_step(++t); }, r.step_ms);
   return r;
@@ -700,11 +711,14 @@ int main(int argc, char** argv) {
     else if (a == "--micro-batches") opt.micro_batches = parse_int("--micro-batches", next), ++i;
     else if (a == "--micro-batch") opt.micro_batch = parse_int("--micro-batch", next), ++i;
     else if (a == "--layers") opt.layers = parse_int("--layers", next), ++i;
+    else if (a == "--profile") opt.profile = true;
     else {
-      std::fprintf(stderr, "usage: bench_train_gpu [--steps N] [--micro-batches N] [--micro-batch N] [--layers N]\n");
+      std::fprintf(stderr,
+                   "usage: bench_train_gpu [--steps N] [--micro-batches N] [--micro-batch N] [--layers N] [--profile]\n");
       return 2;
     }
   }
+  if (opt.profile) opt.steps = 1;
   std::string why;
   if (!spes::cuda::gpu_available(&why)) {
     std::printf("no GPU: %s (bench_train_gpu needs one; nothing was measured)\n", why.c_str());
@@ -760,6 +774,7 @@ int main(int argc, char** argv) {
       std::fflush(stdout);
       const StepResult r = time_step(cfg, opt, n_micro);  // the backend is gone when this returns
       std::fflush(stdout);
+      if (opt.profile) break;
       if (&node == &nodes[0]) {
         std::printf("\n-- the same node through the NCCL data-parallel path, 1 rank --\n");
         const StepResult dp = time_step(cfg, opt, n_micro, true);

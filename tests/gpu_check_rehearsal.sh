@@ -50,14 +50,14 @@ case $WHAT in
     exit $((problems > 0))
     ;;
   quick)
-    args=() budget=285
+    args=() budget=300
     mkdir -p "$OUT.stub/torch"
     printf '%s\n' '__version__ = "0-stub"' 'class cuda:' '    @staticmethod' '    def is_available(): return False' \
       > "$OUT.stub/torch/__init__.py"
     export PYTHONPATH="$OUT.stub${PYTHONPATH:+:$PYTHONPATH}"
     ;;
   full)
-    args=(--full) budget=465
+    args=(--full) budget=480
     export SPES_CHECK_GPU_DEVICE=cpu SPES_CHECK_TRAIN_STEPS=8 SPES_CHECK_SPES_STEPS=10 SPES_CHECK_CPU_BENCHES=0
     ;;
   *)
@@ -91,6 +91,7 @@ row "1a. CUDA tests" SKIPPED "no GPU"
 row "1b. GPU benches" SKIPPED
 row "1c. Ours beside PyTorch (same GPU)" SKIPPED "PyTorch anchors:"
 row "4a. arena guards" SKIPPED "no GPU"
+row "1d. Kernel profile (ncu)" SKIPPED
 if [[ $WHAT == quick ]]; then
   has "full mode only \(\`run.sh --full\`\): compute-sanitizer" "what quick mode leaves out"
   row "2. GPU vs CPU training (tiny-central)" SKIPPED "full mode only"

@@ -84,6 +84,22 @@ torch matmul bf16 (dense 8192^3),M8192 N8192 K8192,1.4000,784.7,
 transformers OlmoeForCausalLM train step (torch.compile),"spes-1b, micro-batch 8 x 2048",459.1000,474.2,35688 tokens/s; compiled in 77 s
 """
 
+# Nsight Compute's raw page as `ncu --import R --page raw --csv --print-units base` writes
+# it (a header row, a units row, one row per kernel), with a few of its columns.
+NCU_RAW = """"ID","Process ID","Process Name","Host Name","Kernel Name","Context","Stream","Block Size","Grid Size","Device","CC",\
+"gpu__time_duration.sum","sm__throughput.avg.pct_of_peak_sustained_elapsed",\
+"sm__pipe_tensor_op_gmma_cycles_active.avg.pct_of_peak_sustained_active",\
+"dram__throughput.avg.pct_of_peak_sustained_elapsed","smsp__average_warps_issue_stalled_barrier_per_issue_active.ratio",\
+"smsp__average_warps_issue_stalled_long_scoreboard_per_issue_active.ratio",\
+"smsp__average_warps_issue_stalled_selected_per_issue_active.ratio",\
+"smsp__average_warps_issue_stalled_wait_per_issue_active.ratio"
+"","","","","","","","","","","","nsecond","%","%","%","inst","inst","inst","inst"
+"0","4242","bench_train_gpu","h200","void spes::cuda::grouped_sm90::(anonymous namespace)::wgrad_kernel(float *const *, \
+const __nv_bfloat16 *)","1","7","(256, 1, 1)","(132, 1, 1)","0","9.0","512345","61.2","55.04","23.4","8.5","2.1","1","6.4"
+"1","4242","bench_train_gpu","h200","void spes::cuda::(anonymous namespace)::ce_cluster_kernel(__nv_bfloat16 *)","1","7",\
+"(512, 1, 1)","(26624, 1, 1)","0","9.0","2100000","40.5","0","59.9","1.5","20.25","1","0.5"
+"""
+
 
 def write(logs, base, out="", err="", rc=0, seconds=30, cmd="x"):
     path = os.path.join(logs, base)
@@ -111,6 +127,9 @@ def make_logs(logs):
         mm += f"torch matmul bf16 ({w} {p} as one GEMM),M{M} N{N} K{K},0.3000,{dense + 10:.1f},\n"
     write(logs, "bench/bench_grouped_gemm", GROUPED_HEAD + "\n" + "\n".join(rows) + "\n", "paths: portable, sm90a (ours)\n")
     write(logs, "torch/anchors", ANCHORS.format(mm=mm), "torch 2.11.0 on NVIDIA H200\n", seconds=150)
+    write(logs, "profile/step", "==PROF== Disconnected from process 4242\n", seconds=41)
+    with open(os.path.join(logs, "profile/step.raw.csv"), "w") as f:
+        f.write(NCU_RAW)
     write(logs, "bench/bench_gemm", rc=0, cmd="x")
     os.remove(os.path.join(logs, "bench/bench_gemm.rc"))
     with open(os.path.join(logs, "bench/bench_gemm.skipped"), "w") as f:
@@ -162,6 +181,10 @@ def main():
     expect("| grouped down backward-weight, portable (bench_grouped_gemm) vs dense bf16 matmul, same FLOPs | "
            "M768 N2048 K32768 | 223.7 TFLOP/s | 748.6 TFLOP/s | 0.30 |", "a grouped GEMM row")
     expect("| 2. GPU vs CPU training (tiny-central) | **PASS** | CPU run cut by its timeout at step 120", "step 2 judged at the cut")
+    expect("| 1d. Kernel profile (ncu) | **PASS** | 2 kernels profiled (exit 0 in 41 s) |", "the profile's summary row")
+    expect("| 1 | wgrad_kernel | (132, 1, 1) | 512.3 | 61.2 | 55.0 | 23.4 | barrier 8.5 (50 %), wait 6.4 (38 %), "
+           "long_scoreboard 2.1 (12 %) |", "a profiled kernel's row: % of peaks, stalls largest first, 'selected' left out")
+    expect("| # | kernel | grid | µs | SM % | tensor pipe % | DRAM % | stalls |", "only the columns the export has")
     if "FLOPs differ" in report:
         problems.append("a grouped GEMM row's FLOPs differ from the anchor's")
     for p in problems:

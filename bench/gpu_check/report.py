@@ -228,6 +228,58 @@ def fmt(x, digits=4):
 SHAPE_RE = re.compile(r"B=?(\d+) S=?(\d+) H=?(\d+) D=?(\d+)")
 
 
+# ---- Nsight Compute's raw page (ncu --page raw --csv --print-units base) -------------------
+# One wide row per profiled kernel after a header row and a units row (empty ID).
+
+NCU_COLUMNS = [  # (heading, raw metric), percentages
+    ("SM %", "sm__throughput.avg.pct_of_peak_sustained_elapsed"),
+    ("tensor pipe %", "sm__pipe_tensor_op_gmma_cycles_active.avg.pct_of_peak_sustained_active"),
+    ("issue slots %", "smsp__issue_active.avg.pct_of_peak_sustained_active"),
+    ("memory %", "gpu__compute_memory_throughput.avg.pct_of_peak_sustained_elapsed"),
+    ("L2 %", "lts__throughput.avg.pct_of_peak_sustained_elapsed"),
+    ("DRAM %", "dram__throughput.avg.pct_of_peak_sustained_elapsed"),
+    ("warps active %", "sm__warps_active.avg.pct_of_peak_sustained_active"),
+]
+STALL_RE = re.compile(r"^smsp__average_warps_issue_stalled_(\w+)_per_issue_active\.ratio$")
+
+
+def ncu_kernels(text):
+    """[{column: value}] of the profiled kernels, in profile order; [] when the text is
+    not a raw-page export."""
+    rows = [r for r in csv.reader(io.StringIO(text)) if r]
+    head = next((i for i, r in enumerate(rows) if "Kernel Name" in r and "ID" in r), None)
+    if head is None:
+        return []
+    names = rows[head]
+    at = names.index("ID")
+    return [dict(zip(names, r)) for r in rows[head + 1:] if len(r) > at and r[at].strip().isdigit()]
+
+
+def ncu_stalls(kernel):
+    """[(reason, warp cycles per issued instruction)], largest first ("selected", the
+    cycle a warp issues, is not a stall)."""
+    out = []
+    for k, v in kernel.items():
+        m = STALL_RE.match(k)
+        if m and m.group(1) != "selected" and num(v) is not None:
+            out.append((m.group(1), num(v)))
+    return sorted(out, key=lambda x: -x[1])
+
+
+def ncu_kernel_name(name):
+    """A kernel's name without its return type, namespaces and parameters (a demangled
+    name's template arguments stay)."""
+    name = name.replace("(anonymous namespace)::", "")
+    depth = 0
+    for i, c in enumerate(name):  # the parameter list: the first "(" outside <...>
+        depth += (c == "<") - (c == ">")
+        if c == "(" and depth == 0:
+            name = name[:i]
+            break
+    base = name.split("<")[0]
+    return name[len(base.rsplit("::", 1)[0]) + 2:] if "::" in base else name.split()[-1] if " " in base else name
+
+
 def train_gpu_figures(text):
     """bench_train_gpu's stdout: {"path": grouped-GEMM kernels,
     "nodes": {label: {"tokens_s", "mfu", "step_ms",
@@ -601,6 +653,40 @@ class Report:
             self.add("<details><summary>torch_anchors.py output</summary>", "", "```", a.out.rstrip(),
                      *(["--- stderr ---", a.err.rstrip()] if a.err.strip() else []), "```", "</details>", "")
 
+    # -- 1d
+    def profile(self):
+        title = "1d. Kernel profile (ncu)"
+        self.add(f"## {title}", "")
+        s = Step(os.path.join(self.logs, "profile", "step"))
+        if not s.ran:
+            self.add(f"Not run: {s.exit_text()}.", "")
+            self.result(title, SKIPPED, s.exit_text())
+            return
+        kernels = ncu_kernels(read(s.base + ".raw.csv"))
+        self.add("Counters of the step's heaviest kernels, read by Nsight Compute's replays: not timings (each "
+                 "duration is one replay's, caches flushed). Stalls: warp cycles per issued instruction by "
+                 "reason, largest first. The details page (with the profiler's advice) and the stall samples "
+                 "per SASS instruction are in `logs.tar.gz`: `profile/step.details.txt`, `profile/step.source.csv`.",
+                 "")
+        if not kernels:
+            why = s.exit_text() + (": " + short(last_line(s.err), 200) if s.err.strip() else "")
+            self.add(f"No profiled kernels ({why}).", "")
+            self.result(title, FAIL, f"no profiled kernels ({why})")
+            return
+        cols = [(h, m) for h, m in NCU_COLUMNS if any(m in k for k in kernels)]
+        self.add("| # | kernel | grid | µs | " + " | ".join(h for h, _ in cols) + " | stalls |",
+                 "| --- " * (5 + len(cols)) + "|")
+        for i, k in enumerate(kernels):
+            dur = num(k.get("gpu__time_duration.sum", ""))
+            stalls = ncu_stalls(k)
+            total = sum(v for _, v in stalls)
+            top = ", ".join(f"{r} {v:.1f} ({100 * v / total:.0f} %)" for r, v in stalls[:3]) if total > 0 else "—"
+            vals = [f"{num(k[m]):.1f}" if num(k.get(m, "")) is not None else "—" for _, m in cols]
+            self.add(f"| {i + 1} | {cell(ncu_kernel_name(k.get('Kernel Name', '?')))} | {cell(k.get('Grid Size', ''))} | "
+                     f"{f'{dur / 1e3:.1f}' if dur is not None else '—'} | " + " | ".join(vals) + f" | {cell(top)} |")
+        self.add("")
+        self.result(title, PASS if s.rc == 0 else FAIL, f"{len(kernels)} kernels profiled ({s.exit_text()})")
+
     # -- 4
     def sanitize(self):
         title = "4. compute-sanitizer"
@@ -889,6 +975,7 @@ def main():
     r.tests()
     r.benches(cpu_only=False)
     r.pytorch()
+    r.profile()
     r.train_compare()
     r.spes_round()
     r.guards()
@@ -930,7 +1017,7 @@ def main():
     head.append("")
     tail = ["## Logs", "", "`logs.tar.gz` next to this file: `run.log` (the script's progress), `env/` (nvidia-smi, "
             "the libraries found, ldd of every binary), `tests/NAME.out` (doctest XML), `bench/`, `torch/` (the PyTorch "
-            "anchors), `train/`, `spes/` (stdout CSV and stderr of every process), `guard/` (the planted overrun), `sanitize/` (compute-sanitizer logs).", ""]
+            "anchors), `train/`, `spes/` (stdout CSV and stderr of every process), `profile/` (Nsight Compute's exports), `guard/` (the planted overrun), `sanitize/` (compute-sanitizer logs).", ""]
     with open(out_path, "w", encoding="utf-8") as f:
         f.write("\n".join(head + r.body + tail) + "\n")
     width = max(len(s) for s, _, _ in r.summary)

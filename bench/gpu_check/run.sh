@@ -4,8 +4,8 @@
 # its driver, cuBLAS, cuBLASLt and NCCL, and run
 #   gpu-check/run.sh [--quick] OUTDIR    quick mode, the default: at most ~5 minutes
 #   gpu-check/run.sh --full OUTDIR       full mode: at most ~8 minutes
-# Every step has a timeout inside a total budget (SPES_CHECK_BUDGET_S: 285 s quick,
-# 465 s full); a step left without time is recorded as skipped for time.
+# Every step has a timeout inside a total budget (SPES_CHECK_BUDGET_S: 300 s quick,
+# 480 s full); a step left without time is recorded as skipped for time.
 #
 # Quick mode:
 #   0. records the device, driver and the CUDA libraries it found; checks that the
@@ -16,7 +16,9 @@
 #       attention's start-up check failed to run), then bench/torch_anchors.py
 #       (PyTorch on the same GPU, eager; skipped with the reason where python3,
 #       torch or a GPU is missing), bench_grouped_gemm, bench_attention, bench_core,
-#       bench_gemm.
+#       bench_gemm;
+#   1d. profiles the step's heaviest kernels with Nsight Compute (ncu) where the
+#       machine has it: counters and stall reasons, no timings (skipped otherwise).
 # Full mode runs the same and adds, in two phases:
 #   correctness (nothing in it is timed), three lanes side by side on the GPU:
 #     - the CUDA test files, test_gpu_step whole (its 300-step case too);
@@ -29,7 +31,8 @@
 #       every round's state hash checked;
 #   timing, the GPU alone: the benches of quick mode, torch.compile in the anchors,
 #     and bench_train_gpu again with SPES_GROUPED_GEMM=portable (the grouped expert
-#     GEMMs on the portable kernels); then 5. the CPU benches with the time left.
+#     GEMMs on the portable kernels); the profile (1d); then 5. the CPU benches with
+#     the time left.
 # Then it writes OUTDIR/report.md (summary table first; the mode, and what was skipped
 # for time) and OUTDIR/logs.tar.gz (every raw log). A failing step is recorded and the
 # script goes on; it exits 0 once the report is written. Nothing is installed;
@@ -58,7 +61,7 @@ CFG="$HERE/configs"
 DATA="$HERE/data/tinyshakespeare"
 export SPES_HF_FIXTURES="$HERE/hf"  # test_gpu_import's fixtures (bundle.sh)
 T0=$(date +%s)
-declare -A DEFAULT_BUDGET=([quick]=285 [full]=465)
+declare -A DEFAULT_BUDGET=([quick]=300 [full]=480)
 BUDGET=${SPES_CHECK_BUDGET_S:-${DEFAULT_BUDGET[$MODE]}}
 TRAIN_STEPS=${SPES_CHECK_TRAIN_STEPS:-300}
 SPES_STEPS=${SPES_CHECK_SPES_STEPS:-100}
@@ -347,6 +350,65 @@ run_gpu_benches() {
   done
 }
 
+# ---- 1d. where the step's heaviest kernels spend their cycles: Nsight Compute ------------
+# One step of spes-1b cut to 2 layers (every kernel at its spes-1b shape, a few GiB)
+# under ncu, which replays each selected kernel to read the hardware counters (so
+# nothing here is a timing; --clock-control none leaves the clocks as they are): of
+# the step's second layer, the attention forward and the two expert forward GEMMs,
+# then the 5 cross-entropy chunks, then that layer's backward (expert backward-input
+# and weight-gradient GEMMs, attention backward), 14 kernels in the order the step
+# launches them, sm90a or portable, whichever the step takes. The NVTX range
+# "profiled step" (bench_train_gpu --profile) keeps the warm-up step out, and the
+# launch count starts inside it. Exported as text: the raw counters (CSV, one row per
+# kernel), the details page (throughput against the peaks, warp stall reasons, the
+# profiler's own advice) and the stall samples per SASS instruction.
+PROFILE_KERNELS='::(grouped_)?(rows|wgrad)_kernel[<(]|::(attention_)?(forward|backward_dkv|backward_dq|dkv|dq)_kernel[<(]'
+PROFILE_KERNELS+='|::ce_cluster_kernel[<(]'
+PROFILE_SKIP=3 PROFILE_COUNT=14 PROFILE_CAP=90
+find_ncu() {
+  local c
+  for c in "$(command -v ncu 2>/dev/null)" /usr/local/cuda/bin/ncu /usr/local/cuda-*/bin/ncu \
+    /opt/nvidia/nsight-compute/*/ncu; do
+    [[ -n $c && -x $c ]] && echo "$c" && return
+  done
+}
+
+# run_profile DEADLINE
+run_profile() {
+  local D=$1 base="$L/profile/step" ncu rep="$WORK/profile" page extra=()
+  mkdir -p "$L/profile" "$WORK/ncu-home"
+  ncu=$(find_ncu)
+  if [[ -z $ncu ]]; then
+    skip_step "$base" "ncu (Nsight Compute) not found"
+  elif ! have_gpu; then
+    skip_step "$base" "no GPU"
+  elif [[ ! -x $BIN/bench_train_gpu ]]; then
+    skip_step "$base" "no bench_train_gpu in this build"
+  fi
+  if [[ -f $base.skipped ]]; then
+    say "ncu profile: skipped: $(cat "$base.skipped")"
+    return
+  fi
+  # The Hopper tensor pipe's busy share, where this ncu knows the counter (asking for
+  # an unknown one would fail the whole profile).
+  HOME="$WORK/ncu-home" timeout 30 "$ncu" --query-metrics --chip gh100 2>/dev/null |
+    grep -q '^sm__pipe_tensor_op_gmma_cycles_active' &&
+    extra=(--metrics sm__pipe_tensor_op_gmma_cycles_active.avg.pct_of_peak_sustained_active)
+  run_step "$base" "$(cap "$PROFILE_CAP" "$D")" env HOME="$WORK/ncu-home" "$ncu" --clock-control none \
+    --set detailed "${extra[@]}" --import-source no --nvtx --nvtx-include "profiled step/" \
+    --kernel-name-base demangled --kernel-name "regex:$PROFILE_KERNELS" \
+    --launch-skip "$PROFILE_SKIP" --launch-count "$PROFILE_COUNT" -f -o "$rep" \
+    "$BIN/bench_train_gpu" --profile --layers 2 --micro-batches 1
+  if [[ -f $rep.ncu-rep ]]; then
+    for page in "raw --csv --print-units base" "details" "source --csv --print-source sass"; do
+      # shellcheck disable=SC2086  # the page's words
+      HOME="$WORK/ncu-home" timeout 60 "$ncu" --import "$rep.ncu-rep" --print-kernel-base demangled --page $page \
+        > "$base.${page%% *}$([[ $page == *csv* ]] && echo .csv || echo .txt)" 2>> "$base.import.err"
+    done
+  fi
+  say_exit "ncu profile ($(grep -c '^"[0-9]' "$base.raw.csv" 2>/dev/null || echo 0) kernels)" "$base"
+}
+
 # ---- 2. tiny-central on the GPU and on the CPU; 3. the mixed SPES run ----------------------
 DATA_SETS=(--set "data.train=$(quote "$DATA/train.manifest")" --set "data.validation=$(quote "$DATA/val.manifest")")
 # The CPU reference takes minutes (bench/RESULTS.md: 300 steps did not fit in 240 s
@@ -533,6 +595,7 @@ quick_mode() {
   echo "$FULL_ONLY" > "$L/sanitize/skipped"
   run_tests "$(deadline 0.40)"
   run_gpu_benches "$(deadline 1.0)"
+  run_profile "$(deadline 1.0)"
   run_cpu_benches "$(deadline 1.0)"
 }
 
@@ -556,6 +619,7 @@ full_mode() {
   say "train CPU: exit $(rc_of "$L/train/cpu")$([[ -f $L/train/cpu.stopped ]] && echo " ($(cat "$L/train/cpu.stopped"))")"
   say "timing phase: the GPU alone"
   run_gpu_benches "$(deadline 0.98)"
+  run_profile "$(deadline 0.98)"
   run_cpu_benches "$(deadline 1.0)"
 }
 
