@@ -112,20 +112,38 @@ __device__ __forceinline__ Geom geometry(const bf16* src, int len) {
   return {head, nvec, head + nvec * 8, len};
 }
 
+// Vectors a thread loads before it uses any in pass 1. A cluster block's slice is
+// ~5 vectors per thread: read one at a time, each thread would keep one 16-byte load
+// in flight, too few for HBM's latency; all of a batch in flight are 4.
+constexpr int kLoadBatch = 4;
+
 // Pass 1: softmax statistics of the slice; with STORE, also copies it to s_x
-// (element e at s_x[pad + e], pad making the vectors 16-byte aligned in smem).
+// (element e at s_x[pad + e], pad making the vectors 16-byte aligned in smem). A
+// thread takes vectors tid, tid + blockDim.x, ... in that order, kLoadBatch loads
+// at a time.
 template <bool STORE>
 __device__ Stat pass1(const bf16* src, const Geom& g, bf16* s_x, int pad) {
   Stat st{-INFINITY, 0.0f};
   const int4* vsrc = reinterpret_cast<const int4*>(src + g.head);
-  for (int k = threadIdx.x; k < g.nvec; k += blockDim.x) {
-    // Read once (cluster: the smem copy serves pass 2) → evict-first; otherwise
-    // keep it cacheable for the re-read.
-    const int4 raw = STORE ? __ldcs(vsrc + k) : vsrc[k];
-    if (STORE) reinterpret_cast<int4*>(s_x + pad + g.head)[k] = raw;
-    float x[8];
-    unpack8(x, raw);
-    add8(st, x);
+  const int stride = static_cast<int>(blockDim.x);
+  for (int k0 = threadIdx.x; k0 < g.nvec; k0 += kLoadBatch * stride) {
+    int4 raw[kLoadBatch];
+#pragma unroll
+    for (int b = 0; b < kLoadBatch; ++b) {
+      // Read once (cluster: the smem copy serves pass 2) → evict-first; otherwise
+      // keep it cacheable for the re-read.
+      const int k = k0 + b * stride;
+      if (k < g.nvec) raw[b] = STORE ? __ldcs(vsrc + k) : vsrc[k];
+    }
+#pragma unroll
+    for (int b = 0; b < kLoadBatch; ++b) {
+      const int k = k0 + b * stride;
+      if (k >= g.nvec) break;
+      if (STORE) reinterpret_cast<int4*>(s_x + pad + g.head)[k] = raw[b];
+      float x[8];
+      unpack8(x, raw[b]);
+      add8(st, x);
+    }
   }
   for (int e = threadIdx.x; e < g.head; e += blockDim.x) {
     const bf16 v = src[e];
