@@ -19,7 +19,8 @@
 // stdout is a CSV, header first: per (weights, product) the time and TFLOP/s of each
 // way, and ours (the path the launchers take by default: sm90a where it runs, else
 // portable) over each of the others as a ratio of TFLOP/s (> 1: ours faster), and
-// sm90a over portable. A refused cuBLAS call (the grouped API with an fp32 output on
+// sm90a over portable; last, ours on an even routing (every expert S/E rows, the same
+// FLOPs): against ours on the skewed ones, what the load imbalance costs the kernel. A refused cuBLAS call (the grouped API with an fp32 output on
 // some versions) and a path the device does not run leave their columns "nan". stderr
 // gets the device, which paths it runs, the routings' load imbalance and a check of
 // each path against cuBLAS per expert on one routing. Without a GPU: exit 77, the
@@ -177,14 +178,17 @@ void run_weights(const char* name, int64_t C, int64_t OC, const std::vector<std:
   spes::bench::copy_to_device(d_trained.p, trained.data(), d_trained.bytes, stream);
   spes::bench::copy_to_device(d_offsets.p, all_offsets.data(), d_offsets.bytes, stream);
   const int32_t* offsets_of = d_offsets.as<int32_t>();
+  std::vector<int32_t> even(kE + 1);  // every expert kS / kE rows
+  for (int64_t e = 0; e <= kE; ++e) even[e] = int32_t(e * kS / kE);
+  DevBuf d_even(sizeof(int32_t) * even.size());
+  spes::bench::copy_to_device(d_even.p, even.data(), d_even.bytes, stream);
 
   const bool has_sm90a = spes::cuda::grouped_gemm_sm90a_available();
   std::vector<GroupedGemmPath> paths{GroupedGemmPath::portable};
   if (has_sm90a) paths.push_back(GroupedGemmPath::sm90a);
   for (Product p : {Product::forward, Product::backward_input, Product::backward_weight}) {
     const double flops = 2.0 * double(kS) * double(C) * double(OC);
-    auto ours = [&](int r, GroupedGemmPath path) {
-      const int32_t* off = offsets_of + r * (kE + 1);
+    auto ours_on = [&](const int32_t* off, GroupedGemmPath path) {
       if (p == Product::forward)
         spes::cuda::grouped_matmul_forward(y.as<bf16>(), x.as<bf16>(), d_wt.as<const bf16* const>(), off, kS, kE, C,
                                            OC, stream, path);
@@ -195,6 +199,7 @@ void run_weights(const char* name, int64_t C, int64_t OC, const std::vector<std:
         spes::cuda::grouped_matmul_backward_weight(d_dwt.as<float* const>(), y.as<bf16>(), x.as<bf16>(), off,
                                                    d_trained.as<int32_t>(), kE, kS, kE, C, OC, stream, path);
     };
+    auto ours = [&](int r, GroupedGemmPath path) { ours_on(offsets_of + r * (kE + 1), path); };
     // cuBLAS on the same inputs; its outputs go to the *2 buffers (the check below).
     const Buffers cublas_bufs{x.as<bf16>(), p == Product::forward ? y2.as<bf16>() : y.as<bf16>(), w.as<bf16>(),
                               dx2.as<bf16>(), dw2.as<float>()};
@@ -262,7 +267,9 @@ void run_weights(const char* name, int64_t C, int64_t OC, const std::vector<std:
       next = 0;
       t_sm90a = spes::bench::median_ms([&] { ours(next++ % kRoutings, GroupedGemmPath::sm90a); }, stream);
     }
+    const GroupedGemmPath ours_path = has_sm90a ? GroupedGemmPath::sm90a : GroupedGemmPath::portable;
     const float t_ours = has_sm90a ? t_sm90a : t_portable;
+    const float t_even = spes::bench::median_ms([&] { ours_on(d_even.as<int32_t>(), ours_path); }, stream);
     next = 0;
     const float t_per = spes::bench::median_ms([&] { per_expert(next++ % kRoutings); }, stream);
     float t_grouped = -1;
@@ -276,13 +283,14 @@ void run_weights(const char* name, int64_t C, int64_t OC, const std::vector<std:
     }
     const float t_dense = spes::bench::median_ms(dense, stream);
 
-    std::printf("%s,%s,%ld,%ld,%ld,%ld,%.4f,%s,%s,%s,%s,%s,%s,%s,%s,%s,%s,%s,%s,%s,%s\n", name, product_name(p),
+    std::printf("%s,%s,%ld,%ld,%ld,%ld,%.4f,%s,%s,%s,%s,%s,%s,%s,%s,%s,%s,%s,%s,%s,%s,%s,%s\n", name, product_name(p),
                 long(kS), long(kE), long(C), long(OC), flops / 1e12, ms_cell(t_portable).c_str(),
                 tf_cell(flops, t_portable).c_str(), ms_cell(t_sm90a).c_str(), tf_cell(flops, t_sm90a).c_str(),
                 ms_cell(t_grouped).c_str(), tf_cell(flops, t_grouped).c_str(), ms_cell(t_per).c_str(),
                 tf_cell(flops, t_per).c_str(), ms_cell(t_dense).c_str(), tf_cell(flops, t_dense).c_str(),
                 ratio_cell(t_ours, t_grouped).c_str(), ratio_cell(t_ours, t_per).c_str(),
-                ratio_cell(t_ours, t_dense).c_str(), ratio_cell(t_sm90a, t_portable).c_str());
+                ratio_cell(t_ours, t_dense).c_str(), ratio_cell(t_sm90a, t_portable).c_str(), ms_cell(t_even).c_str(),
+                tf_cell(flops, t_even).c_str());
     std::fflush(stdout);
   }
 }
@@ -321,7 +329,8 @@ int main() {
                    spes::cuda::grouped_gemm_sm90a_unavailable_reason().c_str());
     std::printf("weights,product,S,E,C,OC,tflop,portable_ms,portable_tflops,sm90a_ms,sm90a_tflops,"
                 "cublas_grouped_ms,cublas_grouped_tflops,cublas_per_expert_ms,cublas_per_expert_tflops,dense_ms,"
-                "dense_tflops,ours_over_grouped,ours_over_per_expert,ours_over_dense,sm90a_over_portable\n");
+                "dense_tflops,ours_over_grouped,ours_over_per_expert,ours_over_dense,sm90a_over_portable,ours_even_ms,"
+                "ours_even_tflops\n");
     cublasHandle_t cublas = nullptr;  // the peer: plain cuBLAS on the same stream
     cublas_check(cublasCreate(&cublas));
     cublas_check(cublasSetStream(cublas, rt.stream()));
