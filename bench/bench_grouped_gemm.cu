@@ -20,11 +20,13 @@
 // way, and ours (the path the launchers take by default: sm90a where it runs, else
 // portable) over each of the others as a ratio of TFLOP/s (> 1: ours faster), and
 // sm90a over portable; last, ours on an even routing (every expert S/E rows, the same
-// FLOPs): against ours on the skewed ones, what the load imbalance costs the kernel. A refused cuBLAS call (the grouped API with an fp32 output on
-// some versions) and a path the device does not run leave their columns "nan". stderr
-// gets the device, which paths it runs, the routings' load imbalance and a check of
-// each path against cuBLAS per expert on one routing. Without a GPU: exit 77, the
-// reason on stderr.
+// FLOPs): against ours on the skewed ones, what the load imbalance costs the kernel.
+// A refused cuBLAS call (the grouped API with an fp32 output on some versions) and a
+// path the device does not run leave their columns "nan". stderr gets the device,
+// which paths it runs, the routings' load imbalance, a check of each path against
+// cuBLAS per expert on one routing, and the sm90a kernels at a few L2 prefetch
+// distances (grouped_sm90::set_l2_prefetch_k_steps; the CSV's sm90a column is the
+// default's). Without a GPU: exit 77, the reason on stderr.
 #include <cublas_v2.h>
 
 #include <algorithm>
@@ -36,6 +38,7 @@
 
 #include "bench/common.cuh"
 #include "cuda/grouped_gemm.cuh"
+#include "cuda/grouped_gemm_sm90.cuh"
 
 namespace {
 
@@ -266,6 +269,21 @@ void run_weights(const char* name, int64_t C, int64_t OC, const std::vector<std:
     if (has_sm90a) {
       next = 0;
       t_sm90a = spes::bench::median_ms([&] { ours(next++ % kRoutings, GroupedGemmPath::sm90a); }, stream);
+    }
+    if (has_sm90a) {  // the sm90a kernels' L2 requests ahead of their copies, each choice on the same routings
+      const int chosen = spes::cuda::grouped_sm90::l2_prefetch_k_steps();
+      std::string line;
+      for (const int ahead : {0, 2, 4, 8}) {
+        spes::cuda::grouped_sm90::set_l2_prefetch_k_steps(ahead);
+        next = 0;
+        const float t = spes::bench::median_ms([&] { ours(next++ % kRoutings, GroupedGemmPath::sm90a); }, stream);
+        char cell[48];
+        std::snprintf(cell, sizeof cell, " %d: %.1f", ahead, flops / (double(t) * 1e-3) / 1e12);
+        line += cell;
+      }
+      spes::cuda::grouped_sm90::set_l2_prefetch_k_steps(chosen);
+      std::fprintf(stderr, "%s %s, sm90a, TFLOP/s by k-steps asked of L2 ahead of their copies (%d in the step):%s\n",
+                   name, product_name(p), chosen, line.c_str());
     }
     const GroupedGemmPath ours_path = has_sm90a ? GroupedGemmPath::sm90a : GroupedGemmPath::portable;
     const float t_ours = has_sm90a ? t_sm90a : t_portable;

@@ -48,6 +48,11 @@
 // first two k-steps of the CTA's next tile, so that they are in flight while the tile
 // ends and is stored, and its main loop starts on landed data (a tile's short K,
 // 768 = 12 k-steps at the gate|up forward, would otherwise pay for the fill each time).
+// Two k-steps of copies in flight (about a microsecond of wgmma) may not cover a
+// read that misses L2; so a CTA also asks L2 for the operands it streams from DRAM a
+// few k-steps (l2_ahead) before it copies them (prefetch.global.L2, one per 128-byte
+// line): the per-row activation (forward, backward-input; the weights are shared by
+// every row tile and stay in L2) or both operands (weight gradient).
 //
 // Scheduling: a persistent grid, one CTA per SM. Forward / backward-input: each CTA
 // walks tiles t = blockIdx.x, + gridDim.x, … in the portable path's order (row tiles
@@ -183,6 +188,11 @@ struct TileCopy {
     smem_offset = (MAJ == Major::k ? 0u : uint32_t(chunk / 8) * kBlockBytes) + uint32_t(line0) * kLineBytes + swizzled;
   }
 
+  // Whether this thread's chunk of `line` at k-step offset k0 lies inside the operand.
+  __device__ __forceinline__ bool inside(int line, int k0) const {
+    return MAJ == Major::k ? (line < mn_valid && k0 + col < K) : (k0 + line < K && col < mn_valid);
+  }
+
   // Issues this thread's copies of k-step kt into the tile at shared address `tile`.
   __device__ __forceinline__ void issue(uint32_t tile, int kt) const {
     const int k0 = kt * kBK;
@@ -190,9 +200,26 @@ struct TileCopy {
     const bf16* p = MAJ == Major::k ? src + k0 : src + int64_t(k0) * ld;
 #pragma unroll
     for (int i = 0; i < kPasses; ++i, p += pass_step) {
-      const int line = line0 + i * kLinesPerPass;
-      const bool ok = MAJ == Major::k ? (line < mn_valid && k0 + col < K) : (k0 + line < K && col < mn_valid);
+      const bool ok = inside(line0 + i * kLinesPerPass, k0);
       cp_async_16(tile + smem_offset + i * kPassBytes, ok ? p : base, ok);
+    }
+  }
+
+  // The tile's k-step in global memory, in 128-byte lines of 64 elements: K-major, one
+  // per m (or n) row (its 64 k values); MN-major, MN / 64 per k.
+  static constexpr int kGlobalLines = MAJ == Major::k ? MN : kBK * (MN / 64);
+
+  // Asks L2 for line threadIdx.x of k-step kt of the tile, where it starts inside the
+  // operand (one request per line, no wait; a K-major line at the end of K may reach
+  // past it, into the next row: asked for, never copied).
+  __device__ __forceinline__ void prefetch(int kt) const {
+    const int l = static_cast<int>(threadIdx.x), k0 = kt * kBK;
+    if (l >= kGlobalLines) return;
+    if constexpr (MAJ == Major::k) {
+      if (l < mn_valid && k0 < K) prefetch_l2(base + int64_t(l) * ld + k0);
+    } else {
+      const int k = k0 + l / (MN / 64), i = 64 * (l % (MN / 64));
+      if (k < K && i < mn_valid) prefetch_l2(base + int64_t(k) * ld + i);
     }
   }
 };
@@ -229,6 +256,24 @@ template <class Op>
 __device__ __forceinline__ void load_stage(const Op& op, uint32_t stage, int kt) {
   op.a.issue(stage, kt);
   op.b.issue(stage + kTileABytes, kt);
+}
+
+// Asks L2 for k-step kt of op (if it has one) of the operands the problem streams: A
+// always, B where Problem::kStreamsB.
+template <class Problem, class Op>
+__device__ __forceinline__ void prefetch_kstep(const Op& op, int kt) {
+  static_assert(decltype(op.a)::kGlobalLines <= kThreads && decltype(op.b)::kGlobalLines <= kThreads,
+                "one line of each operand per thread");
+  if (kt >= op.ktiles) return;
+  op.a.prefetch(kt);
+  if constexpr (Problem::kStreamsB) op.b.prefetch(kt);
+}
+
+// A new tile's L2 requests: the k-steps that follow its first kStages − 2 (copied at
+// once) up to the first its main loop asks for (see mainloop).
+template <class Problem, class Op>
+__device__ __forceinline__ void prefetch_start(const Problem& problem, const Op& op) {
+  for (int kt = kStages - 2; kt < kStages - 2 + problem.l2_ahead; ++kt) prefetch_kstep<Problem>(op, kt);
 }
 
 // The first kStages − 2 k-steps of op in flight at stream positions n0, n0 + 1, …,
@@ -321,12 +366,15 @@ __device__ __forceinline__ bool mainloop(float (&acc)[kAcc], const Problem& prob
       if (next.valid) {
         op = problem.operands(next);  // this tile's copies are all issued
         problem.prefetch(next);
+        prefetch_start(problem, op);
       }
     }
-    if (fill < ktiles)
+    if (fill < ktiles) {
       load_stage(op, stage_of(stages, n + fill), fill);
-    else if (moved_on && next.valid && fill - ktiles < op.ktiles)
+      if (problem.l2_ahead > 0) prefetch_kstep<Problem>(op, fill + problem.l2_ahead);  // copied l2_ahead steps on
+    } else if (moved_on && next.valid && fill - ktiles < op.ktiles) {
       load_stage(op, stage_of(stages, n + fill), fill - ktiles);
+    }
     cp_async_commit();
     cursor.at_kstep(kt, ktiles);
     wgmma_wait<1>();  // k-step kt − 1's group is done: only kt's may still run
@@ -363,6 +411,7 @@ __device__ __forceinline__ void run_tiles(const Problem& problem, unsigned char*
   int n = 0;  // the stream position of the tile's k-step 0
   prologue(op, stages, n);
   problem.prefetch(job);
+  prefetch_start(problem, op);
   UnfinishedStore<typename Problem::Job> unfinished{false, job, {}};
   while (true) {
     const int ktiles = op.ktiles;
@@ -379,6 +428,7 @@ __device__ __forceinline__ void run_tiles(const Problem& problem, unsigned char*
         op = problem.operands(next);
         prologue(op, stages, n + ktiles);  // in flight while this tile is stored
         problem.prefetch(next);
+        prefetch_start(problem, op);
       }
     }
     problem.store(job, acc, staging, !moved_on && next.valid);
@@ -462,6 +512,10 @@ struct RowsProblem {
   const bf16* const* weights;
   const Sched* sched;
   int E, N, K, n_col_tiles, n_tiles;
+  int l2_ahead;  // k-steps ahead of its copy each streamed line is asked of L2 (0: none)
+  // A, the rows' activation, is streamed from DRAM; B, the expert's weights, is read
+  // by every row tile of the expert and stays in L2.
+  static constexpr bool kStreamsB = false;
 
   struct Job {
     bool valid;
@@ -540,12 +594,12 @@ struct RowsProblem {
 template <Major B_MAJ>
 __global__ void __launch_bounds__(kThreads, 1)
     rows_kernel(bf16* __restrict__ out, const bf16* __restrict__ a, const bf16* const* __restrict__ weights,
-                const int32_t* __restrict__ offsets, int S, int E, int N, int K, int n_col_tiles) {
+                const int32_t* __restrict__ offsets, int S, int E, int N, int K, int n_col_tiles, int l2_ahead) {
 #if SPES_SM90A_DEVICE_CODE
   unsigned char* smem = dynamic_smem<unsigned char>;
   Sched& sched = *reinterpret_cast<Sched*>(smem);
   const int row_tiles = scan_row_tiles(sched, offsets, E, S);
-  const RowsProblem<B_MAJ> problem{out, a, weights, &sched, E, N, K, n_col_tiles, row_tiles * n_col_tiles};
+  const RowsProblem<B_MAJ> problem{out, a, weights, &sched, E, N, K, n_col_tiles, row_tiles * n_col_tiles, l2_ahead};
   run_tiles(problem, smem, stages_address(smem));
 #endif
 }
@@ -609,6 +663,8 @@ struct WgradProblem {
   WgradSched* sched;
   TileTickets* tickets;
   int C, OC, n_tiles, per_expert, n_work;
+  int l2_ahead;  // as RowsProblem's
+  static constexpr bool kStreamsB = true;  // both operands are per-row activations
 
   struct Job {
     bool valid;
@@ -784,14 +840,15 @@ __device__ __forceinline__ void return_tickets(TileTickets& t) {
 __global__ void __launch_bounds__(kThreads, 1)
     wgrad_kernel(float* const* __restrict__ dweights, const bf16* __restrict__ dout, const bf16* __restrict__ inp,
                  const int32_t* __restrict__ offsets, const int32_t* __restrict__ trained, int n_trained, int S,
-                 int E, int C, int OC, int m_tiles, int n_tiles, int ticket_slot) {
+                 int E, int C, int OC, int m_tiles, int n_tiles, int ticket_slot, int l2_ahead) {
 #if SPES_SM90A_DEVICE_CODE
   unsigned char* smem = dynamic_smem<unsigned char>;
   WgradSched& sched = *reinterpret_cast<WgradSched*>(smem);
   const int experts = rank_trained_experts(sched, offsets, trained, n_trained, E, S);
   TileTickets& tickets = g_tile_tickets[ticket_slot];
   const int per_expert = m_tiles * n_tiles;
-  const WgradProblem problem{dweights, dout, inp, &sched, &tickets, C, OC, n_tiles, per_expert, experts * per_expert};
+  const WgradProblem problem{dweights, dout, inp, &sched, &tickets, C, OC, n_tiles, per_expert, experts * per_expert,
+                             l2_ahead};
   run_tiles(problem, smem, stages_address(smem));
   if (threadIdx.x == 0) return_tickets(tickets);
 #endif
@@ -840,13 +897,24 @@ void rows(bf16* out, const bf16* a, const bf16* const* weights, const int32_t* o
   const int64_t n_col_tiles = ceil_div(N, kBN), row_tiles = ceil_div(S, kBM) + E;
   launch(rows_kernel<B_MAJ>, persistent_grid(row_tiles * n_col_tiles), kThreads, kSmemBytes, stream, out, a, weights,
          offsets, static_cast<int>(S), static_cast<int>(E), static_cast<int>(N), static_cast<int>(K),
-         static_cast<int>(n_col_tiles));
+         static_cast<int>(n_col_tiles), l2_prefetch_k_steps());
   cuda_check_launch();
 }
 
 }  // namespace
 
 bool available() { return device_info().sm90a; }
+
+namespace {
+std::atomic<int> g_l2_prefetch_k_steps{kDefaultL2PrefetchKSteps};
+}
+
+int l2_prefetch_k_steps() { return g_l2_prefetch_k_steps.load(std::memory_order_relaxed); }
+
+void set_l2_prefetch_k_steps(int k_steps) {
+  if (k_steps < 0) throw Error("grouped_sm90::set_l2_prefetch_k_steps: k_steps must be >= 0, got " + std::to_string(k_steps));
+  g_l2_prefetch_k_steps.store(k_steps, std::memory_order_relaxed);
+}
 
 std::string unavailable_reason() { return device_info().why_not; }
 
@@ -872,7 +940,7 @@ void backward_weight(float* const* dweights, const bf16* dout, const bf16* inp, 
   const int64_t m_tiles = ceil_div(OC, kBM), n_tiles = ceil_div(C, kBN), n_jobs = n_trained * m_tiles * n_tiles;
   launch(wgrad_kernel, persistent_grid(n_jobs), kThreads, kSmemBytes, stream, dweights, dout, inp, offsets,
          trained_experts, static_cast<int>(n_trained), static_cast<int>(S), static_cast<int>(E), static_cast<int>(C),
-         static_cast<int>(OC), static_cast<int>(m_tiles), static_cast<int>(n_tiles), slot);
+         static_cast<int>(OC), static_cast<int>(m_tiles), static_cast<int>(n_tiles), slot, l2_prefetch_k_steps());
   cuda_check_launch();
 }
 

@@ -19,9 +19,12 @@ inline uint64_t sw128_descriptor(uint32_t smem_addr, uint32_t lbo_bytes, uint32_
          (uint64_t((sbo_bytes >> 4) & 0x3FFF) << 32) | (uint64_t(1) << 62);
 }
 
-// Orderings the emulator has no use for: it has one proxy, no L2, and the compiler
-// does not reorder across its calls.
-inline void prefetch_l2(const void*) {}
+// A prefetch moves nothing here (there is no L2), but its address must lie in a
+// device buffer, as the copy it prepares must: a prefetch outside one is a predicate
+// that lets the copy stray too.
+inline void prefetch_l2(const void* p) { emu::require_device_buffer(p, 1, "prefetch.global.L2"); }
+// Orderings the emulator has no use for: it has one proxy, and the compiler does not
+// reorder across its calls.
 inline void fence_proxy_async_shared() { emu::fence_proxy_async_shared(); }
 inline void wgmma_fence() { emu::wgmma_fence(); }
 template <int N>
