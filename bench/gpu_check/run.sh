@@ -375,7 +375,7 @@ find_ncu() {
 
 # run_profile DEADLINE
 run_profile() {
-  local D=$1 base="$L/profile/step" ncu rep="$WORK/profile" page extra=()
+  local D=$1 base="$L/profile/step" ncu rep="$WORK/profile" page t extra=()
   mkdir -p "$L/profile" "$WORK/ncu-home"
   ncu=$(find_ncu)
   if [[ -z $ncu ]]; then
@@ -401,8 +401,10 @@ run_profile() {
     "$BIN/bench_train_gpu" --profile --layers 2 --micro-batches 1
   if [[ -f $rep.ncu-rep ]]; then
     for page in "raw --csv --print-units base" "details" "source --csv --print-source sass"; do
+      t=$(cap 30 "$D")
+      ((t < 10)) && t=10  # an export takes seconds: past the budget by that at most
       # shellcheck disable=SC2086  # the page's words
-      HOME="$WORK/ncu-home" timeout 60 "$ncu" --import "$rep.ncu-rep" --print-kernel-base demangled --page $page \
+      HOME="$WORK/ncu-home" timeout "$t" "$ncu" --import "$rep.ncu-rep" --print-kernel-base demangled --page $page \
         > "$base.${page%% *}$([[ $page == *csv* ]] && echo .csv || echo .txt)" 2>> "$base.import.err"
     done
   fi
