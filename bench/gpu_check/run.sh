@@ -362,8 +362,10 @@ run_gpu_benches() {
 # launch count starts inside it. Exported as text: the raw counters (CSV, one row per
 # kernel), the details page (throughput against the peaks, warp stall reasons, the
 # profiler's own advice) and the stall samples per SASS instruction.
-PROFILE_KERNELS='::(grouped_)?(rows|wgrad)_kernel[<(]|::(attention_)?(forward|backward_dkv|backward_dq|dkv|dq)_kernel[<(]'
-PROFILE_KERNELS+='|::ce_cluster_kernel[<(]'
+# The kernels by name, in any of the forms ncu may give it (demangled with namespaces
+# and arguments, or the bare name).
+PROFILE_NAMES='(grouped_)?(rows|wgrad)|(attention_)?(forward|backward_dkv|backward_dq|dkv|dq)|ce_cluster'
+PROFILE_KERNELS="(^|::| )($PROFILE_NAMES)_kernel([<( ]|\$)"
 PROFILE_SKIP=3 PROFILE_COUNT=14 PROFILE_CAP=90
 find_ncu() {
   local c
