@@ -912,7 +912,9 @@ std::atomic<int> g_l2_prefetch_k_steps{kDefaultL2PrefetchKSteps};
 int l2_prefetch_k_steps() { return g_l2_prefetch_k_steps.load(std::memory_order_relaxed); }
 
 void set_l2_prefetch_k_steps(int k_steps) {
-  if (k_steps < 0) throw Error("grouped_sm90::set_l2_prefetch_k_steps: k_steps must be >= 0, got " + std::to_string(k_steps));
+  if (k_steps < 0 || k_steps > kMaxL2PrefetchKSteps)
+    throw Error("grouped_sm90::set_l2_prefetch_k_steps: k_steps must be in [0, " +
+                std::to_string(kMaxL2PrefetchKSteps) + "], got " + std::to_string(k_steps));
   g_l2_prefetch_k_steps.store(k_steps, std::memory_order_relaxed);
 }
 

@@ -25,9 +25,9 @@ std::string unavailable_reason();
 // How many k-steps (of 64) before copying them each CTA asks L2 for the lines it
 // streams from DRAM (grouped_gemm_sm90.cu, "Pipeline"); 0 asks for none. A setting of
 // the process, read at each launch; bench_grouped_gemm times the choices side by side.
-constexpr int kDefaultL2PrefetchKSteps = 4;
+constexpr int kDefaultL2PrefetchKSteps = 4, kMaxL2PrefetchKSteps = 64;
 int l2_prefetch_k_steps();
-void set_l2_prefetch_k_steps(int k_steps);  // throws spes::Error below 0
+void set_l2_prefetch_k_steps(int k_steps);  // throws spes::Error outside [0, kMaxL2PrefetchKSteps]
 
 // The weight gradient deals its tiles out from a counter in device memory, one of
 // this many slots per launch, taken in turn (grouped_gemm_sm90.cu, TileTickets).

@@ -85,20 +85,32 @@ transformers OlmoeForCausalLM train step (torch.compile),"spes-1b, micro-batch 8
 """
 
 # Nsight Compute's raw page as `ncu --import R --page raw --csv --print-units base` writes
-# it (a header row, a units row, one row per kernel), with a few of its columns.
-NCU_RAW = """"ID","Process ID","Process Name","Host Name","Kernel Name","Context","Stream","Block Size","Grid Size","Device","CC",\
-"gpu__time_duration.sum","sm__throughput.avg.pct_of_peak_sustained_elapsed",\
-"sm__pipe_tensor_op_gmma_cycles_active.avg.pct_of_peak_sustained_active",\
-"dram__throughput.avg.pct_of_peak_sustained_elapsed","smsp__average_warps_issue_stalled_barrier_per_issue_active.ratio",\
-"smsp__average_warps_issue_stalled_long_scoreboard_per_issue_active.ratio",\
-"smsp__average_warps_issue_stalled_selected_per_issue_active.ratio",\
-"smsp__average_warps_issue_stalled_wait_per_issue_active.ratio"
-"","","","","","","","","","","","nsecond","%","%","%","inst","inst","inst","inst"
-"0","4242","bench_train_gpu","h200","void spes::cuda::grouped_sm90::(anonymous namespace)::wgrad_kernel(float *const *, \
-const __nv_bfloat16 *)","1","7","(256, 1, 1)","(132, 1, 1)","0","9.0","512345","61.2","55.04","23.4","8.5","2.1","1","6.4"
-"1","4242","bench_train_gpu","h200","void spes::cuda::(anonymous namespace)::ce_cluster_kernel(__nv_bfloat16 *)","1","7",\
-"(512, 1, 1)","(26624, 1, 1)","0","9.0","2100000","40.5","0","59.9","1.5","20.25","1","0.5"
-"""
+# it (a header row, a units row, one row per kernel, thousands separators), with a few
+# of its columns, for the 14 kernels run.sh selects.
+NCU_HEAD = ('"ID","Process ID","Process Name","Host Name","Kernel Name","Context","Stream","Block Size","Grid Size",'
+            '"Device","CC","gpu__time_duration.sum","sm__throughput.avg.pct_of_peak_sustained_elapsed",'
+            '"sm__pipe_tensor_op_gmma_cycles_active.avg.pct_of_peak_sustained_active",'
+            '"dram__throughput.avg.pct_of_peak_sustained_elapsed",'
+            '"smsp__average_warps_issue_stalled_barrier_per_issue_active.ratio",'
+            '"smsp__average_warps_issue_stalled_long_scoreboard_per_issue_active.ratio",'
+            '"smsp__average_warps_issue_stalled_selected_per_issue_active.ratio",'
+            '"smsp__average_warps_issue_stalled_wait_per_issue_active.ratio"\n'
+            '"","","","","","","","","","","","nsecond","%","%","%","inst","inst","inst","inst"\n')
+NCU_KERNELS = ["spes::cuda::attention_sm90::(anonymous namespace)::forward_kernel<64>",
+               *["spes::cuda::grouped_sm90::(anonymous namespace)::rows_kernel<(spes::cuda::grouped_sm90::"
+                 "(anonymous namespace)::Major)0>"] * 2, *["spes::cuda::(anonymous namespace)::ce_cluster_kernel"] * 5,
+               "spes::cuda::grouped_sm90::(anonymous namespace)::rows_kernel<(spes::cuda::grouped_sm90::"
+               "(anonymous namespace)::Major)1>", "spes::cuda::grouped_sm90::(anonymous namespace)::wgrad_kernel",
+               "spes::cuda::grouped_sm90::(anonymous namespace)::rows_kernel<(spes::cuda::grouped_sm90::"
+               "(anonymous namespace)::Major)1>", "spes::cuda::grouped_sm90::(anonymous namespace)::wgrad_kernel",
+               "spes::cuda::attention_sm90::(anonymous namespace)::dkv_kernel<64>",
+               "spes::cuda::attention_sm90::(anonymous namespace)::dq_kernel<64>"]
+
+
+def ncu_raw(kernels):
+    rows = [f'"{i}","4242","bench_train_gpu","h200","void {k}(__nv_bfloat16 *, int)","1","7","(256, 1, 1)",'
+            f'"(132, 1, 1)","0","9.0","512,345","61.2","55.04","23.4","8.5","2.1","1","6.4"\n' for i, k in enumerate(kernels)]
+    return NCU_HEAD + "".join(rows)
 
 
 def write(logs, base, out="", err="", rc=0, seconds=30, cmd="x"):
@@ -109,7 +121,7 @@ def write(logs, base, out="", err="", rc=0, seconds=30, cmd="x"):
             f.write(text)
 
 
-def make_logs(logs):
+def make_logs(logs, kernels=NCU_KERNELS):
     for name, text in (("mode", "full"), ("budget_s", "465"), ("elapsed_s", "458"),
                        ("cpu_benches", " bench_sync bench_train_cpu bench_tokenizer "), ("env/gpu_device", "cuda")):
         os.makedirs(os.path.dirname(os.path.join(logs, name)), exist_ok=True)
@@ -130,7 +142,7 @@ def make_logs(logs):
     write(logs, "torch/anchors", ANCHORS.format(mm=mm), "torch 2.11.0 on NVIDIA H200\n", seconds=150)
     write(logs, "profile/step", "==PROF== Disconnected from process 4242\n", seconds=41)
     with open(os.path.join(logs, "profile/step.raw.csv"), "w") as f:
-        f.write(NCU_RAW)
+        f.write(ncu_raw(kernels))
     write(logs, "bench/bench_gemm", rc=0, cmd="x")
     os.remove(os.path.join(logs, "bench/bench_gemm.rc"))
     with open(os.path.join(logs, "bench/bench_gemm.skipped"), "w") as f:
@@ -182,10 +194,22 @@ def main():
     expect("| grouped down backward-weight, portable (bench_grouped_gemm) vs dense bf16 matmul, same FLOPs | "
            "M768 N2048 K32768 | 223.7 TFLOP/s | 748.6 TFLOP/s | 0.30 |", "a grouped GEMM row")
     expect("| 2. GPU vs CPU training (tiny-central) | **PASS** | CPU run cut by its timeout at step 120", "step 2 judged at the cut")
-    expect("| 1d. Kernel profile (ncu) | **PASS** | 2 kernels profiled (exit 0 in 41 s) |", "the profile's summary row")
-    expect("| 1 | wgrad_kernel | (132, 1, 1) | 512.3 | 61.2 | 55.0 | 23.4 | barrier 8.5 (50 %), wait 6.4 (38 %), "
-           "long_scoreboard 2.1 (12 %) |", "a profiled kernel's row: % of peaks, stalls largest first, 'selected' left out")
+    expect("| 1d. Kernel profile (ncu) | **PASS** | 14 kernels profiled (exit 0 in 41 s) |", "the profile's summary row")
+    expect("| 10 | wgrad_kernel | (132, 1, 1) | 512.3 | 61.2 | 55.0 | 23.4 | barrier 8.5 (50 %), wait 6.4 (38 %), "
+           "long_scoreboard 2.1 (12 %) |", "a profiled kernel's row: % of peaks (thousands separators read), stalls "
+           "largest first, 'selected' left out")
     expect("| # | kernel | grid | µs | SM % | tensor pipe % | DRAM % | stalls |", "only the columns the export has")
+    # A launch window that missed: the warm-up step's layer 0 instead of layer 1.
+    with tempfile.TemporaryDirectory() as tmp:
+        logs = os.path.join(tmp, "logs")
+        make_logs(logs, NCU_KERNELS[:3] + NCU_KERNELS[:3] + NCU_KERNELS[3:11])
+        out = os.path.join(tmp, "report.md")
+        subprocess.run([sys.executable, os.path.join(src, "bench/gpu_check/report.py"), logs, out], check=True,
+                       stdout=subprocess.DEVNULL)
+        missed = open(out, encoding="utf-8").read()
+    if "| 1d. Kernel profile (ncu) | **FAIL** | 14 kernels profiled (exit 0 in 41 s); not the kernels meant: forward, " \
+       "rows, rows, forward, rows, rows, ce_cluster" not in missed:
+        problems.append("a profile of other kernels than run.sh meant is not reported as such")
     if "FLOPs differ" in report:
         problems.append("a grouped GEMM row's FLOPs differ from the anchor's")
     for p in problems:

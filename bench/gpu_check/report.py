@@ -241,6 +241,22 @@ NCU_COLUMNS = [  # (heading, raw metric), percentages
     ("warps active %", "sm__warps_active.avg.pct_of_peak_sustained_active"),
 ]
 STALL_RE = re.compile(r"^smsp__average_warps_issue_stalled_(\w+)_per_issue_active\.ratio$")
+# What run.sh's launch window selects, in launch order (kernel names without the
+# path's prefixes: the sm90a and portable kernels read alike): of layer 1, the
+# attention forward and the two expert GEMMs; the 5 cross-entropy chunks; layer 1's
+# backward. A different list means the window missed (ncu counted launches otherwise).
+NCU_EXPECTED = ["forward", "rows", "rows", *["ce_cluster"] * 5, "rows", "wgrad", "rows", "wgrad", "dkv", "dq"]
+
+
+def ncu_num(v):
+    """An ncu CSV number (it may write thousands separators)."""
+    return num(v.replace(",", "")) if isinstance(v, str) else None
+
+
+def ncu_role(name):
+    """A profiled kernel's name as NCU_EXPECTED spells it."""
+    base = ncu_kernel_name(name).split("<")[0]
+    return re.sub(r"^(grouped_|attention_)?(backward_)?", "", base).removesuffix("_kernel")
 
 
 def ncu_kernels(text):
@@ -261,8 +277,8 @@ def ncu_stalls(kernel):
     out = []
     for k, v in kernel.items():
         m = STALL_RE.match(k)
-        if m and m.group(1) != "selected" and num(v) is not None:
-            out.append((m.group(1), num(v)))
+        if m and m.group(1) != "selected" and ncu_num(v) is not None:
+            out.append((m.group(1), ncu_num(v)))
     return sorted(out, key=lambda x: -x[1])
 
 
@@ -669,7 +685,10 @@ class Report:
                  "per SASS instruction are in `logs.tar.gz`: `profile/step.details.txt`, `profile/step.source.csv`.",
                  "")
         if not kernels:
-            why = s.exit_text() + (": " + short(last_line(s.err), 200) if s.err.strip() else "")
+            # ncu writes its own errors (==ERROR==) to stdout, the program's to stderr.
+            errors = [l for l in s.out.splitlines() if l.startswith("==ERROR==")]
+            said = errors[-1] if errors else last_line(s.err)
+            why = s.exit_text() + (": " + short(said, 200) if said else "")
             self.add(f"No profiled kernels ({why}).", "")
             self.result(title, FAIL, f"no profiled kernels ({why})")
             return
@@ -677,15 +696,21 @@ class Report:
         self.add("| # | kernel | grid | µs | " + " | ".join(h for h, _ in cols) + " | stalls |",
                  "| --- " * (5 + len(cols)) + "|")
         for i, k in enumerate(kernels):
-            dur = num(k.get("gpu__time_duration.sum", ""))
+            dur = ncu_num(k.get("gpu__time_duration.sum", ""))
             stalls = ncu_stalls(k)
             total = sum(v for _, v in stalls)
             top = ", ".join(f"{r} {v:.1f} ({100 * v / total:.0f} %)" for r, v in stalls[:3]) if total > 0 else "—"
-            vals = [f"{num(k[m]):.1f}" if num(k.get(m, "")) is not None else "—" for _, m in cols]
+            vals = [f"{ncu_num(k[m]):.1f}" if ncu_num(k.get(m, "")) is not None else "—" for _, m in cols]
             self.add(f"| {i + 1} | {cell(ncu_kernel_name(k.get('Kernel Name', '?')))} | {cell(k.get('Grid Size', ''))} | "
                      f"{f'{dur / 1e3:.1f}' if dur is not None else '—'} | " + " | ".join(vals) + f" | {cell(top)} |")
         self.add("")
-        self.result(title, PASS if s.rc == 0 else FAIL, f"{len(kernels)} kernels profiled ({s.exit_text()})")
+        roles = [ncu_role(k.get("Kernel Name", "")) for k in kernels]
+        if roles != NCU_EXPECTED:
+            self.add(f"**Not the kernels run.sh meant to select**: got {', '.join(roles)}; expected "
+                     f"{', '.join(NCU_EXPECTED)} (PROFILE_SKIP / PROFILE_COUNT in run.sh).", "")
+        ok = s.rc == 0 and roles == NCU_EXPECTED
+        self.result(title, PASS if ok else FAIL, f"{len(kernels)} kernels profiled ({s.exit_text()})"
+                    + ("" if roles == NCU_EXPECTED else "; not the kernels meant: " + ", ".join(roles)))
 
     # -- 4
     def sanitize(self):

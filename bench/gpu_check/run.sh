@@ -387,14 +387,17 @@ run_profile() {
   elif [[ ! -x $BIN/bench_train_gpu ]]; then
     skip_step "$base" "no bench_train_gpu in this build"
   fi
+  t=$(cap 15 "$D")
+  ((t < 5)) && skip_step "$base" "out of time (the check's budget of ${BUDGET}s is used up)"
   if [[ -f $base.skipped ]]; then
     say "ncu profile: skipped: $(cat "$base.skipped")"
     return
   fi
   # The Hopper tensor pipe's busy share, where this ncu knows the counter (asking for
-  # an unknown one would fail the whole profile).
-  HOME="$WORK/ncu-home" timeout 30 "$ncu" --query-metrics --chip gh100 2>/dev/null |
-    grep -q '^sm__pipe_tensor_op_gmma_cycles_active' &&
+  # an unknown one would fail the whole profile). The list is read whole (a grep that
+  # stopped at the first match would leave ncu writing into a closed pipe).
+  HOME="$WORK/ncu-home" timeout "$t" "$ncu" --query-metrics --chip gh100 > "$WORK/ncu-metrics.txt" 2>/dev/null
+  grep -q '^sm__pipe_tensor_op_gmma_cycles_active' "$WORK/ncu-metrics.txt" &&
     extra=(--metrics sm__pipe_tensor_op_gmma_cycles_active.avg.pct_of_peak_sustained_active)
   run_step "$base" "$(cap "$PROFILE_CAP" "$D")" env HOME="$WORK/ncu-home" "$ncu" --clock-control none \
     --set detailed "${extra[@]}" --import-source no --nvtx --nvtx-include "profiled step/" \
@@ -410,7 +413,9 @@ run_profile() {
         > "$base.${page%% *}$([[ $page == *csv* ]] && echo .csv || echo .txt)" 2>> "$base.import.err"
     done
   fi
-  say_exit "ncu profile ($(grep -c '^"[0-9]' "$base.raw.csv" 2>/dev/null || echo 0) kernels)" "$base"
+  local kernels
+  kernels=$(grep -c '^"[0-9]' "$base.raw.csv" 2>/dev/null)
+  say_exit "ncu profile (${kernels:-0} kernels)" "$base"
 }
 
 # ---- 2. tiny-central on the GPU and on the CPU; 3. the mixed SPES run ----------------------
