@@ -22,6 +22,7 @@
 #include <vector>
 
 #include "cuda/grouped_gemm.cuh"
+#include "cuda/grouped_gemm_sm90.cuh"
 #include "model/cpu/ops.hpp"
 #include "tests/cuda_test.cuh"
 
@@ -266,8 +267,8 @@ GPU_TEST_CASE("cuda grouped matmul: forward, backward-input and weight gradient 
 // The two kernel families (GroupedGemmPath) on the same inputs: where the device runs
 // the sm90a one, every product on both paths must agree within the tolerances above
 // (bf16 outputs 1e-2, fp32 weight gradients 1e-4: only the summation order differs),
-// the sm90a path must give the same bits twice, leave rows outside every expert and
-// frozen experts' dW untouched. The cases above check each path against the CPU on
+// the sm90a path must give the same bits twice, and again with its L2 prefetch off or
+// further ahead, and leave rows outside every expert and frozen experts' dW untouched. The cases above check each path against the CPU on
 // small shapes; these are larger: the spes-1b expert widths (C = 768, OC = 4096 and
 // back), reductions long enough to wrap the 4-stage pipeline many times (weight
 // gradients over hundreds of rows, backward-input over OC = 4096), more tiles than SMs
@@ -391,6 +392,18 @@ void compare_paths(const PathCase& k) {
   CHECK_MESSAGE(bitwise_equal(again.out, sm90a.out), "sm90a forward not deterministic");
   CHECK_MESSAGE(bitwise_equal(again.dinp, sm90a.dinp), "sm90a backward-input not deterministic");
   CHECK_MESSAGE(bitwise_equal(again.dw, sm90a.dw), "sm90a weight gradient not deterministic");
+
+  // The L2 requests ahead of the copies move no data: off, or further ahead than
+  // most of these reductions are long, the bits stay those of the default.
+  const int chosen = spes::cuda::grouped_sm90::l2_prefetch_k_steps();
+  for (const int ahead : {0, 9}) {
+    spes::cuda::grouped_sm90::set_l2_prefetch_k_steps(ahead);
+    const Outputs o = run(GroupedGemmPath::sm90a);
+    CHECK_MESSAGE(bitwise_equal(o.out, sm90a.out), "sm90a forward changed with L2 prefetch " << ahead);
+    CHECK_MESSAGE(bitwise_equal(o.dinp, sm90a.dinp), "sm90a backward-input changed with L2 prefetch " << ahead);
+    CHECK_MESSAGE(bitwise_equal(o.dw, sm90a.dw), "sm90a weight gradient changed with L2 prefetch " << ahead);
+  }
+  spes::cuda::grouped_sm90::set_l2_prefetch_k_steps(chosen);
 }
 
 }  // namespace
@@ -504,4 +517,9 @@ TEST_CASE("cuda grouped matmul: bad sizes and pointers throw before any CUDA cal
                      (pre + "trained_experts must be 4-byte aligned").c_str());
   CHECK_THROWS_ERROR(wg(dwt, a, b, off, tr, 256, S, 256, 16384, int64_t(1) << 23),
                      (pre + "too many tiles for one launch").c_str());
+  const int chosen = spes::cuda::grouped_sm90::l2_prefetch_k_steps();
+  for (const int bad : {-1, spes::cuda::grouped_sm90::kMaxL2PrefetchKSteps + 1})
+    CHECK_THROWS_ERROR(spes::cuda::grouped_sm90::set_l2_prefetch_k_steps(bad),
+                       ("grouped_sm90::set_l2_prefetch_k_steps: k_steps must be in [0, 64], got " + std::to_string(bad)).c_str());
+  CHECK(spes::cuda::grouped_sm90::l2_prefetch_k_steps() == chosen);
 }
