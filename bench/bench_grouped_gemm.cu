@@ -19,8 +19,11 @@
 // stdout is a CSV, header first: per (weights, product) the time and TFLOP/s of each
 // way, and ours (the path the launchers take by default: sm90a where it runs, else
 // portable) over each of the others as a ratio of TFLOP/s (> 1: ours faster), and
-// sm90a over portable; last, ours on an even routing (every expert S/E rows, the same
-// FLOPs): against ours on the skewed ones, what the load imbalance costs the kernel.
+// sm90a over portable; last, ours on two even routings of the same FLOPs: every
+// expert S/E rows (against the skewed ones: what the load imbalance costs), and half
+// the experts 2S/E rows each (a weight gradient's tiles then reduce over twice the
+// rows: with the first, a tile's fixed cost, its store and fill, apart from its cost
+// per row).
 // A refused cuBLAS call (the grouped API with an fp32 output on some versions) and a
 // path the device does not run leave their columns "nan". stderr gets the device,
 // which paths it runs, the routings' load imbalance, a check of each path against
@@ -181,10 +184,15 @@ void run_weights(const char* name, int64_t C, int64_t OC, const std::vector<std:
   spes::bench::copy_to_device(d_trained.p, trained.data(), d_trained.bytes, stream);
   spes::bench::copy_to_device(d_offsets.p, all_offsets.data(), d_offsets.bytes, stream);
   const int32_t* offsets_of = d_offsets.as<int32_t>();
-  std::vector<int32_t> even(kE + 1);  // every expert kS / kE rows
-  for (int64_t e = 0; e <= kE; ++e) even[e] = int32_t(e * kS / kE);
-  DevBuf d_even(sizeof(int32_t) * even.size());
+  // Even routings: every expert kS / kE rows; half the experts 2·kS / kE rows each.
+  std::vector<int32_t> even(kE + 1), even_half(kE + 1);
+  for (int64_t e = 0; e <= kE; ++e) {
+    even[e] = int32_t(e * kS / kE);
+    even_half[e] = int32_t(std::min(e, kE / 2) * 2 * kS / kE);
+  }
+  DevBuf d_even(sizeof(int32_t) * even.size()), d_even_half(sizeof(int32_t) * even_half.size());
   spes::bench::copy_to_device(d_even.p, even.data(), d_even.bytes, stream);
+  spes::bench::copy_to_device(d_even_half.p, even_half.data(), d_even_half.bytes, stream);
 
   const bool has_sm90a = spes::cuda::grouped_gemm_sm90a_available();
   std::vector<GroupedGemmPath> paths{GroupedGemmPath::portable};
@@ -288,6 +296,8 @@ void run_weights(const char* name, int64_t C, int64_t OC, const std::vector<std:
     const GroupedGemmPath ours_path = has_sm90a ? GroupedGemmPath::sm90a : GroupedGemmPath::portable;
     const float t_ours = has_sm90a ? t_sm90a : t_portable;
     const float t_even = spes::bench::median_ms([&] { ours_on(d_even.as<int32_t>(), ours_path); }, stream);
+    const float t_even_half =
+        spes::bench::median_ms([&] { ours_on(d_even_half.as<int32_t>(), ours_path); }, stream);
     next = 0;
     const float t_per = spes::bench::median_ms([&] { per_expert(next++ % kRoutings); }, stream);
     float t_grouped = -1;
@@ -301,14 +311,14 @@ void run_weights(const char* name, int64_t C, int64_t OC, const std::vector<std:
     }
     const float t_dense = spes::bench::median_ms(dense, stream);
 
-    std::printf("%s,%s,%ld,%ld,%ld,%ld,%.4f,%s,%s,%s,%s,%s,%s,%s,%s,%s,%s,%s,%s,%s,%s,%s,%s\n", name, product_name(p),
-                long(kS), long(kE), long(C), long(OC), flops / 1e12, ms_cell(t_portable).c_str(),
+    std::printf("%s,%s,%ld,%ld,%ld,%ld,%.4f,%s,%s,%s,%s,%s,%s,%s,%s,%s,%s,%s,%s,%s,%s,%s,%s,%s,%s\n", name,
+                product_name(p), long(kS), long(kE), long(C), long(OC), flops / 1e12, ms_cell(t_portable).c_str(),
                 tf_cell(flops, t_portable).c_str(), ms_cell(t_sm90a).c_str(), tf_cell(flops, t_sm90a).c_str(),
                 ms_cell(t_grouped).c_str(), tf_cell(flops, t_grouped).c_str(), ms_cell(t_per).c_str(),
                 tf_cell(flops, t_per).c_str(), ms_cell(t_dense).c_str(), tf_cell(flops, t_dense).c_str(),
                 ratio_cell(t_ours, t_grouped).c_str(), ratio_cell(t_ours, t_per).c_str(),
                 ratio_cell(t_ours, t_dense).c_str(), ratio_cell(t_sm90a, t_portable).c_str(), ms_cell(t_even).c_str(),
-                tf_cell(flops, t_even).c_str());
+                tf_cell(flops, t_even).c_str(), ms_cell(t_even_half).c_str(), tf_cell(flops, t_even_half).c_str());
     std::fflush(stdout);
   }
 }
@@ -348,7 +358,7 @@ int main() {
     std::printf("weights,product,S,E,C,OC,tflop,portable_ms,portable_tflops,sm90a_ms,sm90a_tflops,"
                 "cublas_grouped_ms,cublas_grouped_tflops,cublas_per_expert_ms,cublas_per_expert_tflops,dense_ms,"
                 "dense_tflops,ours_over_grouped,ours_over_per_expert,ours_over_dense,sm90a_over_portable,ours_even_ms,"
-                "ours_even_tflops\n");
+                "ours_even_tflops,ours_even_half_ms,ours_even_half_tflops\n");
     cublasHandle_t cublas = nullptr;  // the peer: plain cuBLAS on the same stream
     cublas_check(cublasCreate(&cublas));
     cublas_check(cublasSetStream(cublas, rt.stream()));
