@@ -370,6 +370,23 @@ def grouped_rows(text):
     return rows
 
 
+GROUPED_PRODUCTS = [(w, p) for w in ("gate_up", "down") for p in ("forward", "backward_input", "backward_weight")]
+
+
+def grouped_flop_weighted(rows, column):
+    """TFLOP/s over bench_grouped_gemm's six products together (their FLOPs over the
+    sum of their times) from a TFLOP/s column; None unless every product has it."""
+    flops = time = 0.0
+    for key in GROUPED_PRODUCTS:
+        r = rows.get(key) or {}
+        f, t = num(r.get("tflop") or ""), num(r.get(column) or "")
+        if f is None or t is None or t != t or t <= 0:
+            return None
+        flops += f
+        time += f / t
+    return flops / time
+
+
 def ratio(a, b):
     return a / b if a and b else None
 
@@ -639,6 +656,14 @@ class Report:
                      *(f"| {cell(c)} | {cell(sh)} | {cell(o)} | {cell(t)} | {x} |" for c, sh, o, t, x in table), "")
         else:
             self.add("No figure on either side: nothing to compare.", "")
+        weighted = {c: grouped_flop_weighted(ours_mm, c)
+                    for c in ("sm90a_tflops", "portable_tflops", "ours_even_tflops", "ours_even_half_tflops")}
+        grouped_line = ""
+        if weighted["sm90a_tflops"] or weighted["portable_tflops"]:
+            grouped_line = ", ".join(f"{name} {weighted[c]:.1f}" for name, c in (
+                ("sm90a", "sm90a_tflops"), ("portable", "portable_tflops"), ("ours on the even routing", "ours_even_tflops"),
+                ("on the half-even one", "ours_even_half_tflops")) if weighted[c])
+            self.add(f"Grouped GEMMs, the six products FLOP-weighted (the goal: 600 TFLOP/s): {grouped_line} TFLOP/s.", "")
         dense = next((r for r in rows if "8192^3" in r["what"]), None)
         if dense:
             self.add(f"PyTorch's dense bf16 matmul 8192³: {tflops(dense['tflops'])}.", "")
