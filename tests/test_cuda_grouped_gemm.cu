@@ -268,13 +268,14 @@ GPU_TEST_CASE("cuda grouped matmul: forward, backward-input and weight gradient 
 // the sm90a one, every product on both paths must agree within the tolerances above
 // (bf16 outputs 1e-2, fp32 weight gradients 1e-4: only the summation order differs),
 // the sm90a path must give the same bits twice, and again with its L2 prefetch off or
-// further ahead, and leave rows outside every expert and frozen experts' dW untouched. The cases above check each path against the CPU on
-// small shapes; these are larger: the spes-1b expert widths (C = 768, OC = 4096 and
-// back), reductions long enough to wrap the 4-stage pipeline many times (weight
-// gradients over hundreds of rows, backward-input over OC = 4096), more tiles than SMs
-// (the persistent grid walking several tiles per CTA), tails in every dimension,
-// E = 256. The host emulator (tests/emu/, whose device name says "emulated") runs the
-// last two only: the spes-1b widths take it minutes.
+// further ahead, and leave rows outside every expert and frozen experts' dW untouched.
+// The cases above check each path against the CPU on small shapes; these are larger:
+// the spes-1b expert widths (C = 768, OC = 4096 and back), reductions long enough to
+// wrap the 4-stage pipeline many times (weight gradients over hundreds of rows,
+// backward-input over OC = 4096), more tiles than SMs (the persistent grid walking
+// several tiles per CTA), tails in every dimension, E = 256. The host emulator
+// (tests/emu/, whose device name says "emulated") runs the last two only: the spes-1b
+// widths take it minutes.
 namespace {
 
 struct PathCase {
@@ -519,7 +520,8 @@ TEST_CASE("cuda grouped matmul: bad sizes and pointers throw before any CUDA cal
                      (pre + "too many tiles for one launch").c_str());
   const int chosen = spes::cuda::grouped_sm90::l2_prefetch_k_steps();
   for (const int bad : {-1, spes::cuda::grouped_sm90::kMaxL2PrefetchKSteps + 1})
-    CHECK_THROWS_ERROR(spes::cuda::grouped_sm90::set_l2_prefetch_k_steps(bad),
-                       ("grouped_sm90::set_l2_prefetch_k_steps: k_steps must be in [0, 64], got " + std::to_string(bad)).c_str());
+    CHECK_THROWS_ERROR(
+        spes::cuda::grouped_sm90::set_l2_prefetch_k_steps(bad),
+        ("grouped_sm90::set_l2_prefetch_k_steps: k_steps must be in [0, 64], got " + std::to_string(bad)).c_str());
   CHECK(spes::cuda::grouped_sm90::l2_prefetch_k_steps() == chosen);
 }

@@ -292,8 +292,8 @@ def ncu_kernel_name(name):
         if c == "(" and depth == 0:
             name = name[:i]
             break
-    base = name.split("<")[0]
-    return name[len(base.rsplit("::", 1)[0]) + 2:] if "::" in base else name.split()[-1] if " " in base else name
+    base = name.split("<")[0]  # spaces and "::" in the template arguments are the name's
+    return name[base.rfind("::") + 2 if "::" in base else base.rfind(" ") + 1:]
 
 
 def train_gpu_figures(text):
@@ -1067,7 +1067,8 @@ def main():
     head.append("")
     tail = ["## Logs", "", "`logs.tar.gz` next to this file: `run.log` (the script's progress), `env/` (nvidia-smi, "
             "the libraries found, ldd of every binary), `tests/NAME.out` (doctest XML), `bench/`, `torch/` (the PyTorch "
-            "anchors), `train/`, `spes/` (stdout CSV and stderr of every process), `profile/` (Nsight Compute's exports), `guard/` (the planted overrun), `sanitize/` (compute-sanitizer logs).", ""]
+            "anchors), `train/`, `spes/` (stdout CSV and stderr of every process), `profile/` (Nsight Compute's "
+            "exports), `guard/` (the planted overrun), `sanitize/` (compute-sanitizer logs).", ""]
     with open(out_path, "w", encoding="utf-8") as f:
         f.write("\n".join(head + r.body + tail) + "\n")
     width = max(len(s) for s, _, _ in r.summary)
