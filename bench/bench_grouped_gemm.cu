@@ -27,9 +27,11 @@
 // A refused cuBLAS call (the grouped API with an fp32 output on some versions) and a
 // path the device does not run leave their columns "nan". stderr gets the device,
 // which paths it runs, the routings' load imbalance, a check of each path against
-// cuBLAS per expert on one routing, and the sm90a kernels at a few L2 prefetch
+// cuBLAS per expert on one routing, the sm90a kernels at a few L2 prefetch
 // distances (grouped_sm90::set_l2_prefetch_k_steps; the CSV's sm90a column is the
-// default's). Without a GPU: exit 77, the reason on stderr.
+// default's), and on each path the down backward-input with SwiGLU's backward fused
+// (grouped_matmul_backward_input_swiglu) against the two launches it replaces, with
+// whether their bits agree. Without a GPU: exit 77, the reason on stderr.
 #include <cublas_v2.h>
 
 #include <algorithm>
@@ -42,6 +44,7 @@
 #include "bench/common.cuh"
 #include "cuda/grouped_gemm.cuh"
 #include "cuda/grouped_gemm_sm90.cuh"
+#include "cuda/swiglu.cuh"
 
 namespace {
 
@@ -149,6 +152,13 @@ std::vector<float> to_host(const bf16* d, int64_t n, cudaStream_t s) {
 std::vector<float> to_host(const float* d, int64_t n, cudaStream_t s) {
   std::vector<float> h(n);
   cuda_check(cudaMemcpyAsync(h.data(), d, n * sizeof(float), cudaMemcpyDeviceToHost, s));
+  cuda_check(cudaStreamSynchronize(s));
+  return h;
+}
+
+std::vector<unsigned char> to_host_bytes(const DevBuf& d, cudaStream_t s) {
+  std::vector<unsigned char> h(d.bytes);
+  cuda_check(cudaMemcpyAsync(h.data(), d.p, d.bytes, cudaMemcpyDeviceToHost, s));
   cuda_check(cudaStreamSynchronize(s));
   return h;
 }
@@ -323,6 +333,62 @@ void run_weights(const char* name, int64_t C, int64_t OC, const std::vector<std:
   }
 }
 
+// The down product's backward-input with SwiGLU's backward in its store
+// (grouped_matmul_backward_input_swiglu) against the two launches it replaces,
+// grouped_matmul_backward_input then swiglu_backward over the S rows, on each path, on
+// the same routings; and their bits on routing 0. stderr only.
+void run_swiglu_fusion(const std::vector<std::vector<int32_t>>& routings, cudaStream_t stream) {
+  const size_t bs = sizeof(bf16);
+  const int64_t C = kH, OC = kD;
+  DevBuf dout(bs * kS * OC), w(bs * kE * OC * C), gate_up(bs * kS * 2 * C), dh(bs * kS * C), h(bs * kS * C),
+      dgate_up(bs * kS * 2 * C), h2(bs * kS * C), dgate_up2(bs * kS * 2 * C);
+  spes::bench::fill(dout.as<bf16>(), kS * OC, stream, 4, 1.0f);
+  spes::bench::fill(w.as<bf16>(), kE * OC * C, stream, 5, 1.7f / std::sqrt(float(OC)));
+  spes::bench::fill(gate_up.as<bf16>(), kS * 2 * C, stream, 6, 3.0f);
+  std::vector<const bf16*> wt(kE);
+  std::vector<int32_t> all_offsets;
+  for (int64_t e = 0; e < kE; ++e) wt[e] = w.as<bf16>() + e * OC * C;
+  for (const auto& r : routings) all_offsets.insert(all_offsets.end(), r.begin(), r.end());
+  DevBuf d_wt(sizeof(void*) * kE), d_offsets(sizeof(int32_t) * all_offsets.size());
+  spes::bench::copy_to_device(d_wt.p, wt.data(), d_wt.bytes, stream);
+  spes::bench::copy_to_device(d_offsets.p, all_offsets.data(), d_offsets.bytes, stream);
+  const bf16* const* weights = d_wt.as<const bf16* const>();
+  const int32_t* offsets_of = d_offsets.as<int32_t>();
+  const bf16* gu = gate_up.as<bf16>();
+
+  std::vector<GroupedGemmPath> paths{GroupedGemmPath::portable};
+  if (spes::cuda::grouped_gemm_sm90a_available()) paths.push_back(GroupedGemmPath::sm90a);
+  for (GroupedGemmPath path : paths) {
+    auto gemm_alone = [&](int r, bf16* out) {
+      spes::cuda::grouped_matmul_backward_input(out, dout.as<bf16>(), weights, offsets_of + r * (kE + 1), kS, kE, C,
+                                                OC, stream, path);
+    };
+    auto two_calls = [&](int r, bf16* h_out, bf16* dgu) {
+      gemm_alone(r, dh.as<bf16>());
+      spes::cuda::swiglu_backward(dgu, dgu + C, h_out, dh.as<bf16>(), gu, gu + C, kS, C, 2 * C, stream);
+    };
+    auto fused = [&](int r) {
+      spes::cuda::grouped_matmul_backward_input_swiglu(dgate_up.as<bf16>(), h.as<bf16>(), dout.as<bf16>(), weights,
+                                                       gu, offsets_of + r * (kE + 1), kS, kE, C, OC, stream, path);
+    };
+    fused(0);
+    two_calls(0, h2.as<bf16>(), dgate_up2.as<bf16>());
+    const bool same = to_host_bytes(h, stream) == to_host_bytes(h2, stream) &&
+                      to_host_bytes(dgate_up, stream) == to_host_bytes(dgate_up2, stream);
+    int next = 0;
+    const float t_fused = spes::bench::median_ms([&] { fused(next++ % kRoutings); }, stream);
+    next = 0;
+    const float t_two =
+        spes::bench::median_ms([&] { two_calls(next++ % kRoutings, h.as<bf16>(), dgate_up.as<bf16>()); }, stream);
+    next = 0;
+    const float t_gemm = spes::bench::median_ms([&] { gemm_alone(next++ % kRoutings, dh.as<bf16>()); }, stream);
+    std::fprintf(stderr,
+                 "down backward-input with SwiGLU's backward, %s: fused %.3f ms, backward-input then swiglu_backward "
+                 "%.3f ms (backward-input alone %.3f ms): fused/two calls %.3f; bits equal: %s\n",
+                 path_name(path), t_fused, t_two, t_gemm, t_fused / t_two, same ? "yes" : "NO (MISMATCH)");
+  }
+}
+
 }  // namespace
 
 int main() {
@@ -364,6 +430,7 @@ int main() {
     cublas_check(cublasSetStream(cublas, rt.stream()));
     run_weights("gate_up", kD, 2 * kH, routings, cublas, rt.stream());
     run_weights("down", kH, kD, routings, cublas, rt.stream());
+    run_swiglu_fusion(routings, rt.stream());
     cublasDestroy(cublas);
   } catch (const std::exception& e) {
     std::fprintf(stderr, "bench_grouped_gemm: %s\n", e.what());

@@ -37,6 +37,12 @@
 // Every output element is owned by one CTA and summed in k order: no atomics, the
 // same bits every run.
 //
+// SwiGLU. The down product's backward-input can end in SwiGLU's backward instead of a
+// store of dh (grouped_matmul_backward_input_swiglu): each output pair, rounded to
+// bf16 as if stored, meets its gate and up, read from gate_up, and the gate and up
+// gradients and the recomputed h are stored in its place; the MoE backward then never
+// writes dh nor reads it back (one [S, H] tensor each way per layer).
+//
 // Tails. Rows past an expert's end, output columns past N and reduction columns past
 // K (C or OC not a multiple of the tile) are zero-filled by predicated cp.async
 // (src-size 0: nothing read) and masked at the store; C and OC multiples of 8 keep
@@ -58,6 +64,7 @@
 #include "cuda/grouped_gemm_sm90.cuh"
 #include "cuda/launch.cuh"
 #include "cuda/ptx.cuh"
+#include "cuda/swiglu_math.cuh"
 
 namespace spes::cuda {
 namespace {
@@ -264,15 +271,35 @@ __device__ __forceinline__ RowTile find_row_tile(const int32_t* __restrict__ off
 
 // ---- kernels ---------------------------------------------------------------------------
 
+// Output pair (c, c + 1) of row `row` of the SwiGLU-backward epilogue: dh from the
+// accumulators, rounded to bf16 as a stored dh would be; gate and up read from gate_up
+// (row stride 2N, up N columns after gate), their gradients written likewise into
+// dgate_up, the recomputed h into h_row (see grouped_matmul_backward_input_swiglu).
+__device__ __forceinline__ void swiglu_backward_pair(bf16* h_row, const bf16* gate_up_row, bf16* dgate_up_row, int c,
+                                                     int N, float dh0, float dh1) {
+  const __nv_bfloat162 dh = __floats2bfloat162_rn(dh0, dh1);
+  const __nv_bfloat162 g = *reinterpret_cast<const __nv_bfloat162*>(gate_up_row + c);
+  const __nv_bfloat162 u = *reinterpret_cast<const __nv_bfloat162*>(gate_up_row + N + c);
+  const SwigluGrad x0 = swiglu_grad(__low2float(dh), __low2float(g), __low2float(u));
+  const SwigluGrad x1 = swiglu_grad(__high2float(dh), __high2float(g), __high2float(u));
+  *reinterpret_cast<__nv_bfloat162*>(dgate_up_row + c) = __floats2bfloat162_rn(x0.dgate, x1.dgate);
+  *reinterpret_cast<__nv_bfloat162*>(dgate_up_row + N + c) = __floats2bfloat162_rn(x0.dup, x1.dup);
+  *reinterpret_cast<__nv_bfloat162*>(h_row + c) = __floats2bfloat162_rn(x0.h, x1.h);
+}
+
 // Forward (B_MAJ = k) and backward-input (B_MAJ = mn): out[s, 0:N] = a[s, 0:K] · B_e for
 // the rows s of each expert, B_e from W_e = weights[e]: forward N = OC, K = C, W_e is
 // [N][K] (element (n, k) at w[n·K + k]); backward-input N = C, K = OC, W_e is [K][N]
 // (element (n, k) at w[k·N + n]). One CTA per (row tile, column tile), blockIdx.x =
-// row tile · n_col_tiles + column tile.
-template <Major B_MAJ>
+// row tile · n_col_tiles + column tile. SWIGLU (backward-input only): the product is
+// dh, and the store is SwiGLU's backward from it (swiglu_backward_pair): out receives
+// h, dgate_up the gradients of gate_up's gate and up.
+template <Major B_MAJ, bool SWIGLU = false>
 __global__ void __launch_bounds__(kThreads, 2)
     grouped_rows_kernel(bf16* __restrict__ out, const bf16* __restrict__ a, const bf16* const* __restrict__ weights,
-                        const int32_t* __restrict__ offsets, int S, int E, int N, int K, int n_col_tiles) {
+                        const int32_t* __restrict__ offsets, int S, int E, int N, int K, int n_col_tiles,
+                        const bf16* __restrict__ gate_up, bf16* __restrict__ dgate_up) {
+  static_assert(!SWIGLU || B_MAJ == Major::mn, "SwiGLU's backward follows the backward-input product");
   using Cfg = Config<Major::k, B_MAJ>;
   unsigned char* raw = dynamic_smem<unsigned char>;
   bf16* smem = reinterpret_cast<bf16*>(raw);
@@ -300,10 +327,15 @@ __global__ void __launch_bounds__(kThreads, 2)
       const int r = wm + mt * 16 + g + 8 * h;
       if (r >= rt.rows) continue;
       bf16* row = out_tile + int64_t(r) * N;
+      const int64_t gate_up_row = (int64_t(rt.row0) + r) * 2 * N + n0;
 #pragma unroll
       for (int nt = 0; nt < kNT; ++nt) {
         const int c = wn + nt * 8 + 2 * tq;
-        if (n0 + c < N)
+        if (n0 + c >= N) continue;
+        if constexpr (SWIGLU)
+          swiglu_backward_pair(row, gate_up + gate_up_row, dgate_up + gate_up_row, c, N, acc[mt][nt][2 * h],
+                               acc[mt][nt][2 * h + 1]);
+        else
           *reinterpret_cast<__nv_bfloat162*>(row + c) =
               __floats2bfloat162_rn(acc[mt][nt][2 * h], acc[mt][nt][2 * h + 1]);
       }
@@ -405,16 +437,18 @@ void check_row_grid(const char* op, int64_t S, int64_t E, int64_t C, int64_t OC,
 
 // Forward and backward-input: `a` [S, K] per-row operand, out [S, N].
 // The portable family (the sm90a one has its own launchers, grouped_gemm_sm90.cu).
-template <Major B_MAJ>
+// SWIGLU: the backward-input with SwiGLU's backward in its store (gate_up, dgate_up).
+template <Major B_MAJ, bool SWIGLU = false>
 void rows_impl(const char* op, bf16* out, const bf16* a, const bf16* const* weights, const int32_t* offsets,
-               int64_t S, int64_t E, int64_t N, int64_t K, cudaStream_t stream) {
+               int64_t S, int64_t E, int64_t N, int64_t K, cudaStream_t stream, const bf16* gate_up = nullptr,
+               bf16* dgate_up = nullptr) {
   const int64_t n_col_tiles = ceil_div(N, kBN), row_tiles = ceil_div(S, kBM) + E;
   using Cfg = Config<Major::k, B_MAJ>;
-  auto kernel = grouped_rows_kernel<B_MAJ>;
+  auto kernel = grouped_rows_kernel<B_MAJ, SWIGLU>;
   allow_dynamic_smem(op, kernel, Cfg::kSmem);
   launch(kernel, static_cast<unsigned>(row_tiles * n_col_tiles), kThreads, Cfg::kSmem, stream, out, a, weights,
          offsets, static_cast<int>(S), static_cast<int>(E), static_cast<int>(N), static_cast<int>(K),
-         static_cast<int>(n_col_tiles));
+         static_cast<int>(n_col_tiles), gate_up, dgate_up);
   cuda_check_launch();
 }
 
@@ -464,6 +498,32 @@ void grouped_matmul_backward_input(bf16* dinp, const bf16* dout, const bf16* con
     grouped_sm90::backward_input(dinp, dout, weights, offsets, S, E, C, OC, stream);
   else
     rows_impl<Major::mn>(op, dinp, dout, weights, offsets, S, E, C, OC, stream);
+}
+
+void grouped_matmul_backward_input_swiglu(bf16* dgate_up, bf16* h, const bf16* dout, const bf16* const* weights,
+                                          const bf16* gate_up, const int32_t* offsets, int64_t S, int64_t E,
+                                          int64_t H, int64_t OC, cudaStream_t stream, GroupedGemmPath path) {
+  const char* op = "grouped_matmul_backward_input_swiglu";
+  check_sizes(op, S, E, H, OC);
+  check_row_grid(op, S, E, H, OC, H);
+  require_ptr(dgate_up, 16, op, "dgate_up");
+  require_ptr(h, 16, op, "h");
+  require_ptr(dout, 16, op, "dout");
+  require_ptr(weights, sizeof(void*), op, "weights");
+  require_ptr(gate_up, 16, op, "gate_up");
+  require_ptr(offsets, sizeof(int32_t), op, "offsets");
+  const size_t h_bytes = size_t(S * H) * sizeof(bf16), gate_up_bytes = 2 * h_bytes;
+  const size_t dout_bytes = size_t(S * OC) * sizeof(bf16);
+  require_disjoint(h, h_bytes, dout, dout_bytes, op, "h must not overlap dout");
+  require_disjoint(h, h_bytes, gate_up, gate_up_bytes, op, "h must not overlap gate_up");
+  require_disjoint(h, h_bytes, dgate_up, gate_up_bytes, op, "h must not overlap dgate_up");
+  require_disjoint(dgate_up, gate_up_bytes, dout, dout_bytes, op, "dgate_up must not overlap dout");
+  require_disjoint(dgate_up, gate_up_bytes, gate_up, gate_up_bytes, op, "dgate_up must not overlap gate_up");
+  if (S == 0) return;
+  if (choose_path(op, path) == GroupedGemmPath::sm90a)
+    grouped_sm90::backward_input_swiglu(dgate_up, h, dout, weights, gate_up, offsets, S, E, H, OC, stream);
+  else
+    rows_impl<Major::mn, true>(op, h, dout, weights, offsets, S, E, H, OC, stream, gate_up, dgate_up);
 }
 
 void grouped_matmul_backward_weight(float* const* dweights, const bf16* dout, const bf16* inp,

@@ -60,6 +60,21 @@ void grouped_matmul_backward_input(bf16* dinp, const bf16* dout, const bf16* con
                                    const int32_t* offsets, int64_t S, int64_t E, int64_t C, int64_t OC,
                                    cudaStream_t stream, GroupedGemmPath path = GroupedGemmPath::automatic);
 
+// The down product's backward-input with SwiGLU's backward in its epilogue, so that
+// dh = dout · W_e never goes through memory: for every expert's rows s, dh[s, 0:H] =
+// dout[s, 0:OC] · W_e (W_e = weights[e], [OC, H], the down weights), rounded to bf16,
+// then as swiglu_backward (cuda/swiglu.cuh) with gate and up side by side in
+// gate_up[s, 0:2H] (gate in [0, H), up in [H, 2H)): dgate_up[s, 0:H] = dLoss/dgate,
+// dgate_up[s, H:2H] = dLoss/dup, and h[s, 0:H] = silu(gate)·up, the forward's h
+// recomputed. Bit for bit what grouped_matmul_backward_input into a buffer (C = H)
+// followed by swiglu_backward on those rows gives, on either path. Requirements as
+// above (H in C's place), gate_up 16-byte aligned, and the three written tensors
+// disjoint from each other and from the read ones.
+void grouped_matmul_backward_input_swiglu(bf16* dgate_up, bf16* h, const bf16* dout, const bf16* const* weights,
+                                          const bf16* gate_up, const int32_t* offsets, int64_t S, int64_t E,
+                                          int64_t H, int64_t OC, cudaStream_t stream,
+                                          GroupedGemmPath path = GroupedGemmPath::automatic);
+
 // dweights[e] (fp32, [OC, C]) += dout[rows_e]ᵀ · inp[rows_e] for each expert e of the
 // DEVICE list trained_experts[0:n_trained] (distinct entries in [0, E); an entry
 // outside it is skipped). Experts not in the list get no work and their dweights[e]

@@ -67,7 +67,10 @@
 //
 // Stores. bf16 outputs go through shared memory (the two stages the next tile's first
 // copies leave alone) so that each warp writes whole 512-byte row segments; the rows
-// are written out from there behind the next tile's first wgmma. The weight
+// are written out from there behind the next tile's first wgmma. The backward-input
+// with SwiGLU's backward (SWIGLU) computes that backward as it writes the rows out,
+// from the staged dh and the tile's gate and up, which it asks L2 for as the tile
+// starts. The weight
 // gradient's fp32 dW += tile reads dW, which each tile asks L2 for as it starts; at
 // its end all of the tile's dW is read at once, three quarters copied into those two
 // stages and the rest loaded into registers, so the read-modify-write waits for one
@@ -84,6 +87,7 @@
 #include "cuda/ptx.cuh"
 #include "cuda/ptx_sm90.cuh"
 #include "cuda/sm90a_device.cuh"
+#include "cuda/swiglu_math.cuh"
 
 namespace spes::cuda::grouped_sm90 {
 
@@ -504,15 +508,20 @@ __device__ __forceinline__ int scan_row_tiles(Sched& s, const int32_t* offsets, 
 // Forward (B_MAJ = k) and backward-input (B_MAJ = mn): out[s, 0:N] = a[s, 0:K] · B_e for
 // the rows s of each expert; forward N = OC, K = C, W_e is [N][K]; backward-input
 // N = C, K = OC, W_e is [K][N]. Tile t is row tile t / n_col_tiles, column tile
-// t % n_col_tiles.
-template <Major B_MAJ>
+// t % n_col_tiles. SWIGLU (backward-input only, grouped_matmul_backward_input_swiglu):
+// the product is dh, and the store is SwiGLU's backward from it: out receives h,
+// dgate_up the gradients of gate_up's gate and up (row stride 2N, up N columns on).
+template <Major B_MAJ, bool SWIGLU>
 struct RowsProblem {
+  static_assert(!SWIGLU || B_MAJ == Major::mn, "SwiGLU's backward follows the backward-input product");
   bf16* out;
   const bf16* a;
   const bf16* const* weights;
   const Sched* sched;
   int E, N, K, n_col_tiles, n_tiles;
   int l2_ahead;  // k-steps ahead of its copy each streamed line is asked of L2 (0: none)
+  const bf16* gate_up;  // SWIGLU: read by the store
+  bf16* dgate_up;       // SWIGLU: written by the store
   // A, the rows' activation, is streamed from DRAM; B, the expert's weights, is read
   // by every row tile of the expert and stays in L2.
   static constexpr bool kStreamsB = false;
@@ -548,7 +557,20 @@ struct RowsProblem {
             TileCopy<B_MAJ, kBN>(b, B_MAJ == Major::k ? K : N, N - j.n0, K), (K + kBK - 1) / kBK};
   }
 
-  __device__ __forceinline__ void prefetch(const Job&) const {}  // the store reads nothing
+  // The SwiGLU store reads the tile's gate and up: asked of L2 as the tile starts, they
+  // are there when the store comes, a main loop later. 128 rows of gate and of up, 4
+  // lines of 128 bytes each: thread tid takes row tid / 2 of gate (tid even) or up.
+  __device__ __forceinline__ void prefetch(const Job& j) const {
+    if constexpr (SWIGLU) {
+      const int tid = static_cast<int>(threadIdx.x), r = tid / 2;
+      if (r >= j.rows) return;
+      const bf16* row = gate_up + (int64_t(j.row0) + r) * 2 * N + (tid % 2) * N + j.n0;
+      constexpr int kLineElems = 128 / sizeof(bf16);
+#pragma unroll
+      for (int l = 0; l < kBN / kLineElems; ++l)
+        if (j.n0 + l * kLineElems < N) prefetch_l2(row + l * kLineElems);
+    }
+  }
   __device__ __forceinline__ void begin_store(const Job&, const Staging&) const {}
 
   // bf16 out through shared memory, so that each warp writes whole 512-byte row
@@ -579,6 +601,10 @@ struct RowsProblem {
   }
 
   __device__ __forceinline__ void finish_store(const Job& j, const Staging& staging) const {
+    if constexpr (SWIGLU) {
+      finish_swiglu_store(j, staging);
+      return;
+    }
     const int lane = static_cast<int>(threadIdx.x) % kWarp, warp = static_cast<int>(threadIdx.x) / kWarp;
     const bool col_ok = j.n0 + lane * 8 < N;
 #pragma unroll 4
@@ -587,19 +613,59 @@ struct RowsProblem {
       if (r < j.rows && col_ok) *reinterpret_cast<int4*>(out + int64_t(j.row0 + r) * N + j.n0 + lane * 8) = v;
     }
   }
+
+  // SwiGLU's backward on the staged dh (bf16, as a stored dh would be), row by row as
+  // finish_store writes them: each lane's 8 columns of gate and up loaded 16 bytes at
+  // a time, kSwigluRows rows' worth in flight before the first is used (the compiler
+  // cannot move them past the stores: it cannot tell gate_up from dgate_up), then dgate,
+  // dup and h written 16 bytes at a time.
+  static constexpr int kSwigluRows = 4;
+  static constexpr int kWarps = kThreads / kWarp;
+  static_assert(kBM % (kSwigluRows * kWarps) == 0, "whole batches of rows per warp");
+
+  __device__ __forceinline__ void finish_swiglu_store(const Job& j, const Staging& staging) const {
+    const int lane = static_cast<int>(threadIdx.x) % kWarp, warp = static_cast<int>(threadIdx.x) / kWarp;
+    const int c = j.n0 + lane * 8;
+    const bool col_ok = c < N;
+    for (int r0 = warp; r0 < kBM; r0 += kSwigluRows * kWarps) {
+      int4 g[kSwigluRows] = {}, u[kSwigluRows] = {};
+#pragma unroll
+      for (int b = 0; b < kSwigluRows; ++b) {
+        const int r = r0 + b * kWarps;
+        if (r < j.rows && col_ok) {
+          const bf16* gu = gate_up + (int64_t(j.row0) + r) * 2 * N + c;
+          g[b] = *reinterpret_cast<const int4*>(gu);
+          u[b] = *reinterpret_cast<const int4*>(gu + N);
+        }
+      }
+#pragma unroll
+      for (int b = 0; b < kSwigluRows; ++b) {
+        const int r = r0 + b * kWarps;
+        if (r >= j.rows || !col_ok) continue;
+        const int4 dh = staging.pointer<const int4>(uint32_t(r) * kRowBytes)[lane ^ (r & 7)];
+        const SwigluGrad8 x = swiglu_grad8(dh, g[b], u[b]);
+        bf16* dgu = dgate_up + (int64_t(j.row0) + r) * 2 * N + c;
+        *reinterpret_cast<int4*>(dgu) = x.dgate;
+        *reinterpret_cast<int4*>(dgu + N) = x.dup;
+        *reinterpret_cast<int4*>(out + (int64_t(j.row0) + r) * N + c) = x.h;
+      }
+    }
+  }
 };
 
 #endif  // SPES_SM90A_DEVICE_CODE
 
-template <Major B_MAJ>
+template <Major B_MAJ, bool SWIGLU>
 __global__ void __launch_bounds__(kThreads, 1)
     rows_kernel(bf16* __restrict__ out, const bf16* __restrict__ a, const bf16* const* __restrict__ weights,
-                const int32_t* __restrict__ offsets, int S, int E, int N, int K, int n_col_tiles, int l2_ahead) {
+                const int32_t* __restrict__ offsets, int S, int E, int N, int K, int n_col_tiles, int l2_ahead,
+                const bf16* __restrict__ gate_up, bf16* __restrict__ dgate_up) {
 #if SPES_SM90A_DEVICE_CODE
   unsigned char* smem = dynamic_smem<unsigned char>;
   Sched& sched = *reinterpret_cast<Sched*>(smem);
   const int row_tiles = scan_row_tiles(sched, offsets, E, S);
-  const RowsProblem<B_MAJ> problem{out, a, weights, &sched, E, N, K, n_col_tiles, row_tiles * n_col_tiles, l2_ahead};
+  const RowsProblem<B_MAJ, SWIGLU> problem{out, a, weights, &sched, E, N, K, n_col_tiles, row_tiles * n_col_tiles,
+                                           l2_ahead, gate_up, dgate_up};
   run_tiles(problem, smem, stages_address(smem));
 #endif
 }
@@ -872,11 +938,12 @@ constexpr bool kBuiltForSm90a = false;
 DeviceInfo query_device(int dev) {
   DeviceInfo d;
   cuda_check(cudaDeviceGetAttribute(&d.sms, cudaDevAttrMultiProcessorCount, dev));
-  d.why_not = sm90a_unavailable_reason(dev, kBuiltForSm90a, kSmemBytes, rows_kernel<Major::k>);
+  d.why_not = sm90a_unavailable_reason(dev, kBuiltForSm90a, kSmemBytes, rows_kernel<Major::k, false>);
   d.sm90a = d.why_not.empty();
   if (d.sm90a) {  // above 48 KB of dynamic shared memory a kernel must opt in, per device
-    allow_dynamic_smem("grouped_matmul (sm90a)", rows_kernel<Major::k>, kSmemBytes);
-    allow_dynamic_smem("grouped_matmul (sm90a)", rows_kernel<Major::mn>, kSmemBytes);
+    allow_dynamic_smem("grouped_matmul (sm90a)", rows_kernel<Major::k, false>, kSmemBytes);
+    allow_dynamic_smem("grouped_matmul (sm90a)", rows_kernel<Major::mn, false>, kSmemBytes);
+    allow_dynamic_smem("grouped_matmul (sm90a)", rows_kernel<Major::mn, true>, kSmemBytes);
     allow_dynamic_smem("grouped_matmul (sm90a)", wgrad_kernel, kSmemBytes);
   }
   return d;
@@ -891,13 +958,14 @@ unsigned persistent_grid(int64_t tiles) {
 // Forward and backward-input: `a` [S, K] per-row operand, out [S, N]. The grid's tile
 // bound (ceil(S/128) + E row tiles, Σ_e ceil(m_e/128) ≤ S/128 + E) only sizes the grid:
 // the CTAs walk the real tile count, which the device finds.
-template <Major B_MAJ>
+// SWIGLU: the backward-input with SwiGLU's backward in its store (gate_up, dgate_up).
+template <Major B_MAJ, bool SWIGLU = false>
 void rows(bf16* out, const bf16* a, const bf16* const* weights, const int32_t* offsets, int64_t S, int64_t E,
-          int64_t N, int64_t K, cudaStream_t stream) {
+          int64_t N, int64_t K, cudaStream_t stream, const bf16* gate_up = nullptr, bf16* dgate_up = nullptr) {
   const int64_t n_col_tiles = ceil_div(N, kBN), row_tiles = ceil_div(S, kBM) + E;
-  launch(rows_kernel<B_MAJ>, persistent_grid(row_tiles * n_col_tiles), kThreads, kSmemBytes, stream, out, a, weights,
-         offsets, static_cast<int>(S), static_cast<int>(E), static_cast<int>(N), static_cast<int>(K),
-         static_cast<int>(n_col_tiles), l2_prefetch_k_steps());
+  launch(rows_kernel<B_MAJ, SWIGLU>, persistent_grid(row_tiles * n_col_tiles), kThreads, kSmemBytes, stream, out, a,
+         weights, offsets, static_cast<int>(S), static_cast<int>(E), static_cast<int>(N), static_cast<int>(K),
+         static_cast<int>(n_col_tiles), l2_prefetch_k_steps(), gate_up, dgate_up);
   cuda_check_launch();
 }
 
@@ -930,6 +998,12 @@ void forward(bf16* out, const bf16* inp, const bf16* const* weights, const int32
 void backward_input(bf16* dinp, const bf16* dout, const bf16* const* weights, const int32_t* offsets, int64_t S,
                     int64_t E, int64_t C, int64_t OC, cudaStream_t stream) {
   rows<Major::mn>(dinp, dout, weights, offsets, S, E, C, OC, stream);
+}
+
+void backward_input_swiglu(bf16* dgate_up, bf16* h, const bf16* dout, const bf16* const* weights,
+                           const bf16* gate_up, const int32_t* offsets, int64_t S, int64_t E, int64_t H, int64_t OC,
+                           cudaStream_t stream) {
+  rows<Major::mn, true>(h, dout, weights, offsets, S, E, H, OC, stream, gate_up, dgate_up);
 }
 
 // The grid's tile bound (every trained expert with rows) only sizes the grid: the

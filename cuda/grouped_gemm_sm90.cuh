@@ -39,6 +39,11 @@ void forward(bf16* out, const bf16* inp, const bf16* const* weights, const int32
              int64_t C, int64_t OC, cudaStream_t stream);
 void backward_input(bf16* dinp, const bf16* dout, const bf16* const* weights, const int32_t* offsets, int64_t S,
                     int64_t E, int64_t C, int64_t OC, cudaStream_t stream);
+// grouped_matmul_backward_input_swiglu: backward_input's product (C = H) with SwiGLU's
+// backward in its store.
+void backward_input_swiglu(bf16* dgate_up, bf16* h, const bf16* dout, const bf16* const* weights,
+                           const bf16* gate_up, const int32_t* offsets, int64_t S, int64_t E, int64_t H, int64_t OC,
+                           cudaStream_t stream);
 void backward_weight(float* const* dweights, const bf16* dout, const bf16* inp, const int32_t* offsets,
                      const int32_t* trained_experts, int64_t n_trained, int64_t S, int64_t E, int64_t C, int64_t OC,
                      cudaStream_t stream);

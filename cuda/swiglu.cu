@@ -7,13 +7,12 @@
 #include "cuda/check.cuh"
 #include "cuda/launch.cuh"
 #include "cuda/swiglu.cuh"
+#include "cuda/swiglu_math.cuh"
 
 namespace spes::cuda {
 namespace {
 
 constexpr int kThreads = 256;
-
-__device__ __forceinline__ float sigmoid(float g) { return 1.0f / (1.0f + expf(-g)); }
 
 template <int VEC>
 __global__ void swiglu_forward_kernel(bf16* __restrict__ h, const bf16* __restrict__ gate,
@@ -29,7 +28,7 @@ __global__ void swiglu_forward_kernel(bf16* __restrict__ h, const bf16* __restri
     load_vec<VEC>(g, gate + r * ld_in + c);
     load_vec<VEC>(u, up + r * ld_in + c);
 #pragma unroll
-    for (int j = 0; j < VEC; ++j) out[j] = g[j] * sigmoid(g[j]) * u[j];
+    for (int j = 0; j < VEC; ++j) out[j] = swiglu_value(g[j], u[j]);
     store_vec<VEC>(h + r * H + c, out);
   }
 }
@@ -52,11 +51,10 @@ __global__ void swiglu_backward_kernel(bf16* dgate, bf16* dup, bf16* h_out, cons
     load_vec<VEC>(d, dh + r * H + c);
 #pragma unroll
     for (int j = 0; j < VEC; ++j) {
-      const float sig = sigmoid(g[j]);
-      const float silu = g[j] * sig;
-      dg[j] = d[j] * u[j] * sig * (1.0f + g[j] * (1.0f - sig));
-      du[j] = d[j] * silu;
-      hv[j] = silu * u[j];
+      const SwigluGrad x = swiglu_grad(d[j], g[j], u[j]);
+      dg[j] = x.dgate;
+      du[j] = x.dup;
+      hv[j] = x.h;
     }
     store_vec<VEC>(dgate + r * ld_in + c, dg);
     store_vec<VEC>(dup + r * ld_in + c, du);

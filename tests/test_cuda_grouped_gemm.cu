@@ -23,6 +23,7 @@
 
 #include "cuda/grouped_gemm.cuh"
 #include "cuda/grouped_gemm_sm90.cuh"
+#include "cuda/swiglu.cuh"
 #include "model/cpu/ops.hpp"
 #include "tests/cuda_test.cuh"
 
@@ -264,6 +265,111 @@ GPU_TEST_CASE("cuda grouped matmul: forward, backward-input and weight gradient 
   }
 }
 
+// The down product's backward-input with SwiGLU's backward in its store
+// (grouped_matmul_backward_input_swiglu) against the two calls it replaces on the same
+// path, grouped_matmul_backward_input into a dh buffer and swiglu_backward on the
+// experts' rows: every output bit for bit (both round dh to bf16 and share the element
+// math, cuda/swiglu_math.cuh), rows outside every expert untouched. Each of the two is
+// checked against the CPU elsewhere (above; test_cuda_swiglu.cu).
+namespace {
+
+struct SwigluCase {
+  std::vector<int32_t> counts;
+  int64_t H, OC;
+  const char* what;
+  int32_t lead = 0, trail = 0;
+};
+
+bool bf16_poisoned(const std::vector<bf16>& raw, int64_t from, int64_t to) {
+  for (int64_t i = from; i < to; ++i) {
+    uint16_t b;
+    std::memcpy(&b, &raw[size_t(i)], sizeof b);
+    if (b != 0xFFFF) return false;
+  }
+  return true;
+}
+
+bool bf16_bits_equal(const std::vector<bf16>& a, const std::vector<bf16>& b, int64_t from, int64_t to) {
+  return std::memcmp(a.data() + from, b.data() + from, size_t(to - from) * sizeof(bf16)) == 0;
+}
+
+void check_swiglu_case(const SwigluCase& k, spes::cuda::GroupedGemmPath path) {
+  const int64_t E = int64_t(k.counts.size()), H = k.H, OC = k.OC;
+  std::vector<int32_t> offsets(E + 1);
+  offsets[0] = k.lead;
+  for (int64_t e = 0; e < E; ++e) offsets[e + 1] = offsets[e] + k.counts[e];
+  const int64_t first = offsets[0], last = offsets[E], S = last + k.trail;
+  INFO(path_name(path) << ", " << k.what << ": S=" << S << " E=" << E << " H=" << H << " OC=" << OC);
+
+  // Rows outside every expert are NaN in the inputs: the fused product may not read them.
+  std::vector<float> dout = rounded_bf16(random_vector(S * OC)), gate_up = rounded_bf16(random_vector(S * 2 * H, 3.0f));
+  for (int64_t s = 0; s < S; ++s)
+    if (s < first || s >= last) {
+      std::fill(dout.begin() + s * OC, dout.begin() + (s + 1) * OC, NAN);
+      std::fill(gate_up.begin() + s * 2 * H, gate_up.begin() + (s + 1) * 2 * H, NAN);
+    }
+  const std::vector<float> w = rounded_bf16(random_vector(E * OC * H, 1.0f / std::sqrt(float(OC))));
+  auto d_dout = upload_bf16(dout), d_gate_up = upload_bf16(gate_up), d_w = upload_bf16(w);
+  auto d_offsets = upload(offsets);
+  std::vector<const bf16*> w_table(E);
+  for (int64_t e = 0; e < E; ++e) w_table[e] = d_w.get() + e * OC * H;
+  DevTensor<const bf16*> d_w_table(E);
+  copy_to_device(d_w_table.get(), w_table.data(), E);
+
+  // The two calls the fused one replaces.
+  DevTensor<bf16> d_dh(S * H), d_h_ref(S * H), d_dgu_ref(S * 2 * H);
+  d_dh.poison();
+  d_h_ref.poison();
+  d_dgu_ref.poison();
+  spes::cuda::grouped_matmul_backward_input(d_dh, d_dout, d_w_table, d_offsets, S, E, H, OC, stream(), path);
+  bf16* dgu_rows = d_dgu_ref.get() + first * 2 * H;
+  const bf16* gu_rows = d_gate_up.get() + first * 2 * H;
+  spes::cuda::swiglu_backward(dgu_rows, dgu_rows + H, d_h_ref.get() + first * H, d_dh.get() + first * H, gu_rows,
+                              gu_rows + H, last - first, H, 2 * H, stream());
+
+  DevTensor<bf16> d_h(S * H), d_dgu(S * 2 * H);
+  d_h.poison();
+  d_dgu.poison();
+  spes::cuda::grouped_matmul_backward_input_swiglu(d_dgu, d_h, d_dout, d_w_table, d_gate_up, d_offsets, S, E, H, OC,
+                                                   stream(), path);
+  const std::vector<bf16> h = copy_to_host(d_h.get(), S * H), h_ref = copy_to_host(d_h_ref.get(), S * H);
+  const std::vector<bf16> dgu = copy_to_host(d_dgu.get(), S * 2 * H);
+  const std::vector<bf16> dgu_ref = copy_to_host(d_dgu_ref.get(), S * 2 * H);
+  CHECK_MESSAGE(bf16_bits_equal(h, h_ref, first * H, last * H), "h differs from backward-input + swiglu_backward");
+  CHECK_MESSAGE(bf16_bits_equal(dgu, dgu_ref, first * 2 * H, last * 2 * H),
+                "dgate|dup differ from backward-input + swiglu_backward");
+  CHECK_MESSAGE((bf16_poisoned(h, 0, first * H) && bf16_poisoned(h, last * H, S * H)),
+                "h written in rows outside every expert");
+  CHECK_MESSAGE((bf16_poisoned(dgu, 0, first * 2 * H) && bf16_poisoned(dgu, last * 2 * H, S * 2 * H)),
+                "dgate_up written in rows outside every expert");
+  // Not vacuous: the outputs are finite and not all zero.
+  const std::vector<float> dgu_f = download(d_dgu.get(), S * 2 * H);
+  bool finite = true, nonzero = false;
+  for (int64_t i = first * 2 * H; i < last * 2 * H; ++i) {
+    finite = finite && std::isfinite(dgu_f[size_t(i)]);
+    nonzero = nonzero || dgu_f[size_t(i)] != 0.0f;
+  }
+  CHECK_MESSAGE(finite, "dgate_up holds a non-finite value in an expert's rows");
+  CHECK_MESSAGE((last == first || nonzero), "dgate_up is all zero");
+}
+
+}  // namespace
+
+// Tiles: 128 × 128 (portable), 128 × 256 (sm90a); H = 136 and 264 leave a tail column
+// tile on each, 520 gives the sm90a path three column tiles; rows outside every expert
+// on both sides; E = 16 routed at random with empty experts.
+GPU_TEST_CASE("cuda grouped matmul: backward-input with SwiGLU's backward fused, bit for bit the two calls") {
+  std::vector<int32_t> counts(16);
+  std::uniform_int_distribution<int32_t> d(0, 40);
+  for (auto& c : counts) c = d(rng());
+  counts[3] = counts[9] = 0;
+  for (spes::cuda::GroupedGemmPath path : device_paths()) {
+    check_swiglu_case({{0, 1, 7, 129}, 136, 64, "empty, 1-row, 7-row and tile+1 experts; H tail", 3, 5}, path);
+    check_swiglu_case({{130, 40}, 520, 200, "three sm90a column tiles; OC tail"}, path);
+    check_swiglu_case({counts, 264, 72, "E = 16, random routing", 2, 0}, path);
+  }
+}
+
 // The two kernel families (GroupedGemmPath) on the same inputs: where the device runs
 // the sm90a one, every product on both paths must agree within the tolerances above
 // (bf16 outputs 1e-2, fp32 weight gradients 1e-4: only the summation order differs),
@@ -491,6 +597,27 @@ TEST_CASE("cuda grouped matmul: bad sizes and pointers throw before any CUDA cal
     CHECK_THROWS_ERROR(call(a, b, wt, nullptr, S, E, C, OC), (pre + "offsets must not be null").c_str());
     CHECK_THROWS_ERROR(call(a, b, wt, fake<int32_t>(0x400002), S, E, C, OC), (pre + "offsets must be 4-byte aligned").c_str());
     CHECK_THROWS_ERROR(call(a, a + 8, wt, off, S, E, C, OC), (pre + o_name + " must not overlap " + i_name).c_str());
+  }
+
+  {
+    const std::string pre = "grouped_matmul_backward_input_swiglu: ";
+    bf16* c = fake<bf16>(0x600000);
+    bf16* g = fake<bf16>(0x700000);
+    auto sw = [&](bf16* dgu, bf16* h, bf16* dout, const bf16* gu, int64_t s, int64_t H) {
+      spes::cuda::grouped_matmul_backward_input_swiglu(dgu, h, dout, wt, gu, off, s, E, H, OC, nullptr);
+    };
+    CHECK_THROWS_ERROR(sw(a, b, c, g, S, 12), (pre + "C must be a positive multiple of 8").c_str());
+    CHECK_THROWS_ERROR(sw(nullptr, b, c, g, S, C), (pre + "dgate_up must not be null").c_str());
+    CHECK_THROWS_ERROR(sw(m, b, c, g, S, C), (pre + "dgate_up must be 16-byte aligned").c_str());
+    CHECK_THROWS_ERROR(sw(a, m, c, g, S, C), (pre + "h must be 16-byte aligned").c_str());
+    CHECK_THROWS_ERROR(sw(a, b, m, g, S, C), (pre + "dout must be 16-byte aligned").c_str());
+    CHECK_THROWS_ERROR(sw(a, b, c, nullptr, S, C), (pre + "gate_up must not be null").c_str());
+    CHECK_THROWS_ERROR(sw(a, b, c, fake<bf16>(0x700008), S, C), (pre + "gate_up must be 16-byte aligned").c_str());
+    CHECK_THROWS_ERROR(sw(a, c + 8, c, g, S, C), (pre + "h must not overlap dout").c_str());
+    CHECK_THROWS_ERROR(sw(a, g + 8, c, g, S, C), (pre + "h must not overlap gate_up").c_str());
+    CHECK_THROWS_ERROR(sw(a, a + 8, c, g, S, C), (pre + "h must not overlap dgate_up").c_str());
+    CHECK_THROWS_ERROR(sw(c + 8, b, c, g, S, C), (pre + "dgate_up must not overlap dout").c_str());
+    CHECK_THROWS_ERROR(sw(g + 8, b, c, g, S, C), (pre + "dgate_up must not overlap gate_up").c_str());
   }
 
   const std::string pre = "grouped_matmul_backward_weight: ";

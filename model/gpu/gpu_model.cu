@@ -267,18 +267,18 @@ void GpuModel::layer_backward(int l, const LossConfig& loss, float grad_scale) {
 }
 
 // Backward of moe_forward_block (input x) for dLoss/dmoe_out = d_y: weight gradients,
-// and dLoss/dx in d_a. expert_h gets dh, then the forward h recomputed in its place
-// (for the down weight gradient); d_ye gets dye, then dxe once dye is used. Frozen
-// experts get no weight-gradient tiles.
+// and dLoss/dx in d_a. The down product's backward-input computes SwiGLU's backward
+// as it stores (dh never reaches memory): d_gate_up gets the gate and up gradients,
+// expert_h the forward h recomputed (for the down weight gradient); d_ye gets dye,
+// then dxe once dye is used. Frozen experts get no weight-gradient tiles.
 void GpuModel::moe_backward_block(int l, const bf16* d_y, const bf16* x, const LossConfig& loss, float grad_scale) {
   const LayerOffsets& o = layout_.layers[size_t(l)];
   const GpuLayerBuffers<bf16>& a = b_.layers[size_t(l)];
   const int64_t d = cfg_.d_model, E = cfg_.n_experts, K = cfg_.top_k, H = cfg_.expert_hidden, L = cfg_.n_layers;
   cuda::Gemm& g = rt_.gemm();
   cuda::moe_combine_backward(b_.d_ye, b_.d_topk_w, d_y, a.ye, a.topk_w, a.token_slot, N_, K, d, stream_);
-  cuda::grouped_matmul_backward_input(b_.expert_h, b_.d_ye, a.down_weights, a.offsets, S_, E, H, d, stream_);
-  cuda::swiglu_backward(b_.d_gate_up, b_.d_gate_up + H, b_.expert_h, b_.expert_h, a.gate_up, a.gate_up + H, S_, H,
-                        2 * H, stream_);
+  cuda::grouped_matmul_backward_input_swiglu(b_.d_gate_up, b_.expert_h, b_.d_ye, a.down_weights, a.gate_up,
+                                             a.offsets, S_, E, H, d, stream_);
   cuda::grouped_matmul_backward_weight(a.down_grads, b_.d_ye, b_.expert_h, a.offsets, b_.trained_experts, n_trained_,
                                        S_, E, H, d, stream_);
   cuda::grouped_matmul_backward_input(b_.d_ye, b_.d_gate_up, a.gate_up_weights, a.offsets, S_, E, d, 2 * H, stream_);
