@@ -29,14 +29,15 @@
 // which paths it runs, the routings' load imbalance, a check of each path against
 // cuBLAS per expert on one routing, the sm90a kernels at a few L2 prefetch
 // distances (grouped_sm90::set_l2_prefetch_k_steps; the CSV's sm90a column is the
-// default's), and on each path the down backward-input with SwiGLU's backward fused
-// (grouped_matmul_backward_input_swiglu) against the two launches it replaces, with
+// default's), and on each path the products with SwiGLU in their store (the gate|up
+// forward, the down backward-input) against the two launches each replaces, with
 // whether their bits agree. Without a GPU: exit 77, the reason on stderr.
 #include <cublas_v2.h>
 
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
+#include <functional>
 #include <random>
 #include <string>
 #include <vector>
@@ -333,59 +334,94 @@ void run_weights(const char* name, int64_t C, int64_t OC, const std::vector<std:
   }
 }
 
-// The down product's backward-input with SwiGLU's backward in its store
-// (grouped_matmul_backward_input_swiglu) against the two launches it replaces,
-// grouped_matmul_backward_input then swiglu_backward over the S rows, on each path, on
-// the same routings; and their bits on routing 0. stderr only.
+// The grouped GEMMs with SwiGLU in their store against the two launches each replaces,
+// on each path, on the same routings, and their bits on routing 0: the gate|up forward
+// (grouped_matmul_forward_swiglu) against grouped_matmul_forward then swiglu_forward,
+// the down backward-input (grouped_matmul_backward_input_swiglu) against
+// grouped_matmul_backward_input then swiglu_backward. stderr only.
 void run_swiglu_fusion(const std::vector<std::vector<int32_t>>& routings, cudaStream_t stream) {
   const size_t bs = sizeof(bf16);
-  const int64_t C = kH, OC = kD;
-  DevBuf dout(bs * kS * OC), w(bs * kE * OC * C), gate_up(bs * kS * 2 * C), dh(bs * kS * C), h(bs * kS * C),
-      dgate_up(bs * kS * 2 * C), h2(bs * kS * C), dgate_up2(bs * kS * 2 * C);
-  spes::bench::fill(dout.as<bf16>(), kS * OC, stream, 4, 1.0f);
-  spes::bench::fill(w.as<bf16>(), kE * OC * C, stream, 5, 1.7f / std::sqrt(float(OC)));
-  spes::bench::fill(gate_up.as<bf16>(), kS * 2 * C, stream, 6, 3.0f);
-  std::vector<const bf16*> wt(kE);
+  DevBuf inp(bs * kS * kD), w_gate_up(bs * kE * 2 * kH * kD), dout(bs * kS * kD), w_down(bs * kE * kD * kH),
+      gate_up(bs * kS * 2 * kH), gate_up2(bs * kS * 2 * kH), h(bs * kS * kH), h2(bs * kS * kH), dh(bs * kS * kH),
+      dgate_up(bs * kS * 2 * kH), dgate_up2(bs * kS * 2 * kH);
+  spes::bench::fill(inp.as<bf16>(), kS * kD, stream, 4, 1.0f);
+  spes::bench::fill(w_gate_up.as<bf16>(), kE * 2 * kH * kD, stream, 5, 1.7f / std::sqrt(float(kD)));
+  spes::bench::fill(dout.as<bf16>(), kS * kD, stream, 6, 1.0f);
+  spes::bench::fill(w_down.as<bf16>(), kE * kD * kH, stream, 7, 1.7f / std::sqrt(float(kD)));
+  std::vector<const bf16*> wt_gate_up(kE), wt_down(kE);
   std::vector<int32_t> all_offsets;
-  for (int64_t e = 0; e < kE; ++e) wt[e] = w.as<bf16>() + e * OC * C;
+  for (int64_t e = 0; e < kE; ++e) {
+    wt_gate_up[e] = w_gate_up.as<bf16>() + e * 2 * kH * kD;
+    wt_down[e] = w_down.as<bf16>() + e * kD * kH;
+  }
   for (const auto& r : routings) all_offsets.insert(all_offsets.end(), r.begin(), r.end());
-  DevBuf d_wt(sizeof(void*) * kE), d_offsets(sizeof(int32_t) * all_offsets.size());
-  spes::bench::copy_to_device(d_wt.p, wt.data(), d_wt.bytes, stream);
+  DevBuf d_wt_gate_up(sizeof(void*) * kE), d_wt_down(sizeof(void*) * kE), d_offsets(sizeof(int32_t) * all_offsets.size());
+  spes::bench::copy_to_device(d_wt_gate_up.p, wt_gate_up.data(), d_wt_gate_up.bytes, stream);
+  spes::bench::copy_to_device(d_wt_down.p, wt_down.data(), d_wt_down.bytes, stream);
   spes::bench::copy_to_device(d_offsets.p, all_offsets.data(), d_offsets.bytes, stream);
-  const bf16* const* weights = d_wt.as<const bf16* const>();
-  const int32_t* offsets_of = d_offsets.as<int32_t>();
+  const bf16* const* weights_gate_up = d_wt_gate_up.as<const bf16* const>();
+  const bf16* const* weights_down = d_wt_down.as<const bf16* const>();
+  auto offsets_of = [&](int r) { return d_offsets.as<int32_t>() + (r % kRoutings) * (kE + 1); };
+  auto report = [&](const char* what, GroupedGemmPath path, const std::function<void(int)>& fused,
+                    const std::function<void(int)>& two_calls, const std::function<void(int)>& gemm_alone,
+                    bool same) {
+    int next = 0;
+    const float t_fused = spes::bench::median_ms([&] { fused(next++); }, stream);
+    next = 0;
+    const float t_two = spes::bench::median_ms([&] { two_calls(next++); }, stream);
+    next = 0;
+    const float t_gemm = spes::bench::median_ms([&] { gemm_alone(next++); }, stream);
+    std::fprintf(stderr, "%s, %s: fused %.3f ms, the two launches %.3f ms (the GEMM alone %.3f ms): fused/two %.3f; "
+                 "bits equal: %s\n", what, path_name(path), t_fused, t_two, t_gemm, t_fused / t_two,
+                 same ? "yes" : "NO (MISMATCH)");
+  };
   const bf16* gu = gate_up.as<bf16>();
 
   std::vector<GroupedGemmPath> paths{GroupedGemmPath::portable};
   if (spes::cuda::grouped_gemm_sm90a_available()) paths.push_back(GroupedGemmPath::sm90a);
   for (GroupedGemmPath path : paths) {
-    auto gemm_alone = [&](int r, bf16* out) {
-      spes::cuda::grouped_matmul_backward_input(out, dout.as<bf16>(), weights, offsets_of + r * (kE + 1), kS, kE, C,
-                                                OC, stream, path);
+    // The gate|up forward with SwiGLU.
+    auto forward = [&](int r, bf16* out) {
+      spes::cuda::grouped_matmul_forward(out, inp.as<bf16>(), weights_gate_up, offsets_of(r), kS, kE, kD, 2 * kH,
+                                         stream, path);
     };
-    auto two_calls = [&](int r, bf16* h_out, bf16* dgu) {
-      gemm_alone(r, dh.as<bf16>());
-      spes::cuda::swiglu_backward(dgu, dgu + C, h_out, dh.as<bf16>(), gu, gu + C, kS, C, 2 * C, stream);
+    auto forward_two = [&](int r, bf16* out, bf16* h_out) {
+      forward(r, out);
+      spes::cuda::swiglu_forward(h_out, out, out + kH, kS, kH, 2 * kH, stream);
     };
-    auto fused = [&](int r) {
-      spes::cuda::grouped_matmul_backward_input_swiglu(dgate_up.as<bf16>(), h.as<bf16>(), dout.as<bf16>(), weights,
-                                                       gu, offsets_of + r * (kE + 1), kS, kE, C, OC, stream, path);
+    auto forward_fused = [&](int r, bf16* out, bf16* h_out) {
+      spes::cuda::grouped_matmul_forward_swiglu(out, h_out, inp.as<bf16>(), weights_gate_up, offsets_of(r), kS, kE,
+                                                kD, kH, stream, path);
     };
-    fused(0);
-    two_calls(0, h2.as<bf16>(), dgate_up2.as<bf16>());
-    const bool same = to_host_bytes(h, stream) == to_host_bytes(h2, stream) &&
-                      to_host_bytes(dgate_up, stream) == to_host_bytes(dgate_up2, stream);
-    int next = 0;
-    const float t_fused = spes::bench::median_ms([&] { fused(next++ % kRoutings); }, stream);
-    next = 0;
-    const float t_two =
-        spes::bench::median_ms([&] { two_calls(next++ % kRoutings, h.as<bf16>(), dgate_up.as<bf16>()); }, stream);
-    next = 0;
-    const float t_gemm = spes::bench::median_ms([&] { gemm_alone(next++ % kRoutings, dh.as<bf16>()); }, stream);
-    std::fprintf(stderr,
-                 "down backward-input with SwiGLU's backward, %s: fused %.3f ms, backward-input then swiglu_backward "
-                 "%.3f ms (backward-input alone %.3f ms): fused/two calls %.3f; bits equal: %s\n",
-                 path_name(path), t_fused, t_two, t_gemm, t_fused / t_two, same ? "yes" : "NO (MISMATCH)");
+    forward_fused(0, gate_up.as<bf16>(), h.as<bf16>());
+    forward_two(0, gate_up2.as<bf16>(), h2.as<bf16>());
+    const bool forward_same = to_host_bytes(gate_up, stream) == to_host_bytes(gate_up2, stream) &&
+                              to_host_bytes(h, stream) == to_host_bytes(h2, stream);
+    report("gate|up forward with SwiGLU", path, [&](int r) { forward_fused(r, gate_up2.as<bf16>(), h2.as<bf16>()); },
+           [&](int r) { forward_two(r, gate_up2.as<bf16>(), h2.as<bf16>()); },
+           [&](int r) { forward(r, gate_up2.as<bf16>()); }, forward_same);
+
+    // The down backward-input with SwiGLU's backward (gate_up from the forward above).
+    auto backward = [&](int r, bf16* out) {
+      spes::cuda::grouped_matmul_backward_input(out, dout.as<bf16>(), weights_down, offsets_of(r), kS, kE, kH, kD,
+                                                stream, path);
+    };
+    auto backward_two = [&](int r, bf16* h_out, bf16* dgu) {
+      backward(r, dh.as<bf16>());
+      spes::cuda::swiglu_backward(dgu, dgu + kH, h_out, dh.as<bf16>(), gu, gu + kH, kS, kH, 2 * kH, stream);
+    };
+    auto backward_fused = [&](int r, bf16* h_out, bf16* dgu) {
+      spes::cuda::grouped_matmul_backward_input_swiglu(dgu, h_out, dout.as<bf16>(), weights_down, gu, offsets_of(r),
+                                                       kS, kE, kH, kD, stream, path);
+    };
+    backward_fused(0, h.as<bf16>(), dgate_up.as<bf16>());
+    backward_two(0, h2.as<bf16>(), dgate_up2.as<bf16>());
+    const bool backward_same = to_host_bytes(h, stream) == to_host_bytes(h2, stream) &&
+                               to_host_bytes(dgate_up, stream) == to_host_bytes(dgate_up2, stream);
+    report("down backward-input with SwiGLU's backward", path,
+           [&](int r) { backward_fused(r, h2.as<bf16>(), dgate_up2.as<bf16>()); },
+           [&](int r) { backward_two(r, h2.as<bf16>(), dgate_up2.as<bf16>()); },
+           [&](int r) { backward(r, dh.as<bf16>()); }, backward_same);
   }
 }
 

@@ -37,11 +37,16 @@
 // Every output element is owned by one CTA and summed in k order: no atomics, the
 // same bits every run.
 //
-// SwiGLU. The down product's backward-input can end in SwiGLU's backward instead of a
-// store of dh (grouped_matmul_backward_input_swiglu): each output pair, rounded to
-// bf16 as if stored, meets its gate and up, read from gate_up, and the gate and up
-// gradients and the recomputed h are stored in its place; the MoE backward then never
-// writes dh nor reads it back (one [S, H] tensor each way per layer).
+// SwiGLU. The gate|up forward can end in SwiGLU (grouped_matmul_forward_swiglu): its
+// column tile is then 64 columns of gate beside the same 64 of up (B's rows loaded
+// from the two windows of W_e), so that h forms in the tile; the warps holding up
+// hand it to those holding gate through shared memory. The down product's
+// backward-input can end in SwiGLU's backward instead of a store of dh
+// (grouped_matmul_backward_input_swiglu): each output pair, rounded to bf16 as if
+// stored, meets its gate and up, read from gate_up, and the gate and up gradients and
+// the recomputed h are stored in its place. Either way the MoE layer saves a pass over
+// memory: the forward never reads gate|up back for h, the backward never writes dh
+// nor reads it back.
 //
 // Tails. Rows past an expert's end, output columns past N and reduction columns past
 // K (C or OC not a multiple of the tile) are zero-filled by predicated cp.async
@@ -116,26 +121,34 @@ __device__ __forceinline__ int clamp_int(int x, int lo, int hi) { return x < lo 
 // Copies the ROWS × COLS window whose row r starts at src + r·ld into a Tile; rows
 // ≥ rows_valid and chunks at columns ≥ cols_valid are zero-filled without a read (the
 // address given for them is src itself, which the caller keeps inside its buffer).
-template <class Tile>
-__device__ __forceinline__ void load_tile(bf16* dst, const bf16* src, int64_t ld, int rows_valid, int cols_valid) {
-  constexpr int kCopies = Tile::kRows * Tile::kChunks;
+// PAIRED: rows [ROWS/2, ROWS) come from `second` (its row 0 being row ROWS/2), and
+// rows_valid counts the rows inside each half.
+template <class Tile, bool PAIRED = false>
+__device__ __forceinline__ void load_tile(bf16* dst, const bf16* src, int64_t ld, int rows_valid, int cols_valid,
+                                          const bf16* second = nullptr) {
+  constexpr int kCopies = Tile::kRows * Tile::kChunks, kHalf = Tile::kRows / 2;
   static_assert(kCopies % kThreads == 0, "tile copy must divide evenly over the CTA");
 #pragma unroll
   for (int i = 0; i < kCopies / kThreads; ++i) {
     const int idx = i * kThreads + static_cast<int>(threadIdx.x);
     const int r = idx / Tile::kChunks, c = (idx % Tile::kChunks) * 8;
-    const bool ok = r < rows_valid && c < cols_valid;
-    cp_async_16(smem_addr(dst + Tile::offset(r, c)), ok ? src + r * ld + c : src, ok);
+    const bool in_second = PAIRED && r >= kHalf;
+    const bool ok = (in_second ? r - kHalf : r) < rows_valid && c < cols_valid;
+    const bf16* from = in_second ? second + (r - kHalf) * ld + c : src + r * ld + c;
+    cp_async_16(smem_addr(dst + Tile::offset(r, c)), ok ? from : src, ok);
   }
 }
 
 // k-step [k0, k0 + kBK) of an operand whose element (i, k), i in [0, MN), is at
 // src[i·ld + k] (Major::k) or src[k·ld + i] (Major::mn); i ≥ mn_valid and k ≥ K read as 0.
-template <Major MAJ, int MN>
-__device__ __forceinline__ void load_operand(bf16* dst, const bf16* src, int64_t ld, int mn_valid, int k0, int K) {
+// PAIRED (Major::k): i in [MN/2, MN) at second[(i − MN/2)·ld + k], mn_valid per half.
+template <Major MAJ, int MN, bool PAIRED = false>
+__device__ __forceinline__ void load_operand(bf16* dst, const bf16* src, int64_t ld, int mn_valid, int k0, int K,
+                                             const bf16* second = nullptr) {
+  static_assert(!PAIRED || MAJ == Major::k, "paired halves are windows of a K-major operand's rows");
   using Tile = OperandTile<MAJ, MN>;
   if constexpr (MAJ == Major::k)
-    load_tile<Tile>(dst, src + k0, ld, mn_valid, K - k0);
+    load_tile<Tile, PAIRED>(dst, src + k0, ld, mn_valid, K - k0, PAIRED ? second + k0 : nullptr);
   else
     load_tile<Tile>(dst, src + int64_t(k0) * ld, ld, K - k0, mn_valid);
 }
@@ -175,10 +188,12 @@ __device__ __forceinline__ void load_b(uint32_t (&b)[4], const bf16* tile, int n
 
 // acc += A·B over k in [0, K) for the CTA's 128 × 128 tile: A's element (m, k) at
 // a[m·lda + k] (Major::k) or a[k·lda + m] (Major::mn), m < m_valid; B's (n, k) likewise
-// from b, n < n_valid. Warp w computes rows (w / 4)·64.., columns (w % 4)·32.. of it.
-template <Major A_MAJ, Major B_MAJ>
+// from b, n < n_valid (B_PAIRED: n in [64, 128) from b_second, n_valid per half; see
+// load_operand). Warp w computes rows (w / 4)·64.., columns (w % 4)·32.. of it.
+template <Major A_MAJ, Major B_MAJ, bool B_PAIRED = false>
 __device__ __forceinline__ void mainloop(float (&acc)[kMT][kNT][4], bf16* smem, const bf16* a, int64_t lda,
-                                         int m_valid, const bf16* b, int64_t ldb, int n_valid, int K) {
+                                         int m_valid, const bf16* b, int64_t ldb, int n_valid, int K,
+                                         const bf16* b_second = nullptr) {
   using Cfg = Config<A_MAJ, B_MAJ>;
   using TileA = typename Cfg::TileA;
   using TileB = typename Cfg::TileB;
@@ -189,7 +204,7 @@ __device__ __forceinline__ void mainloop(float (&acc)[kMT][kNT][4], bf16* smem, 
   auto load_stage = [&](int stage, int kt) {
     bf16* sa = smem + stage * Cfg::kStageElems;
     load_operand<A_MAJ, kBM>(sa, a, lda, m_valid, kt * kBK, K);
-    load_operand<B_MAJ, kBN>(sa + TileA::kElems, b, ldb, n_valid, kt * kBK, K);
+    load_operand<B_MAJ, kBN, B_PAIRED>(sa + TileA::kElems, b, ldb, n_valid, kt * kBK, K, b_second);
   };
 
   // Prologue: k-steps 0 .. kStages-2 in flight, one commit group each (empty past K,
@@ -271,6 +286,24 @@ __device__ __forceinline__ RowTile find_row_tile(const int32_t* __restrict__ off
 
 // ---- kernels ---------------------------------------------------------------------------
 
+// What a forward or backward-input tile's store writes: the product, or SwiGLU's
+// forward or backward computed from it on the way out.
+enum class Epilogue {
+  plain,            // out = the product
+  swiglu_forward,   // the gate|up forward: out = gate|up ([S, 2N]), h = silu(gate)·up ([S, N])
+  swiglu_backward,  // the down backward-input: the product is dh ([S, N]); out = h recomputed,
+                    // dgate_up = the gradients of gate_up's gate and up ([S, 2N])
+};
+// The SwiGLU epilogues' tensors besides out (null where an epilogue has no use for one).
+struct SwigluOperands {
+  const bf16* gate_up;  // swiglu_backward: read
+  bf16* dgate_up;       // swiglu_backward: written
+  bf16* h;              // swiglu_forward: written
+};
+// A column tile's width in output columns: swiglu_forward's is kBN / 2 columns of gate
+// beside the same columns of up.
+constexpr int column_tile_width(Epilogue epi) { return epi == Epilogue::swiglu_forward ? kBN / 2 : kBN; }
+
 // Output pair (c, c + 1) of row `row` of the SwiGLU-backward epilogue: dh from the
 // accumulators, rounded to bf16 as a stored dh would be; gate and up read from gate_up
 // (row stride 2N, up N columns after gate), their gradients written likewise into
@@ -287,24 +320,77 @@ __device__ __forceinline__ void swiglu_backward_pair(bf16* h_row, const bf16* ga
   *reinterpret_cast<__nv_bfloat162*>(h_row + c) = __floats2bfloat162_rn(x0.h, x1.h);
 }
 
+// The gate|up forward's store with SwiGLU (a paired tile: columns [0, 64) are gate
+// columns n0.., [64, 128) the same columns of up). The warps holding up put it, rounded
+// to bf16, in shared memory (the stages, free after the main loop); the warps holding
+// the same gate columns read it back to form h from the bf16 gate and up, as
+// swiglu_forward would from the stored ones. out = gate|up, row stride 2N.
+__device__ __forceinline__ void swiglu_forward_store(const float (&acc)[kMT][kNT][4], bf16* smem, bf16* out, bf16* h,
+                                                     const RowTile& rt, int n0, int N) {
+  constexpr int kHalf = kBN / 2;
+  const int warp = static_cast<int>(threadIdx.x) >> 5, lane = static_cast<int>(threadIdx.x) & 31;
+  const int wm = (warp / kWarpsN) * kWarpTileM, wn = (warp % kWarpsN) * kWarpTileN;
+  const int g = lane >> 2, tq = lane & 3;
+  const bool holds_up = wn >= kHalf;
+  __nv_bfloat162* up_tile = reinterpret_cast<__nv_bfloat162*>(smem);  // [kBM][kHalf / 2] pairs
+  __syncthreads();  // every warp is done reading the stages
+  if (holds_up) {
+#pragma unroll
+    for (int mt = 0; mt < kMT; ++mt)
+#pragma unroll
+      for (int hh = 0; hh < 2; ++hh)
+#pragma unroll
+        for (int nt = 0; nt < kNT; ++nt) {
+          const int r = wm + mt * 16 + g + 8 * hh, c = wn - kHalf + nt * 8 + 2 * tq;
+          up_tile[(r * kHalf + c) / 2] = __floats2bfloat162_rn(acc[mt][nt][2 * hh], acc[mt][nt][2 * hh + 1]);
+        }
+  }
+  __syncthreads();
+#pragma unroll
+  for (int mt = 0; mt < kMT; ++mt)
+#pragma unroll
+    for (int hh = 0; hh < 2; ++hh) {
+      const int r = wm + mt * 16 + g + 8 * hh;
+      if (r >= rt.rows) continue;
+      const int64_t row = int64_t(rt.row0) + r;
+#pragma unroll
+      for (int nt = 0; nt < kNT; ++nt) {
+        const int c = (holds_up ? wn - kHalf : wn) + nt * 8 + 2 * tq;  // column within gate (or up)
+        if (n0 + c >= N) continue;
+        const __nv_bfloat162 v = __floats2bfloat162_rn(acc[mt][nt][2 * hh], acc[mt][nt][2 * hh + 1]);
+        *reinterpret_cast<__nv_bfloat162*>(out + row * 2 * N + (holds_up ? N : 0) + n0 + c) = v;
+        if (!holds_up) {
+          const __nv_bfloat162 u = up_tile[(r * kHalf + c) / 2];
+          *reinterpret_cast<__nv_bfloat162*>(h + row * N + n0 + c) =
+              __floats2bfloat162_rn(swiglu_value(__low2float(v), __low2float(u)),
+                                    swiglu_value(__high2float(v), __high2float(u)));
+        }
+      }
+    }
+}
+
 // Forward (B_MAJ = k) and backward-input (B_MAJ = mn): out[s, 0:N] = a[s, 0:K] · B_e for
 // the rows s of each expert, B_e from W_e = weights[e]: forward N = OC, K = C, W_e is
 // [N][K] (element (n, k) at w[n·K + k]); backward-input N = C, K = OC, W_e is [K][N]
 // (element (n, k) at w[k·N + n]). One CTA per (row tile, column tile), blockIdx.x =
-// row tile · n_col_tiles + column tile. SWIGLU (backward-input only): the product is
-// dh, and the store is SwiGLU's backward from it (swiglu_backward_pair): out receives
-// h, dgate_up the gradients of gate_up's gate and up.
-template <Major B_MAJ, bool SWIGLU = false>
+// row tile · n_col_tiles + column tile. EPI says what the store writes (Epilogue):
+// swiglu_forward's tile is 64 columns of gate (W_e's rows n0..) beside the same 64 of
+// up (rows N + n0.., W_e being [2N][K]), N the width of h.
+template <Major B_MAJ, Epilogue EPI = Epilogue::plain>
 __global__ void __launch_bounds__(kThreads, 2)
     grouped_rows_kernel(bf16* __restrict__ out, const bf16* __restrict__ a, const bf16* const* __restrict__ weights,
                         const int32_t* __restrict__ offsets, int S, int E, int N, int K, int n_col_tiles,
-                        const bf16* __restrict__ gate_up, bf16* __restrict__ dgate_up) {
-  static_assert(!SWIGLU || B_MAJ == Major::mn, "SwiGLU's backward follows the backward-input product");
+                        SwigluOperands swiglu) {
+  static_assert(EPI != Epilogue::swiglu_forward || B_MAJ == Major::k, "SwiGLU's forward follows the forward");
+  static_assert(EPI != Epilogue::swiglu_backward || B_MAJ == Major::mn,
+                "SwiGLU's backward follows the backward-input product");
+  constexpr bool kPaired = EPI == Epilogue::swiglu_forward;
   using Cfg = Config<Major::k, B_MAJ>;
   unsigned char* raw = dynamic_smem<unsigned char>;
   bf16* smem = reinterpret_cast<bf16*>(raw);
   int* sched = reinterpret_cast<int*>(smem + kStages * Cfg::kStageElems);
-  const int t = static_cast<int>(blockIdx.x) / n_col_tiles, n0 = (static_cast<int>(blockIdx.x) % n_col_tiles) * kBN;
+  const int t = static_cast<int>(blockIdx.x) / n_col_tiles;
+  const int n0 = (static_cast<int>(blockIdx.x) % n_col_tiles) * column_tile_width(EPI);
   const RowTile rt = find_row_tile(offsets, E, S, t, sched);
   if (rt.expert < 0) return;  // uniform: every thread read the same scratch
 
@@ -312,7 +398,12 @@ __global__ void __launch_bounds__(kThreads, 2)
   const bf16* b = B_MAJ == Major::k ? w + int64_t(n0) * K : w + n0;
   const int64_t ldb = B_MAJ == Major::k ? K : N;
   float acc[kMT][kNT][4] = {};
-  mainloop<Major::k, B_MAJ>(acc, smem, a + int64_t(rt.row0) * K, K, rt.rows, b, ldb, N - n0, K);
+  mainloop<Major::k, B_MAJ, kPaired>(acc, smem, a + int64_t(rt.row0) * K, K, rt.rows, b, ldb, N - n0, K,
+                                     kPaired ? w + (int64_t(N) + n0) * K : nullptr);
+  if constexpr (kPaired) {
+    swiglu_forward_store(acc, smem, out, swiglu.h, rt, n0, N);
+    return;
+  }
 
   // C fragment (g, 2t..2t+1) and (g+8, 2t..): bf16 pairs, rows past the expert's end
   // and columns past N skipped (N % 8 == 0: a pair is wholly inside or outside).
@@ -332,9 +423,9 @@ __global__ void __launch_bounds__(kThreads, 2)
       for (int nt = 0; nt < kNT; ++nt) {
         const int c = wn + nt * 8 + 2 * tq;
         if (n0 + c >= N) continue;
-        if constexpr (SWIGLU)
-          swiglu_backward_pair(row, gate_up + gate_up_row, dgate_up + gate_up_row, c, N, acc[mt][nt][2 * h],
-                               acc[mt][nt][2 * h + 1]);
+        if constexpr (EPI == Epilogue::swiglu_backward)
+          swiglu_backward_pair(row, swiglu.gate_up + gate_up_row, swiglu.dgate_up + gate_up_row, c, N,
+                               acc[mt][nt][2 * h], acc[mt][nt][2 * h + 1]);
         else
           *reinterpret_cast<__nv_bfloat162*>(row + c) =
               __floats2bfloat162_rn(acc[mt][nt][2 * h], acc[mt][nt][2 * h + 1]);
@@ -437,18 +528,17 @@ void check_row_grid(const char* op, int64_t S, int64_t E, int64_t C, int64_t OC,
 
 // Forward and backward-input: `a` [S, K] per-row operand, out [S, N].
 // The portable family (the sm90a one has its own launchers, grouped_gemm_sm90.cu).
-// SWIGLU: the backward-input with SwiGLU's backward in its store (gate_up, dgate_up).
-template <Major B_MAJ, bool SWIGLU = false>
+// EPI: what the store writes (Epilogue), with the tensors it needs beside out in swiglu.
+template <Major B_MAJ, Epilogue EPI = Epilogue::plain>
 void rows_impl(const char* op, bf16* out, const bf16* a, const bf16* const* weights, const int32_t* offsets,
-               int64_t S, int64_t E, int64_t N, int64_t K, cudaStream_t stream, const bf16* gate_up = nullptr,
-               bf16* dgate_up = nullptr) {
-  const int64_t n_col_tiles = ceil_div(N, kBN), row_tiles = ceil_div(S, kBM) + E;
+               int64_t S, int64_t E, int64_t N, int64_t K, cudaStream_t stream, SwigluOperands swiglu = {}) {
+  const int64_t n_col_tiles = ceil_div(N, column_tile_width(EPI)), row_tiles = ceil_div(S, kBM) + E;
   using Cfg = Config<Major::k, B_MAJ>;
-  auto kernel = grouped_rows_kernel<B_MAJ, SWIGLU>;
+  auto kernel = grouped_rows_kernel<B_MAJ, EPI>;
   allow_dynamic_smem(op, kernel, Cfg::kSmem);
   launch(kernel, static_cast<unsigned>(row_tiles * n_col_tiles), kThreads, Cfg::kSmem, stream, out, a, weights,
          offsets, static_cast<int>(S), static_cast<int>(E), static_cast<int>(N), static_cast<int>(K),
-         static_cast<int>(n_col_tiles), gate_up, dgate_up);
+         static_cast<int>(n_col_tiles), swiglu);
   cuda_check_launch();
 }
 
@@ -479,6 +569,30 @@ void grouped_matmul_forward(bf16* out, const bf16* inp, const bf16* const* weigh
     grouped_sm90::forward(out, inp, weights, offsets, S, E, C, OC, stream);
   else
     rows_impl<Major::k>(op, out, inp, weights, offsets, S, E, OC, C, stream);
+}
+
+void grouped_matmul_forward_swiglu(bf16* gate_up, bf16* h, const bf16* inp, const bf16* const* weights,
+                                   const int32_t* offsets, int64_t S, int64_t E, int64_t C, int64_t H,
+                                   cudaStream_t stream, GroupedGemmPath path) {
+  const char* op = "grouped_matmul_forward_swiglu";
+  check_sizes(op, S, E, C, 2 * H);
+  check_row_grid(op, S, E, C, 2 * H, 2 * H);
+  require(H % 8 == 0, op, "H must be a multiple of 8 (16-byte rows)" + sizes(S, E, C, 2 * H));
+  require_ptr(gate_up, 16, op, "gate_up");
+  require_ptr(h, 16, op, "h");
+  require_ptr(inp, 16, op, "inp");
+  require_ptr(weights, sizeof(void*), op, "weights");
+  require_ptr(offsets, sizeof(int32_t), op, "offsets");
+  const size_t h_bytes = size_t(S * H) * sizeof(bf16), inp_bytes = size_t(S * C) * sizeof(bf16);
+  require_disjoint(gate_up, 2 * h_bytes, inp, inp_bytes, op, "gate_up must not overlap inp");
+  require_disjoint(h, h_bytes, inp, inp_bytes, op, "h must not overlap inp");
+  require_disjoint(h, h_bytes, gate_up, 2 * h_bytes, op, "h must not overlap gate_up");
+  if (S == 0) return;
+  if (choose_path(op, path) == GroupedGemmPath::sm90a)
+    grouped_sm90::forward_swiglu(gate_up, h, inp, weights, offsets, S, E, C, H, stream);
+  else
+    rows_impl<Major::k, Epilogue::swiglu_forward>(op, gate_up, inp, weights, offsets, S, E, H, C, stream,
+                                                  {nullptr, nullptr, h});
 }
 
 void grouped_matmul_backward_input(bf16* dinp, const bf16* dout, const bf16* const* weights,
@@ -523,7 +637,8 @@ void grouped_matmul_backward_input_swiglu(bf16* dgate_up, bf16* h, const bf16* d
   if (choose_path(op, path) == GroupedGemmPath::sm90a)
     grouped_sm90::backward_input_swiglu(dgate_up, h, dout, weights, gate_up, offsets, S, E, H, OC, stream);
   else
-    rows_impl<Major::mn, true>(op, h, dout, weights, offsets, S, E, H, OC, stream, gate_up, dgate_up);
+    rows_impl<Major::mn, Epilogue::swiglu_backward>(op, h, dout, weights, offsets, S, E, H, OC, stream,
+                                                    {gate_up, dgate_up, nullptr});
 }
 
 void grouped_matmul_backward_weight(float* const* dweights, const bf16* dout, const bf16* inp,

@@ -55,6 +55,16 @@ void grouped_matmul_forward(bf16* out, const bf16* inp, const bf16* const* weigh
                             int64_t S, int64_t E, int64_t C, int64_t OC, cudaStream_t stream,
                             GroupedGemmPath path = GroupedGemmPath::automatic);
 
+// The gate|up forward with SwiGLU in its store: gate_up[s, 0:2H] = inp[s, 0:C] · W_eᵀ
+// (W_e = weights[e], [2H, C]: gate's rows, then up's) as grouped_matmul_forward with
+// OC = 2H, and h[s, 0:H] = silu(gate)·up from those bf16 values, as swiglu_forward
+// (cuda/swiglu.cuh) with ld_in = 2H would give: bit for bit the two calls, on either
+// path, on the experts' rows (others untouched). Requirements as above (OC = 2H), H a
+// multiple of 8, h 16-byte aligned and disjoint from inp and gate_up.
+void grouped_matmul_forward_swiglu(bf16* gate_up, bf16* h, const bf16* inp, const bf16* const* weights,
+                                   const int32_t* offsets, int64_t S, int64_t E, int64_t C, int64_t H,
+                                   cudaStream_t stream, GroupedGemmPath path = GroupedGemmPath::automatic);
+
 // dinp[s, 0:C] = dout[s, 0:OC] · W_e (overwritten, bf16).
 void grouped_matmul_backward_input(bf16* dinp, const bf16* dout, const bf16* const* weights,
                                    const int32_t* offsets, int64_t S, int64_t E, int64_t C, int64_t OC,

@@ -67,10 +67,11 @@
 //
 // Stores. bf16 outputs go through shared memory (the two stages the next tile's first
 // copies leave alone) so that each warp writes whole 512-byte row segments; the rows
-// are written out from there behind the next tile's first wgmma. The backward-input
-// with SwiGLU's backward (SWIGLU) computes that backward as it writes the rows out,
-// from the staged dh and the tile's gate and up, which it asks L2 for as the tile
-// starts. The weight
+// are written out from there behind the next tile's first wgmma. The SwiGLU
+// epilogues (Epilogue) compute on the way out: the gate|up forward, whose column tile
+// is 128 columns of gate beside the same 128 of up (B's rows paired so), writes h
+// beside gate|up; the down backward-input computes SwiGLU's backward from the staged
+// dh and the tile's gate and up, which it asks L2 for as the tile starts. The weight
 // gradient's fp32 dW += tile reads dW, which each tile asks L2 for as it starts; at
 // its end all of the tile's dW is read at once, three quarters copied into those two
 // stages and the rest loaded into registers, so the read-modify-write waits for one
@@ -128,6 +129,24 @@ static_assert(2 * kStageBytes >= kBM * kBN * sizeof(bf16), "the bf16 output tile
 static_assert(kTileABytes % kAtomBytes == 0 && kStageBytes % kAtomBytes == 0 && kBlockBytes % kAtomBytes == 0,
               "atoms stay 1024-byte aligned");
 
+// What a forward or backward-input tile's store writes (RowsProblem): the product, or
+// SwiGLU's forward or backward computed from it on the way out.
+enum class Epilogue {
+  plain,            // out = the product
+  swiglu_forward,   // the gate|up forward: out = gate|up ([S, 2N]), h = silu(gate)·up ([S, N])
+  swiglu_backward,  // the down backward-input: the product is dh ([S, N]); out = h recomputed,
+                    // dgate_up = the gradients of gate_up's gate and up ([S, 2N])
+};
+// A column tile's width in output columns: swiglu_forward's is kBN / 2 columns of gate
+// beside the same columns of up.
+constexpr int column_tile_width(Epilogue epi) { return epi == Epilogue::swiglu_forward ? kBN / 2 : kBN; }
+// The SwiGLU epilogues' tensors besides out (null where an epilogue has no use for one).
+struct SwigluOperands {
+  const bf16* gate_up;  // swiglu_backward: read
+  bf16* dgate_up;       // swiglu_backward: written
+  bf16* h;              // swiglu_forward: written
+};
+
 // The row-tile scan's results (forward, backward-input), at the start of dynamic
 // shared memory.
 struct Sched {
@@ -166,24 +185,33 @@ __device__ __forceinline__ int clamp_int(int x, int lo, int hi) { return x < lo 
 // pass, so its shared offsets are one base plus a multiple of kPassBytes.
 // Element (i, k), i < MN, is at src[i·ld + k] (K-major) or src[k·ld + i] (MN-major);
 // i ≥ mn_valid and k ≥ K are zero-filled without a read (the address given for them is
-// `base`, which the caller keeps inside its buffer).
-template <Major MAJ, int MN>
+// `base`, which the caller keeps inside its buffer). PAIRED (K-major): the tile's two
+// halves are two windows of the operand, lines [0, MN/2) from `tile` and [MN/2, MN)
+// from `second` (its line 0 being line MN/2), each with mn_valid lines inside; the
+// gate|up forward with SwiGLU puts gate rows beside the up rows of the same columns so.
+template <Major MAJ, int MN, bool PAIRED = false>
 struct TileCopy {
+  static_assert(!PAIRED || MAJ == Major::k, "paired halves are windows of a K-major operand's rows");
   static constexpr int kLineChunks = MAJ == Major::k ? kBK / 8 : MN / 8;
   static constexpr int kLinesPerPass = kThreads / kLineChunks;
   static constexpr int kPasses = (MAJ == Major::k ? MN : kBK) / kLinesPerPass;
   static constexpr uint32_t kPassBytes = kLinesPerPass * kLineBytes;
+  static constexpr int kHalfLines = MN / 2;
   static_assert(kThreads % kLineChunks == 0 && kLinesPerPass % 8 == 0, "a thread keeps one swizzle phase");
+  static_assert(!PAIRED || kHalfLines % kLinesPerPass == 0, "a pass lies in one half");
 
   const bf16* base;  // element (0, 0) of the tile
   const bf16* src;   // this thread's first chunk at k-step 0
   int64_t ld;
+  int64_t second_jump;   // PAIRED: elements from where line MN/2 would be after line 0 to where it is
   uint32_t smem_offset;  // this thread's first chunk in the tile, bytes
   int line0, col;        // its first line and its column (K-major: k; MN-major: m or n)
   int mn_valid, K;
 
-  __device__ __forceinline__ TileCopy(const bf16* tile, int64_t ld_, int mn_valid_, int K_)
-      : base(tile), ld(ld_), mn_valid(mn_valid_), K(K_) {
+  __device__ __forceinline__ TileCopy(const bf16* tile, int64_t ld_, int mn_valid_, int K_,
+                                      const bf16* second = nullptr)
+      : base(tile), ld(ld_), second_jump(PAIRED ? second - (tile + kHalfLines * ld_) : 0), mn_valid(mn_valid_),
+        K(K_) {
     const int tid = static_cast<int>(threadIdx.x), chunk = tid % kLineChunks;
     line0 = tid / kLineChunks;
     col = chunk * 8;
@@ -194,6 +222,7 @@ struct TileCopy {
 
   // Whether this thread's chunk of `line` at k-step offset k0 lies inside the operand.
   __device__ __forceinline__ bool inside(int line, int k0) const {
+    if constexpr (PAIRED) line %= kHalfLines;
     return MAJ == Major::k ? (line < mn_valid && k0 + col < K) : (k0 + line < K && col < mn_valid);
   }
 
@@ -204,6 +233,7 @@ struct TileCopy {
     const bf16* p = MAJ == Major::k ? src + k0 : src + int64_t(k0) * ld;
 #pragma unroll
     for (int i = 0; i < kPasses; ++i, p += pass_step) {
+      if (PAIRED && i * kLinesPerPass == kHalfLines) p += second_jump;
       const bool ok = inside(line0 + i * kLinesPerPass, k0);
       cp_async_16(tile + smem_offset + i * kPassBytes, ok ? p : base, ok);
     }
@@ -241,11 +271,11 @@ __device__ __forceinline__ uint64_t operand_descriptor(uint32_t tile, int kk) {
 // ---- the main loop ---------------------------------------------------------------------
 
 // Both operands of one output tile: A (kBM × K) and B (kBN × K) with their copy plans.
-template <Major A_MAJ, Major B_MAJ>
+template <Major A_MAJ, Major B_MAJ, bool B_PAIRED = false>
 struct Operands {
   static constexpr Major kAMajor = A_MAJ, kBMajor = B_MAJ;
   TileCopy<A_MAJ, kBM> a;
-  TileCopy<B_MAJ, kBN> b;
+  TileCopy<B_MAJ, kBN, B_PAIRED> b;
   int ktiles;
 };
 
@@ -508,20 +538,21 @@ __device__ __forceinline__ int scan_row_tiles(Sched& s, const int32_t* offsets, 
 // Forward (B_MAJ = k) and backward-input (B_MAJ = mn): out[s, 0:N] = a[s, 0:K] · B_e for
 // the rows s of each expert; forward N = OC, K = C, W_e is [N][K]; backward-input
 // N = C, K = OC, W_e is [K][N]. Tile t is row tile t / n_col_tiles, column tile
-// t % n_col_tiles. SWIGLU (backward-input only, grouped_matmul_backward_input_swiglu):
-// the product is dh, and the store is SwiGLU's backward from it: out receives h,
-// dgate_up the gradients of gate_up's gate and up (row stride 2N, up N columns on).
-template <Major B_MAJ, bool SWIGLU>
+// t % n_col_tiles. EPI says what the store writes (Epilogue).
+template <Major B_MAJ, Epilogue EPI>
 struct RowsProblem {
-  static_assert(!SWIGLU || B_MAJ == Major::mn, "SwiGLU's backward follows the backward-input product");
+  static_assert(EPI != Epilogue::swiglu_forward || B_MAJ == Major::k, "SwiGLU's forward follows the forward");
+  static_assert(EPI != Epilogue::swiglu_backward || B_MAJ == Major::mn,
+                "SwiGLU's backward follows the backward-input product");
+  static constexpr bool kPaired = EPI == Epilogue::swiglu_forward;
+  static constexpr int kColTile = column_tile_width(EPI);
   bf16* out;
   const bf16* a;
   const bf16* const* weights;
   const Sched* sched;
   int E, N, K, n_col_tiles, n_tiles;
   int l2_ahead;  // k-steps ahead of its copy each streamed line is asked of L2 (0: none)
-  const bf16* gate_up;  // SWIGLU: read by the store
-  bf16* dgate_up;       // SWIGLU: written by the store
+  SwigluOperands swiglu;
   // A, the rows' activation, is streamed from DRAM; B, the expert's weights, is read
   // by every row tile of the expert and stays in L2.
   static constexpr bool kStreamsB = false;
@@ -547,24 +578,27 @@ struct RowsProblem {
     }
     const int first_tile = lo > 0 ? sched->tile_end[lo - 1] : 0;
     const int row0 = sched->start[lo] + (rt - first_tile) * kBM;
-    return {true, lo, row0, min(kBM, sched->end[lo] - row0), (t % n_col_tiles) * kBN};
+    return {true, lo, row0, min(kBM, sched->end[lo] - row0), (t % n_col_tiles) * kColTile};
   }
 
-  __device__ __forceinline__ Operands<Major::k, B_MAJ> operands(const Job& j) const {
+  // Paired (swiglu_forward): B's lines [0, kBN/2) are W_e's gate rows n0.., the rest its
+  // up rows N + n0.. (W_e is [2N][K]).
+  __device__ __forceinline__ Operands<Major::k, B_MAJ, kPaired> operands(const Job& j) const {
     const bf16* w = weights[j.expert];
     const bf16* b = B_MAJ == Major::k ? w + int64_t(j.n0) * K : w + j.n0;
+    const bf16* up = kPaired ? w + (int64_t(N) + j.n0) * K : nullptr;
     return {TileCopy<Major::k, kBM>(a + int64_t(j.row0) * K, K, j.rows, K),
-            TileCopy<B_MAJ, kBN>(b, B_MAJ == Major::k ? K : N, N - j.n0, K), (K + kBK - 1) / kBK};
+            TileCopy<B_MAJ, kBN, kPaired>(b, B_MAJ == Major::k ? K : N, N - j.n0, K, up), (K + kBK - 1) / kBK};
   }
 
   // The SwiGLU store reads the tile's gate and up: asked of L2 as the tile starts, they
   // are there when the store comes, a main loop later. 128 rows of gate and of up, 4
   // lines of 128 bytes each: thread tid takes row tid / 2 of gate (tid even) or up.
   __device__ __forceinline__ void prefetch(const Job& j) const {
-    if constexpr (SWIGLU) {
+    if constexpr (EPI == Epilogue::swiglu_backward) {
       const int tid = static_cast<int>(threadIdx.x), r = tid / 2;
       if (r >= j.rows) return;
-      const bf16* row = gate_up + (int64_t(j.row0) + r) * 2 * N + (tid % 2) * N + j.n0;
+      const bf16* row = swiglu.gate_up + (int64_t(j.row0) + r) * 2 * N + (tid % 2) * N + j.n0;
       constexpr int kLineElems = 128 / sizeof(bf16);
 #pragma unroll
       for (int l = 0; l < kBN / kLineElems; ++l)
@@ -601,8 +635,11 @@ struct RowsProblem {
   }
 
   __device__ __forceinline__ void finish_store(const Job& j, const Staging& staging) const {
-    if constexpr (SWIGLU) {
-      finish_swiglu_store(j, staging);
+    if constexpr (EPI == Epilogue::swiglu_forward) {
+      finish_swiglu_forward_store(j, staging);
+      return;
+    } else if constexpr (EPI == Epilogue::swiglu_backward) {
+      finish_swiglu_backward_store(j, staging);
       return;
     }
     const int lane = static_cast<int>(threadIdx.x) % kWarp, warp = static_cast<int>(threadIdx.x) / kWarp;
@@ -614,16 +651,35 @@ struct RowsProblem {
     }
   }
 
+  // The gate|up product with SwiGLU: the staged tile's chunks 0..15 of a row are its
+  // gate columns n0.., 16..31 the same columns of up; lanes 0-15 write gate and h, the
+  // others up (h from the staged, bf16, gate and up, as swiglu_forward reads them).
+  static constexpr int kWarps = kThreads / kWarp;
+  __device__ __forceinline__ void finish_swiglu_forward_store(const Job& j, const Staging& staging) const {
+    const int lane = static_cast<int>(threadIdx.x) % kWarp, warp = static_cast<int>(threadIdx.x) / kWarp;
+    const int half = lane / (kRowChunks / 2), c = j.n0 + 8 * (lane % (kRowChunks / 2));
+    if (c >= N) return;
+#pragma unroll 4
+    for (int r = warp; r < kBM; r += kWarps) {
+      if (r >= j.rows) break;
+      const int4* staged = staging.pointer<const int4>(uint32_t(r) * kRowBytes);
+      const int4 v = staged[lane ^ (r & 7)];
+      *reinterpret_cast<int4*>(out + (int64_t(j.row0) + r) * 2 * N + half * N + c) = v;
+      if (half == 0)
+        *reinterpret_cast<int4*>(swiglu.h + (int64_t(j.row0) + r) * N + c) =
+            swiglu_value8(v, staged[(lane + kRowChunks / 2) ^ (r & 7)]);
+    }
+  }
+
   // SwiGLU's backward on the staged dh (bf16, as a stored dh would be), row by row as
   // finish_store writes them: each lane's 8 columns of gate and up loaded 16 bytes at
   // a time, kSwigluRows rows' worth in flight before the first is used (the compiler
   // cannot move them past the stores: it cannot tell gate_up from dgate_up), then dgate,
   // dup and h written 16 bytes at a time.
   static constexpr int kSwigluRows = 4;
-  static constexpr int kWarps = kThreads / kWarp;
   static_assert(kBM % (kSwigluRows * kWarps) == 0, "whole batches of rows per warp");
 
-  __device__ __forceinline__ void finish_swiglu_store(const Job& j, const Staging& staging) const {
+  __device__ __forceinline__ void finish_swiglu_backward_store(const Job& j, const Staging& staging) const {
     const int lane = static_cast<int>(threadIdx.x) % kWarp, warp = static_cast<int>(threadIdx.x) / kWarp;
     const int c = j.n0 + lane * 8;
     const bool col_ok = c < N;
@@ -633,7 +689,7 @@ struct RowsProblem {
       for (int b = 0; b < kSwigluRows; ++b) {
         const int r = r0 + b * kWarps;
         if (r < j.rows && col_ok) {
-          const bf16* gu = gate_up + (int64_t(j.row0) + r) * 2 * N + c;
+          const bf16* gu = swiglu.gate_up + (int64_t(j.row0) + r) * 2 * N + c;
           g[b] = *reinterpret_cast<const int4*>(gu);
           u[b] = *reinterpret_cast<const int4*>(gu + N);
         }
@@ -644,7 +700,7 @@ struct RowsProblem {
         if (r >= j.rows || !col_ok) continue;
         const int4 dh = staging.pointer<const int4>(uint32_t(r) * kRowBytes)[lane ^ (r & 7)];
         const SwigluGrad8 x = swiglu_grad8(dh, g[b], u[b]);
-        bf16* dgu = dgate_up + (int64_t(j.row0) + r) * 2 * N + c;
+        bf16* dgu = swiglu.dgate_up + (int64_t(j.row0) + r) * 2 * N + c;
         *reinterpret_cast<int4*>(dgu) = x.dgate;
         *reinterpret_cast<int4*>(dgu + N) = x.dup;
         *reinterpret_cast<int4*>(out + (int64_t(j.row0) + r) * N + c) = x.h;
@@ -655,17 +711,17 @@ struct RowsProblem {
 
 #endif  // SPES_SM90A_DEVICE_CODE
 
-template <Major B_MAJ, bool SWIGLU>
+template <Major B_MAJ, Epilogue EPI>
 __global__ void __launch_bounds__(kThreads, 1)
     rows_kernel(bf16* __restrict__ out, const bf16* __restrict__ a, const bf16* const* __restrict__ weights,
                 const int32_t* __restrict__ offsets, int S, int E, int N, int K, int n_col_tiles, int l2_ahead,
-                const bf16* __restrict__ gate_up, bf16* __restrict__ dgate_up) {
+                SwigluOperands swiglu) {
 #if SPES_SM90A_DEVICE_CODE
   unsigned char* smem = dynamic_smem<unsigned char>;
   Sched& sched = *reinterpret_cast<Sched*>(smem);
   const int row_tiles = scan_row_tiles(sched, offsets, E, S);
-  const RowsProblem<B_MAJ, SWIGLU> problem{out, a, weights, &sched, E, N, K, n_col_tiles, row_tiles * n_col_tiles,
-                                           l2_ahead, gate_up, dgate_up};
+  const RowsProblem<B_MAJ, EPI> problem{out, a, weights, &sched, E, N, K, n_col_tiles, row_tiles * n_col_tiles,
+                                        l2_ahead, swiglu};
   run_tiles(problem, smem, stages_address(smem));
 #endif
 }
@@ -938,12 +994,13 @@ constexpr bool kBuiltForSm90a = false;
 DeviceInfo query_device(int dev) {
   DeviceInfo d;
   cuda_check(cudaDeviceGetAttribute(&d.sms, cudaDevAttrMultiProcessorCount, dev));
-  d.why_not = sm90a_unavailable_reason(dev, kBuiltForSm90a, kSmemBytes, rows_kernel<Major::k, false>);
+  d.why_not = sm90a_unavailable_reason(dev, kBuiltForSm90a, kSmemBytes, rows_kernel<Major::k, Epilogue::plain>);
   d.sm90a = d.why_not.empty();
   if (d.sm90a) {  // above 48 KB of dynamic shared memory a kernel must opt in, per device
-    allow_dynamic_smem("grouped_matmul (sm90a)", rows_kernel<Major::k, false>, kSmemBytes);
-    allow_dynamic_smem("grouped_matmul (sm90a)", rows_kernel<Major::mn, false>, kSmemBytes);
-    allow_dynamic_smem("grouped_matmul (sm90a)", rows_kernel<Major::mn, true>, kSmemBytes);
+    allow_dynamic_smem("grouped_matmul (sm90a)", rows_kernel<Major::k, Epilogue::plain>, kSmemBytes);
+    allow_dynamic_smem("grouped_matmul (sm90a)", rows_kernel<Major::k, Epilogue::swiglu_forward>, kSmemBytes);
+    allow_dynamic_smem("grouped_matmul (sm90a)", rows_kernel<Major::mn, Epilogue::plain>, kSmemBytes);
+    allow_dynamic_smem("grouped_matmul (sm90a)", rows_kernel<Major::mn, Epilogue::swiglu_backward>, kSmemBytes);
     allow_dynamic_smem("grouped_matmul (sm90a)", wgrad_kernel, kSmemBytes);
   }
   return d;
@@ -958,14 +1015,14 @@ unsigned persistent_grid(int64_t tiles) {
 // Forward and backward-input: `a` [S, K] per-row operand, out [S, N]. The grid's tile
 // bound (ceil(S/128) + E row tiles, Σ_e ceil(m_e/128) ≤ S/128 + E) only sizes the grid:
 // the CTAs walk the real tile count, which the device finds.
-// SWIGLU: the backward-input with SwiGLU's backward in its store (gate_up, dgate_up).
-template <Major B_MAJ, bool SWIGLU = false>
+// EPI: what the store writes (Epilogue), with the tensors it needs beside out in swiglu.
+template <Major B_MAJ, Epilogue EPI = Epilogue::plain>
 void rows(bf16* out, const bf16* a, const bf16* const* weights, const int32_t* offsets, int64_t S, int64_t E,
-          int64_t N, int64_t K, cudaStream_t stream, const bf16* gate_up = nullptr, bf16* dgate_up = nullptr) {
-  const int64_t n_col_tiles = ceil_div(N, kBN), row_tiles = ceil_div(S, kBM) + E;
-  launch(rows_kernel<B_MAJ, SWIGLU>, persistent_grid(row_tiles * n_col_tiles), kThreads, kSmemBytes, stream, out, a,
+          int64_t N, int64_t K, cudaStream_t stream, SwigluOperands swiglu = {}) {
+  const int64_t n_col_tiles = ceil_div(N, column_tile_width(EPI)), row_tiles = ceil_div(S, kBM) + E;
+  launch(rows_kernel<B_MAJ, EPI>, persistent_grid(row_tiles * n_col_tiles), kThreads, kSmemBytes, stream, out, a,
          weights, offsets, static_cast<int>(S), static_cast<int>(E), static_cast<int>(N), static_cast<int>(K),
-         static_cast<int>(n_col_tiles), l2_prefetch_k_steps(), gate_up, dgate_up);
+         static_cast<int>(n_col_tiles), l2_prefetch_k_steps(), swiglu);
   cuda_check_launch();
 }
 
@@ -1003,7 +1060,13 @@ void backward_input(bf16* dinp, const bf16* dout, const bf16* const* weights, co
 void backward_input_swiglu(bf16* dgate_up, bf16* h, const bf16* dout, const bf16* const* weights,
                            const bf16* gate_up, const int32_t* offsets, int64_t S, int64_t E, int64_t H, int64_t OC,
                            cudaStream_t stream) {
-  rows<Major::mn, true>(h, dout, weights, offsets, S, E, H, OC, stream, gate_up, dgate_up);
+  rows<Major::mn, Epilogue::swiglu_backward>(h, dout, weights, offsets, S, E, H, OC, stream,
+                                             {gate_up, dgate_up, nullptr});
+}
+
+void forward_swiglu(bf16* gate_up, bf16* h, const bf16* inp, const bf16* const* weights, const int32_t* offsets,
+                    int64_t S, int64_t E, int64_t C, int64_t H, cudaStream_t stream) {
+  rows<Major::k, Epilogue::swiglu_forward>(gate_up, inp, weights, offsets, S, E, H, C, stream, {nullptr, nullptr, h});
 }
 
 // The grid's tile bound (every trained expert with rows) only sizes the grid: the

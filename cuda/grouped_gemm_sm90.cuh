@@ -39,6 +39,9 @@ void forward(bf16* out, const bf16* inp, const bf16* const* weights, const int32
              int64_t C, int64_t OC, cudaStream_t stream);
 void backward_input(bf16* dinp, const bf16* dout, const bf16* const* weights, const int32_t* offsets, int64_t S,
                     int64_t E, int64_t C, int64_t OC, cudaStream_t stream);
+// grouped_matmul_forward_swiglu: forward's product (OC = 2H) with SwiGLU in its store.
+void forward_swiglu(bf16* gate_up, bf16* h, const bf16* inp, const bf16* const* weights, const int32_t* offsets,
+                    int64_t S, int64_t E, int64_t C, int64_t H, cudaStream_t stream);
 // grouped_matmul_backward_input_swiglu: backward_input's product (C = H) with SwiGLU's
 // backward in its store.
 void backward_input_swiglu(bf16* dgate_up, bf16* h, const bf16* dout, const bf16* const* weights,

@@ -27,6 +27,17 @@ __device__ __forceinline__ SwigluGrad swiglu_grad(float dh, float g, float u) {
   return {dh * u * sig * (1.0f + __fmul_rn(g, 1.0f - sig)), dh * silu, silu * u};
 }
 
+// swiglu_value on 8 consecutive columns, 16 bytes of bf16 each.
+__device__ __forceinline__ int4 swiglu_value8(int4 gate, int4 up) {
+  const Bf16x8 g = *reinterpret_cast<const Bf16x8*>(&gate), u = *reinterpret_cast<const Bf16x8*>(&up);
+  Bf16x8 h;
+#pragma unroll
+  for (int i = 0; i < 4; ++i)
+    h.h[i] = __floats2bfloat162_rn(swiglu_value(__low2float(g.h[i]), __low2float(u.h[i])),
+                                   swiglu_value(__high2float(g.h[i]), __high2float(u.h[i])));
+  return *reinterpret_cast<const int4*>(&h);
+}
+
 // swiglu_grad on 8 consecutive columns, 16 bytes of bf16 each way (dh as stored).
 struct SwigluGrad8 {
   int4 dgate, dup, h;

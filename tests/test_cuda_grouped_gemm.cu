@@ -265,12 +265,14 @@ GPU_TEST_CASE("cuda grouped matmul: forward, backward-input and weight gradient 
   }
 }
 
-// The down product's backward-input with SwiGLU's backward in its store
-// (grouped_matmul_backward_input_swiglu) against the two calls it replaces on the same
-// path, grouped_matmul_backward_input into a dh buffer and swiglu_backward on the
-// experts' rows: every output bit for bit (both round dh to bf16 and share the element
-// math, cuda/swiglu_math.cuh), rows outside every expert untouched. Each of the two is
-// checked against the CPU elsewhere (above; test_cuda_swiglu.cu).
+// The grouped GEMMs with SwiGLU in their store against the two calls each replaces on
+// the same path, on the experts' rows: the gate|up forward (grouped_matmul_forward_swiglu)
+// against grouped_matmul_forward then swiglu_forward; the down backward-input
+// (grouped_matmul_backward_input_swiglu) against grouped_matmul_backward_input into a
+// dh buffer then swiglu_backward. Every output bit for bit (both round to bf16 where
+// the two calls store, and share the element math, cuda/swiglu_math.cuh), rows outside
+// every expert untouched. Each of the calls is checked against the CPU elsewhere
+// (above; test_cuda_swiglu.cu).
 namespace {
 
 struct SwigluCase {
@@ -291,6 +293,51 @@ bool bf16_poisoned(const std::vector<bf16>& raw, int64_t from, int64_t to) {
 
 bool bf16_bits_equal(const std::vector<bf16>& a, const std::vector<bf16>& b, int64_t from, int64_t to) {
   return std::memcmp(a.data() + from, b.data() + from, size_t(to - from) * sizeof(bf16)) == 0;
+}
+
+// The forward: C = OC of the case (the input width), H its H; W_e is [2H, C].
+void check_swiglu_forward_case(const SwigluCase& k, spes::cuda::GroupedGemmPath path) {
+  const int64_t E = int64_t(k.counts.size()), H = k.H, C = k.OC;
+  std::vector<int32_t> offsets(E + 1);
+  offsets[0] = k.lead;
+  for (int64_t e = 0; e < E; ++e) offsets[e + 1] = offsets[e] + k.counts[e];
+  const int64_t first = offsets[0], last = offsets[E], S = last + k.trail;
+  INFO(path_name(path) << ", forward, " << k.what << ": S=" << S << " E=" << E << " C=" << C << " H=" << H);
+
+  std::vector<float> inp = rounded_bf16(random_vector(S * C));
+  for (int64_t s = 0; s < S; ++s)
+    if (s < first || s >= last) std::fill(inp.begin() + s * C, inp.begin() + (s + 1) * C, NAN);
+  const std::vector<float> w = rounded_bf16(random_vector(E * 2 * H * C, 2.0f / std::sqrt(float(C))));
+  auto d_inp = upload_bf16(inp), d_w = upload_bf16(w);
+  auto d_offsets = upload(offsets);
+  std::vector<const bf16*> w_table(E);
+  for (int64_t e = 0; e < E; ++e) w_table[e] = d_w.get() + e * 2 * H * C;
+  DevTensor<const bf16*> d_w_table(E);
+  copy_to_device(d_w_table.get(), w_table.data(), E);
+
+  DevTensor<bf16> d_gu_ref(S * 2 * H), d_h_ref(S * H), d_gu(S * 2 * H), d_h(S * H);
+  for (auto* t : {&d_gu_ref, &d_h_ref, &d_gu, &d_h}) t->poison();
+  spes::cuda::grouped_matmul_forward(d_gu_ref, d_inp, d_w_table, d_offsets, S, E, C, 2 * H, stream(), path);
+  const bf16* gu_rows = d_gu_ref.get() + first * 2 * H;
+  spes::cuda::swiglu_forward(d_h_ref.get() + first * H, gu_rows, gu_rows + H, last - first, H, 2 * H, stream());
+  spes::cuda::grouped_matmul_forward_swiglu(d_gu, d_h, d_inp, d_w_table, d_offsets, S, E, C, H, stream(), path);
+
+  const std::vector<bf16> gu = copy_to_host(d_gu.get(), S * 2 * H), gu_ref = copy_to_host(d_gu_ref.get(), S * 2 * H);
+  const std::vector<bf16> h = copy_to_host(d_h.get(), S * H), h_ref = copy_to_host(d_h_ref.get(), S * H);
+  CHECK_MESSAGE(bf16_bits_equal(gu, gu_ref, first * 2 * H, last * 2 * H), "gate|up differs from grouped_matmul_forward");
+  CHECK_MESSAGE(bf16_bits_equal(h, h_ref, first * H, last * H), "h differs from forward + swiglu_forward");
+  CHECK_MESSAGE((bf16_poisoned(gu, 0, first * 2 * H) && bf16_poisoned(gu, last * 2 * H, S * 2 * H)),
+                "gate|up written in rows outside every expert");
+  CHECK_MESSAGE((bf16_poisoned(h, 0, first * H) && bf16_poisoned(h, last * H, S * H)),
+                "h written in rows outside every expert");
+  const std::vector<float> h_f = download(d_h.get(), S * H);
+  bool finite = true, nonzero = false;
+  for (int64_t i = first * H; i < last * H; ++i) {
+    finite = finite && std::isfinite(h_f[size_t(i)]);
+    nonzero = nonzero || h_f[size_t(i)] != 0.0f;
+  }
+  CHECK_MESSAGE(finite, "h holds a non-finite value in an expert's rows");
+  CHECK_MESSAGE((last == first || nonzero), "h is all zero");
 }
 
 void check_swiglu_case(const SwigluCase& k, spes::cuda::GroupedGemmPath path) {
@@ -355,10 +402,11 @@ void check_swiglu_case(const SwigluCase& k, spes::cuda::GroupedGemmPath path) {
 
 }  // namespace
 
-// Tiles: 128 × 128 (portable), 128 × 256 (sm90a); H = 136 and 264 leave a tail column
-// tile on each, 520 gives the sm90a path three column tiles; rows outside every expert
-// on both sides; E = 16 routed at random with empty experts.
-GPU_TEST_CASE("cuda grouped matmul: backward-input with SwiGLU's backward fused, bit for bit the two calls") {
+// Tiles: 128 × 128 (portable), 128 × 256 (sm90a); the forward's paired tiles 64 + 64
+// and 128 + 128 columns of gate and up. H = 136 and 264 leave a tail column tile on
+// each, 520 gives the sm90a backward three column tiles (the forward five); rows
+// outside every expert on both sides; E = 16 routed at random with empty experts.
+GPU_TEST_CASE("cuda grouped matmul: SwiGLU fused into the gate|up forward and the down backward-input") {
   std::vector<int32_t> counts(16);
   std::uniform_int_distribution<int32_t> d(0, 40);
   for (auto& c : counts) c = d(rng());
@@ -367,6 +415,9 @@ GPU_TEST_CASE("cuda grouped matmul: backward-input with SwiGLU's backward fused,
     check_swiglu_case({{0, 1, 7, 129}, 136, 64, "empty, 1-row, 7-row and tile+1 experts; H tail", 3, 5}, path);
     check_swiglu_case({{130, 40}, 520, 200, "three sm90a column tiles; OC tail"}, path);
     check_swiglu_case({counts, 264, 72, "E = 16, random routing", 2, 0}, path);
+    check_swiglu_forward_case({{0, 1, 7, 129}, 136, 64, "empty, 1-row, 7-row and tile+1 experts; H tail", 3, 5}, path);
+    check_swiglu_forward_case({{130, 40}, 520, 200, "five sm90a column tiles; C tail"}, path);
+    check_swiglu_forward_case({counts, 264, 72, "E = 16, random routing", 2, 0}, path);
   }
 }
 
@@ -599,6 +650,20 @@ TEST_CASE("cuda grouped matmul: bad sizes and pointers throw before any CUDA cal
     CHECK_THROWS_ERROR(call(a, a + 8, wt, off, S, E, C, OC), (pre + o_name + " must not overlap " + i_name).c_str());
   }
 
+  {
+    const std::string pre = "grouped_matmul_forward_swiglu: ";
+    bf16* g = fake<bf16>(0x700000);
+    auto fs = [&](bf16* gu, bf16* h, bf16* inp, int64_t H) {
+      spes::cuda::grouped_matmul_forward_swiglu(gu, h, inp, wt, off, S, E, C, H, nullptr);
+    };
+    CHECK_THROWS_ERROR(fs(a, b, g, 12), (pre + "H must be a multiple of 8").c_str());
+    CHECK_THROWS_ERROR(fs(nullptr, b, g, C), (pre + "gate_up must not be null").c_str());
+    CHECK_THROWS_ERROR(fs(a, m, g, C), (pre + "h must be 16-byte aligned").c_str());
+    CHECK_THROWS_ERROR(fs(a, b, nullptr, C), (pre + "inp must not be null").c_str());
+    CHECK_THROWS_ERROR(fs(a, b, a + 8, C), (pre + "gate_up must not overlap inp").c_str());
+    CHECK_THROWS_ERROR(fs(a, g + 8, g, C), (pre + "h must not overlap inp").c_str());
+    CHECK_THROWS_ERROR(fs(a, a + 8, g, C), (pre + "h must not overlap gate_up").c_str());
+  }
   {
     const std::string pre = "grouped_matmul_backward_input_swiglu: ";
     bf16* c = fake<bf16>(0x600000);

@@ -525,6 +525,8 @@ class Report:
             key = [l for l in s.out.splitlines()
                    if re.search(r"GB/s|TFLOP/s|GFLOP/s|tokens/s|%|^device:|^ceilings:|^grouped expert GEMMs:|^attention kernels:"
                              r"|^gaps by length:|^ +[\d.]+ ms at \+|^timeline: not traced|^warning:", l)]
+            # bench_grouped_gemm's stderr: the L2 prefetch sweep and the SwiGLU-fused products.
+            key += [l for l in s.err.splitlines() if re.search(r"k-steps asked of L2|: fused [\d.]+ ms", l)]
             if key and st == PASS:
                 self.add("Key lines (GB/s, TFLOP/s, % of ceiling):", "", "```", *key, "```", "")
             self.add("<details><summary>full output</summary>", "", *full, "</details>", "")

@@ -13,7 +13,6 @@
 #include "cuda/rmsnorm.cuh"
 #include "cuda/rope.cuh"
 #include "cuda/router.cuh"
-#include "cuda/swiglu.cuh"
 
 namespace spes {
 
@@ -152,7 +151,7 @@ void GpuModel::attention_forward_block(int l, const bf16* in) {
 
 // moe_out = Σ_k w_k · expert_k(x): route, group tokens by expert, run every expert on
 // its rows (one grouped GEMM per product for all experts, their row ranges read on the
-// device), combine. The router's logits land in probs, which router_forward
+// device; the gate|up one forms SwiGLU's h as it stores), combine. The router's logits land in probs, which router_forward
 // overwrites; the aux losses' statistics stay on the device.
 void GpuModel::moe_forward_block(int l, const bf16* x, float aux_factor) {
   const LayerOffsets& o = layout_.layers[size_t(l)];
@@ -166,8 +165,8 @@ void GpuModel::moe_forward_block(int l, const bf16* x, float aux_factor) {
   set_count_scale(aux_factor);
   cuda::router_aux_forward(a.aux, a.lb_weight, b_.router_partials, a.offsets, b_.count_scale, N_, E, K, stream_);
   cuda::moe_gather_forward(a.xe, x, a.slot_token, S_, d, stream_);
-  cuda::grouped_matmul_forward(a.gate_up, a.xe, a.gate_up_weights, a.offsets, S_, E, d, 2 * H, stream_);
-  cuda::swiglu_forward(b_.expert_h, a.gate_up, a.gate_up + H, S_, H, 2 * H, stream_);
+  cuda::grouped_matmul_forward_swiglu(a.gate_up, b_.expert_h, a.xe, a.gate_up_weights, a.offsets, S_, E, d, H,
+                                      stream_);
   cuda::grouped_matmul_forward(a.ye, b_.expert_h, a.down_weights, a.offsets, S_, E, H, d, stream_);
   cuda::moe_combine_forward(a.moe_out, a.ye, a.topk_w, a.token_slot, N_, K, d, stream_);
 }
