@@ -338,8 +338,9 @@ void run_weights(const char* name, int64_t C, int64_t OC, const std::vector<std:
 // on each path, on the same routings, and their bits on routing 0: the gate|up forward
 // (grouped_matmul_forward_swiglu) against grouped_matmul_forward then swiglu_forward,
 // the down backward-input (grouped_matmul_backward_input_swiglu) against
-// grouped_matmul_backward_input then swiglu_backward. stderr only.
-void run_swiglu_fusion(const std::vector<std::vector<int32_t>>& routings, cudaStream_t stream) {
+// grouped_matmul_backward_input then swiglu_backward. stderr only; returns whether every
+// fused product gave the bits of its two launches.
+bool run_swiglu_fusion(const std::vector<std::vector<int32_t>>& routings, cudaStream_t stream) {
   const size_t bs = sizeof(bf16);
   DevBuf inp(bs * kS * kD), w_gate_up(bs * kE * 2 * kH * kD), dout(bs * kS * kD), w_down(bs * kE * kD * kH),
       gate_up(bs * kS * 2 * kH), gate_up2(bs * kS * 2 * kH), h(bs * kS * kH), h2(bs * kS * kH), dh(bs * kS * kH),
@@ -355,7 +356,8 @@ void run_swiglu_fusion(const std::vector<std::vector<int32_t>>& routings, cudaSt
     wt_down[e] = w_down.as<bf16>() + e * kD * kH;
   }
   for (const auto& r : routings) all_offsets.insert(all_offsets.end(), r.begin(), r.end());
-  DevBuf d_wt_gate_up(sizeof(void*) * kE), d_wt_down(sizeof(void*) * kE), d_offsets(sizeof(int32_t) * all_offsets.size());
+  DevBuf d_wt_gate_up(sizeof(void*) * kE), d_wt_down(sizeof(void*) * kE),
+      d_offsets(sizeof(int32_t) * all_offsets.size());
   spes::bench::copy_to_device(d_wt_gate_up.p, wt_gate_up.data(), d_wt_gate_up.bytes, stream);
   spes::bench::copy_to_device(d_wt_down.p, wt_down.data(), d_wt_down.bytes, stream);
   spes::bench::copy_to_device(d_offsets.p, all_offsets.data(), d_offsets.bytes, stream);
@@ -379,6 +381,7 @@ void run_swiglu_fusion(const std::vector<std::vector<int32_t>>& routings, cudaSt
 
   std::vector<GroupedGemmPath> paths{GroupedGemmPath::portable};
   if (spes::cuda::grouped_gemm_sm90a_available()) paths.push_back(GroupedGemmPath::sm90a);
+  bool all_same = true;
   for (GroupedGemmPath path : paths) {
     // The gate|up forward with SwiGLU.
     auto forward = [&](int r, bf16* out) {
@@ -422,7 +425,9 @@ void run_swiglu_fusion(const std::vector<std::vector<int32_t>>& routings, cudaSt
            [&](int r) { backward_fused(r, h2.as<bf16>(), dgate_up2.as<bf16>()); },
            [&](int r) { backward_two(r, h2.as<bf16>(), dgate_up2.as<bf16>()); },
            [&](int r) { backward(r, dh.as<bf16>()); }, backward_same);
+    all_same = all_same && forward_same && backward_same;
   }
+  return all_same;
 }
 
 }  // namespace
@@ -466,8 +471,12 @@ int main() {
     cublas_check(cublasSetStream(cublas, rt.stream()));
     run_weights("gate_up", kD, 2 * kH, routings, cublas, rt.stream());
     run_weights("down", kH, kD, routings, cublas, rt.stream());
-    run_swiglu_fusion(routings, rt.stream());
+    const bool fused_same = run_swiglu_fusion(routings, rt.stream());
     cublasDestroy(cublas);
+    if (!fused_same) {
+      std::fprintf(stderr, "bench_grouped_gemm: a product with SwiGLU in its store did not give its two launches' bits\n");
+      return 1;
+    }
   } catch (const std::exception& e) {
     std::fprintf(stderr, "bench_grouped_gemm: %s\n", e.what());
     return 1;

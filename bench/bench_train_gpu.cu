@@ -73,7 +73,6 @@
 #include "cuda/rope.cuh"
 #include "cuda/router.cuh"
 #include "cuda/runtime.cuh"
-#include "cuda/swiglu.cuh"
 #include "engine/backend.hpp"
 #include "engine/base/error.hpp"
 #include "engine/config.hpp"
@@ -551,11 +550,10 @@ std::vector<Row> time_kernels(const Config& cfg, int64_t n_micro) {
     add("MoE gather fwd", L, 0, 2.0 * S * d * bs + S * 4.0, false, [&] {
       cuda::moe_gather_forward(xe.as<bf16>(), x.as<bf16>(), slot_token.as<int32_t>(), S, d, s);
     });
-    add("expert gate|up GEMM fwd (grouped)", L, 0, 4.0 * S * d * Hx, true, [&] {
-      cuda::grouped_matmul_forward(gu.as<bf16>(), xe.as<bf16>(), gu_w, offsets.as<int32_t>(), S, E, d, 2 * Hx, s);
+    add("expert gate|up GEMM fwd + swiglu (grouped)", L, 0, 4.0 * S * d * Hx, true, [&] {
+      cuda::grouped_matmul_forward_swiglu(gu.as<bf16>(), hx.as<bf16>(), xe.as<bf16>(), gu_w, offsets.as<int32_t>(), S,
+                                          E, d, Hx, s);
     });
-    add("expert swiglu fwd", L, 0, 3.0 * S * Hx * bs, false,
-        [&] { cuda::swiglu_forward(hx.as<bf16>(), gu.as<bf16>(), gu.as<bf16>() + Hx, S, Hx, 2 * Hx, s); });
     add("expert down GEMM fwd (grouped)", L, 0, 2.0 * S * d * Hx, true, [&] {
       cuda::grouped_matmul_forward(ye.as<bf16>(), hx.as<bf16>(), down_w, offsets.as<int32_t>(), S, E, Hx, d, s);
     });
@@ -567,13 +565,9 @@ std::vector<Row> time_kernels(const Config& cfg, int64_t n_micro) {
       cuda::moe_combine_backward(dye.as<bf16>(), dtw.as<float>(), y.as<bf16>(), ye.as<bf16>(), tw.as<float>(),
                                  token_slot.as<int32_t>(), N, K, d, s);
     });
-    add("expert down GEMM bwd input (grouped)", L, 0, 2.0 * S * d * Hx, true, [&] {
-      cuda::grouped_matmul_backward_input(hx.as<bf16>(), dye.as<bf16>(), down_w, offsets.as<int32_t>(), S, E, Hx, d,
-                                          s);
-    });
-    add("expert swiglu bwd (+ h recomputed)", L, 0, 6.0 * S * Hx * bs, false, [&] {
-      cuda::swiglu_backward(dgu.as<bf16>(), dgu.as<bf16>() + Hx, hx.as<bf16>(), hx.as<bf16>(), gu.as<bf16>(),
-                            gu.as<bf16>() + Hx, S, Hx, 2 * Hx, s);
+    add("expert down GEMM bwd input + swiglu bwd (grouped)", L, 0, 2.0 * S * d * Hx, true, [&] {
+      cuda::grouped_matmul_backward_input_swiglu(dgu.as<bf16>(), hx.as<bf16>(), dye.as<bf16>(), down_w, gu.as<bf16>(),
+                                                 offsets.as<int32_t>(), S, E, Hx, d, s);
     });
     add("expert down GEMM bwd weight (owned)", L, 0, 2.0 * owned_rows * d * Hx, true, [&] {
       cuda::grouped_matmul_backward_weight(down_g, dye.as<bf16>(), hx.as<bf16>(), offsets.as<int32_t>(),

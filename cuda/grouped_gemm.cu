@@ -327,12 +327,13 @@ __device__ __forceinline__ void swiglu_backward_pair(bf16* h_row, const bf16* ga
 // swiglu_forward would from the stored ones. out = gate|up, row stride 2N.
 __device__ __forceinline__ void swiglu_forward_store(const float (&acc)[kMT][kNT][4], bf16* smem, bf16* out, bf16* h,
                                                      const RowTile& rt, int n0, int N) {
-  constexpr int kHalf = kBN / 2;
+  constexpr int kHalf = kBN / 2, kPitch = kHalf + 8;  // 8 columns of padding: row r's pairs 4 banks on from r − 1's
   const int warp = static_cast<int>(threadIdx.x) >> 5, lane = static_cast<int>(threadIdx.x) & 31;
   const int wm = (warp / kWarpsN) * kWarpTileM, wn = (warp % kWarpsN) * kWarpTileN;
   const int g = lane >> 2, tq = lane & 3;
   const bool holds_up = wn >= kHalf;
-  __nv_bfloat162* up_tile = reinterpret_cast<__nv_bfloat162*>(smem);  // [kBM][kHalf / 2] pairs
+  __nv_bfloat162* up_tile = reinterpret_cast<__nv_bfloat162*>(smem);  // [kBM][kPitch / 2] pairs
+  static_assert(kBM * kPitch <= kStages * Config<Major::k, Major::k>::kStageElems, "the up tile fits in the stages");
   __syncthreads();  // every warp is done reading the stages
   if (holds_up) {
 #pragma unroll
@@ -342,7 +343,7 @@ __device__ __forceinline__ void swiglu_forward_store(const float (&acc)[kMT][kNT
 #pragma unroll
         for (int nt = 0; nt < kNT; ++nt) {
           const int r = wm + mt * 16 + g + 8 * hh, c = wn - kHalf + nt * 8 + 2 * tq;
-          up_tile[(r * kHalf + c) / 2] = __floats2bfloat162_rn(acc[mt][nt][2 * hh], acc[mt][nt][2 * hh + 1]);
+          up_tile[(r * kPitch + c) / 2] = __floats2bfloat162_rn(acc[mt][nt][2 * hh], acc[mt][nt][2 * hh + 1]);
         }
   }
   __syncthreads();
@@ -360,7 +361,7 @@ __device__ __forceinline__ void swiglu_forward_store(const float (&acc)[kMT][kNT
         const __nv_bfloat162 v = __floats2bfloat162_rn(acc[mt][nt][2 * hh], acc[mt][nt][2 * hh + 1]);
         *reinterpret_cast<__nv_bfloat162*>(out + row * 2 * N + (holds_up ? N : 0) + n0 + c) = v;
         if (!holds_up) {
-          const __nv_bfloat162 u = up_tile[(r * kHalf + c) / 2];
+          const __nv_bfloat162 u = up_tile[(r * kPitch + c) / 2];
           *reinterpret_cast<__nv_bfloat162*>(h + row * N + n0 + c) =
               __floats2bfloat162_rn(swiglu_value(__low2float(v), __low2float(u)),
                                     swiglu_value(__high2float(v), __high2float(u)));
@@ -519,6 +520,12 @@ void check_sizes(const char* op, int64_t S, int64_t E, int64_t C, int64_t OC) {
   require(E >= 1 && E <= kMaxExperts, op, "E must be in [1, 256]" + sizes(S, E, C, OC));
 }
 
+// The SwiGLU products' hidden width H (the C or the half of OC that check_sizes checks).
+void check_hidden(const char* op, int64_t H) {
+  require(H > 0 && H % 8 == 0 && H <= INT32_MAX / 2, op,
+          "H must be a positive multiple of 8 (16-byte rows), got " + std::to_string(H));
+}
+
 // The grids are 1-D (blockIdx.x up to 2^31 − 1): forward and backward-input launch
 // (ceil(S/128) + E) row tiles × ceil(N/128) column tiles, N the output width.
 void check_row_grid(const char* op, int64_t S, int64_t E, int64_t C, int64_t OC, int64_t N) {
@@ -575,9 +582,9 @@ void grouped_matmul_forward_swiglu(bf16* gate_up, bf16* h, const bf16* inp, cons
                                    const int32_t* offsets, int64_t S, int64_t E, int64_t C, int64_t H,
                                    cudaStream_t stream, GroupedGemmPath path) {
   const char* op = "grouped_matmul_forward_swiglu";
+  check_hidden(op, H);
   check_sizes(op, S, E, C, 2 * H);
   check_row_grid(op, S, E, C, 2 * H, 2 * H);
-  require(H % 8 == 0, op, "H must be a multiple of 8 (16-byte rows)" + sizes(S, E, C, 2 * H));
   require_ptr(gate_up, 16, op, "gate_up");
   require_ptr(h, 16, op, "h");
   require_ptr(inp, 16, op, "inp");
@@ -618,6 +625,7 @@ void grouped_matmul_backward_input_swiglu(bf16* dgate_up, bf16* h, const bf16* d
                                           const bf16* gate_up, const int32_t* offsets, int64_t S, int64_t E,
                                           int64_t H, int64_t OC, cudaStream_t stream, GroupedGemmPath path) {
   const char* op = "grouped_matmul_backward_input_swiglu";
+  check_hidden(op, H);
   check_sizes(op, S, E, H, OC);
   check_row_grid(op, S, E, H, OC, H);
   require_ptr(dgate_up, 16, op, "dgate_up");

@@ -78,8 +78,8 @@ void grouped_matmul_backward_input(bf16* dinp, const bf16* dout, const bf16* con
 // dgate_up[s, H:2H] = dLoss/dup, and h[s, 0:H] = silu(gate)·up, the forward's h
 // recomputed. Bit for bit what grouped_matmul_backward_input into a buffer (C = H)
 // followed by swiglu_backward on those rows gives, on either path. Requirements as
-// above (H in C's place), gate_up 16-byte aligned, and the three written tensors
-// disjoint from each other and from the read ones.
+// above (H in C's place), gate_up 16-byte aligned, and the two written tensors
+// (dgate_up, h) disjoint from each other and from dout and gate_up.
 void grouped_matmul_backward_input_swiglu(bf16* dgate_up, bf16* h, const bf16* dout, const bf16* const* weights,
                                           const bf16* gate_up, const int32_t* offsets, int64_t S, int64_t E,
                                           int64_t H, int64_t OC, cudaStream_t stream,

@@ -245,8 +245,10 @@ struct TileCopy {
 
   // Asks L2 for line threadIdx.x of k-step kt of the tile, where it starts inside the
   // operand (one request per line, no wait; a K-major line at the end of K may reach
-  // past it, into the next row: asked for, never copied).
+  // past it, into the next row: asked for, never copied). Not for a paired tile: its
+  // second half's lines are elsewhere (no streamed operand is paired).
   __device__ __forceinline__ void prefetch(int kt) const {
+    static_assert(!PAIRED, "prefetch knows one window of lines");
     const int l = static_cast<int>(threadIdx.x), k0 = kt * kBK;
     if (l >= kGlobalLines) return;
     if constexpr (MAJ == Major::k) {

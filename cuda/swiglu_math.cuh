@@ -1,10 +1,13 @@
 // The SwiGLU element math on the device, h = silu(g)·u with silu(g) = g·σ(g), in one
-// place for the swiglu kernels (cuda/swiglu.cu) and the grouped GEMM epilogue that
-// computes the backward inside the down product's backward-input (cuda/grouped_gemm.cu,
-// cuda/grouped_gemm_sm90.cu): that fused product must give the bits of the GEMM
-// followed by the swiglu kernel. Inlined into different kernels, an expression could
-// be contracted into an FMA in one and not in the other; so the one product that
-// feeds an add is rounded as written (__fmul_rn), the rest are products alone.
+// place for the swiglu kernels (cuda/swiglu.cu) and the grouped GEMM stores that
+// compute SwiGLU on the way out, the gate|up forward's and the down backward-input's
+// (cuda/grouped_gemm.cu, cuda/grouped_gemm_sm90.cu): those fused products must give
+// the bits of the GEMM followed by the swiglu kernel. Inlined into different kernels,
+// an expression could be contracted into an FMA in one and not in the other; so the
+// product in the backward that feeds an add is rounded as written (__fmul_rn). The
+// sigmoid's 1 + expf(−g) may still take expf's last product into an FMA; it is the
+// same expression, in the same order, wherever it is inlined, as the tests' bitwise
+// comparisons of fused and unfused products check.
 #pragma once
 #include <cuda_runtime.h>
 

@@ -295,12 +295,29 @@ bool bf16_bits_equal(const std::vector<bf16>& a, const std::vector<bf16>& b, int
   return std::memcmp(a.data() + from, b.data() + from, size_t(to - from) * sizeof(bf16)) == 0;
 }
 
+// The case's expert row offsets (E + 1 of them, the first at its lead).
+std::vector<int32_t> case_offsets(const SwigluCase& k) {
+  std::vector<int32_t> offsets(k.counts.size() + 1);
+  offsets[0] = k.lead;
+  for (size_t e = 0; e < k.counts.size(); ++e) offsets[e + 1] = offsets[e] + k.counts[e];
+  return offsets;
+}
+
+// Not vacuous: an output's elements [from, to) are finite and not all zero (when any).
+void check_finite_nonzero(const std::vector<float>& v, int64_t from, int64_t to, const char* name) {
+  bool finite = true, nonzero = false;
+  for (int64_t i = from; i < to; ++i) {
+    finite = finite && std::isfinite(v[size_t(i)]);
+    nonzero = nonzero || v[size_t(i)] != 0.0f;
+  }
+  CHECK_MESSAGE(finite, name << " holds a non-finite value in an expert's rows");
+  CHECK_MESSAGE((to == from || nonzero), name << " is all zero");
+}
+
 // The forward: C = OC of the case (the input width), H its H; W_e is [2H, C].
 void check_swiglu_forward_case(const SwigluCase& k, spes::cuda::GroupedGemmPath path) {
   const int64_t E = int64_t(k.counts.size()), H = k.H, C = k.OC;
-  std::vector<int32_t> offsets(E + 1);
-  offsets[0] = k.lead;
-  for (int64_t e = 0; e < E; ++e) offsets[e + 1] = offsets[e] + k.counts[e];
+  const std::vector<int32_t> offsets = case_offsets(k);
   const int64_t first = offsets[0], last = offsets[E], S = last + k.trail;
   INFO(path_name(path) << ", forward, " << k.what << ": S=" << S << " E=" << E << " C=" << C << " H=" << H);
 
@@ -324,27 +341,20 @@ void check_swiglu_forward_case(const SwigluCase& k, spes::cuda::GroupedGemmPath 
 
   const std::vector<bf16> gu = copy_to_host(d_gu.get(), S * 2 * H), gu_ref = copy_to_host(d_gu_ref.get(), S * 2 * H);
   const std::vector<bf16> h = copy_to_host(d_h.get(), S * H), h_ref = copy_to_host(d_h_ref.get(), S * H);
-  CHECK_MESSAGE(bf16_bits_equal(gu, gu_ref, first * 2 * H, last * 2 * H), "gate|up differs from grouped_matmul_forward");
+  CHECK_MESSAGE(bf16_bits_equal(gu, gu_ref, first * 2 * H, last * 2 * H),
+                "gate|up differs from grouped_matmul_forward");
   CHECK_MESSAGE(bf16_bits_equal(h, h_ref, first * H, last * H), "h differs from forward + swiglu_forward");
   CHECK_MESSAGE((bf16_poisoned(gu, 0, first * 2 * H) && bf16_poisoned(gu, last * 2 * H, S * 2 * H)),
                 "gate|up written in rows outside every expert");
   CHECK_MESSAGE((bf16_poisoned(h, 0, first * H) && bf16_poisoned(h, last * H, S * H)),
                 "h written in rows outside every expert");
-  const std::vector<float> h_f = download(d_h.get(), S * H);
-  bool finite = true, nonzero = false;
-  for (int64_t i = first * H; i < last * H; ++i) {
-    finite = finite && std::isfinite(h_f[size_t(i)]);
-    nonzero = nonzero || h_f[size_t(i)] != 0.0f;
-  }
-  CHECK_MESSAGE(finite, "h holds a non-finite value in an expert's rows");
-  CHECK_MESSAGE((last == first || nonzero), "h is all zero");
+  check_finite_nonzero(download(d_h.get(), S * H), first * H, last * H, "h");
 }
 
-void check_swiglu_case(const SwigluCase& k, spes::cuda::GroupedGemmPath path) {
+// The backward-input: W_e is [OC, H].
+void check_swiglu_backward_case(const SwigluCase& k, spes::cuda::GroupedGemmPath path) {
   const int64_t E = int64_t(k.counts.size()), H = k.H, OC = k.OC;
-  std::vector<int32_t> offsets(E + 1);
-  offsets[0] = k.lead;
-  for (int64_t e = 0; e < E; ++e) offsets[e + 1] = offsets[e] + k.counts[e];
+  const std::vector<int32_t> offsets = case_offsets(k);
   const int64_t first = offsets[0], last = offsets[E], S = last + k.trail;
   INFO(path_name(path) << ", " << k.what << ": S=" << S << " E=" << E << " H=" << H << " OC=" << OC);
 
@@ -389,15 +399,7 @@ void check_swiglu_case(const SwigluCase& k, spes::cuda::GroupedGemmPath path) {
                 "h written in rows outside every expert");
   CHECK_MESSAGE((bf16_poisoned(dgu, 0, first * 2 * H) && bf16_poisoned(dgu, last * 2 * H, S * 2 * H)),
                 "dgate_up written in rows outside every expert");
-  // Not vacuous: the outputs are finite and not all zero.
-  const std::vector<float> dgu_f = download(d_dgu.get(), S * 2 * H);
-  bool finite = true, nonzero = false;
-  for (int64_t i = first * 2 * H; i < last * 2 * H; ++i) {
-    finite = finite && std::isfinite(dgu_f[size_t(i)]);
-    nonzero = nonzero || dgu_f[size_t(i)] != 0.0f;
-  }
-  CHECK_MESSAGE(finite, "dgate_up holds a non-finite value in an expert's rows");
-  CHECK_MESSAGE((last == first || nonzero), "dgate_up is all zero");
+  check_finite_nonzero(download(d_dgu.get(), S * 2 * H), first * 2 * H, last * 2 * H, "dgate_up");
 }
 
 }  // namespace
@@ -412,12 +414,13 @@ GPU_TEST_CASE("cuda grouped matmul: SwiGLU fused into the gate|up forward and th
   for (auto& c : counts) c = d(rng());
   counts[3] = counts[9] = 0;
   for (spes::cuda::GroupedGemmPath path : device_paths()) {
-    check_swiglu_case({{0, 1, 7, 129}, 136, 64, "empty, 1-row, 7-row and tile+1 experts; H tail", 3, 5}, path);
-    check_swiglu_case({{130, 40}, 520, 200, "three sm90a column tiles; OC tail"}, path);
-    check_swiglu_case({counts, 264, 72, "E = 16, random routing", 2, 0}, path);
+    check_swiglu_backward_case({{0, 1, 7, 129}, 136, 64, "empty, 1-row, 7-row and tile+1 experts; H tail", 3, 5}, path);
+    check_swiglu_backward_case({{130, 40}, 520, 200, "three sm90a column tiles; OC tail"}, path);
+    check_swiglu_backward_case({counts, 264, 72, "E = 16, random routing", 2, 0}, path);
     check_swiglu_forward_case({{0, 1, 7, 129}, 136, 64, "empty, 1-row, 7-row and tile+1 experts; H tail", 3, 5}, path);
     check_swiglu_forward_case({{130, 40}, 520, 200, "five sm90a column tiles; C tail"}, path);
     check_swiglu_forward_case({counts, 264, 72, "E = 16, random routing", 2, 0}, path);
+    check_swiglu_forward_case({{60, 3}, 72, 136, "C = 136: the portable main loop ends in stage 0"}, path);
   }
 }
 
@@ -656,7 +659,8 @@ TEST_CASE("cuda grouped matmul: bad sizes and pointers throw before any CUDA cal
     auto fs = [&](bf16* gu, bf16* h, bf16* inp, int64_t H) {
       spes::cuda::grouped_matmul_forward_swiglu(gu, h, inp, wt, off, S, E, C, H, nullptr);
     };
-    CHECK_THROWS_ERROR(fs(a, b, g, 12), (pre + "H must be a multiple of 8").c_str());
+    CHECK_THROWS_ERROR(fs(a, b, g, 12), (pre + "H must be a positive multiple of 8").c_str());
+    CHECK_THROWS_ERROR(fs(a, b, g, 0), (pre + "H must be a positive multiple of 8").c_str());
     CHECK_THROWS_ERROR(fs(nullptr, b, g, C), (pre + "gate_up must not be null").c_str());
     CHECK_THROWS_ERROR(fs(a, m, g, C), (pre + "h must be 16-byte aligned").c_str());
     CHECK_THROWS_ERROR(fs(a, b, nullptr, C), (pre + "inp must not be null").c_str());
@@ -671,7 +675,7 @@ TEST_CASE("cuda grouped matmul: bad sizes and pointers throw before any CUDA cal
     auto sw = [&](bf16* dgu, bf16* h, bf16* dout, const bf16* gu, int64_t s, int64_t H) {
       spes::cuda::grouped_matmul_backward_input_swiglu(dgu, h, dout, wt, gu, off, s, E, H, OC, nullptr);
     };
-    CHECK_THROWS_ERROR(sw(a, b, c, g, S, 12), (pre + "C must be a positive multiple of 8").c_str());
+    CHECK_THROWS_ERROR(sw(a, b, c, g, S, 12), (pre + "H must be a positive multiple of 8").c_str());
     CHECK_THROWS_ERROR(sw(nullptr, b, c, g, S, C), (pre + "dgate_up must not be null").c_str());
     CHECK_THROWS_ERROR(sw(m, b, c, g, S, C), (pre + "dgate_up must be 16-byte aligned").c_str());
     CHECK_THROWS_ERROR(sw(a, m, c, g, S, C), (pre + "h must be 16-byte aligned").c_str());

@@ -151,8 +151,9 @@ void GpuModel::attention_forward_block(int l, const bf16* in) {
 
 // moe_out = Σ_k w_k · expert_k(x): route, group tokens by expert, run every expert on
 // its rows (one grouped GEMM per product for all experts, their row ranges read on the
-// device; the gate|up one forms SwiGLU's h as it stores), combine. The router's logits land in probs, which router_forward
-// overwrites; the aux losses' statistics stay on the device.
+// device; the gate|up one forms SwiGLU's h as it stores), combine. The router's logits
+// land in probs, which router_forward overwrites; the aux losses' statistics stay on
+// the device.
 void GpuModel::moe_forward_block(int l, const bf16* x, float aux_factor) {
   const LayerOffsets& o = layout_.layers[size_t(l)];
   const GpuLayerBuffers<bf16>& a = b_.layers[size_t(l)];

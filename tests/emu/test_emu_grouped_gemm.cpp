@@ -39,6 +39,7 @@
 
 #include "cuda/grouped_gemm.cuh"
 #include "cuda/grouped_gemm_sm90.cuh"
+#include "cuda/swiglu.cuh"
 #include "tests/emu/emu.hpp"
 #include "tests/emu/emu_test.hpp"
 
@@ -235,4 +236,87 @@ TEST_CASE("emulated grouped matmul, sm90a: the weight gradient's tile counter st
       CHECK_MESSAGE(same_bits(dw, first), "launch " << launch << " wrote different bits than the first");
     }
   }
+}
+
+// The products with SwiGLU in their store (grouped_matmul_forward_swiglu, whose tile
+// pairs gate columns with the same columns of up; grouped_matmul_backward_input_swiglu,
+// whose store reads gate and up), on both families: under both cp.async landings the
+// bits of the two launches each replaces (the GEMM, then swiglu_forward or
+// swiglu_backward), and the same bits under every warp order. 140 experts of 1 to 3
+// rows give 140 row tiles, × 3 column tiles forward and × 2 backward at H = 264 on
+// sm90a: more than its 132 CTAs, so that stores finish inside the next tile's main
+// loop (the backward's gate and up asked of L2 a main loop ahead), and K of 3 (C = 136)
+// and 4 (OC = 200) k-steps lets the main loop load the next tile's first ones. On the
+// portable path C = 136 is 5 k-steps: the last in stage 0, which the forward's
+// exchange of up through shared memory overwrites once every warp is past it.
+void check_swiglu_products(spes::cuda::GroupedGemmPath path) {
+  std::vector<int32_t> counts(140);
+  for (size_t e = 0; e < counts.size(); ++e) counts[e] = int32_t(1 + e % 3);
+  const int64_t E = int64_t(counts.size()), C = 136, H = 264, OC = 200;
+  std::vector<int32_t> offsets(E + 1, 0);
+  for (int64_t e = 0; e < E; ++e) offsets[e + 1] = offsets[e] + counts[e];
+  const int64_t S = offsets[E];
+  INFO((path == spes::cuda::GroupedGemmPath::sm90a ? "sm90a" : "portable") << ": S=" << S << " E=" << E
+                                                                           << " C=" << C << " H=" << H << " OC=" << OC);
+  rng().seed(kSeed);
+  const std::vector<float> inp = random_bf16_values(S * C), dout = random_bf16_values(S * OC);
+  const std::vector<float> w_gate_up = random_bf16_values(E * 2 * H * C, 0.2f);
+  const std::vector<float> w_down = random_bf16_values(E * OC * H, 0.2f);
+  emu::GlobalBuffer d_inp = device_buffer<bf16>(S * C), d_dout = device_buffer<bf16>(S * OC),
+                    d_wgu = device_buffer<bf16>(E * 2 * H * C), d_wd = device_buffer<bf16>(E * OC * H),
+                    d_off = device_buffer<int32_t>(E + 1), d_wgu_t = device_buffer<const bf16*>(E),
+                    d_wd_t = device_buffer<const bf16*>(E), d_gu = device_buffer<bf16>(S * 2 * H),
+                    d_h = device_buffer<bf16>(S * H), d_gu_ref = device_buffer<bf16>(S * 2 * H),
+                    d_h_ref = device_buffer<bf16>(S * H), d_dh = device_buffer<bf16>(S * H),
+                    d_dgu = device_buffer<bf16>(S * 2 * H), d_h2 = device_buffer<bf16>(S * H);
+  upload_bf16(d_inp, inp);
+  upload_bf16(d_dout, dout);
+  upload_bf16(d_wgu, w_gate_up);
+  upload_bf16(d_wd, w_down);
+  upload(d_off, offsets);
+  for (int64_t e = 0; e < E; ++e) {
+    d_wgu_t.as<const bf16*>()[e] = d_wgu.as<bf16>() + e * 2 * H * C;
+    d_wd_t.as<const bf16*>()[e] = d_wd.as<bf16>() + e * OC * H;
+  }
+  const int32_t* off = d_off.as<int32_t>();
+  auto forward = [&] {
+    spes::cuda::grouped_matmul_forward_swiglu(d_gu.as<bf16>(), d_h.as<bf16>(), d_inp.as<bf16>(),
+                                              d_wgu_t.as<const bf16*>(), off, S, E, C, H, nullptr, path);
+  };
+  auto backward = [&] {  // gate and up: the forward's reference output
+    spes::cuda::grouped_matmul_backward_input_swiglu(d_dgu.as<bf16>(), d_h2.as<bf16>(), d_dout.as<bf16>(),
+                                                     d_wd_t.as<const bf16*>(), d_gu_ref.as<bf16>(), off, S, E, H,
+                                                     OC, nullptr, path);
+  };
+  // The two launches each replaces, landing at wait_group.
+  spes::cuda::grouped_matmul_forward(d_gu_ref.as<bf16>(), d_inp.as<bf16>(), d_wgu_t.as<const bf16*>(), off, S, E, C,
+                                     2 * H, nullptr, path);
+  spes::cuda::swiglu_forward(d_h_ref.as<bf16>(), d_gu_ref.as<bf16>(), d_gu_ref.as<bf16>() + H, S, H, 2 * H, nullptr);
+  const std::vector<float> gu_ref = download_bf16(d_gu_ref, S * 2 * H), h_ref = download_bf16(d_h_ref, S * H);
+  spes::cuda::grouped_matmul_backward_input(d_dh.as<bf16>(), d_dout.as<bf16>(), d_wd_t.as<const bf16*>(), off, S, E,
+                                            H, OC, nullptr, path);
+  spes::cuda::swiglu_backward(d_dgu.as<bf16>(), d_dgu.as<bf16>() + H, d_h2.as<bf16>(), d_dh.as<bf16>(),
+                              d_gu_ref.as<bf16>(), d_gu_ref.as<bf16>() + H, S, H, 2 * H, nullptr);
+  const std::vector<float> dgu_ref = download_bf16(d_dgu, S * 2 * H), h2_ref = download_bf16(d_h2, S * H);
+
+  for (const emu::Landing landing : {emu::Landing::at_wait, emu::Landing::at_issue}) {
+    const char* when = landing == emu::Landing::at_wait ? "landing at wait_group" : "landing at issue";
+    emu::set_landing(landing);
+    for (const emu::GlobalBuffer* b : {&d_gu, &d_h, &d_dgu, &d_h2}) b->poison();
+    forward();
+    backward();
+    emu::set_landing(emu::Landing::at_wait);
+    CHECK_MESSAGE(same_bits(download_bf16(d_gu, S * 2 * H), gu_ref), "forward gate|up differs, " << when);
+    CHECK_MESSAGE(same_bits(download_bf16(d_h, S * H), h_ref), "forward h differs, " << when);
+    CHECK_MESSAGE(same_bits(download_bf16(d_dgu, S * 2 * H), dgu_ref), "backward dgate|dup differ, " << when);
+    CHECK_MESSAGE(same_bits(download_bf16(d_h2, S * H), h2_ref), "backward h differs, " << when);
+  }
+  check_rerun_identical("forward with SwiGLU", {&d_gu, &d_h}, forward);
+  check_rerun_identical("backward-input with SwiGLU's backward", {&d_dgu, &d_h2}, backward);
+}
+
+TEST_CASE("emulated grouped matmul: the SwiGLU products, race-free and the two launches' bits, both families") {
+  check_swiglu_products(spes::cuda::GroupedGemmPath::portable);
+  REQUIRE(spes::cuda::grouped_gemm_sm90a_available());
+  check_swiglu_products(spes::cuda::GroupedGemmPath::sm90a);
 }
