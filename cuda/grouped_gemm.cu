@@ -304,6 +304,24 @@ struct SwigluOperands {
 // beside the same columns of up.
 constexpr int column_tile_width(Epilogue epi) { return epi == Epilogue::swiglu_forward ? kBN / 2 : kBN; }
 
+// Calls f(r, c, v0, v1) for each accumulator pair of this thread: the CTA tile's row r,
+// columns c and c + 1. Warp w holds rows (w / 4)·64.., columns (w % 4)·32.. (see
+// mainloop); within it, mma's C fragment: pair (g, 2t..2t+1) and (g+8, 2t..) of each
+// m16 × n8 tile, g = lane / 4, t = lane % 4.
+template <class F>
+__device__ __forceinline__ void for_each_acc_pair(const float (&acc)[kMT][kNT][4], F&& f) {
+  const int warp = static_cast<int>(threadIdx.x) >> 5, lane = static_cast<int>(threadIdx.x) & 31;
+  const int wm = (warp / kWarpsN) * kWarpTileM, wn = (warp % kWarpsN) * kWarpTileN;
+  const int g = lane >> 2, tq = lane & 3;
+#pragma unroll
+  for (int mt = 0; mt < kMT; ++mt)
+#pragma unroll
+    for (int h = 0; h < 2; ++h)
+#pragma unroll
+      for (int nt = 0; nt < kNT; ++nt)
+        f(wm + mt * 16 + g + 8 * h, wn + nt * 8 + 2 * tq, acc[mt][nt][2 * h], acc[mt][nt][2 * h + 1]);
+}
+
 // Output pair (c, c + 1) of row `row` of the SwiGLU-backward epilogue: dh from the
 // accumulators, rounded to bf16 as a stored dh would be; gate and up read from gate_up
 // (row stride 2N, up N columns after gate), their gradients written likewise into
@@ -328,46 +346,29 @@ __device__ __forceinline__ void swiglu_backward_pair(bf16* h_row, const bf16* ga
 __device__ __forceinline__ void swiglu_forward_store(const float (&acc)[kMT][kNT][4], bf16* smem, bf16* out, bf16* h,
                                                      const RowTile& rt, int n0, int N) {
   constexpr int kHalf = kBN / 2, kPitch = kHalf + 8;  // 8 columns of padding: row r's pairs 4 banks on from r − 1's
-  const int warp = static_cast<int>(threadIdx.x) >> 5, lane = static_cast<int>(threadIdx.x) & 31;
-  const int wm = (warp / kWarpsN) * kWarpTileM, wn = (warp % kWarpsN) * kWarpTileN;
-  const int g = lane >> 2, tq = lane & 3;
-  const bool holds_up = wn >= kHalf;
+  const int warp = static_cast<int>(threadIdx.x) >> 5;
+  const bool holds_up = (warp % kWarpsN) * kWarpTileN >= kHalf;  // every pair of this warp is up's
   __nv_bfloat162* up_tile = reinterpret_cast<__nv_bfloat162*>(smem);  // [kBM][kPitch / 2] pairs
   static_assert(kBM * kPitch <= kStages * Config<Major::k, Major::k>::kStageElems, "the up tile fits in the stages");
   __syncthreads();  // every warp is done reading the stages
-  if (holds_up) {
-#pragma unroll
-    for (int mt = 0; mt < kMT; ++mt)
-#pragma unroll
-      for (int hh = 0; hh < 2; ++hh)
-#pragma unroll
-        for (int nt = 0; nt < kNT; ++nt) {
-          const int r = wm + mt * 16 + g + 8 * hh, c = wn - kHalf + nt * 8 + 2 * tq;
-          up_tile[(r * kPitch + c) / 2] = __floats2bfloat162_rn(acc[mt][nt][2 * hh], acc[mt][nt][2 * hh + 1]);
-        }
-  }
+  if (holds_up)
+    for_each_acc_pair(acc, [&](int r, int c, float v0, float v1) {
+      up_tile[(r * kPitch + c - kHalf) / 2] = __floats2bfloat162_rn(v0, v1);
+    });
   __syncthreads();
-#pragma unroll
-  for (int mt = 0; mt < kMT; ++mt)
-#pragma unroll
-    for (int hh = 0; hh < 2; ++hh) {
-      const int r = wm + mt * 16 + g + 8 * hh;
-      if (r >= rt.rows) continue;
-      const int64_t row = int64_t(rt.row0) + r;
-#pragma unroll
-      for (int nt = 0; nt < kNT; ++nt) {
-        const int c = (holds_up ? wn - kHalf : wn) + nt * 8 + 2 * tq;  // column within gate (or up)
-        if (n0 + c >= N) continue;
-        const __nv_bfloat162 v = __floats2bfloat162_rn(acc[mt][nt][2 * hh], acc[mt][nt][2 * hh + 1]);
-        *reinterpret_cast<__nv_bfloat162*>(out + row * 2 * N + (holds_up ? N : 0) + n0 + c) = v;
-        if (!holds_up) {
-          const __nv_bfloat162 u = up_tile[(r * kPitch + c) / 2];
-          *reinterpret_cast<__nv_bfloat162*>(h + row * N + n0 + c) =
-              __floats2bfloat162_rn(swiglu_value(__low2float(v), __low2float(u)),
-                                    swiglu_value(__high2float(v), __high2float(u)));
-        }
-      }
+  for_each_acc_pair(acc, [&](int r, int tile_c, float v0, float v1) {
+    const int c = holds_up ? tile_c - kHalf : tile_c;  // column within gate (or up)
+    if (r >= rt.rows || n0 + c >= N) return;
+    const int64_t row = int64_t(rt.row0) + r;
+    const __nv_bfloat162 v = __floats2bfloat162_rn(v0, v1);
+    *reinterpret_cast<__nv_bfloat162*>(out + row * 2 * N + (holds_up ? N : 0) + n0 + c) = v;
+    if (!holds_up) {
+      const __nv_bfloat162 u = up_tile[(r * kPitch + c) / 2];
+      *reinterpret_cast<__nv_bfloat162*>(h + row * N + n0 + c) =
+          __floats2bfloat162_rn(swiglu_value(__low2float(v), __low2float(u)),
+                                swiglu_value(__high2float(v), __high2float(u)));
     }
+  });
 }
 
 // Forward (B_MAJ = k) and backward-input (B_MAJ = mn): out[s, 0:N] = a[s, 0:K] · B_e for
@@ -406,32 +407,18 @@ __global__ void __launch_bounds__(kThreads, 2)
     return;
   }
 
-  // C fragment (g, 2t..2t+1) and (g+8, 2t..): bf16 pairs, rows past the expert's end
-  // and columns past N skipped (N % 8 == 0: a pair is wholly inside or outside).
-  const int warp = static_cast<int>(threadIdx.x) >> 5, lane = static_cast<int>(threadIdx.x) & 31;
-  const int wm = (warp / kWarpsN) * kWarpTileM, wn = (warp % kWarpsN) * kWarpTileN;
-  const int g = lane >> 2, tq = lane & 3;
-  bf16* out_tile = out + int64_t(rt.row0) * N + n0;
-#pragma unroll
-  for (int mt = 0; mt < kMT; ++mt)
-#pragma unroll
-    for (int h = 0; h < 2; ++h) {
-      const int r = wm + mt * 16 + g + 8 * h;
-      if (r >= rt.rows) continue;
-      bf16* row = out_tile + int64_t(r) * N;
+  // bf16 pairs, rows past the expert's end and columns past N skipped (N % 8 == 0: a
+  // pair is wholly inside or outside).
+  for_each_acc_pair(acc, [&](int r, int c, float v0, float v1) {
+    if (r >= rt.rows || n0 + c >= N) return;
+    bf16* row = out + (int64_t(rt.row0) + r) * N + n0;
+    if constexpr (EPI == Epilogue::swiglu_backward) {
       const int64_t gate_up_row = (int64_t(rt.row0) + r) * 2 * N + n0;
-#pragma unroll
-      for (int nt = 0; nt < kNT; ++nt) {
-        const int c = wn + nt * 8 + 2 * tq;
-        if (n0 + c >= N) continue;
-        if constexpr (EPI == Epilogue::swiglu_backward)
-          swiglu_backward_pair(row, swiglu.gate_up + gate_up_row, swiglu.dgate_up + gate_up_row, c, N,
-                               acc[mt][nt][2 * h], acc[mt][nt][2 * h + 1]);
-        else
-          *reinterpret_cast<__nv_bfloat162*>(row + c) =
-              __floats2bfloat162_rn(acc[mt][nt][2 * h], acc[mt][nt][2 * h + 1]);
-      }
+      swiglu_backward_pair(row, swiglu.gate_up + gate_up_row, swiglu.dgate_up + gate_up_row, c, N, v0, v1);
+    } else {
+      *reinterpret_cast<__nv_bfloat162*>(row + c) = __floats2bfloat162_rn(v0, v1);
     }
+  });
 }
 
 // Weight gradient: dweights[e][m, n] += Σ_s dout[s, m]·inp[s, n] over the rows s of
@@ -457,28 +444,15 @@ __global__ void __launch_bounds__(kThreads, 2)
   mainloop<Major::mn, Major::mn>(acc, smem, dout + int64_t(start) * OC + m0, OC, OC - m0,
                                  inp + int64_t(start) * C + n0, C, C - n0, end - start);
 
-  const int warp = static_cast<int>(threadIdx.x) >> 5, lane = static_cast<int>(threadIdx.x) & 31;
-  const int wm = (warp / kWarpsN) * kWarpTileM, wn = (warp % kWarpsN) * kWarpTileN;
-  const int g = lane >> 2, tq = lane & 3;
   float* dw_tile = dweights[e] + int64_t(m0) * C + n0;
-#pragma unroll
-  for (int mt = 0; mt < kMT; ++mt)
-#pragma unroll
-    for (int h = 0; h < 2; ++h) {
-      const int r = wm + mt * 16 + g + 8 * h;
-      if (m0 + r >= OC) continue;
-      float* row = dw_tile + int64_t(r) * C;
-#pragma unroll
-      for (int nt = 0; nt < kNT; ++nt) {
-        const int c = wn + nt * 8 + 2 * tq;
-        if (n0 + c < C) {
-          float2 v = *reinterpret_cast<const float2*>(row + c);
-          v.x += acc[mt][nt][2 * h];
-          v.y += acc[mt][nt][2 * h + 1];
-          *reinterpret_cast<float2*>(row + c) = v;
-        }
-      }
-    }
+  for_each_acc_pair(acc, [&](int r, int c, float v0, float v1) {
+    if (m0 + r >= OC || n0 + c >= C) return;
+    float2* pair = reinterpret_cast<float2*>(dw_tile + int64_t(r) * C + c);
+    float2 v = *pair;
+    v.x += v0;
+    v.y += v1;
+    *pair = v;
+  });
 }
 
 // ---- launchers ---------------------------------------------------------------------------
