@@ -4,7 +4,7 @@
 // x·log2e, s = Σ 2^(x·log2e − m); a row's lse = (m + log2 s)·ln2. Partial (m, s)
 // pairs merge exactly (rescale to the larger max), in a fixed tree: deterministic.
 //
-// cluster kernel (sm_90+): grid = 8·N blocks of 512 threads, clusters of 8 along x;
+// cluster kernel (sm_90+): grid = 8·N blocks of up to 512 threads, clusters of 8 along x;
 //   block `rank` of row n owns the slice [rank·chunk, (rank+1)·chunk) of the row
 //   (chunk = ⌈V/8⌉ rounded to 8: 18 960 values = 37.9 KB of smem for V = 151 665).
 //   Pass 1 streams the slice from HBM into smem (16-byte loads) while updating
@@ -13,13 +13,18 @@
 //   pass 2 computes the gradient from smem and writes it. HBM traffic: 2 B read +
 //   2 B written per logit — the minimum; ~2 exp2 and ~8 other ops per logit stay
 //   under the memory time on an H100, so the kernel is bound by memory.
-// row kernel (fallback, any GPU): one 1024-thread block per row; pass 1 reads the
-//   row, pass 2 re-reads it (mostly from L2) and writes: 4–6 B per logit.
+// row kernel (fallback, any GPU): one block of up to 1024 threads per row; pass 1
+//   reads the row, pass 2 re-reads it (mostly from L2) and writes: 4–6 B per logit.
+// Both kernels give a block one thread per 16-byte vector of its slice, in whole warps,
+// up to their maximum (reached from V = 32 768 in the cluster kernel, 8 192 in the row
+// kernel): a small vocabulary (tests, toy models) leaves no warps idle, and the
+// emulator (tests/emu), which runs every thread as a fiber, runs no idle ones.
 //
 // Rows need not be 16-byte aligned (V = 151 665 is odd): each slice is a scalar
 // head up to the first 16-byte boundary, 16-byte vectors, and a scalar tail.
 #include <cooperative_groups.h>
 
+#include <algorithm>
 #include <cmath>
 #include <map>
 #include <mutex>
@@ -259,14 +264,19 @@ __global__ void __launch_bounds__(kRowThreads)
   pass2<false>(dlogits + row * ld, src, nullptr, 0, g, y, lse2, pscale, ce_scale);
 }
 
+// A thread per 16-byte vector of a slice of `len` values, in whole warps, at most `max`.
+unsigned block_threads(int64_t len, int max) {
+  return static_cast<unsigned>(std::min<int64_t>(round_up(std::max<int64_t>(ceil_div(len, 8), 1), kWarp), max));
+}
+
 int cluster_chunk(int64_t V) { return static_cast<int>(round_up(ceil_div(V, kClusterSize), 8)); }
 size_t cluster_smem_bytes(int64_t V) { return (static_cast<size_t>(cluster_chunk(V)) + 8) * sizeof(bf16); }
 
-cudaLaunchConfig_t cluster_config(int64_t N, size_t smem, cudaStream_t stream, cudaLaunchAttribute* attr) {
+cudaLaunchConfig_t cluster_config(int64_t N, int64_t V, cudaStream_t stream, cudaLaunchAttribute* attr) {
   cudaLaunchConfig_t cfg{};
   cfg.gridDim = dim3(static_cast<unsigned>(N * kClusterSize));
-  cfg.blockDim = dim3(kClusterThreads);
-  cfg.dynamicSmemBytes = smem;
+  cfg.blockDim = dim3(block_threads(cluster_chunk(V), kClusterThreads));
+  cfg.dynamicSmemBytes = cluster_smem_bytes(V);
   cfg.stream = stream;
   attr->id = cudaLaunchAttributeClusterDimension;
   attr->val.clusterDim.x = kClusterSize;
@@ -285,7 +295,7 @@ struct ClusterDevice {
   bool eligible = false;    // sm_90+ GPU and sm_90 code in this build
   size_t smem_max = 0;      // dynamic smem a block may opt in to: opt-in limit − static smem
   size_t smem_allowed = 0;  // current cudaFuncAttributeMaxDynamicSharedMemorySize
-  std::map<size_t, bool> fits;  // dynamic smem bytes → a cluster of 8 such blocks fits
+  std::map<int, bool> fits;  // row-slice length (the block's smem and threads) → a cluster of 8 fits
 };
 
 ClusterDevice query_device(int dev) {
@@ -302,10 +312,11 @@ ClusterDevice query_device(int dev) {
   return d;
 }
 
-// Whether the cluster kernel can run on device `dev` with `smem` bytes of dynamic
-// shared memory per block; raises the kernel's opt-in first if needed. Thread-safe: one
+// Whether the cluster kernel can run on device `dev` for rows of V logits; raises the
+// kernel's opt-in to the slice's shared memory first if needed. Thread-safe: one
 // mutex over all devices (one host thread per GPU, a few calls per step).
-bool cluster_supported(int dev, size_t smem) {
+bool cluster_supported(int dev, int64_t V) {
+  const size_t smem = cluster_smem_bytes(V);
   static std::mutex mu;
   static std::map<int, ClusterDevice> devices;
   std::lock_guard<std::mutex> lock(mu);
@@ -313,7 +324,7 @@ bool cluster_supported(int dev, size_t smem) {
   if (it == devices.end()) it = devices.emplace(dev, query_device(dev)).first;  // nothing stored on a throw
   ClusterDevice& d = it->second;
   if (!d.eligible || smem > d.smem_max) return false;
-  auto f = d.fits.find(smem);
+  auto f = d.fits.find(cluster_chunk(V));
   if (f != d.fits.end()) return f->second;
   if (smem > d.smem_allowed) {
     // The opt-in is per (kernel, device) and only ever raised: a smaller V later runs
@@ -323,7 +334,7 @@ bool cluster_supported(int dev, size_t smem) {
     d.smem_allowed = smem;
   }
   cudaLaunchAttribute attr{};
-  cudaLaunchConfig_t cfg = cluster_config(1, smem, nullptr, &attr);
+  cudaLaunchConfig_t cfg = cluster_config(1, V, nullptr, &attr);
   int clusters = 0;
   // A device or driver may refuse the query itself (MIG or MPS set-ups): that means
   // "no clusters here", and the per-row kernel runs, rather than a failed step.
@@ -331,7 +342,7 @@ bool cluster_supported(int dev, size_t smem) {
     (void)cudaGetLastError();  // the refusal is not a sticky error: clear it
     clusters = 0;
   }
-  return d.fits.emplace(smem, clusters > 0).first->second;
+  return d.fits.emplace(cluster_chunk(V), clusters > 0).first->second;
 }
 
 }  // namespace
@@ -340,7 +351,7 @@ bool crossentropy_cluster_supported(int64_t V) {
   require(V > 0 && V < (int64_t(1) << 30), "crossentropy_cluster_supported", "need 0 < V < 2^30");
   int dev = 0;
   cuda_check(cudaGetDevice(&dev));  // the calling thread's current device: no device query
-  return cluster_supported(dev, cluster_smem_bytes(V));
+  return cluster_supported(dev, V);
 }
 
 void crossentropy_forward_backward(bf16* dlogits, float* losses, float* lse, const bf16* logits,
@@ -374,12 +385,12 @@ void crossentropy_forward_backward(bf16* dlogits, float* losses, float* lse, con
   }
   if (cluster) {
     cudaLaunchAttribute attr{};
-    const cudaLaunchConfig_t cfg = cluster_config(N, cluster_smem_bytes(V), stream, &attr);
+    const cudaLaunchConfig_t cfg = cluster_config(N, V, stream, &attr);
     cuda_check(launch_ex(cfg, ce_cluster_kernel, dlogits, losses, lse, logits, targets, V, ld, cluster_chunk(V),
                          ce_scale, z_scale));
   } else {
-    launch(ce_row_kernel, static_cast<unsigned>(N), kRowThreads, 0, stream, dlogits, losses, lse, logits, targets, V,
-           ld, ce_scale, z_scale);
+    launch(ce_row_kernel, static_cast<unsigned>(N), block_threads(V, kRowThreads), 0, stream, dlogits, losses, lse,
+           logits, targets, V, ld, ce_scale, z_scale);
   }
   cuda_check_launch();
 }
