@@ -31,7 +31,7 @@
 #include "net/address.hpp"
 #include "net/codec.hpp"
 #include "net/outer_optimizer.hpp"
-#include "net/tls.hpp"
+#include "net/tls_files.hpp"
 #include "net/update_bound.hpp"
 
 namespace spes::net {

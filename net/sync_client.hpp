@@ -29,7 +29,7 @@
 #include "model/layout.hpp"
 #include "model/owned_space.hpp"
 #include "net/codec.hpp"
-#include "net/tls.hpp"
+#include "net/tls_files.hpp"
 #include "net/train_figures.hpp"
 
 namespace spes::net {

@@ -10,16 +10,12 @@
 #include <boost/asio.hpp>
 #include <boost/asio/ssl.hpp>
 
+#include "net/tls_files.hpp"
+
 namespace spes::net {
 
 namespace ssl = boost::asio::ssl;
 using TlsStream = ssl::stream<boost::asio::ip::tcp::socket>;
-
-// PEM files; an empty ca means TLS is off.
-struct TlsFiles {
-  std::string ca, cert, key;
-  bool on() const { return !ca.empty(); }
-};
 
 // TLS 1.3 only, the peer's certificate required and verified against the CA.
 // Throws NetError naming the file that could not be used.
