@@ -66,6 +66,7 @@
 #include <utility>
 
 #include "cuda/check.cuh"
+#include "cuda/grouped_gemm_common.cuh"
 #include "cuda/grouped_gemm_sm90.cuh"
 #include "cuda/launch.cuh"
 #include "cuda/ptx.cuh"
@@ -74,16 +75,14 @@
 namespace spes::cuda {
 namespace {
 
+using namespace grouped;
+
 constexpr int kBM = 128, kBN = 128, kBK = 32, kStages = 4;
 constexpr int kWarpsM = 2, kWarpsN = 4, kWarps = kWarpsM * kWarpsN, kThreads = kWarps * kWarp;
 constexpr int kWarpTileM = kBM / kWarpsM, kWarpTileN = kBN / kWarpsN;
 constexpr int kMT = kWarpTileM / 16, kNT = kWarpTileN / 8;  // m16 and n8 accumulator tiles per warp
-constexpr int kMaxExperts = 256;
 static_assert(kMaxExperts <= kThreads, "the tile scan gives each expert one thread");
 static_assert(kBK % 16 == 0 && kNT % 2 == 0, "whole k16 steps; n8 tiles loaded in pairs");
-
-// Which operand index is contiguous in global memory (see the file comment).
-enum class Major { k, mn };
 
 // A ROWS × COLS bf16 shared tile, rows COLS elements apart, each row's 16-byte chunks
 // permuted by XOR with a few row bits: ldmatrix reads 8 consecutive rows at one
@@ -113,8 +112,6 @@ struct Config {
   static constexpr int kSchedInts = 16;  // the row-tile scan's scratch, after the stages
   static constexpr size_t kSmem = size_t(kStages) * kStageElems * sizeof(bf16) + kSchedInts * sizeof(int);
 };
-
-__device__ __forceinline__ int clamp_int(int x, int lo, int hi) { return x < lo ? lo : (x > hi ? hi : x); }
 
 // ---- global → shared ----------------------------------------------------------------
 
@@ -286,20 +283,6 @@ __device__ __forceinline__ RowTile find_row_tile(const int32_t* __restrict__ off
 
 // ---- kernels ---------------------------------------------------------------------------
 
-// What a forward or backward-input tile's store writes: the product, or SwiGLU's
-// forward or backward computed from it on the way out.
-enum class Epilogue {
-  plain,            // out = the product
-  swiglu_forward,   // the gate|up forward: out = gate|up ([S, 2N]), h = silu(gate)·up ([S, N])
-  swiglu_backward,  // the down backward-input: the product is dh ([S, N]); out = h recomputed,
-                    // dgate_up = the gradients of gate_up's gate and up ([S, 2N])
-};
-// The SwiGLU epilogues' tensors besides out (null where an epilogue has no use for one).
-struct SwigluOperands {
-  const bf16* gate_up;  // swiglu_backward: read
-  bf16* dgate_up;       // swiglu_backward: written
-  bf16* h;              // swiglu_forward: written
-};
 // A column tile's width in output columns: swiglu_forward's is kBN / 2 columns of gate
 // beside the same columns of up.
 constexpr int column_tile_width(Epilogue epi) { return epi == Epilogue::swiglu_forward ? kBN / 2 : kBN; }

@@ -77,6 +77,7 @@
 // stages and the rest loaded into registers, so the read-modify-write waits for one
 // round trip to L2.
 #include "cuda/grouped_gemm_sm90.cuh"
+#include "cuda/grouped_gemm_common.cuh"
 
 #include <algorithm>
 #include <atomic>
@@ -107,12 +108,13 @@ __device__ TileTickets g_tile_tickets[kTileTicketSlots];  // zero when the modul
 
 namespace {
 
+using namespace grouped;
+
 constexpr int kBM = 128, kBN = 256, kBK = 64, kStages = 4;
 constexpr int kWarpgroup = 128, kWarpgroups = 2, kThreads = kWarpgroups * kWarpgroup;
 constexpr int kWgRows = kBM / kWarpgroups;  // 64: one wgmma's m
 constexpr int kWgmmaK = 16;
 constexpr int kAcc = kWgRows * kBN / kWarpgroup;  // fp32 accumulators per thread: 128
-constexpr int kMaxExperts = 256;
 static_assert(kMaxExperts <= kThreads, "the tile scan gives each expert one thread");
 static_assert(kWgRows == 64 && kBN == 256 && kWgmmaK == 16 && kAcc == 128,
               "one m64n256k16 wgmma (128 accumulators per thread) per warpgroup and k16 step");
@@ -129,23 +131,9 @@ static_assert(2 * kStageBytes >= kBM * kBN * sizeof(bf16), "the bf16 output tile
 static_assert(kTileABytes % kAtomBytes == 0 && kStageBytes % kAtomBytes == 0 && kBlockBytes % kAtomBytes == 0,
               "atoms stay 1024-byte aligned");
 
-// What a forward or backward-input tile's store writes (RowsProblem): the product, or
-// SwiGLU's forward or backward computed from it on the way out.
-enum class Epilogue {
-  plain,            // out = the product
-  swiglu_forward,   // the gate|up forward: out = gate|up ([S, 2N]), h = silu(gate)·up ([S, N])
-  swiglu_backward,  // the down backward-input: the product is dh ([S, N]); out = h recomputed,
-                    // dgate_up = the gradients of gate_up's gate and up ([S, 2N])
-};
 // A column tile's width in output columns: swiglu_forward's is kBN / 2 columns of gate
 // beside the same columns of up.
 constexpr int column_tile_width(Epilogue epi) { return epi == Epilogue::swiglu_forward ? kBN / 2 : kBN; }
-// The SwiGLU epilogues' tensors besides out (null where an epilogue has no use for one).
-struct SwigluOperands {
-  const bf16* gate_up;  // swiglu_backward: read
-  bf16* dgate_up;       // swiglu_backward: written
-  bf16* h;              // swiglu_forward: written
-};
 
 // The row-tile scan's results (forward, backward-input), at the start of dynamic
 // shared memory.
@@ -169,12 +157,7 @@ constexpr size_t kSchedBytes = sizeof(Sched) > sizeof(WgradSched) ? sizeof(Sched
 constexpr size_t kSmemBytes = kSchedBytes + kAtomBytes + size_t(kStages) * kStageBytes;
 
 
-// Which operand index is contiguous in global memory (see the file comment).
-enum class Major { k, mn };
-
 #if SPES_SM90A_DEVICE_CODE
-
-__device__ __forceinline__ int clamp_int(int x, int lo, int hi) { return x < lo ? lo : (x > hi ? hi : x); }
 
 // ---- global → shared -----------------------------------------------------------------
 
