@@ -316,6 +316,7 @@ ClusterDevice query_device(int dev) {
 // kernel's opt-in to the slice's shared memory first if needed. Thread-safe: one
 // mutex over all devices (one host thread per GPU, a few calls per step).
 bool cluster_supported(int dev, int64_t V) {
+  const int chunk = cluster_chunk(V);
   const size_t smem = cluster_smem_bytes(V);
   static std::mutex mu;
   static std::map<int, ClusterDevice> devices;
@@ -324,7 +325,7 @@ bool cluster_supported(int dev, int64_t V) {
   if (it == devices.end()) it = devices.emplace(dev, query_device(dev)).first;  // nothing stored on a throw
   ClusterDevice& d = it->second;
   if (!d.eligible || smem > d.smem_max) return false;
-  auto f = d.fits.find(cluster_chunk(V));
+  auto f = d.fits.find(chunk);
   if (f != d.fits.end()) return f->second;
   if (smem > d.smem_allowed) {
     // The opt-in is per (kernel, device) and only ever raised: a smaller V later runs
@@ -342,7 +343,7 @@ bool cluster_supported(int dev, int64_t V) {
     (void)cudaGetLastError();  // the refusal is not a sticky error: clear it
     clusters = 0;
   }
-  return d.fits.emplace(cluster_chunk(V), clusters > 0).first->second;
+  return d.fits.emplace(chunk, clusters > 0).first->second;
 }
 
 }  // namespace
