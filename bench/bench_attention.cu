@@ -36,7 +36,7 @@ void run(spes::bench::Bench& bench, int64_t S, int64_t D, int64_t H, int64_t Hkv
 
   const double fwd_flops = 4.0 * B * S * S * H * D / 2.0;  // causal
   const std::string size = "B=" + std::to_string(B) + " S=" + std::to_string(S) + " H=" + std::to_string(H) +
-                           (Hkv != H ? "/" + std::to_string(Hkv) : "");
+                           (Hkv != H ? std::string("/").append(std::to_string(Hkv)) : "");
   const std::string tag = " D=" + std::to_string(D);
   // Each kernel family this GPU runs (AttentionPath), portable first.
   std::vector<std::pair<spes::cuda::AttentionPath, const char*>> paths{{spes::cuda::AttentionPath::portable, ""}};

@@ -81,30 +81,11 @@ struct DevBuf {
   T* as() const { return static_cast<T*>(p); }
 };
 
-// Fills a device buffer with a deterministic pseudo-random pattern (values in
-// [-1, 1)) so benches never time NaN/denormal paths on uninitialised memory.
-__global__ void bench_fill_bf16(__nv_bfloat16* x, int64_t n, uint32_t seed, float scale) {
-  for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < n; i += (int64_t)gridDim.x * blockDim.x) {
-    uint32_t h = (uint32_t)i * 2654435761u ^ seed;
-    h ^= h >> 15; h *= 2246822519u; h ^= h >> 13;
-    x[i] = __float2bfloat16(scale * ((h & 0xffffff) / 8388608.0f - 1.0f));
-  }
-}
-__global__ void bench_fill_f32(float* x, int64_t n, uint32_t seed, float scale) {
-  for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < n; i += (int64_t)gridDim.x * blockDim.x) {
-    uint32_t h = (uint32_t)i * 2654435761u ^ seed;
-    h ^= h >> 15; h *= 2246822519u; h ^= h >> 13;
-    x[i] = scale * ((h & 0xffffff) / 8388608.0f - 1.0f);
-  }
-}
-inline void fill(__nv_bfloat16* x, int64_t n, cudaStream_t stream, uint32_t seed = 1, float scale = 1.0f) {
-  bench_fill_bf16<<<1024, 256, 0, stream>>>(x, n, seed, scale);
-  cuda_check_launch();
-}
-inline void fill(float* x, int64_t n, cudaStream_t stream, uint32_t seed = 1, float scale = 1.0f) {
-  bench_fill_f32<<<1024, 256, 0, stream>>>(x, n, seed, scale);
-  cuda_check_launch();
-}
+// Fills a device buffer on `stream` with a deterministic pseudo-random pattern (values
+// in scale·[-1, 1)) so benches never time NaN/denormal paths on uninitialised memory.
+// The kernels are in fill.cu, so that the benches themselves are plain C++.
+void fill(__nv_bfloat16* x, int64_t n, cudaStream_t stream, uint32_t seed = 1, float scale = 1.0f);
+void fill(float* x, int64_t n, cudaStream_t stream, uint32_t seed = 1, float scale = 1.0f);
 inline void zero(void* x, size_t bytes, cudaStream_t stream) { cuda_check(cudaMemsetAsync(x, 0, bytes, stream)); }
 // Host → device on `stream`, synchronised: the pageable source may go away after.
 inline void copy_to_device(void* d, const void* h, size_t bytes, cudaStream_t stream) {

@@ -1,7 +1,8 @@
 #include "cuda/convert.cuh"
-#include "cuda/launch.cuh"
 
 #include "cuda/check.cuh"
+#include "cuda/device_common.cuh"
+#include "cuda/launch.cuh"
 
 namespace spes::cuda {
 

@@ -31,6 +31,7 @@
 
 #include "cuda/check.cuh"
 #include "cuda/crossentropy.cuh"
+#include "cuda/device_common.cuh"
 #include "cuda/launch.cuh"
 
 namespace cg = cooperative_groups;

@@ -13,6 +13,7 @@
 #include <cub/device/device_radix_sort.cuh>
 
 #include "cuda/check.cuh"
+#include "cuda/device_common.cuh"
 #include "cuda/embedding.cuh"
 #include "cuda/launch.cuh"
 

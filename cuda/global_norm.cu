@@ -8,7 +8,7 @@
 #include <cmath>
 
 #include "cuda/check.cuh"
-#include "cuda/common.cuh"
+#include "cuda/device_common.cuh"
 #include "cuda/global_norm.cuh"
 #include "cuda/launch.cuh"
 

@@ -5,6 +5,7 @@
 #include <string>
 
 #include "cuda/check.cuh"
+#include "cuda/device_common.cuh"
 #include "cuda/launch.cuh"
 
 namespace spes::cuda {

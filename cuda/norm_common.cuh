@@ -17,13 +17,14 @@
 #include <string>
 
 #include "cuda/check.cuh"
-#include "cuda/common.cuh"
+#include "cuda/device_common.cuh"
 #include "cuda/launch.cuh"
+#include "cuda/rmsnorm.cuh"
 
 namespace spes::cuda::norm {
 
-constexpr int kMaxVpt = 4;         // ≤ 4 vectors per thread: C ≤ 8·256·4 = 8192
-constexpr int64_t kMaxChannels = 8 * 256 * kMaxVpt;
+constexpr int kMaxVpt = 4;  // ≤ 4 vectors per thread of ≤ 256 a row: kNormMaxChannels
+static_assert(8 * 256 * kMaxVpt == kNormMaxChannels);
 constexpr int kMaxRowsPerBlock = 4;
 // ≤ 512 threads per block leaves up to 128 registers per thread: the backward
 // kernels hold three VPT×8 float arrays (gradient, x̂, dweight partial).
@@ -40,7 +41,7 @@ inline RowLayout row_layout(int64_t C, const char* op) {
   const int64_t c8 = C / 8;
   RowLayout l;
   l.vpt = c8 <= 256 ? 1 : c8 <= 512 ? 2 : 4;
-  require(C <= kMaxChannels, op, "channels C = " + std::to_string(C) + " > 8192 is not supported");
+  require(C <= kNormMaxChannels, op, "channels C = " + std::to_string(C) + " > " + std::to_string(kNormMaxChannels) + " is not supported");
   l.tx = static_cast<int>(round_up(ceil_div(c8, l.vpt), kWarp));
   l.ty = std::max(1, std::min(kMaxRowsPerBlock, kMaxThreads / l.tx));
   return l;

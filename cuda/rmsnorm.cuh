@@ -20,6 +20,10 @@
 
 namespace spes::cuda {
 
+// The widest row the norm kernels take (these and rope.cuh's QK-norms): each keeps a
+// row in registers, at most 4 16-byte vectors a thread and 256 threads a row.
+constexpr int64_t kNormMaxChannels = 8 * 256 * 4;
+
 // x = res_in + branch, rounded to bf16 and written to res_out (branch == nullptr:
 // x = res_in, res_out untouched — the first layer's input norm);
 // out = x · rstd · weight, rstd[n] = 1/sqrt(mean_c x² + eps) (fp32). The norm uses

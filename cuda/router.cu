@@ -8,6 +8,7 @@
 #include <string>
 
 #include "cuda/check.cuh"
+#include "cuda/device_common.cuh"
 #include "cuda/launch.cuh"
 #include "cuda/router.cuh"
 

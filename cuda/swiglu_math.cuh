@@ -11,7 +11,7 @@
 #pragma once
 #include <cuda_runtime.h>
 
-#include "cuda/common.cuh"
+#include "cuda/device_common.cuh"
 
 namespace spes::cuda {
 

@@ -100,7 +100,7 @@ void check_case(const Case& k, spes::cuda::GroupedGemmPath path) {
   std::string tag = std::string(path_name(path)) + ", " + k.what + ": S=" + std::to_string(S) +
                     " E=" + std::to_string(E) + " C=" + std::to_string(C) + " OC=" + std::to_string(OC) + " rows";
   if (E <= 16) {
-    for (int32_t c : k.counts) tag += " " + std::to_string(c);
+    for (int32_t c : k.counts) tag.append(" ").append(std::to_string(c));
   } else {
     tag += " in " + std::to_string(std::count_if(k.counts.begin(), k.counts.end(), [](int32_t c) { return c > 0; })) +
            " experts";

@@ -7,7 +7,7 @@
 #include "cuda/embedding.cuh"
 #include "cuda/global_norm.cuh"
 #include "cuda/moe.cuh"
-#include "cuda/norm_common.cuh"
+#include "cuda/rmsnorm.cuh"
 #include "cuda/rope.cuh"
 #include "cuda/router.cuh"
 #include "cuda/runtime.cuh"
@@ -28,9 +28,9 @@ void check_gpu_shape(const ModelConfig& m, const std::string& config_path) {
   // The norms keep a row in registers: d_model's, and the q and kv widths' when the
   // QK-norm runs over the whole projection (per head, a row is head_dim ≤ 128).
   const int64_t qk_rows = std::max(m.q_norm_width(), m.k_norm_width());
-  if (std::max(m.d_model, qk_rows) > cuda::norm::kMaxChannels)
+  if (std::max(m.d_model, qk_rows) > cuda::kNormMaxChannels)
     refuse(std::string(m.qk_norm_per_head ? "d_model" : "d_model, the q width and the kv width") +
-           " must be at most " + std::to_string(cuda::norm::kMaxChannels) +
+           " must be at most " + std::to_string(cuda::kNormMaxChannels) +
            " on the GPU (its norm kernels keep a row in registers)");
 }
 

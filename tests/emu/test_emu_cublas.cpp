@@ -144,7 +144,7 @@ void check_output(const std::string& what, const Problem& p, const Stored& out,
     got_dense[r + c * p.m] = got[idx];
     want_dense[r + c * p.m] = float(ref[r + c * p.m]);
     if (out.type == CUDA_R_16BF && bf16_steps(got[idx], ref[r + c * p.m]) > kMaxBf16Steps && off++ == 0)
-      first_off = "(" + std::to_string(r) + ", " + std::to_string(c) + "): got " + std::to_string(got[idx]) +
+      first_off = std::string("(").append(std::to_string(r)) + ", " + std::to_string(c) + "): got " + std::to_string(got[idx]) +
                   ", want " + std::to_string(ref[r + c * p.m]);
   }
   CHECK_MESSAGE(padding_written == 0, what << ": " << padding_written << " padding elements of the output written");
