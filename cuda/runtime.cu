@@ -4,12 +4,14 @@
 
 #include <algorithm>
 #include <cstdio>
+#include <cstdlib>
 #include <vector>
 
 #include "cuda/common.cuh"
 #include "cuda/device_probe.hpp"
 #include "cuda/matmul.cuh"
 #include "engine/base/error.hpp"
+#include "engine/base/log.hpp"
 
 namespace spes::cuda {
 
@@ -273,5 +275,58 @@ Runtime::~Runtime() {
 }
 
 void Runtime::synchronize() const { cuda_check(cudaStreamSynchronize(stream_)); }
+
+// SPES_CUDA_GRAPH=off runs every StreamGraph launch by launch (read once): a way
+// around graphs on a machine where they misbehave, and a way to time the step without them.
+static bool graphs_off() {
+  static const char* const value = std::getenv("SPES_CUDA_GRAPH");
+  if (value != nullptr && *value != '\0' && std::string(value) != "off")
+    throw Error(std::string("SPES_CUDA_GRAPH is \"") + value + "\"; it may only be \"off\" or unset");
+  return value != nullptr && *value != '\0';
+}
+
+void StreamGraph::run(const std::function<void()>& record) {
+  if (graphs_off()) return record();
+  if (!exec_ && !refused_) capture(record);
+  if (exec_)
+    cuda_check(cudaGraphLaunch(exec_, stream_));
+  else
+    record();
+}
+
+void StreamGraph::reset() {
+  if (exec_) cudaGraphExecDestroy(exec_);  // also the destructor's path: nothing useful to do on error
+  exec_ = nullptr;
+  refused_ = false;
+}
+
+// Thread-local capture: a data-parallel node's rank threads capture on their own
+// streams at the same time, and another thread's calls must not break this capture.
+void StreamGraph::capture(const std::function<void()>& record) {
+  cuda_check(cudaStreamBeginCapture(stream_, cudaStreamCaptureModeThreadLocal));
+  std::string why;
+  try {
+    record();
+  } catch (const std::exception& e) {
+    why = e.what();
+  } catch (...) {
+    why = "an exception that is not a std::exception";
+  }
+  cudaGraph_t graph = nullptr;
+  const cudaError_t ended = cudaStreamEndCapture(stream_, &graph);
+  if (why.empty() && ended != cudaSuccess) why = std::string("cudaStreamEndCapture: ") + cudaGetErrorString(ended);
+  if (why.empty()) {
+    const cudaError_t made = cudaGraphInstantiate(&exec_, graph, 0);
+    if (made != cudaSuccess) {
+      why = std::string("cudaGraphInstantiate: ") + cudaGetErrorString(made);
+      exec_ = nullptr;
+    }
+  }
+  if (graph) cudaGraphDestroy(graph);
+  if (why.empty()) return;
+  cudaGetLastError();  // the refused call's error: not the next launch's
+  refused_ = true;
+  log_line("gpu:", "warning: capturing the work as a CUDA graph failed (%s); it runs launch by launch", why.c_str());
+}
 
 }  // namespace spes::cuda

@@ -10,6 +10,7 @@
 #include <algorithm>
 #include <cstddef>
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <string>
 #include <utility>
@@ -187,6 +188,40 @@ class Runtime {
   cublasLtHandle_t cublaslt_ = nullptr;
   DeviceBuffer lt_workspace_;
   std::unique_ptr<Gemm> gemm_;
+};
+
+// Work the host enqueues the same way over and over (a micro-batch's forward and
+// backward: hundreds of launches), captured once on `stream` as a CUDA graph
+// and then launched as one, so that the kernels run back to back instead of each
+// waiting for the host to issue it. run(record) captures what `record` enqueues on its
+// first call and launches the graph on every call after; reset() drops the graph (the
+// next run captures anew). A graph freezes every pointer and scalar argument as
+// captured, and every choice a launcher made then (an environment variable it read):
+// the caller resets it when one changes. What `record` enqueues must also not
+// need a host call that a capture cannot hold (a stream synchronization, a first-use
+// setup such as a GEMM plan query that synchronizes): run it once outside the graph
+// first. Should the capture fail anyway (CUDA refuses a call, or `record` throws), the
+// reason is logged once and `record` runs launch by launch from then on: slower, never
+// wrong (an error of `record`'s own is thrown again there). SPES_CUDA_GRAPH=off makes
+// every run launch by launch.
+class StreamGraph {
+ public:
+  explicit StreamGraph(cudaStream_t stream) : stream_(stream) {}
+  ~StreamGraph() { reset(); }
+  StreamGraph(const StreamGraph&) = delete;
+  StreamGraph& operator=(const StreamGraph&) = delete;
+
+  void run(const std::function<void()>& record);
+  void reset();
+  bool captured() const { return exec_ != nullptr; }
+  bool refused() const { return refused_; }
+
+ private:
+  void capture(const std::function<void()>& record);
+
+  cudaStream_t stream_;
+  cudaGraphExec_t exec_ = nullptr;
+  bool refused_ = false;
 };
 
 }  // namespace spes::cuda

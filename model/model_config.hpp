@@ -45,6 +45,7 @@ struct LossConfig {
   // SPES decayed aux loss: owned experts' counts in LB scaled by a factor rising
   // linearly 0.7 -> 1.0 over the first 20% of the run's steps.
   bool decayed_aux_loss = false;
+  bool operator==(const LossConfig&) const = default;
 };
 
 }  // namespace spes

@@ -51,6 +51,11 @@ __global__ void write_one_past(float* buffer, int64_t n) {
   if (blockIdx.x == 0 && threadIdx.x == 0) buffer[n] = 1.0f;
 }
 
+__global__ void add_one(float* x, int64_t n) {
+  for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n; i += int64_t(gridDim.x) * blockDim.x)
+    x[i] += 1.0f;
+}
+
 }  // namespace
 
 GPU_TEST_CASE("cuda runtime: arena buffers aligned, each followed by its guard; overflow is an error") {
@@ -120,4 +125,44 @@ GPU_TEST_CASE("cuda runtime: too little memory says how much is needed and free"
   CHECK_THROWS_WITH_AS(require_device_memory(huge, "test model"), doctest::Contains("test model needs 1048576.00 GiB"),
                        spes::Error);
   CHECK_THROWS_WITH_AS(DeviceArena(huge, "big arena"), doctest::Contains("free (of"), spes::Error);
+}
+
+// A StreamGraph replays what it captured, in order, every run; a capture CUDA refuses
+// (here a stream synchronization inside it) leaves nothing half done: the work runs
+// launch by launch instead, exactly once a run.
+GPU_TEST_CASE("cuda runtime: a StreamGraph captures once and replays in order; a refused capture runs launch by launch") {
+  constexpr int64_t n = 1000, head = 10;
+  DevTensor<float> x(n);
+  x.zero();
+  auto expect = [&](float head_value, float rest_value, const char* what) {
+    const std::vector<float> h = download(x.get(), n);
+    int bad = 0;
+    for (int64_t i = 0; i < n; ++i) bad += h[size_t(i)] != (i < head ? head_value : rest_value);
+    CHECK_MESSAGE(bad == 0, what << ": " << bad << " values differ from " << head_value << " / " << rest_value);
+  };
+  {
+    StreamGraph graph(stream());
+    auto record = [&] {  // the memset first, then the kernel: 1 at the head, +1 elsewhere
+      cuda_check(cudaMemsetAsync(x.get(), 0, head * sizeof(float), stream()));
+      spes::cuda::launch(add_one, dim3(4), dim3(128), 0, stream(), x.get(), n);
+    };
+    for (int run = 1; run <= 3; ++run) {
+      graph.run(record);
+      CHECK(graph.captured());
+      expect(1.0f, float(run), "after a graph run");
+    }
+    graph.reset();
+    CHECK_FALSE(graph.captured());
+  }
+  StreamGraph refused(stream());
+  auto record_sync = [&] {
+    spes::cuda::launch(add_one, dim3(4), dim3(128), 0, stream(), x.get(), n);
+    cuda_check(cudaStreamSynchronize(stream()));
+  };
+  refused.run(record_sync);
+  CHECK(refused.refused());
+  CHECK_FALSE(refused.captured());
+  expect(2.0f, 4.0f, "after the refused capture's run");  // once, not twice
+  refused.run(record_sync);
+  expect(3.0f, 5.0f, "after a run launch by launch");
 }

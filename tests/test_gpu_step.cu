@@ -473,6 +473,67 @@ GPU_TEST_CASE("gpu model: chunked lm head with a padded logits stride equals the
   MESSAGE("chunked lm head: " << (bad == 0 ? "all owned gradients OK" : std::to_string(bad) + " tensor(s) MISMATCH"));
 }
 
+// The micro-batch's CUDA graph: a replay reads the token buffers as they are then
+// (the graph holds their pointers, not their contents) and gives the bits of the run
+// launch by launch; a new grad_scale is not replayed with the old one (the graph is
+// dropped, and captured anew after one run launch by launch).
+GPU_TEST_CASE("gpu model: a micro-batch replayed from its CUDA graph gives the bits of one run launch by launch") {
+  auto dir = test::temp_dir("gpu-graph");
+  const Config cfg = gpu_config(dir, {"train.lb_coef=0.05", "train.router_z_coef=0.01", "train.lm_z_coef=0.001"});
+  const ParamLayout layout = make_layout(cfg.model);
+  const Ownership own = ownership_of(cfg, layout);
+  const int64_t B = cfg.train.micro_batch, N = B * cfg.model.seq_len, owned = own.space.size();
+  cuda::Runtime rt(0);
+  const cudaStream_t s = rt.stream();
+  const GpuMemoryPlan plan = plan_gpu_node(cfg.model, layout, own, B, current_gpu_limits());
+  cuda::DeviceArena arena(size_t(plan.arena_bytes()), "graph test arena");
+  const DeviceBuffers buf = carve_buffers(plan, arena);
+  arena.seal(s);
+  GpuModel model(cfg.model, layout, own, plan.sizes, rt, buf);
+  const std::vector<float> theta = seeded_theta(cfg, layout);
+  std::vector<cuda::bf16> w(theta.size());
+  for (size_t i = 0; i < theta.size(); ++i) w[i] = __float2bfloat16_rn(theta[i]);
+  cuda_check(cudaMemcpyAsync(buf.weights, w.data(), w.size() * sizeof(cuda::bf16), cudaMemcpyHostToDevice, s));
+  const Batch batches[2] = {random_batch(cfg, B, 4), random_batch(cfg, B, 5)};
+
+  struct Result {
+    std::vector<float> grads;
+    LossParts parts;
+  };
+  auto run = [&](int batch, float grad_scale, bool expect_graph) {
+    cuda_check(cudaMemsetAsync(buf.grads, 0, size_t(owned) * sizeof(float), s));
+    cuda_check(cudaMemcpyAsync(model.inputs(), batches[batch].x.data(), size_t(N) * 4, cudaMemcpyHostToDevice, s));
+    cuda_check(cudaMemcpyAsync(model.targets(), batches[batch].y.data(), size_t(N) * 4, cudaMemcpyHostToDevice, s));
+    Result r;
+    r.parts = model.forward_backward(cfg.train.loss, 0.85f, grad_scale);
+    CHECK(model.graph_captured() == expect_graph);
+    r.grads.resize(size_t(owned));
+    cuda_check(cudaMemcpyAsync(r.grads.data(), buf.grads, size_t(owned) * sizeof(float), cudaMemcpyDeviceToHost, s));
+    cuda_check(cudaStreamSynchronize(s));
+    return r;
+  };
+  auto same = [](const Result& a, const Result& b) {
+    return std::memcmp(a.grads.data(), b.grads.data(), a.grads.size() * sizeof(float)) == 0 &&
+           a.parts.ce == b.parts.ce && a.parts.lm_z == b.parts.lm_z && a.parts.lb == b.parts.lb &&
+           a.parts.router_z == b.parts.router_z && a.parts.expert_counts == b.parts.expert_counts;
+  };
+  // Each batch's reference launch by launch: a change of scalars in between keeps
+  // every one of these runs out of a graph.
+  const Result eager1 = run(1, 0.5f, false);
+  const Result eager0_quarter = run(0, 0.25f, false);
+  const Result eager0 = run(0, 0.5f, false);
+  CHECK_FALSE(same(eager0, eager1));  // the comparisons below can tell the batches apart
+  CHECK_FALSE(same(eager0, eager0_quarter));
+  // At 0.5 again: captured (batch 1), then replayed for each batch in turn.
+  CHECK_MESSAGE(same(run(1, 0.5f, true), eager1), "batch 1 through its captured graph differs from its eager run");
+  CHECK_MESSAGE(same(run(0, 0.5f, true), eager0), "a replay for batch 0 differs from its eager run");
+  CHECK_MESSAGE(same(run(1, 0.5f, true), eager1), "a replay for batch 1 differs from its eager run");
+  CHECK_NOTHROW(arena.check_guards(s));
+  // A new grad_scale is not replayed with the old: launch by launch, then captured anew.
+  CHECK_MESSAGE(same(run(0, 0.25f, false), eager0_quarter), "the run at grad_scale 0.25 after the graph differs");
+  CHECK_MESSAGE(same(run(0, 0.25f, true), eager0_quarter), "the graph captured at grad_scale 0.25 differs");
+}
+
 GPU_TEST_CASE("gpu step: 300 steps end within 2% of the CPU run's training loss") {
   auto dir = test::temp_dir("gpu-300");
   Config g = gpu_config(dir / "gpu");

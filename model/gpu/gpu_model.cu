@@ -38,7 +38,7 @@ GpuModel::GpuModel(const ModelConfig& cfg, const ParamLayout& layout, const Owne
       S_(sizes.slots()), V_(cfg.vocab_size), Vpad_(sizes.vocab_stride), chunk_(sizes.lm_chunk), rt_(rt),
       stream_(rt.stream()), b_(buf), embedding_scratch_bytes_(size_t(sizes.k.embedding_backward)), host_sums_(2),
       host_aux_(size_t(2 * cfg.n_layers)), host_offsets_(size_t(cfg.n_layers * (cfg.n_experts + 1))),
-      host_count_scale_(size_t(cfg.n_experts)) {
+      host_count_scale_(size_t(cfg.n_experts)), graph_(stream_) {
   upload_expert_tables();
   cuda::rope_table_init(reinterpret_cast<float2*>(b_.rope_table), T_, cfg.head_dim(), cfg.rope_theta, stream_);
 }
@@ -106,7 +106,7 @@ void GpuModel::embed_forward() {
 // next norm: x_in of layer l (l > 0) = h + moe_out of layer l − 1.
 // Post-norm (OLMo-2): h = x + rmsnorm(Wo·attn(…x…)); x_out = h + rmsnorm(Σ_k w_k · expert_k(h)),
 // each add fused into its norm; x_out lands in the next layer's x_in (or x_final).
-void GpuModel::layer_forward(int l, float aux_factor) {
+void GpuModel::layer_forward(int l) {
   const LayerOffsets& o = layout_.layers[size_t(l)];
   const GpuLayerBuffers<bf16>& a = b_.layers[size_t(l)];
   const int64_t d = cfg_.d_model;
@@ -116,7 +116,7 @@ void GpuModel::layer_forward(int l, float aux_factor) {
     bf16* x_out = l + 1 < cfg_.n_layers ? b_.layers[size_t(l + 1)].x_in : b_.x_final;
     attention_forward_block(l, a.x_in);
     cuda::rmsnorm_post_forward(a.h, a.rstd1, a.x_in, a.attn_out, w(o.attn_norm), N_, d, eps, stream_);
-    moe_forward_block(l, a.h, aux_factor);
+    moe_forward_block(l, a.h);
     cuda::rmsnorm_post_forward(x_out, a.rstd2, a.h, a.moe_out, w(o.moe_norm), N_, d, eps, stream_);
     return;
   }
@@ -126,7 +126,7 @@ void GpuModel::layer_forward(int l, float aux_factor) {
   attention_forward_block(l, a.an1);
   // h = x_in + attn_out, fused into the norm.
   cuda::rmsnorm_forward(a.an2, a.rstd2, a.h, a.x_in, a.attn_out, w(o.moe_norm), N_, d, eps, stream_);
-  moe_forward_block(l, a.an2, aux_factor);
+  moe_forward_block(l, a.an2);
 }
 
 // attn_out = Wo·attn(rope(qknorm(Wq·in)), rope(qknorm(Wk·in)), Wv·in). QK-norm is an
@@ -154,7 +154,7 @@ void GpuModel::attention_forward_block(int l, const bf16* in) {
 // device; the gate|up one forms SwiGLU's h as it stores), combine. The router's logits
 // land in probs, which router_forward overwrites; the aux losses' statistics stay on
 // the device.
-void GpuModel::moe_forward_block(int l, const bf16* x, float aux_factor) {
+void GpuModel::moe_forward_block(int l, const bf16* x) {
   const LayerOffsets& o = layout_.layers[size_t(l)];
   const GpuLayerBuffers<bf16>& a = b_.layers[size_t(l)];
   const int64_t d = cfg_.d_model, E = cfg_.n_experts, K = cfg_.top_k, H = cfg_.expert_hidden;
@@ -163,7 +163,6 @@ void GpuModel::moe_forward_block(int l, const bf16* x, float aux_factor) {
                        cfg_.norm_topk_prob, stream_);
   cuda::moe_dispatch_indices(a.offsets, a.slot_token, a.token_slot, b_.dispatch_scratch, a.topk_idx, N_, E, K,
                              stream_);
-  set_count_scale(aux_factor);
   cuda::router_aux_forward(a.aux, a.lb_weight, b_.router_partials, a.offsets, b_.count_scale, N_, E, K, stream_);
   cuda::moe_gather_forward(a.xe, x, a.slot_token, S_, d, stream_);
   cuda::grouped_matmul_forward_swiglu(a.gate_up, b_.expert_h, a.xe, a.gate_up_weights, a.offsets, S_, E, d, H,
@@ -232,8 +231,9 @@ void GpuModel::final_norm_forward() {
 }
 
 LossParts GpuModel::forward(const LossConfig& loss, float aux_factor, int64_t loss_tokens) {
+  set_count_scale(aux_factor);
   embed_forward();
-  for (int l = 0; l < cfg_.n_layers; ++l) layer_forward(l, aux_factor);
+  for (int l = 0; l < cfg_.n_layers; ++l) layer_forward(l);
   final_norm_forward();
   lm_head(loss, 1.0f, false);
   return read_loss_parts(loss_tokens);
@@ -324,10 +324,30 @@ void GpuModel::attention_backward_block(int l, const bf16* d_out, const bf16* in
   }
 }
 
+// A micro-batch is hundreds of launches, the same ones every time: captured as
+// a CUDA graph (cuda::StreamGraph), they run back to back, not each behind the host's
+// launch call. The graph freezes the loss coefficients and grad_scale, so it is
+// captured anew when they change, after one micro-batch run launch by launch (which
+// makes the first-use setups, GEMM plans and the like, that a capture cannot hold);
+// aux_factor reaches the kernels through the count-scale buffer, copied before.
 LossParts GpuModel::forward_backward(const LossConfig& loss, float aux_factor, float grad_scale) {
+  set_count_scale(aux_factor);
+  const GraphScalars scalars{loss, grad_scale};
+  if (graph_scalars_ != scalars) {
+    graph_.reset();
+    graph_scalars_.reset();
+    enqueue_forward_backward(loss, grad_scale);
+    graph_scalars_ = scalars;  // only once that run went through: it is the warm-up
+  } else {
+    graph_.run([&] { enqueue_forward_backward(loss, grad_scale); });
+  }
+  return read_loss_parts(N_);
+}
+
+void GpuModel::enqueue_forward_backward(const LossConfig& loss, float grad_scale) {
   const int64_t d = cfg_.d_model;
   embed_forward();
-  for (int l = 0; l < cfg_.n_layers; ++l) layer_forward(l, aux_factor);
+  for (int l = 0; l < cfg_.n_layers; ++l) layer_forward(l);
   final_norm_forward();
   lm_head(loss, grad_scale, true);  // d_a = dLoss/dfnorm
   cuda::rmsnorm_backward(b_.d_x, grad_of(layout_.final_norm), b_.norm_scratch, b_.d_a, nullptr, b_.x_final,
@@ -336,7 +356,6 @@ LossParts GpuModel::forward_backward(const LossConfig& loss, float aux_factor, f
   if (float* de = grad_of(layout_.embed))
     cuda::embedding_backward(de, b_.d_x, inputs(), N_, d, V_, b_.embedding_scratch, embedding_scratch_bytes_,
                              stream_);
-  return read_loss_parts(N_);
 }
 
 }  // namespace spes

@@ -9,12 +9,15 @@
 //     (cuda/grouped_gemm), which reads the experts' row ranges on the device, so the
 //     host never waits inside a micro-batch until its loss is read back;
 //   - the lm head and cross-entropy run on chunks of tokens, forward and backward
-//     together, so the [tokens, vocab] logits never exist at once (cuda/crossentropy).
+//     together, so the [tokens, vocab] logits never exist at once (cuda/crossentropy);
+//   - a training micro-batch's launches are captured once as a CUDA graph and then
+//     launched as one (cuda::StreamGraph), so the kernels run back to back.
 // Every buffer is a field of GpuBuffers (model/gpu_memory.hpp), carved from the
 // backend's arena at start-up; nothing is allocated after construction.
 #pragma once
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -50,12 +53,16 @@ class GpuModel {
   // Forward, then backward of grad_scale · total loss; owned gradients accumulate
   // (+=); frozen experts get no weight gradients.
   LossParts forward_backward(const LossConfig& loss, float aux_factor, float grad_scale);
+  // Whether the micro-batch's CUDA graph is held: the next forward_backward with the
+  // same loss coefficients and grad_scale replays it.
+  bool graph_captured() const { return graph_.captured(); }
 
  private:
   void embed_forward();
-  void layer_forward(int l, float aux_factor);
+  void enqueue_forward_backward(const LossConfig& loss, float grad_scale);
+  void layer_forward(int l);
   void attention_forward_block(int l, const cuda::bf16* in);
-  void moe_forward_block(int l, const cuda::bf16* x, float aux_factor);
+  void moe_forward_block(int l, const cuda::bf16* x);
   void final_norm_forward();
   void lm_head(const LossConfig& loss, float grad_scale, bool backward);
   void layer_backward(int l, const LossConfig& loss, float grad_scale);
@@ -84,6 +91,14 @@ class GpuModel {
   cuda::PinnedBuffer<float> host_aux_;
   cuda::PinnedBuffer<int32_t> host_offsets_;
   cuda::PinnedBuffer<float> host_count_scale_;
+  // The micro-batch's graph, and the scalars it was captured with.
+  struct GraphScalars {
+    LossConfig loss;
+    float grad_scale = 0.0f;
+    bool operator==(const GraphScalars&) const = default;
+  };
+  std::optional<GraphScalars> graph_scalars_;
+  cuda::StreamGraph graph_;
 };
 
 }  // namespace spes

@@ -460,6 +460,6 @@ cublasStatus_t cublasLtMatmul(cublasLtHandle_t lightHandle, cublasLtMatmulDesc_t
   if (overlap && (C != D || lc.ld != ld.ld))
     emu::fail("cublasLtMatmul: " + c.describe("C") + " and " + d.describe("D") +
               " overlap without being one matrix (same pointer and layout)");
-  gemm(p.ta, p.tb, p.m, p.n, p.k, a_scale, a, b, b_scale, c, d);
+  emu::on_stream(stream, [=] { gemm(p.ta, p.tb, p.m, p.n, p.k, a_scale, a, b, b_scale, c, d); });
   return CUBLAS_STATUS_SUCCESS;
 }

@@ -136,6 +136,13 @@ void* map_shared_rank(const void* p, int rank);  // p's twin in CTA `rank` of th
 // belongs to it (tests/emu/runtime_emu.cpp): fails like a launch CUDA would refuse.
 int current_device();
 void require_current_device(cudaStream_t stream, const char* what);
+// Work enqueued on `stream` (a launch, a library call, a memset or a copy): done now,
+// or, while the stream captures a graph (cudaStreamBeginCapture), kept for every
+// cudaGraphLaunch of it. `work` owns copies of what it reads from the call.
+void on_stream(cudaStream_t stream, std::function<void()> work);
+// Whether `stream` is capturing: calls a capture cannot hold (a synchronization, a
+// copy to or from host memory) refuse with cudaErrorStreamCaptureUnsupported then.
+bool capturing(cudaStream_t stream);
 
 // Whether [p, p + bytes) lies inside one registered global buffer (a GlobalBuffer);
 // require_device fails (naming `what`) unless it does or bytes is 0.

@@ -19,6 +19,14 @@
 //   GPU would have copied are unknown, and that is an emu::fail. (From pageable
 //   memory the runtime stages the bytes before returning: free to change.)
 //
+// Graph capture (cudaStreamBeginCapture … cudaStreamEndCapture, cudaGraphInstantiate,
+// cudaGraphLaunch): while a stream captures, the launches, library calls, memsets and
+// device-to-device copies enqueued on it are kept, not done, and every launch of the
+// instantiated graph does them in order; a call a capture cannot hold (a
+// synchronization, a copy to or from host memory, an event, an allocation or a free
+// made by the capturing thread) returns cudaErrorStreamCaptureUnsupported and
+// invalidates the capture, as CUDA's thread-local capture mode does.
+//
 // Anything outside that model fails loudly (emu::fail): a copy from or to bytes
 // outside every allocation, a free of a pointer never allocated. (All devices' memory
 // is one host address space: a kernel reading another device's buffer is not caught.)
@@ -28,6 +36,7 @@
 #include <cstdint>
 #include <cstdlib>
 #include <cstring>
+#include <functional>
 #include <map>
 #include <memory>
 #include <mutex>
@@ -103,12 +112,49 @@ struct Event {
   bool recorded = false;
 };
 
+// A stream: its device first (require_current_device reads it), then its capture.
+struct Stream {
+  int device = 0;
+  bool capturing = false;
+  bool invalidated = false;  // a call the capture cannot hold was made during it
+  std::vector<std::function<void()>> captured;
+};
+Stream* stream_of(cudaStream_t stream) { return reinterpret_cast<Stream*>(stream); }
+
+// A captured graph, and its instantiation: the work in stream order.
+struct Graph {
+  std::vector<std::function<void()>> work;
+};
+
+// The stream this thread captures on, if any: in CUDA's thread-local capture mode
+// the capturing thread may not allocate, free or synchronize while it lasts.
+thread_local Stream* t_capture = nullptr;
+
+// A call a capture cannot hold: refused, and the capture can no longer end well.
+// `stream`: an operation on that stream (nullptr: a call of the thread's, such as an
+// allocation or a device synchronization).
+bool refuse_in_capture(cudaStream_t stream) {
+  Stream* s = stream != nullptr && stream_of(stream)->capturing ? stream_of(stream) : t_capture;
+  if (s == nullptr) return false;
+  s->invalidated = true;
+  return true;
+}
+
 }  // namespace
 
 bool device_reachable(const void* p) {
   if (in_device_buffer(p, 0)) return true;  // a device allocation, inside or just past an arena buffer
   std::lock_guard lock(g_mutex);
   return is_pinned(p, 0);
+}
+
+bool capturing(cudaStream_t stream) { return stream != nullptr && stream_of(stream)->capturing; }
+
+void on_stream(cudaStream_t stream, std::function<void()> work) {
+  if (capturing(stream))
+    stream_of(stream)->captured.push_back(std::move(work));
+  else
+    work();
 }
 
 }  // namespace emu
@@ -156,6 +202,7 @@ cudaError_t cudaMemGetInfo(size_t* free_bytes, size_t* total_bytes) {
 
 // Every stream's copies, every device's: more than CUDA promises for one device.
 cudaError_t cudaDeviceSynchronize() {
+  if (emu::refuse_in_capture(nullptr)) return cudaErrorStreamCaptureUnsupported;
   std::lock_guard lock(g_mutex);
   emu::land_before(nullptr, UINT64_MAX);
   return cudaSuccess;
@@ -164,6 +211,7 @@ cudaError_t cudaDeviceSynchronize() {
 // ---- memory --------------------------------------------------------------------------
 
 cudaError_t cudaMalloc(void** ptr, size_t bytes) {
+  if (emu::refuse_in_capture(nullptr)) return cudaErrorStreamCaptureUnsupported;
   std::lock_guard lock(g_mutex);
   const int device = emu::t_device;
   if (bytes > emu::kDeviceBytes - emu::g_device_used[device]) return cudaErrorMemoryAllocation;
@@ -177,6 +225,7 @@ cudaError_t cudaMalloc(void** ptr, size_t bytes) {
 
 cudaError_t cudaFree(void* ptr) {
   if (ptr == nullptr) return cudaSuccess;
+  if (emu::refuse_in_capture(nullptr)) return cudaErrorStreamCaptureUnsupported;
   std::lock_guard lock(g_mutex);
   const auto it = emu::g_device.find(ptr);
   if (it == emu::g_device.end()) emu::fail("cudaFree of a pointer cudaMalloc never returned");
@@ -188,6 +237,7 @@ cudaError_t cudaFree(void* ptr) {
 
 // Pinned host memory (the typed cudaMallocHost of cuda_runtime.h calls this).
 cudaError_t cudaHostAlloc(void** ptr, size_t bytes, unsigned) {
+  if (emu::refuse_in_capture(nullptr)) return cudaErrorStreamCaptureUnsupported;
   std::lock_guard lock(g_mutex);
   *ptr = std::aligned_alloc(256, std::max<size_t>(256, (bytes + 255) / 256 * 256));
   if (*ptr == nullptr) return cudaErrorMemoryAllocation;
@@ -199,6 +249,7 @@ cudaError_t cudaMallocHost(void** ptr, size_t bytes) { return cudaHostAlloc(ptr,
 
 cudaError_t cudaFreeHost(void* ptr) {
   if (ptr == nullptr) return cudaSuccess;
+  if (emu::refuse_in_capture(nullptr)) return cudaErrorStreamCaptureUnsupported;
   std::lock_guard lock(g_mutex);
   const auto it = emu::g_pinned.find(ptr);
   if (it == emu::g_pinned.end()) emu::fail("cudaFreeHost of a pointer cudaMallocHost never returned");
@@ -211,10 +262,15 @@ cudaError_t cudaFreeHost(void* ptr) {
 
 // Checks both ends against the direction, copies (or, device→pinned, defers).
 cudaError_t cudaMemcpyAsync(void* dst, const void* src, size_t bytes, cudaMemcpyKind kind, cudaStream_t stream) {
+  const bool src_device = emu::in_global_buffer(src, bytes), dst_device = emu::in_global_buffer(dst, bytes);
+  if (emu::capturing(stream)) {  // device to device only: host memory would be read at each replay
+    if (!src_device || !dst_device) return emu::refuse_in_capture(stream), cudaErrorStreamCaptureUnsupported;
+    emu::on_stream(stream, [=] { cudaMemcpyAsync(dst, src, bytes, kind, nullptr); });
+    return cudaSuccess;
+  }
   std::lock_guard lock(g_mutex);
   ++emu::g_seq;
   if (bytes == 0) return cudaSuccess;
-  const bool src_device = emu::in_global_buffer(src, bytes), dst_device = emu::in_global_buffer(dst, bytes);
   switch (kind) {
     case cudaMemcpyHostToDevice: emu::require_device(dst, bytes, "cudaMemcpyAsync HostToDevice, dst"); break;
     case cudaMemcpyDeviceToHost: emu::require_device(src, bytes, "cudaMemcpyAsync DeviceToHost, src"); break;
@@ -240,28 +296,33 @@ cudaError_t cudaMemcpyAsync(void* dst, const void* src, size_t bytes, cudaMemcpy
 }
 
 cudaError_t cudaMemcpy(void* dst, const void* src, size_t bytes, cudaMemcpyKind kind) {
+  if (emu::refuse_in_capture(nullptr)) return cudaErrorStreamCaptureUnsupported;
   const cudaError_t e = cudaMemcpyAsync(dst, src, bytes, kind, nullptr);
   cudaDeviceSynchronize();  // the legacy stream: returns after the copy, and after all earlier work
   return e;
 }
 
 // The launchers' memsets: call order is stream order (see the file comment).
-cudaError_t cudaMemsetAsync(void* ptr, int value, size_t count, cudaStream_t) {
-  std::lock_guard lock(g_mutex);
-  ++emu::g_seq;
+cudaError_t cudaMemsetAsync(void* ptr, int value, size_t count, cudaStream_t stream) {
   emu::require_device(ptr, count, "cudaMemsetAsync");
-  std::memset(ptr, value, count);
+  emu::on_stream(stream, [=] {
+    std::lock_guard lock(g_mutex);
+    ++emu::g_seq;
+    std::memset(ptr, value, count);
+  });
   return cudaSuccess;
 }
 
-cudaError_t cudaMemset2DAsync(void* ptr, size_t pitch, int value, size_t width, size_t height, cudaStream_t) {
-  std::lock_guard lock(g_mutex);
-  ++emu::g_seq;
+cudaError_t cudaMemset2DAsync(void* ptr, size_t pitch, int value, size_t width, size_t height, cudaStream_t stream) {
   if (width > pitch) return cudaErrorInvalidValue;
   if (width == 0 || height == 0) return cudaSuccess;
   auto* p = static_cast<unsigned char*>(ptr);
   emu::require_device(p, (height - 1) * pitch + width, "cudaMemset2DAsync");
-  for (size_t row = 0; row < height; ++row) std::memset(p + row * pitch, value, width);
+  emu::on_stream(stream, [=] {
+    std::lock_guard lock(g_mutex);
+    ++emu::g_seq;
+    for (size_t row = 0; row < height; ++row) std::memset(p + row * pitch, value, width);
+  });
   return cudaSuccess;
 }
 
@@ -269,12 +330,14 @@ cudaError_t cudaMemset2DAsync(void* ptr, size_t pitch, int value, size_t width, 
 
 // A stream belongs to the device current at its creation.
 cudaError_t cudaStreamCreateWithFlags(cudaStream_t* stream, unsigned) {
-  *stream = reinterpret_cast<cudaStream_t>(new int(emu::t_device));
+  auto* s = new emu::Stream;
+  s->device = emu::t_device;
+  *stream = reinterpret_cast<cudaStream_t>(s);
   return cudaSuccess;
 }
 
 cudaError_t cudaStreamDestroy(cudaStream_t stream) {
-  delete reinterpret_cast<int*>(stream);
+  delete emu::stream_of(stream);
   return cudaSuccess;
 }
 
@@ -296,6 +359,7 @@ void require_current_device(cudaStream_t stream, const char* what) {
 }  // namespace emu
 
 cudaError_t cudaStreamSynchronize(cudaStream_t stream) {
+  if (emu::refuse_in_capture(stream) || emu::refuse_in_capture(nullptr)) return cudaErrorStreamCaptureUnsupported;
   std::lock_guard lock(g_mutex);
   emu::land_before(stream, UINT64_MAX);  // the legacy stream (nullptr) waits for all
   return cudaSuccess;
@@ -314,6 +378,7 @@ cudaError_t cudaEventDestroy(cudaEvent_t event) {
 }
 
 cudaError_t cudaEventRecord(cudaEvent_t event, cudaStream_t stream) {
+  if (emu::refuse_in_capture(stream)) return cudaErrorStreamCaptureUnsupported;  // not emulated in a graph
   std::lock_guard lock(g_mutex);
   auto* e = reinterpret_cast<emu::Event*>(event);
   e->seq = ++emu::g_seq;
@@ -323,6 +388,7 @@ cudaError_t cudaEventRecord(cudaEvent_t event, cudaStream_t stream) {
 }
 
 cudaError_t cudaEventSynchronize(cudaEvent_t event) {
+  if (emu::refuse_in_capture(nullptr)) return cudaErrorStreamCaptureUnsupported;
   std::lock_guard lock(g_mutex);
   const auto* e = reinterpret_cast<emu::Event*>(event);
   emu::land_before(e->stream, e->seq);
@@ -334,5 +400,64 @@ cudaError_t cudaEventElapsedTime(float* ms, cudaEvent_t start, cudaEvent_t end) 
   if (!reinterpret_cast<emu::Event*>(start)->recorded || !reinterpret_cast<emu::Event*>(end)->recorded)
     return cudaErrorInvalidResourceHandle;
   *ms = 0.0f;
+  return cudaSuccess;
+}
+
+// ---- graphs ------------------------------------------------------------------------
+
+cudaError_t cudaStreamBeginCapture(cudaStream_t stream, cudaStreamCaptureMode) {
+  if (stream == nullptr) return cudaErrorStreamCaptureUnsupported;  // the legacy stream cannot capture
+  emu::require_current_device(stream, "cudaStreamBeginCapture");
+  emu::Stream& s = *emu::stream_of(stream);
+  if (s.capturing || emu::t_capture != nullptr) return cudaErrorIllegalState;  // one capture a thread here
+  s.capturing = true;
+  emu::t_capture = &s;
+  s.invalidated = false;
+  s.captured.clear();
+  return cudaSuccess;
+}
+
+cudaError_t cudaStreamEndCapture(cudaStream_t stream, cudaGraph_t* graph) {
+  if (stream == nullptr || !emu::stream_of(stream)->capturing) return cudaErrorIllegalState;
+  emu::Stream& s = *emu::stream_of(stream);
+  s.capturing = false;
+  if (emu::t_capture == &s) emu::t_capture = nullptr;
+  std::vector<std::function<void()>> work = std::move(s.captured);
+  s.captured.clear();
+  if (s.invalidated) {
+    *graph = nullptr;
+    return cudaErrorStreamCaptureInvalidated;
+  }
+  *graph = reinterpret_cast<cudaGraph_t>(new emu::Graph{std::move(work)});
+  return cudaSuccess;
+}
+
+cudaError_t cudaStreamIsCapturing(cudaStream_t stream, cudaStreamCaptureStatus* status) {
+  *status = emu::capturing(stream) ? (emu::stream_of(stream)->invalidated ? cudaStreamCaptureStatusInvalidated
+                                                                          : cudaStreamCaptureStatusActive)
+                                   : cudaStreamCaptureStatusNone;
+  return cudaSuccess;
+}
+
+cudaError_t cudaGraphInstantiate(cudaGraphExec_t* exec, cudaGraph_t graph, unsigned long long) {
+  if (graph == nullptr) return cudaErrorInvalidValue;
+  *exec = reinterpret_cast<cudaGraphExec_t>(new emu::Graph(*reinterpret_cast<emu::Graph*>(graph)));
+  return cudaSuccess;
+}
+
+cudaError_t cudaGraphLaunch(cudaGraphExec_t exec, cudaStream_t stream) {
+  if (exec == nullptr) return cudaErrorInvalidValue;
+  emu::require_current_device(stream, "cudaGraphLaunch");
+  for (const auto& work : reinterpret_cast<emu::Graph*>(exec)->work) emu::on_stream(stream, work);
+  return cudaSuccess;
+}
+
+cudaError_t cudaGraphDestroy(cudaGraph_t graph) {
+  delete reinterpret_cast<emu::Graph*>(graph);
+  return cudaSuccess;
+}
+
+cudaError_t cudaGraphExecDestroy(cudaGraphExec_t exec) {
+  delete reinterpret_cast<emu::Graph*>(exec);
   return cudaSuccess;
 }

@@ -4,6 +4,7 @@
 #pragma once
 #include <cstddef>
 #include <type_traits>
+#include <vector>
 
 #include "tests/emu/emu.hpp"
 
@@ -27,7 +28,9 @@ void launch(void (*kernel)(Params...), dim3 grid, dim3 block, size_t smem_bytes,
             std::type_identity_t<Params>... args) {
   emu::require_current_device(stream, "kernel launch");
   emu::require_device_pointers(reinterpret_cast<const void*>(kernel), args...);
-  emu::launch(reinterpret_cast<const void*>(kernel), grid, block, smem_bytes, [&] { kernel(args...); });
+  emu::on_stream(stream, [=] {
+    emu::launch(reinterpret_cast<const void*>(kernel), grid, block, smem_bytes, [&] { kernel(args...); });
+  });
 }
 
 template <typename... Params>
@@ -35,7 +38,17 @@ cudaError_t launch_ex(const cudaLaunchConfig_t& config, void (*kernel)(Params...
                       std::type_identity_t<Params>... args) {
   emu::require_current_device(config.stream, "kernel launch");
   emu::require_device_pointers(reinterpret_cast<const void*>(kernel), args...);
-  return emu::launch_ex(reinterpret_cast<const void*>(kernel), config, [&] { kernel(args...); });
+  if (!emu::capturing(config.stream))
+    return emu::launch_ex(reinterpret_cast<const void*>(kernel), config, [&] { kernel(args...); });
+  // A captured cluster launch: its attributes are copied, as cudaLaunchKernelEx does.
+  std::vector<cudaLaunchAttribute> attrs(config.attrs, config.attrs + config.numAttrs);
+  emu::on_stream(config.stream, [=] {
+    cudaLaunchConfig_t c = config;
+    c.attrs = const_cast<cudaLaunchAttribute*>(attrs.data());
+    if (emu::launch_ex(reinterpret_cast<const void*>(kernel), c, [&] { kernel(args...); }) != cudaSuccess)
+      emu::fail("a captured cluster launch failed at its replay");
+  });
+  return cudaSuccess;
 }
 
 }  // namespace spes::cuda
