@@ -542,6 +542,9 @@ class Report:
         else:
             skipped = [f"{n} ({note})" for n, st, note in statuses if st == SKIPPED]
             mfus, outside = [], ""
+            # The micro-batch runs as one CUDA graph unless its capture failed, which the
+            # backend says once on stderr (the step was then timed launch by launch).
+            graph = "capturing the work as a CUDA graph failed" in Step(os.path.join(d, "bench_train_gpu")).err
             for n in ("bench_train_gpu", "bench_train_gpu.portable"):
                 fig = train_gpu_figures(Step(os.path.join(d, n)).out)
                 node = all_experts_node(fig)
@@ -552,6 +555,7 @@ class Report:
             self.result(title, PASS, f"{len(ran)} ran"
                         + (f"; step MFU, all experts owned: {', '.join(mfus)}" if mfus else "")
                         + outside
+                        + ("; the micro-batch's CUDA graph FAILED to capture (bench_train_gpu.err)" if graph else "")
                         + (f"; skipped: {', '.join(skipped)}" if skipped else ""))
 
     # -- 1c
