@@ -41,7 +41,8 @@ inline RowLayout row_layout(int64_t C, const char* op) {
   const int64_t c8 = C / 8;
   RowLayout l;
   l.vpt = c8 <= 256 ? 1 : c8 <= 512 ? 2 : 4;
-  require(C <= kNormMaxChannels, op, "channels C = " + std::to_string(C) + " > " + std::to_string(kNormMaxChannels) + " is not supported");
+  require(C <= kNormMaxChannels, op,
+          "channels C = " + std::to_string(C) + " > " + std::to_string(kNormMaxChannels) + " is not supported");
   l.tx = static_cast<int>(round_up(ceil_div(c8, l.vpt), kWarp));
   l.ty = std::max(1, std::min(kMaxRowsPerBlock, kMaxThreads / l.tx));
   return l;

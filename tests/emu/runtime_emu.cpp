@@ -359,7 +359,7 @@ void require_current_device(cudaStream_t stream, const char* what) {
 }  // namespace emu
 
 cudaError_t cudaStreamSynchronize(cudaStream_t stream) {
-  if (emu::refuse_in_capture(stream) || emu::refuse_in_capture(nullptr)) return cudaErrorStreamCaptureUnsupported;
+  if (emu::refuse_in_capture(stream)) return cudaErrorStreamCaptureUnsupported;  // this stream's, or the thread's
   std::lock_guard lock(g_mutex);
   emu::land_before(stream, UINT64_MAX);  // the legacy stream (nullptr) waits for all
   return cudaSuccess;
@@ -429,13 +429,6 @@ cudaError_t cudaStreamEndCapture(cudaStream_t stream, cudaGraph_t* graph) {
     return cudaErrorStreamCaptureInvalidated;
   }
   *graph = reinterpret_cast<cudaGraph_t>(new emu::Graph{std::move(work)});
-  return cudaSuccess;
-}
-
-cudaError_t cudaStreamIsCapturing(cudaStream_t stream, cudaStreamCaptureStatus* status) {
-  *status = emu::capturing(stream) ? (emu::stream_of(stream)->invalidated ? cudaStreamCaptureStatusInvalidated
-                                                                          : cudaStreamCaptureStatusActive)
-                                   : cudaStreamCaptureStatusNone;
   return cudaSuccess;
 }
 

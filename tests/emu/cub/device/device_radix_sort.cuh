@@ -11,8 +11,8 @@
 
 #include <algorithm>
 #include <cstdint>
-#include <functional>
 #include <cstring>
+#include <functional>
 #include <numeric>
 #include <string>
 #include <vector>
