@@ -48,8 +48,10 @@ engine: deps-if-missing configure
 build: deps-if-missing configure
 	cmake --build $(BUILD) -j $(JOBS)
 
+# Two tests at a time: the longest use every core themselves (the GPU emulator's
+# workers, OpenMP), many others mostly wait on sockets and timeouts.
 test: test-deps-if-missing build
-	cd $(BUILD) && ctest --output-on-failure -j 1
+	cd $(BUILD) && ctest --output-on-failure -j 2
 
 DEMO_DATA = runs/data/tinyshakespeare
 
