@@ -336,6 +336,10 @@ run_gpu_benches() {
         if [[ $(rc_of "$L/bench/bench_train_gpu") != 0 ]] &&
           grep -qs "checking the sm90a kernels against the portable ones" "$L/bench/bench_train_gpu.err"; then
           run_bench bench_train_gpu "$L/bench/bench_train_gpu.attention_portable" "$D" SPES_ATTENTION=portable
+        elif [[ $(rc_of "$L/bench/bench_train_gpu") != 0 ]]; then
+          # A fault inside a replayed CUDA graph names no kernel: launch by launch, the
+          # same step tells a graph problem from a kernel's.
+          run_bench bench_train_gpu "$L/bench/bench_train_gpu.graph_off" "$D" SPES_CUDA_GRAPH=off
         fi
         run_anchors "$D"
         ;;
@@ -402,7 +406,10 @@ run_profile() {
   HOME="$WORK/ncu-home" timeout "$t" "$ncu" --query-metrics --chip gh100 > "$WORK/ncu-metrics.txt" 2>/dev/null
   grep -q '^sm__pipe_tensor_op_gmma_cycles_active' "$WORK/ncu-metrics.txt" &&
     extra=(--metrics sm__pipe_tensor_op_gmma_cycles_active.avg.pct_of_peak_sustained_active)
-  run_step "$base" "$(cap "$PROFILE_CAP" "$D")" env HOME="$WORK/ncu-home" "$ncu" --clock-control none \
+  # Launch by launch (SPES_CUDA_GRAPH=off): with one micro-batch a step, the profiled
+  # step is the one that captures the graph, and the kernels must be picked by launch
+  # order; ncu replays each kernel alone anyway, so the counters are the same.
+  run_step "$base" "$(cap "$PROFILE_CAP" "$D")" env HOME="$WORK/ncu-home" SPES_CUDA_GRAPH=off "$ncu" --clock-control none \
     --set detailed "${extra[@]}" --import-source no --nvtx --nvtx-include "profiled step/" \
     --kernel-name-base demangled --kernel-name "regex:$PROFILE_KERNELS" \
     --launch-skip "$PROFILE_SKIP" --launch-count "$PROFILE_COUNT" -f -o "$rep" \
