@@ -25,10 +25,12 @@
 #include <cstring>
 #include <filesystem>
 #include <optional>
+#include <utility>
 
 #include "engine/base/atomic_file.hpp"
 #include "engine/base/checksum.hpp"
 #include "engine/base/error.hpp"
+#include "engine/base/finite.hpp"
 
 namespace spes {
 
@@ -108,6 +110,14 @@ void check_state(const CheckpointState& s, const std::string& where) {
   if (!s.master.empty() && s.master.size() != s.adam_m.size())
     bad("master has " + std::to_string(s.master.size()) + " values but the moments have " +
         std::to_string(s.adam_m.size()));
+  // Never written and never taken back: a run resumed from a non-finite value would
+  // train on garbage, or publish it at its next round.
+  const std::pair<const char*, const std::vector<float>*> sections[] = {
+      {"params", &s.params}, {"master", &s.master},       {"adam_m", &s.adam_m},
+      {"adam_v", &s.adam_v}, {"sync_base", &s.sync_base}, {"sync_residual", &s.sync_residual}};
+  for (const auto& [name, values] : sections)
+    if (const std::string why = describe_non_finite(values->data(), int64_t(values->size())); !why.empty())
+      bad(std::string(name) + " " + why + " (a checkpoint holds finite values only)");
 }
 
 // All the steps under root that are complete checkpoints, ascending.

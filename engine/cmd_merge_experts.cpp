@@ -11,6 +11,7 @@
 
 #include "engine/args.hpp"
 #include "engine/base/error.hpp"
+#include "engine/base/finite.hpp"
 #include "engine/commands.hpp"
 #include "model/expert_merge.hpp"
 #include "model/safetensors.hpp"
@@ -29,10 +30,18 @@ int merge_experts_command(const std::vector<std::string>& args) {
       "topk", po::value(&topk), "donors per expert (default 4, capped at E-1)");
   const char* usage = "spes-engine merge-experts --in A.safetensors --out B.safetensors --alpha X [--topk K]";
   if (!parse_args(args, opts, usage, {})) return 0;
-  if (!(alpha >= 0 && alpha <= 1)) throw UsageError(std::string("--alpha must be in [0, 1]\nusage: ") + usage);
-  if (topk < 1) throw UsageError(std::string("--topk must be >= 1\nusage: ") + usage);
+  if (!(alpha >= 0 && alpha <= 1)) throw UsageError("--alpha must be in [0, 1]");
+  if (topk < 1) throw UsageError("--topk must be >= 1");
 
   SafeTensorsFile f = read_safetensors(in);
+  // Weights are finite, read and written: a NaN in one expert would spread to its
+  // donors' merges.
+  auto require_finite = [&](const std::string& file, const char* what) {
+    for (const SafeTensor& t : f.tensors)
+      if (const std::string why = describe_non_finite(t.data.data(), int64_t(t.data.size())); !why.empty())
+        throw Error(file + ": " + what + " tensor '" + t.name + "' " + why + "; nothing written");
+  };
+  require_finite(in, "input");
   // layer -> expert -> {gate, up, down}
   static const std::regex name_re(R"(model\.layers\.(\d+)\.mlp\.experts\.(\d+)\.(gate|up|down)_proj\.weight)");
   std::map<int, std::map<int, std::array<SafeTensor*, 3>>> experts;
@@ -66,6 +75,7 @@ int merge_experts_command(const std::vector<std::string>& args) {
   }
   for (SafeTensor& t : f.tensors)
     if (t.dtype != "F32" && t.dtype != "BF16") t.dtype = "F32";
+  require_finite(out, "merged");
   write_safetensors(out, f.tensors, f.metadata);
   std::fprintf(stderr, "merge-experts: %lld layers x %lld experts, alpha %g, top-%lld donors -> %s\n",
                (long long)merged_layers, (long long)n_experts, alpha,

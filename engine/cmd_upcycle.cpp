@@ -7,6 +7,8 @@
 #include <cmath>
 
 #include "engine/args.hpp"
+#include "engine/base/finite.hpp"
+#include "engine/base/format.hpp"
 #include "engine/base/log.hpp"
 #include "engine/checkpoint.hpp"
 #include "engine/commands.hpp"
@@ -32,8 +34,8 @@ int upcycle_command(const std::vector<std::string>& args) {
   const char* usage =
       "spes-engine upcycle --checkpoint DENSE --config MOE.toml --out DIR [--noise X] [--seed S] [--set k=v]...";
   if (!parse_args(args, opts, usage)) return 0;
-  if (!(noise >= 0 && std::isfinite(noise))) throw UsageError(std::string("--noise must be >= 0\nusage: ") + usage);
-  if (seed < 0) throw UsageError(std::string("--seed must be >= 0\nusage: ") + usage);
+  if (!(noise >= 0 && std::isfinite(noise))) throw UsageError("--noise must be >= 0");
+  if (seed < 0) throw UsageError("--seed must be >= 0");
   if (!latest_checkpoint(out).empty())
     throw UsageError("--out " + out + " already holds checkpoint " + latest_checkpoint(out) + "; pick a new folder");
 
@@ -49,6 +51,10 @@ int upcycle_command(const std::vector<std::string>& args) {
   s.params.resize(size_t(layout.total));
   upcycle(dense.model, dense_layout, dense_state.params, moe.model, layout, s.params.data(), o,
           "the dense checkpoint " + checkpoint, a.config);
+  // The dense checkpoint is finite (its load checks), so only the noise can overflow.
+  if (const std::string why = describe_non_finite(s.params.data(), int64_t(s.params.size())); !why.empty())
+    throw UsageError(strprintf("--noise %g makes the upcycled weights non-finite (%s); nothing written", noise,
+                               why.c_str()));
   s.config_toml = config_to_toml(moe);
   const Ownership own = make_ownership(moe.model, layout, int(moe.spes.node_id), int(moe.spes.n_nodes),
                                        moe.spes.ownership, moe.spes.experts_per_node);

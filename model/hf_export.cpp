@@ -10,6 +10,7 @@
 
 #include "engine/base/atomic_file.hpp"
 #include "engine/base/error.hpp"
+#include "engine/base/finite.hpp"
 
 namespace spes {
 
@@ -28,6 +29,15 @@ std::string shape_str(const std::vector<int64_t>& s) {
   std::string out = "[";
   for (size_t i = 0; i < s.size(); ++i) out += (i ? ", " : "") + std::to_string(s[i]);
   return out + "]";
+}
+
+// Reads tensor `name` of r into dst: a model's weights are finite (a checkpoint holds
+// nothing else), so a NaN or inf stops the import naming the file and the tensor.
+void read_finite(const SafeTensorsReader& r, const std::string& name, float* dst) {
+  const SafeTensorsReader::Entry& e = *r.find(name);
+  r.read(e, dst);
+  if (const std::string why = describe_non_finite(dst, e.numel); !why.empty())
+    throw CheckpointError("safetensors " + r.path() + ": tensor '" + name + "' " + why + " (weights must be finite)");
 }
 
 std::string read_text(const std::string& path) {
@@ -73,7 +83,7 @@ std::vector<float> read_hf_safetensors(const std::string& path, const ParamLayou
       if (!layout.find(e.name)) throw fail("unexpected tensor '" + e.name + "' (not in the model's layout)");
   }
   std::vector<float> params(static_cast<size_t>(layout.total));
-  for (const ParamTensor& t : layout.tensors) r.read(*r.find(t.name), params.data() + t.offset);
+  for (const ParamTensor& t : layout.tensors) read_finite(r, t.name, params.data() + t.offset);
   return params;
 }
 
@@ -183,10 +193,8 @@ HfModel import_hf(const std::string& dir) {
   }
   out.params.assign(static_cast<size_t>(layout.total), 0.0f);  // a dense router stays 0
   for (const ParamTensor& t : layout.tensors)
-    if (const auto name = hf_tensor_name(out.arch, t)) {
-      const SafeTensorsReader& r = *w.by_name.at(*name);
-      r.read(*r.find(*name), out.params.data() + t.offset);
-    }
+    if (const auto name = hf_tensor_name(out.arch, t))
+      read_finite(*w.by_name.at(*name), *name, out.params.data() + t.offset);
   return out;
 }
 

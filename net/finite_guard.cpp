@@ -5,12 +5,6 @@
 
 namespace spes::net {
 
-int64_t first_non_finite(const float* x, int64_t n) {
-  for (int64_t i = 0; i < n; ++i)
-    if (!std::isfinite(x[i])) return i;
-  return -1;
-}
-
 int64_t first_overflow(const float* theta_old, const float* delta, int64_t n) {
   // In double the sum is exact enough; the bound is the float range itself, so a
   // value that passes rounds to a finite float.

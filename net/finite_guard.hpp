@@ -14,10 +14,9 @@
 #pragma once
 #include <cstdint>
 
-namespace spes::net {
+#include "engine/base/finite.hpp"
 
-// Index of the first non-finite value of x[0, n), or -1.
-int64_t first_non_finite(const float* x, int64_t n);
+namespace spes::net {
 
 // Index of the first i where θ_old[i] + Δ[i] is not a finite float, or -1.
 int64_t first_overflow(const float* theta_old, const float* delta, int64_t n);

@@ -5,9 +5,11 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <cmath>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <limits>
 #include <random>
 #include <string>
 #include <vector>
@@ -25,13 +27,15 @@ namespace {
 
 using test::TempDir;
 
-// Random bit patterns, NaN payloads and signed zeros included: the round trip
-// must preserve bits, not just values.
+// Random bit patterns, subnormals and signed zeros included: the round trip must
+// preserve bits, not just values. Finite (an all-ones exponent loses its low bit):
+// a checkpoint holds nothing else.
 std::vector<float> random_floats(size_t n, uint32_t seed) {
   std::mt19937 rng(seed);
   std::vector<float> v(n);
   for (auto& x : v) {
     uint32_t bits = rng();
+    if ((bits & 0x7f800000u) == 0x7f800000u) bits &= ~0x00800000u;
     std::memcpy(&x, &bits, 4);
   }
   return v;
@@ -165,6 +169,45 @@ TEST_CASE("checkpoint: round trip keeps every field bitwise") {
     for (const auto& e : fs::directory_iterator(dir.path)) entries += (void(e), 1);
     CHECK(entries == 1);  // no temp folder left behind
   }
+}
+
+TEST_CASE("checkpoint: a non-finite value is never saved, nor loaded from a file whose checksums hold") {
+  TempDir dir;
+  for (const char* section : {"params", "master", "adam_m", "adam_v", "sync_base", "sync_residual"}) {
+    for (const float bad : {std::numeric_limits<float>::quiet_NaN(), -std::numeric_limits<float>::infinity()}) {
+      CAPTURE(section);
+      CheckpointState s = sample_state(5);
+      s.sync_residual = random_floats(300, 6);
+      std::vector<float>& v = std::string(section) == "params"   ? s.params
+                              : std::string(section) == "master" ? s.master
+                              : std::string(section) == "adam_m" ? s.adam_m
+                              : std::string(section) == "adam_v" ? s.adam_v
+                              : std::string(section) == "sync_base" ? s.sync_base
+                                                                    : s.sync_residual;
+      v[123] = bad;
+      const std::string expect = std::string(section) + " element 123 is " + (std::isnan(bad) ? "nan" : "-inf");
+      CHECK_THROWS_WITH_AS(save_checkpoint(dir.str(), s, 0), doctest::Contains(expect.c_str()), CheckpointError);
+      CHECK(latest_checkpoint(dir.str()).empty());  // nothing written, no temp folder taken for one
+    }
+  }
+  // A file written by another build (or by hand) with a NaN and every checksum right:
+  // refused on load, naming the section.
+  const fs::path file = fs::path(save_checkpoint(dir.str(), sample_state(7), 0)) / "state.bin";
+  std::vector<char> b = read_bytes(file);
+  const auto sections = walk_sections(b);
+  const SectionAt& params = sections[2];
+  REQUIRE(params.name == "params");
+  const float nan = std::numeric_limits<float>::quiet_NaN();
+  std::memcpy(b.data() + params.payload + 4 * 10, &nan, 4);
+  const uint32_t crc = crc32c(b.data() + params.payload, params.bytes);
+  std::memcpy(b.data() + params.header + 20, &crc, 4);
+  uint32_t meta_crc = crc32c(b.data(), 24);
+  for (const SectionAt& sec : sections) meta_crc = crc32c(b.data() + sec.header, 32, meta_crc);
+  std::memcpy(b.data() + b.size() - 8, &meta_crc, 4);
+  write_bytes(file, b);
+  const std::string msg = load_error(dir.str());
+  CHECK(msg.find(file.string()) != std::string::npos);
+  CHECK(msg.find("params element 10 is nan") != std::string::npos);
 }
 
 TEST_CASE("checkpoint: keep-K pruning and latest_checkpoint") {

@@ -15,6 +15,7 @@
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
+#include <limits>
 #include <map>
 #include <nlohmann/json.hpp>
 #include <sstream>
@@ -26,6 +27,7 @@
 #include "model/cpu/cpu_decoder.hpp"
 #include "model/cpu/cpu_model.hpp"
 #include "model/hf_export.hpp"
+#include "model/safetensors.hpp"
 #include "model/upcycle.hpp"
 #include "hf_fixtures.hpp"
 #include "test_util.hpp"
@@ -180,6 +182,25 @@ TEST_CASE("import-hf and export-hf commands: a step-0 checkpoint and its config,
     CHECK(tensor_bytes(ex) == tensor_bytes(kFixtures / c));
     // A second import into the same folder is refused.
     CHECK(std::system((bin + " import-hf --in " + (kFixtures / c).string() + " --out " + ck + " 2>/dev/null").c_str()) != 0);
+  }
+}
+
+TEST_CASE("import-hf: a NaN or inf weight stops the import, naming the file and the tensor") {
+  test::TempDir tmp("hf-nan");
+  for (const float bad : {std::numeric_limits<float>::quiet_NaN(), std::numeric_limits<float>::infinity()}) {
+    const fs::path dir = tmp / (std::isnan(bad) ? "nan" : "inf");
+    fs::create_directories(dir);
+    fs::copy_file(kFixtures / "qwen3" / "config.json", dir / "config.json");
+    SafeTensorsFile f = read_safetensors((kFixtures / "qwen3" / "model.safetensors").string());
+    SafeTensor* t = nullptr;
+    for (SafeTensor& x : f.tensors)
+      if (x.name == "model.layers.1.mlp.up_proj.weight") t = &x;
+    REQUIRE(t);
+    t->data[7] = bad;
+    write_safetensors((dir / "model.safetensors").string(), f.tensors, f.metadata);
+    const std::string expect = "safetensors " + (dir / "model.safetensors").string() +
+                               ": tensor 'model.layers.1.mlp.up_proj.weight' element 7 is " + (std::isnan(bad) ? "nan" : "inf");
+    CHECK_THROWS_WITH_AS(import_hf(dir.string()), doctest::Contains(expect.c_str()), CheckpointError);
   }
 }
 

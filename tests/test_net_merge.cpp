@@ -5,6 +5,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <limits>
 #include <random>
 #include <utility>
 #include <vector>
@@ -230,6 +231,18 @@ TEST_CASE("merge-experts: the command on an HF safetensors export equals the dir
   CHECK_THROWS_AS(merge_experts_command({"--in", dir + "/missing.safetensors", "--out", dir + "/c.safetensors",
                                       "--alpha", "0.1"}),
                   Error);
+  // A NaN in one expert would spread to the merges it donates to: refused, naming the
+  // tensor, and nothing written.
+  auto bad = theta;
+  const ParamTensor& gate = *L.find("model.layers.0.mlp.experts.1.gate_proj.weight");
+  bad[size_t(gate.offset + 3)] = std::numeric_limits<float>::quiet_NaN();
+  write_hf_safetensors(dir + "/nan.safetensors", L, bad.data());
+  CHECK_THROWS_WITH_AS(merge_experts_command({"--in", dir + "/nan.safetensors", "--out", dir + "/d.safetensors",
+                                              "--alpha", "0.4"}),
+                       doctest::Contains("nan.safetensors: input tensor 'model.layers.0.mlp.experts.1.gate_proj.weight' "
+                                         "element 3 is nan; nothing written"),
+                       Error);
+  CHECK_FALSE(std::filesystem::exists(dir + "/d.safetensors"));
   std::filesystem::remove_all(dir);
 }
 

@@ -262,6 +262,11 @@ TEST_CASE("spes-engine upcycle: a step-0 checkpoint that eval, export-hf and [tr
   REQUIRE(export_hf_command({"--checkpoint", out, "--out", dir / "hf"}) == 0);
   CHECK(import_hf(dir / "hf").params == s.params);
 
+  // Noise past the float range is refused before anything is written.
+  CHECK_THROWS_WITH_AS(
+      upcycle_command({"--checkpoint", dense, "--config", moe_toml, "--out", dir / "loud", "--noise", "1e300"}),
+      doctest::Contains("--noise 1e+300 makes the upcycled weights non-finite (element "), UsageError);
+  CHECK(latest_checkpoint(dir / "loud").empty());
   // An existing checkpoint under --out is not overwritten.
   CHECK_THROWS_WITH_AS(upcycle_command({"--checkpoint", dense, "--config", moe_toml, "--out", out}),
                        doctest::Contains("already holds checkpoint"), UsageError);
