@@ -35,12 +35,17 @@ bool parse_args(const std::vector<std::string>& args, po::options_description& o
 void ConfigArgs::declare(po::options_description& opts, bool with_node_id) {
   opts.add_options()("config", po::value(&config)->required(), "TOML config")(
       "set", po::value(&sets)->composing(), "override a config key: section.key=value");
-  if (with_node_id) opts.add_options()("node-id", po::value(&node_id), "this node's id (same as --set spes.node_id=N)");
+  if (with_node_id)
+    opts.add_options()("node-id", po::value<int64_t>()->notifier([this](int64_t id) { node_id = id; }),
+                       "this node's id (same as --set spes.node_id=N)");
 }
 
 Config ConfigArgs::load() const {
   std::vector<std::string> all = sets;
-  if (node_id >= 0) all.push_back("spes.node_id=" + std::to_string(node_id));
+  if (node_id) {
+    if (*node_id < 0) throw UsageError("--node-id " + std::to_string(*node_id) + ": expected a node id >= 0");
+    all.push_back("spes.node_id=" + std::to_string(*node_id));
+  }
   return load_config(config, all);
 }
 

@@ -33,7 +33,7 @@ bool parse_args(const std::vector<std::string>& args, boost::program_options::op
 struct ConfigArgs {
   std::string config;
   std::vector<std::string> sets;
-  int64_t node_id = -1;
+  std::optional<int64_t> node_id;  // --node-id, when given
 
   // Declares CONFIG (positional), --set and, with_node_id, --node-id.
   void declare(boost::program_options::options_description& opts, bool with_node_id = true);

@@ -11,6 +11,7 @@
 #include <cstdio>
 #include <filesystem>
 #include <iostream>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -63,20 +64,27 @@ int coordinator_command(const std::vector<std::string>& args) {
   ConfigArgs a;
   std::string dump_dir;
   int64_t dump_every = 0;
+  std::optional<int64_t> port, rollback_to;
   net::CoordinatorOptions opt;
   po::options_description opts;
   a.declare(opts, false);
   opts.add_options()("fresh", po::bool_switch(&opt.fresh), "start a new run from the seed, replacing any state in state_dir")(
       "dump-state", po::value(&dump_dir), "write θ as an HF export to DIR/round-NNNNNNNN")(
       "dump-every", po::value(&dump_every), "... every N rounds (default 1)")(
-      "port", po::value(&opt.port), "listen on this port instead of [spes] coordinator's")(
-      "rollback-to", po::value(&opt.rollback_to),
+      "port", po::value<int64_t>()->notifier([&](int64_t p) { port = p; }),
+      "listen on this port instead of [spes] coordinator's (0: any free port)")(
+      "rollback-to", po::value<int64_t>()->notifier([&](int64_t r) { rollback_to = r; }),
       "restart the run from this kept round (state_dir/rounds; the last [spes] keep_rounds are kept)");
   if (!parse_args(args, opts,
                   "spes-engine coordinator CONFIG [--set section.key=value]... [--fresh | --rollback-to ROUND] "
                   "[--dump-state DIR "
                   "[--dump-every N]] [--port P]"))
     return 0;
+  if (port && (*port < 0 || *port > 65535)) throw UsageError("--port " + std::to_string(*port) + ": expected 0..65535");
+  if (port) opt.port = int(*port);
+  if (rollback_to && *rollback_to < 0)
+    throw UsageError("--rollback-to " + std::to_string(*rollback_to) + ": expected a round >= 0");
+  if (rollback_to) opt.rollback_to = *rollback_to;
   const Config cfg = a.load();
   if (!dump_dir.empty() && dump_every <= 0) dump_every = 1;
   net::CoordinatorParams params = coordinator_params(cfg);

@@ -21,6 +21,7 @@ int eval_command(const std::vector<std::string>& args) {
       "data", po::value(&data), "validation manifest (default: the config's validation data)")(
       "batches", po::value(&batches), "micro-batches to evaluate (0 = all)");
   if (!parse_args(args, opts, "spes-engine eval CONFIG --checkpoint DIR [--data MANIFEST] [--batches N]")) return 0;
+  if (batches < 0) throw UsageError("--batches must be ≥ 0 (0 = all)");
   Config c = a.load();
   c.train.init.clear();  // θ comes from --checkpoint: no need to read [train] init's
   if (!data.empty()) {

@@ -7,6 +7,8 @@
 #include <cstdio>
 #include <random>
 
+#include <cmath>
+
 #include "data/tokenizer.hpp"
 #include "engine/args.hpp"
 #include "engine/checkpoint.hpp"
@@ -21,7 +23,7 @@ int generate_command(const std::vector<std::string>& args) {
   namespace po = boost::program_options;
   std::string checkpoint, prompt;
   int64_t max_tokens = 256;
-  uint64_t seed = 1234;
+  int64_t seed = 1234;
   SamplingOptions so;
   po::options_description opts;
   opts.add_options()("checkpoint", po::value(&checkpoint)->required(), "checkpoint folder (or a root of step folders)")(
@@ -36,8 +38,9 @@ int generate_command(const std::vector<std::string>& args) {
       "[--top-p P] [--seed S]";
   if (!parse_args(args, opts, usage, {})) return 0;
   if (max_tokens < 0) throw UsageError("--max-tokens must be ≥ 0");
-  if (so.temperature < 0) throw UsageError("--temperature must be ≥ 0");
+  if (!(so.temperature >= 0 && std::isfinite(so.temperature))) throw UsageError("--temperature must be ≥ 0");
   if (so.top_k < 0) throw UsageError("--top-k must be ≥ 0");
+  if (seed < 0) throw UsageError("--seed must be ≥ 0");
   if (!(so.top_p > 0 && so.top_p <= 1)) throw UsageError("--top-p must be in (0, 1]");
 
   const CheckpointState s = load_checkpoint(checkpoint);

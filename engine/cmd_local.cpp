@@ -23,6 +23,7 @@
 #include <thread>
 #include <vector>
 
+#include "data/token_file.hpp"
 #include "engine/args.hpp"
 #include "engine/commands.hpp"
 #include "engine/config.hpp"
@@ -287,6 +288,10 @@ int local_command(const std::vector<std::string>& args) {
   if (!parse_args(args, opts, "spes-engine local CONFIG [--set section.key=value]... [--resume]")) return 0;
   const Config c = load_config(config, sets);  // validated once here, before anything starts
   check_tokenizer(c);
+  // The nodes' data before anything starts: a missing manifest is one line here, not
+  // one per node after the coordinator has written its first round.
+  read_manifest(c.data.train);
+  if (!c.data.validation.empty()) read_manifest(c.data.validation);
   if (c.spes.sync_steps == 0)
     std::fprintf(stderr, "local: [spes] sync_steps = 0: nodes train independently (no sync rounds)\n");
   // Share the cores: a node left at "all cores" would oversubscribe the machine

@@ -6,6 +6,7 @@
 // allocates: plan_gpu_memory (the GPU backend's arena) and CpuModel::planned_bytes.
 // A markdown table on stdout; with --link, what a sync round costs on that link and
 // the setting to pick (engine/link_plan.hpp).
+#include <cmath>
 #include <cstdio>
 #include <functional>
 #include <optional>
@@ -40,7 +41,8 @@ int64_t parse_size(const std::string& s) {
   const double k = unit.empty() || unit == "b" ? 1 : unit == "kib" ? 1024.0 : unit == "mib" ? 1048576.0
                  : unit == "gib" ? 1073741824.0 : unit == "tib" ? 1099511627776.0 : unit == "kb" ? 1e3
                  : unit == "mb" ? 1e6 : unit == "gb" ? 1e9 : unit == "tb" ? 1e12 : -1;
-  if (!q || k < 0 || q->value <= 0) throw UsageError("--memory " + s + ": expected a size such as 80GiB");
+  if (!q || k < 0 || !(q->value > 0 && q->value * k < 9e18))
+    throw UsageError("--memory " + s + ": expected a size such as 80GiB");
   return int64_t(q->value * k);
 }
 
@@ -104,13 +106,14 @@ int64_t largest_fitting(const Planner& plan, const Config& c, int64_t memory) {
 int plan_command(const std::vector<std::string>& args) {
   namespace po = boost::program_options;
   ConfigArgs a;
-  int64_t gpus = 1, micro_batch = 0;
+  int64_t gpus = 1;
+  std::optional<int64_t> micro_batch_arg;
   std::string memory, device, link;
   double step_ms = 0;
   po::options_description opts;
   a.declare(opts);
   opts.add_options()("gpus", po::value(&gpus), "GPUs per node (data parallel: each holds a replica)")(
-      "micro-batch", po::value(&micro_batch), "sequences per forward/backward (default: the config's)")(
+      "micro-batch", po::value<int64_t>()->notifier([&](int64_t b) { micro_batch_arg = b; }), "sequences per forward/backward (default: the config's)")(
       "memory", po::value(&memory), "device memory, e.g. 80GiB: also print the largest micro-batch that fits")(
       "device", po::value(&device), "cuda or cpu (default: cuda when this binary has CUDA, else cpu)")(
       "link", po::value(&link), "the node's link, e.g. 100Mbit or 1Gbit: what a sync round costs per codec")(
@@ -120,10 +123,16 @@ int plan_command(const std::vector<std::string>& args) {
                   "[--memory SIZE] [--device cuda|cpu] [--link RATE [--step-ms MS]]"))
     return 0;
   if (gpus < 1) throw UsageError("--gpus must be ≥ 1");
-  if (step_ms < 0 || (step_ms > 0 && link.empty())) throw UsageError("--step-ms: a positive time, with --link");
+  if (micro_batch_arg && *micro_batch_arg < 1) throw UsageError("--micro-batch must be ≥ 1");
+  if (!(step_ms >= 0 && std::isfinite(step_ms)) || (step_ms > 0 && link.empty()))
+    throw UsageError("--step-ms: a positive time, with --link");
   const double bits_per_s = link.empty() ? 0 : parse_link_rate(link);
+  // Every argument is checked before the table goes to stdout.
+  const int64_t memory_bytes = memory.empty() ? 0 : parse_size(memory);
   const Config spes = a.load();
-  if (micro_batch <= 0) micro_batch = spes.train.micro_batch;
+  if (bits_per_s > 0 && spes.spes.sync_steps == 0)
+    throw UsageError("--link: " + spes.path + " has no sync rounds ([spes] sync_steps = 0)");
+  const int64_t micro_batch = micro_batch_arg.value_or(spes.train.micro_batch);
   // Data parallel: each of the node's GPUs runs micro_batch / gpus sequences.
   if (micro_batch % gpus)
     throw UsageError("--micro-batch " + std::to_string(micro_batch) + " is the node's: it must be a multiple of --gpus " +
@@ -183,7 +192,7 @@ int plan_command(const std::vector<std::string>& args) {
   if (!memory.empty()) {
     // What the GPU backend keeps free besides its arena (handles, context growth, NCCL).
     const int64_t reserve = gpu ? (int64_t(512) << 20) + (gpus > 1 ? int64_t(1) << 30 : 0) : 0;
-    const int64_t bytes = parse_size(memory), usable = bytes - reserve;
+    const int64_t bytes = memory_bytes, usable = bytes - reserve;
     std::printf("\nLargest micro-batch per %s in %s%s: SPES node %lld, centralized %lld", unit, gib(bytes).c_str(),
                 reserve ? strprintf(" (%s kept free, as the backend does)", gib(reserve).c_str()).c_str() : "",
                 (long long)largest_fitting(plan, spes, usable), (long long)largest_fitting(plan, central, usable));

@@ -26,7 +26,7 @@ int train_command(const std::vector<std::string>& args) {
     return 0;
   Config c = a.load();
   // Under srun: this task is node SLURM_PROCID of SLURM_NTASKS (unless --node-id says otherwise).
-  if (const auto task = slurm_task([](const char* name) { return std::getenv(name); }); task && a.node_id < 0) {
+  if (const auto task = slurm_task([](const char* name) { return std::getenv(name); }); task && !a.node_id) {
     ConfigArgs with_slurm = a;
     for (const std::string& s : slurm_overrides(*task, c.spes.coordinator, std::getenv("SPES_COORDINATOR")))
       with_slurm.sets.push_back(s);

@@ -8,6 +8,7 @@
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
+#include <limits>
 #include <map>
 #include <memory>
 #include <optional>
@@ -17,6 +18,7 @@
 #include "data/tokenizer.hpp"
 #include "engine/base/error.hpp"
 #include "engine/config_keys.hpp"
+#include "net/address.hpp"
 
 namespace spes {
 namespace {
@@ -53,27 +55,60 @@ std::string allowed_choice(const EnumName<E> (&names)[N]) {
 // Where a key's value came from: "file:line" or "--set model.x=1".
 struct Origins {
   std::string file;
-  std::map<std::string, std::string> set_by;  // "section.key" -> the --set argument
+  std::map<std::string, std::string> set_by;          // "section.key" -> the --set argument
+  std::map<std::string, std::string> section_set_by;  // a section no file wrote -> the --set that made it
 
   std::string where(const std::string& section, const std::string& key, const toml::value& v) const {
     auto it = set_by.find(section + "." + key);
     if (it != set_by.end()) return "--set " + it->second;
+    return where(v);
+  }
+  // Where a whole section came from: the file, or the --set that made it.
+  std::string section_where(const std::string& section, const toml::value& v) const {
+    auto it = section_set_by.find(section);
+    return it != section_set_by.end() ? "--set " + it->second : where(v);
+  }
+  std::string where(const toml::value& v) const {
     const auto line = v.location().line();
     return line > 0 ? file + ":" + std::to_string(line) : file;
   }
 };
 
+// A value as its file or --set wrote it (so 1e99 stays 1e99, and an integer past the
+// 64-bit range is not shown as the limit the parser clamped it to), on one line.
 std::string show(const toml::value& v) {
-  std::ostringstream os;
-  os << v;
-  std::string s = os.str();
-  if (s.size() > 40) s = s.substr(0, 37) + "...";
-  return s;
+  const auto& loc = v.location();
+  std::string s;
+  const size_t column = loc.column(), region = loc.region();
+  if (loc.line() > 0 && column > 0 && region > 0 && column - 1 + region <= loc.line_str().size()) {
+    s = loc.line_str().substr(column - 1, region);
+  } else {
+    std::ostringstream os;
+    os << v;
+    s = os.str();
+  }
+  std::string one_line;
+  for (char ch : s) {
+    const bool space = ch == '\n' || ch == '\r' || ch == '\t' || ch == ' ';
+    if (!space) one_line += ch;
+    else if (!one_line.empty() && one_line.back() != ' ') one_line += ' ';
+  }
+  while (!one_line.empty() && one_line.back() == ' ') one_line.pop_back();
+  if (one_line.size() > 40) one_line = one_line.substr(0, 37) + "...";
+  return one_line;
 }
 
 std::string resolve(const std::filesystem::path& base, const std::string& p) {
   if (p.empty() || std::filesystem::path(p).is_absolute()) return p;
   return (base / p).lexically_normal().string();
+}
+
+// The parser clamps an integer past the 64-bit range to the range's ends, so neither
+// end is taken as a value.
+bool in_range(const toml::value& v, int64_t lo, int64_t hi) {
+  if (!v.is_integer()) return false;
+  const int64_t x = v.as_integer();
+  return x >= lo && x <= hi && x != std::numeric_limits<int64_t>::max() && x != std::numeric_limits<int64_t>::min();
 }
 
 // The key-list visitor that reads a TOML document into a Config: checks each key's
@@ -97,7 +132,7 @@ class Reader {
   void integer(const char* key, int64_t& out, int64_t lo, int64_t hi, const char*) {
     const toml::value* v = find(key);
     if (!v) return;
-    if (!v->is_integer() || v->as_integer() < lo || v->as_integer() > hi) fail(key, *v, allowed_integer(lo, hi));
+    if (!in_range(*v, lo, hi)) fail(key, *v, allowed_integer(lo, hi));
     out = v->as_integer();
   }
   void unsigned_integer(const char* key, uint64_t& out, const char* doc) {
@@ -122,7 +157,7 @@ class Reader {
     bool ok = v->is_array();
     if (ok)
       for (const toml::value& x : v->as_array()) {
-        ok = ok && x.is_integer() && x.as_integer() >= lo && x.as_integer() <= hi;
+        ok = ok && in_range(x, lo, hi);
         if (ok) xs.push_back(x.as_integer());
       }
     if (!ok) fail(key, *v, allowed_integer_list(lo, hi));
@@ -212,6 +247,11 @@ std::vector<std::string> section_names() {
 // Checks that involve several keys; each names every key involved.
 void check_consistency(const Config& c) {
   auto fail = [&](const std::string& msg) { throw ConfigError(c.path + ": " + msg); };
+  try {
+    net::parse_host_port(c.spes.coordinator);
+  } catch (const NetError& e) {
+    fail(std::string("[spes] coordinator: ") + e.what());
+  }
   if (c.spes.tls_ca.empty() && (!c.spes.tls_cert.empty() || !c.spes.tls_key.empty()))
     fail("[spes] tls_cert / tls_key need tls_ca (the run's CA certificate, from `spes-engine certs`)");
   const ModelConfig& m = c.model;
@@ -279,7 +319,10 @@ void apply_override(toml::value& root, const std::string& arg, Origins& origins)
   if (!root.is_table()) root = toml::table{};
   auto& table = root.as_table();
   auto it = table.find(section);
-  if (it == table.end()) it = table.emplace(section, toml::table{}).first;
+  if (it == table.end()) {
+    it = table.emplace(section, toml::table{}).first;
+    origins.section_set_by[section] = arg;
+  }
   if (!it->second.is_table()) throw ConfigError("--set " + arg + ": [" + section + "] is not a section");
   it->second.as_table()[key] = v;
   origins.set_by[section + "." + key] = arg;
@@ -297,13 +340,12 @@ void apply_nesterov_defaults(const toml::table& root, SpesConfig& s) {
 
 Config build_config(toml::value root, const std::string& name, const std::filesystem::path& base,
                     const std::vector<std::string>& overrides) {
-  Origins origins{name, {}};
+  Origins origins{name, {}, {}};
   for (const auto& o : overrides) apply_override(root, o, origins);
   if (!root.is_table()) root = toml::table{};
   const std::vector<std::string> sections = section_names();
   for (const auto& [section, v] : root.as_table()) {
-    const auto line = v.location().line();
-    const std::string where = line > 0 ? name + ":" + std::to_string(line) : name;
+    const std::string where = origins.section_where(section, v);
     if (std::find(sections.begin(), sections.end(), section) == sections.end()) {
       std::string known;
       for (const auto& s : sections) known += (known.empty() ? "[" : " [") + s + "]";
@@ -325,8 +367,13 @@ toml::value parse_toml(std::istream& is, const std::string& name) {
   try {
     return toml::parse(is, name);
   } catch (const toml::syntax_error& e) {
+    // toml11's first line, without its "[error] toml::parse_key: " prefix (the
+    // parser's function names mean nothing to a user).
     std::string first = e.what();
     first = first.substr(0, first.find('\n'));
+    if (first.starts_with("[error] ")) first.erase(0, 8);
+    if (const auto colon = first.find(": "); first.starts_with("toml::") && colon != std::string::npos)
+      first.erase(0, colon + 2);
     const auto line = e.location().line();
     throw ConfigError(name + (line > 0 ? ":" + std::to_string(line) : "") + ": TOML syntax error: " + first);
   }
@@ -335,6 +382,8 @@ toml::value parse_toml(std::istream& is, const std::string& name) {
 }  // namespace
 
 Config load_config(const std::string& path, const std::vector<std::string>& overrides) {
+  std::error_code ec;
+  if (std::filesystem::is_directory(path, ec)) throw ConfigError(path + ": is a folder, not a TOML config file");
   std::ifstream is(path, std::ios::binary);
   if (!is) throw ConfigError(path + ": cannot open config file");
   std::filesystem::path base = std::filesystem::absolute(path).parent_path();

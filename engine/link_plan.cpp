@@ -98,7 +98,7 @@ double parse_link_rate(const std::string& s) {
   if (unit.ends_with("bps")) unit.replace(unit.size() - 3, 3, "bit");
   const double k = unit == "bit" ? 1 : unit == "kbit" ? 1e3 : unit == "mbit" ? 1e6 : unit == "gbit" ? 1e9
                  : unit == "tbit" ? 1e12 : -1;
-  if (!q || k < 0 || !(q->value > 0))
+  if (!q || k < 0 || !(q->value > 0 && std::isfinite(q->value)))
     throw UsageError("--link " + s + ": expected a rate in bits per second such as 100Mbit or 1Gbit");
   return q->value * k;
 }

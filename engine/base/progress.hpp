@@ -35,6 +35,7 @@ class Progress {
   std::string eta(double done, double total) const {
     if (done <= 0 || total <= done) return "--";
     const double s = elapsed_s() / done * (total - done);
+    if (!(s < 1e6 * 3600)) return ">1e6h";  // a run this long is a typo in its steps
     char b[32];
     if (s >= 3600) std::snprintf(b, sizeof b, "%dh%02dm", int(s / 3600), int(s / 60) % 60);
     else std::snprintf(b, sizeof b, "%dm%02ds", int(s / 60), int(s) % 60);

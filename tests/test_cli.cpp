@@ -1,0 +1,122 @@
+// The commands' own arguments, through the binary: a value out of range is one line
+// on stderr naming the flag, a non-zero exit, nothing on stdout, and nothing started
+// or written. (The config's keys are test_config.cpp's; the data's, test_data.cpp's.)
+#include <doctest/doctest.h>
+
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <sstream>
+#include <string>
+#include <sys/wait.h>
+#include <vector>
+
+#include "test_util.hpp"
+
+namespace fs = std::filesystem;
+using spes::test::TempDir;
+
+namespace {
+
+struct Run {
+  int status = -1;
+  std::string out, err;
+};
+
+std::string read_text(const fs::path& p) {
+  std::ifstream f(p);
+  std::ostringstream s;
+  s << f.rdbuf();
+  return s.str();
+}
+
+// `spes-engine ARGS` in `dir`, stdout and stderr kept apart.
+Run run_engine(const fs::path& dir, const std::string& args) {
+  const std::string cmd = "cd '" + dir.string() + "' && " + SPES_ENGINE_BIN + " " + args + " > out.txt 2> err.txt";
+  const int raw = std::system(cmd.c_str());
+  return {WIFEXITED(raw) ? WEXITSTATUS(raw) : -1, read_text(dir / "out.txt"), read_text(dir / "err.txt")};
+}
+
+// A config that loads: its data need not exist for a command that fails first.
+const char* kConfig = R"([model]
+vocab_size = 256
+d_model = 32
+n_layers = 1
+n_heads = 2
+n_kv_heads = 2
+n_experts = 4
+top_k = 2
+expert_hidden = 32
+seq_len = 32
+[train]
+device = "cpu"
+[data]
+train = "missing/train.manifest"
+[spes]
+sync_steps = 10
+coordinator = "127.0.0.1:29893"
+state_dir = "coordinator-state"
+)";
+
+}  // namespace
+
+TEST_CASE("command-line values out of range: one line naming the flag, exit 2, nothing started") {
+  TempDir dir("cli-args");
+  { std::ofstream(dir.path / "c.toml") << kConfig; }
+  struct Case {
+    std::string args, expect;
+  };
+  const std::vector<Case> cases = {
+      // -1 was the "not given" mark and trained as node 0.
+      {"train c.toml --node-id -1", "spes-engine train: --node-id -1: expected a node id >= 0"},
+      // 70000 was cut to 16 bits and the coordinator listened on port 4464.
+      {"coordinator c.toml --fresh --port 70000", "spes-engine coordinator: --port 70000: expected 0..65535"},
+      {"coordinator c.toml --rollback-to -1", "spes-engine coordinator: --rollback-to -1: expected a round >= 0"},
+      // Was "no validation data".
+      {"eval c.toml --checkpoint ck --batches -1", "spes-engine eval: --batches must be ≥ 0 (0 = all)"},
+      // NaN passed "< 0" and sampled the same text for every seed.
+      {"generate --checkpoint ck --temperature nan", "spes-engine generate: --temperature must be ≥ 0"},
+      {"generate --checkpoint ck --seed -1", "spes-engine generate: --seed must be ≥ 0"},
+      // These fell back to defaults, or printed the table before failing.
+      {"plan c.toml --micro-batch 0", "spes-engine plan: --micro-batch must be ≥ 1"},
+      {"plan c.toml --link 1Gbit --step-ms nan", "spes-engine plan: --step-ms: a positive time, with --link"},
+      {"plan c.toml --memory 80XB", "spes-engine plan: --memory 80XB: expected a size such as 80GiB"},
+      {"plan c.toml --memory nanGiB", "spes-engine plan: --memory nanGiB: expected a size such as 80GiB"},
+      {"plan c.toml --link 1Gbit --set spes.sync_steps=0",
+       "spes-engine plan: --link: c.toml has no sync rounds ([spes] sync_steps = 0)"},
+      {"upcycle --checkpoint ck --config c.toml --out up --noise -1", "spes-engine upcycle: --noise must be >= 0"},
+  };
+  for (const Case& c : cases) {
+    CAPTURE(c.args);
+    const Run r = run_engine(dir.path, c.args);
+    CHECK(r.status == 2);
+    CHECK(r.out.empty());
+    CHECK(r.err == c.expect + "\n");
+  }
+  CHECK_FALSE(fs::exists(dir.path / "coordinator-state"));
+}
+
+TEST_CASE("local: a missing data manifest stops it before the coordinator starts") {
+  TempDir dir("cli-local");
+  { std::ofstream(dir.path / "c.toml") << kConfig; }
+  const Run r = run_engine(dir.path, "local c.toml --set spes.n_nodes=2 --set spes.experts_per_node=2");
+  CHECK(r.status == 1);
+  CHECK(r.err == "spes-engine: error: manifest " + (dir.path / "missing" / "train.manifest").string() + ": not found\n");
+  CHECK_FALSE(fs::exists(dir.path / "coordinator-state"));  // before: round 0 written, then one error per node
+}
+
+TEST_CASE("a config path that is a folder, and a model larger than memory: one line, exit 1") {
+  TempDir dir("cli-memory");
+  fs::create_directories(dir.path / "folder");
+  Run r = run_engine(dir.path, "train folder");
+  CHECK(r.status == 1);
+  CHECK(r.err == "spes-engine: error: folder: is a folder, not a TOML config file\n");
+  // The parameters alone: 2e9 x 4096 floats. Was "std::bad_alloc".
+  { std::ofstream(dir.path / "huge.toml") << kConfig; }
+  r = run_engine(dir.path, "train huge.toml --set model.vocab_size=2000000000 --set model.d_model=4096 "
+                           "--set model.n_heads=32 --set model.n_kv_heads=32");
+  CHECK(r.status == 1);
+  CAPTURE(r.err);
+  CHECK(r.err.starts_with("spes-engine: error: out of host memory: "));
+  CHECK(r.err.find('\n') == r.err.size() - 1);
+}
