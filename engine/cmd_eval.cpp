@@ -25,7 +25,10 @@ int eval_command(const std::vector<std::string>& args) {
   Config c = a.load();
   c.train.init.clear();  // θ comes from --checkpoint: no need to read [train] init's
   if (!data.empty()) {
-    c.data.validation = data;
+    // The trainer opens training data too; eval never draws from it, so --data stands
+    // in for it and the config's training manifest need not exist (an import's
+    // config.toml names one its folder may not hold yet).
+    c.data.train = c.data.validation = data;
     c.data.val_fraction = 0.0;
   }
   const CheckpointState s = load_checkpoint(checkpoint);

@@ -120,3 +120,31 @@ TEST_CASE("a config path that is a folder, and a model larger than memory: one l
   CHECK(r.err.starts_with("spes-engine: error: out of host memory: "));
   CHECK(r.err.find('\n') == r.err.size() - 1);
 }
+
+TEST_CASE("eval: CSV on stdout; with --data the config's training manifest need not exist") {
+  TempDir dir("cli-eval");
+  {
+    std::ifstream in(std::string(SPES_SOURCE_DIR) + "/data/corpus/tinyshakespeare.txt");
+    std::string text(60000, '\0');
+    in.read(text.data(), std::streamsize(text.size()));
+    std::ofstream(dir.path / "corpus.txt") << text;
+  }
+  REQUIRE(run_engine(dir.path, "tokenize --input corpus.txt --out data --val-fraction 0.1 --threads 1").status == 0);
+  std::string config = kConfig;
+  const std::string from = "train = \"missing/train.manifest\"";
+  config.replace(config.find(from), from.size(), "train = \"data/train.manifest\"\nvalidation = \"data/val.manifest\"");
+  { std::ofstream(dir.path / "c.toml") << config; }
+  const std::string train = "train c.toml --set train.steps=2 --set train.micro_batch=2 --set train.global_batch=2 "
+                            "--set train.threads=1 --set spes.sync_steps=0 --set 'checkpoint.dir=\"ck\"'";
+  REQUIRE(run_engine(dir.path, train).status == 0);
+  const Run with_config = run_engine(dir.path, "eval c.toml --checkpoint ck --batches 2 --set train.threads=1");
+  CHECK(with_config.status == 0);
+  CAPTURE(with_config.err);
+  CHECK(with_config.out.starts_with("checkpoint,step,tokens,ce,perplexity\nck,2,"));
+  // The same checkpoint and validation data, the config's training manifest gone.
+  const Run with_data = run_engine(dir.path, "eval c.toml --checkpoint ck --batches 2 --data data/val.manifest "
+                                             "--set 'data.train=\"gone.manifest\"' --set train.threads=1");
+  CHECK(with_data.status == 0);
+  CAPTURE(with_data.err);
+  CHECK(with_data.out == with_config.out);
+}
