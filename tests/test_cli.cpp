@@ -101,7 +101,8 @@ TEST_CASE("local: a missing data manifest stops it before the coordinator starts
   { std::ofstream(dir.path / "c.toml") << kConfig; }
   const Run r = run_engine(dir.path, "local c.toml --set spes.n_nodes=2 --set spes.experts_per_node=2");
   CHECK(r.status == 1);
-  CHECK(r.err == "spes-engine: error: manifest " + (dir.path / "missing" / "train.manifest").string() + ": not found\n");
+  const std::string manifest = (dir.path / "missing" / "train.manifest").string();
+  CHECK(r.err == "spes-engine: error: manifest " + manifest + ": not found\n");
   CHECK_FALSE(fs::exists(dir.path / "coordinator-state"));  // before: round 0 written, then one error per node
 }
 
