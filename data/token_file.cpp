@@ -10,6 +10,7 @@
 #include <cerrno>
 #include <cstring>
 #include <filesystem>
+#include <optional>
 #include <fstream>
 #include <utility>
 
@@ -199,9 +200,22 @@ std::vector<std::string> read_manifest(const std::string& manifest_path) {
     const auto first = line.find_first_not_of(" \t\r\n");
     if (first == std::string::npos || line[first] == '#') continue;
     const auto last = line.find_last_not_of(" \t\r\n");
-    fs::path p(line.substr(first, last - first + 1));
+    std::string entry = line.substr(first, last - first + 1);
+    // "PATH<TAB>BYTES": the size tokenize wrote, checked here (a shard cut short by a
+    // full disk or a copy would otherwise train on what is left, silently).
+    std::optional<uintmax_t> bytes;
+    if (const auto tab = entry.rfind('\t'); tab != std::string::npos && tab + 1 < entry.size() &&
+                                             entry.find_first_not_of("0123456789", tab + 1) == std::string::npos) {
+      bytes = std::stoull(entry.substr(tab + 1));
+      entry.erase(entry.find_last_not_of(" \t", tab) + 1);
+    }
+    fs::path p(entry);
     if (p.is_relative()) p = base / p;
-    files.push_back(p.lexically_normal().string());
+    p = p.lexically_normal();
+    if (const uintmax_t size = fs::file_size(p, ec); bytes && !ec && size != *bytes)
+      throw DataError("token file " + p.string() + ": " + std::to_string(size) + " bytes, but manifest " +
+                      manifest_path + " lists " + std::to_string(*bytes) + " (cut short or replaced since)");
+    files.push_back(p.string());
   }
   if (in.bad()) throw DataError("manifest " + manifest_path + ": read error");
   if (files.empty()) throw DataError("manifest " + manifest_path + ": lists no token files");

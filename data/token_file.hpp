@@ -66,10 +66,11 @@ class TokenFile {
   uint64_t n_tokens_ = 0;
 };
 
-// Reads a manifest: one token-file path per line; blank lines and lines starting
-// with '#' are skipped, surrounding whitespace is trimmed, relative paths are
-// resolved against the manifest's folder. Throws DataError when the manifest is
-// missing or lists no files.
+// Reads a manifest: one token-file path per line, optionally followed by a tab and
+// the file's size in bytes (tokenize writes it; a file of another size is a
+// DataError); blank lines and lines starting with '#' are skipped, surrounding
+// whitespace is trimmed, relative paths are resolved against the manifest's folder.
+// Throws DataError when the manifest is missing or lists no files.
 std::vector<std::string> read_manifest(const std::string& manifest_path);
 
 struct DatasetOptions {

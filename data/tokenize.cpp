@@ -489,7 +489,8 @@ uint64_t tokenize_jsonl(const std::string& path, const TokenizeOptions& opt, Wri
   return docs;
 }
 
-std::string manifest_text(const TokenizeOptions& opt, const Tokenizer& tok, TokenDtype dtype,
+// The token files of `dir`, each with its size (read_manifest checks it).
+std::string manifest_text(const TokenizeOptions& opt, const Tokenizer& tok, TokenDtype dtype, const fs::path& dir,
                           const std::vector<std::string>& files) {
   std::ostringstream m;
   m << "# written by spes-engine tokenize: ";
@@ -500,8 +501,8 @@ std::string manifest_text(const TokenizeOptions& opt, const Tokenizer& tok, Toke
     m << ", each document ends with token " << tok.eos_id();
     if (tok.name() != "bytes") m << " " << tok.eos_text();
   }
-  m << "), " << token_dtype_name(dtype) << " little-endian tokens\n";
-  for (const auto& f : files) m << f << "\n";
+  m << "), " << token_dtype_name(dtype) << " little-endian tokens; each file's size in bytes after a tab\n";
+  for (const auto& f : files) m << f << "\t" << fs::file_size(dir / f) << "\n";
   return m.str();
 }
 
@@ -606,12 +607,12 @@ TokenizeSummary run_tokenize(const TokenizeOptions& opt) {
   summary.train_files = w.train.commit();
   summary.train_tokens = w.train.tokens();
   summary.train_manifest = (out_dir / "train.manifest").string();
-  write_manifest(summary.train_manifest, manifest_text(opt, *tok, dtype, summary.train_files));
+  write_manifest(summary.train_manifest, manifest_text(opt, *tok, dtype, out_dir, summary.train_files));
   if (split) {
     summary.validation_files = val_writer.commit();
     summary.validation_tokens = val_writer.tokens();
     summary.validation_manifest = (out_dir / "val.manifest").string();
-    write_manifest(summary.validation_manifest, manifest_text(opt, *tok, dtype, summary.validation_files));
+    write_manifest(summary.validation_manifest, manifest_text(opt, *tok, dtype, out_dir, summary.validation_files));
   }
   return summary;
 }

@@ -154,6 +154,14 @@ TEST_CASE("manifest: comments, blank lines, whitespace, relative and absolute pa
   CHECK(files[1] == dir / "y.bin");
   TokenDataset ds(dir / "sub/m.manifest", opts(3, 256));
   CHECK(ds.n_instances() == 4);
+  // With each file's size after a tab (as tokenize writes them): a file of another
+  // size, cut short by a full disk or a copy, is named instead of trained on.
+  write_bytes(dir / "sub/sized.manifest", "x.bin\t16\n" + (dir / "y.bin") + " \t16\n");
+  CHECK(read_manifest(dir / "sub/sized.manifest") == files);
+  write_tokens(dir / "y.bin", std::vector<uint32_t>(6, 2), TokenDtype::kUint16);
+  CHECK(data_error_of([&] { read_manifest(dir / "sub/sized.manifest"); }) ==
+        "token file " + (dir / "y.bin") + ": 12 bytes, but manifest " + (dir / "sub/sized.manifest") +
+            " lists 16 (cut short or replaced since)");
 }
 
 TEST_CASE("bad data inputs fail with one line naming the file") {
@@ -549,6 +557,10 @@ TEST_CASE("tokenize text with a validation split cuts at a line end; shards list
   CHECK(val.size() - 1 <= text.size() / 10 + 1);
   CHECK(val.size() - 1 >= text.size() / 10 - 30);
   CHECK(contains(read_bytes(s.train_manifest), "# written by spes-engine tokenize"));
+  // Each shard with its size (max_shard_bytes 1000): one cut short is named on reading.
+  CHECK(contains(read_bytes(s.train_manifest), "\ntrain-00000.bin\t1000\n"));
+  fs::resize_file(dir.path / "out" / "train-00000.bin", 998);
+  CHECK(contains(data_error_of([&] { read_manifest(s.train_manifest); }), "train-00000.bin: 998 bytes, but manifest"));
 }
 
 TEST_CASE("tokenize JSONL: documents end with EOS, whole documents go to validation") {
