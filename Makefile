@@ -60,10 +60,17 @@ $(DEMO_DATA)/train.manifest: data/corpus/tinyshakespeare.txt
 
 demo-data: $(DEMO_DATA)/train.manifest
 
-# Every step before the run writes to stderr, so `make run > run.csv` is pure CSV.
+# Every step before the run writes to stderr, so `make run > run.csv` is pure CSV. A new
+# run moves an earlier one's folder aside (local refuses to start over a run's state);
+# RUN_ARGS=--resume continues it instead.
+DEMO_RUN = runs/tiny
+
 run:
 	@$(MAKE) --no-print-directory engine >&2
 	@$(MAKE) --no-print-directory demo-data >&2
+	@case " $(RUN_ARGS) " in *" --resume "*) ;; *) if [ -e $(DEMO_RUN) ]; then \
+	  aside=$(DEMO_RUN)-$$(date +%Y%m%d-%H%M%S); mv $(DEMO_RUN) $$aside; \
+	  echo "make run: the earlier run moved to $$aside (RUN_ARGS=--resume continues a run)" >&2; fi ;; esac
 	@./$(BUILD)/spes-engine local configs/tiny.toml $(RUN_ARGS)
 
 bench: build

@@ -27,10 +27,12 @@
 #include "engine/args.hpp"
 #include "engine/commands.hpp"
 #include "engine/config.hpp"
+#include "engine/trainer.hpp"
 #include "engine/base/csv.hpp"
 #include "engine/base/error.hpp"
 #include "engine/base/log.hpp"
 #include "engine/base/progress.hpp"
+#include "net/global_state.hpp"
 #ifdef SPES_HAVE_CUDA
 #include "cuda/device_probe.hpp"
 #endif
@@ -39,8 +41,8 @@ namespace spes {
 
 namespace {
 
-volatile sig_atomic_t g_interrupted = 0;
-void on_signal(int) { g_interrupted = 1; }
+volatile sig_atomic_t g_interrupted = 0;  // SIGINT / SIGTERM received, counted
+void on_signal(int) { g_interrupted = g_interrupted + 1; }
 
 struct Child {
   std::string name;  // "coordinator" or "node N"
@@ -73,6 +75,7 @@ Child spawn(const std::string& name, int node, const std::vector<std::string>& a
     for (int fd : {fds[0], fds[1], efds[0], efds[1]}) close(fd);
     setenv("SPES_PROGRESS", "off", 1);  // local draws one progress line for every process
     signal(SIGPIPE, SIG_DFL);           // local ignores it; an ignored signal would survive exec
+    setpgid(0, 0);  // a terminal's Ctrl-C reaches local alone, which stops the processes in order
     prctl(PR_SET_PDEATHSIG, SIGTERM);   // local gone (even killed): its processes stop too
     if (!gpus.empty()) setenv("CUDA_VISIBLE_DEVICES", gpus.c_str(), 1);
     std::vector<char*> argv;
@@ -147,7 +150,9 @@ class Launcher {
   }
 
   // Collects exited children; returns the first that failed, if any.
-  Child* reap() {
+  // The first child that exited other than as it should: exit code 0, or, once the
+  // nodes were asked to stop (stopping), 128 + SIGTERM, a node's stop with a checkpoint.
+  Child* reap(bool stopping) {
     Child* failed = nullptr;
     for (auto& c : children) {
       if (!c.running) continue;
@@ -155,7 +160,8 @@ class Launcher {
       if (waitpid(c.pid, &status, WNOHANG) == c.pid) {
         c.running = false;
         c.status = status;
-        if (!(WIFEXITED(status) && WEXITSTATUS(status) == 0) && !failed) failed = &c;
+        const int code = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+        if (!(code == 0 || (stopping && c.node >= 0 && code == 128 + SIGTERM)) && !failed) failed = &c;
       }
     }
     return failed;
@@ -166,22 +172,34 @@ class Launcher {
       if (c.running) kill(c.pid, sig);
   }
 
-  // SIGTERM, then SIGKILL after a grace period, pumping output meanwhile.
+  // Nodes still running at once (SIGKILL: on SIGTERM a node would finish its sync
+  // round first, which a stopped run cannot give it; its checkpoints are atomic), the
+  // coordinator with SIGTERM, then SIGKILL after a grace period, pumping output meanwhile.
   void stop_all() {
+    signal_nodes(SIGKILL);
     signal_all(SIGTERM);
     const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(10);
     while (any_running() && std::chrono::steady_clock::now() < deadline) {
       pump(100);
-      reap();
+      reap(true);
     }
     signal_all(SIGKILL);
     while (any_running()) {
       pump(50);
-      reap();
+      reap(true);
     }
     while (pump(0)) {
     }
   }
+
+  // Nodes first: each ends after its next sync round with a checkpoint (engine/trainer),
+  // which needs the coordinator still up.
+  void signal_nodes(int sig) {
+    for (auto& c : children)
+      if (c.running && c.node >= 0) kill(c.pid, sig);
+  }
+  // What could not be written (the CSV on stdout, the round log); "" when all was.
+  const std::string& output_error() const { return output_error_; }
 
   bool any_running() const {
     for (const auto& c : children)
@@ -195,6 +213,10 @@ class Launcher {
   }
 
  private:
+  void check_csv() {
+    if (!csv_ && output_error_.empty()) output_error_ = "the CSV could not be written to stdout (file system full?)";
+  }
+
   void line(const Child& c, const std::string& text) {
     if (c.node < 0) {
       // Coordinator rows: to the rounds file, and visible on stderr.
@@ -203,6 +225,8 @@ class Launcher {
       rounds_header_done_ = rounds_header_done_ || header;
       rounds_ << text << "\n";
       rounds_.flush();
+      if (!rounds_ && output_error_.empty())
+        output_error_ = "the round log could not be written (file system full?)";
       log_line("[coordinator]", "%s", text.c_str());
       return;
     }
@@ -212,9 +236,11 @@ class Launcher {
       if (header_done_) return;
       header_done_ = true;
       csv_ << "node," << text << std::endl;
+      check_csv();
       return;
     }
     csv_ << c.node << "," << text << std::endl;
+    check_csv();
     track(c.node, split(text));
   }
 
@@ -268,6 +294,7 @@ class Launcher {
   bool header_done_ = false;
   bool rounds_header_done_;
   std::vector<std::string> columns_;
+  std::string output_error_;
   std::vector<NodeProgress> nodes_;
   int64_t steps_;
   int64_t round_ = 0;
@@ -292,6 +319,19 @@ int local_command(const std::vector<std::string>& args) {
   // one per node after the coordinator has written its first round.
   read_manifest(c.data.train);
   if (!c.data.validation.empty()) read_manifest(c.data.validation);
+  // A new run over an earlier one's state would replace the coordinator's and leave
+  // the nodes' checkpoints for a later --resume to mix with the new run.
+  if (!resume) {
+    const std::string state = (std::filesystem::path(c.spes.state_dir) / net::kCoordinatorStateFile).string();
+    if (c.spes.sync_steps > 0 && std::filesystem::exists(state))
+      throw ConfigError(state + " is an earlier run's: `local --resume` continues it; a new run needs another "
+                       "[spes] state_dir, or that one removed");
+    for (int64_t n = 0; n < c.spes.n_nodes; ++n) {
+      Config node = c;
+      node.spes.node_id = n;
+      refuse_earlier_checkpoint(node, "local");
+    }
+  }
   if (c.spes.sync_steps == 0)
     std::fprintf(stderr, "local: [spes] sync_steps = 0: nodes train independently (no sync rounds)\n");
   // Share the cores: a node left at "all cores" would oversubscribe the machine
@@ -354,16 +394,25 @@ int local_command(const std::vector<std::string>& args) {
                rounds_path.c_str());
 
   int rc = 0;
+  bool stopping = false;  // interrupted once: the nodes are finishing their round
   while (true) {
     L.pump(200);
-    // Ctrl-C reaches every process of the group: an interrupt first, so that nodes
-    // dying of it are not reported as failures.
-    if (g_interrupted) {
-      log_line("local:", "interrupted; stopping every process");
-      rc = 130;
+    if (!L.output_error().empty()) {
+      log_line("local:", "%s; stopping every process", L.output_error().c_str());
+      rc = 1;
       break;
     }
-    if (Child* failed = L.reap()) {
+    if (g_interrupted && !stopping) {
+      stopping = true;
+      rc = 130;
+      log_line("local:", "interrupted: each node stops after its next sync round, with a checkpoint of it "
+               "(local --resume continues); interrupt again to stop every process at once");
+      L.signal_nodes(SIGTERM);
+    } else if (g_interrupted > 1) {
+      log_line("local:", "interrupted again: stopping every process now");
+      break;
+    }
+    if (Child* failed = L.reap(stopping)) {
       // Relay what it wrote before it exited, so its error comes before ours.
       for (int i = 0; i < 100 && (failed->err_fd >= 0 || failed->out_fd >= 0); ++i) L.pump(20);
       log_line("local:", "%s failed (%s; its error is above); stopping the others", failed->name.c_str(),
@@ -375,6 +424,7 @@ int local_command(const std::vector<std::string>& args) {
   }
   L.stop_all();
   if (rc == 0) log_line("local:", "every node finished");
+  if (stopping && rc == 130) log_line("local:", "stopped: every node wrote a checkpoint; local --resume continues");
   return rc;
 }
 

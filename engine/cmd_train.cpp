@@ -1,6 +1,9 @@
 // `spes-engine train CONFIG [--set section.key=value]... [--node-id N] [--resume]`:
 // one node of a run. CSV rows on stdout, logs on stderr. Under SLURM (srun), the
 // task id is the node id (engine/slurm.hpp).
+#include <signal.h>
+
+#include <atomic>
 #include <cstdlib>
 #include <iostream>
 
@@ -14,6 +17,24 @@
 #include "engine/trainer.hpp"
 
 namespace spes {
+
+namespace {
+
+std::atomic<int> g_signal{0};  // the SIGINT or SIGTERM that asked the run to stop
+void on_stop_signal(int sig) { g_signal.store(sig); }
+
+// The first SIGINT / SIGTERM stops the run with a checkpoint (Trainer::stop_on_signal);
+// the handler then resets, so a second one stops the process at once.
+void stop_on_signals() {
+  static_assert(std::atomic<int>::is_always_lock_free, "stored from a signal handler");
+  struct sigaction sa {};
+  sa.sa_handler = on_stop_signal;
+  sa.sa_flags = SA_RESETHAND | SA_RESTART;
+  sigaction(SIGINT, &sa, nullptr);
+  sigaction(SIGTERM, &sa, nullptr);
+}
+
+}  // namespace
 
 int train_command(const std::vector<std::string>& args) {
   namespace po = boost::program_options;
@@ -35,14 +56,17 @@ int train_command(const std::vector<std::string>& args) {
              (long long)task->n_nodes, (long long)c.spes.node_id, c.spes.coordinator.c_str());
   }
   check_tokenizer(c);
+  if (!resume) refuse_earlier_checkpoint(c, "train");
   // Resuming from a checkpoint: θ comes from it, so [train] init is not read
   // (a large file, and it may be gone by now).
   if (resume && !latest_checkpoint(node_checkpoint_root(c)).empty()) c.train.init.clear();
   Trainer t(c);
   // Before run(): θ is still the initial θ (initial_theta) the sync base starts from.
   if (c.spes.sync_steps > 0) t.set_sync_hook(make_net_sync_hook(c, t.layout(), t.ownership(), t.theta().data()));
+  t.stop_on_signal(&g_signal);
+  stop_on_signals();
   t.run(std::cout, resume);
-  return 0;
+  return g_signal.load() ? 128 + g_signal.load() : 0;  // as a shell reports a process the signal stopped
 }
 
 }  // namespace spes

@@ -1,8 +1,10 @@
 #include "engine/trainer.hpp"
 
+#include <algorithm>
 #include <chrono>
 #include <cmath>
 #include <cstdio>
+#include <cstring>
 #include <filesystem>
 #include <optional>
 #include <ostream>
@@ -193,6 +195,14 @@ std::string node_checkpoint_root(const Config& c) {
   return (std::filesystem::path(c.checkpoint.dir) / ("node-" + std::to_string(c.spes.node_id))).string();
 }
 
+void refuse_earlier_checkpoint(const Config& c, const std::string& resume_command) {
+  const std::string root = node_checkpoint_root(c), newest = latest_checkpoint(root);
+  if (!newest.empty())
+    throw ConfigError(root + " holds a checkpoint of an earlier run (" +
+                     std::filesystem::path(newest).filename().string() + "): `" + resume_command +
+                     " --resume` continues it; a new run needs another [checkpoint] dir, or that one removed");
+}
+
 std::string Trainer::checkpoint_root() const { return node_checkpoint_root(cfg_); }
 
 EvalResult Trainer::evaluate(int64_t max_batches) {
@@ -331,6 +341,9 @@ Trainer::StepStats Trainer::train_step(std::ostream& csv) {
   if (peak > 0) rec.mfu = train_flops_per_token(cfg_.model) * rec.tokens_per_s / peak;
   rec.expert_load_cv = expert_load_cv(sum.expert_counts, cfg_.model.n_layers, cfg_.model.n_experts);
   csv << csv_row(kStepColumns, rec) << std::endl;  // flushed: a reader following stdout sees every step
+  if (!csv)
+    throw Error("step " + std::to_string(step_) + ": the CSV row could not be written to stdout (file system full, "
+                "or the reader gone); the newest checkpoint and --resume continue the run");
   return {loss, rec.tokens_per_s, val_ce_field(rec)};
 }
 
@@ -390,6 +403,19 @@ void Trainer::restore_latest() {
   log_line(node_prefix().c_str(), "resumed from %s at step %lld", dir.c_str(), (long long)step_);
 }
 
+void Trainer::stop_for_signal(int signal_number) {
+  stopping_for_signal_ = true;
+  // Without sync rounds: now. With them: at a round's step with no round in flight,
+  // so now if the last step was one (rounds not overlapped), else the next round's.
+  const int64_t every = sync_ ? cfg_.spes.sync_steps : 0;
+  const bool applied = every > 0 && step_ % every == 0 && !sync_->round_in_flight();
+  const int64_t at = every == 0 || applied ? step_ : (step_ / every + 1) * every;
+  stop_ = std::min(stop_, at);
+  log_line(node_prefix().c_str(), "%s: stopping at step %lld%s with a checkpoint (--resume continues); "
+           "the same signal again stops at once, without one", strsignal(signal_number), (long long)stop_,
+           stop_ > step_ ? ", after its sync round" : "");
+}
+
 void Trainer::run(std::ostream& csv, bool resume) {
   if (resume) restore_latest();
   if (owes_round_) {
@@ -404,11 +430,15 @@ void Trainer::run(std::ostream& csv, bool resume) {
                (long long)layout_.expert_block, (long long)own_.space.size(), optimizer_state_bytes() / 1048576.0,
                backend_->describe().c_str());
   csv << csv_header() << std::endl;
+  if (!csv) throw Error("the CSV header could not be written to stdout (file system full, or the reader gone)");
   stop_ = cfg_.train.max_steps_this_run > 0 ? std::min(cfg_.train.steps, step_ + cfg_.train.max_steps_this_run)
                                             : cfg_.train.steps;
   Progress progress(node_prefix(), 10.0);
   const int64_t start = step_;
   while (step_ < stop_) {
+    // Before the step, so that the step stop_ ends at folds a round in flight into
+    // its row, as the run's last step does.
+    if (signal_ && *signal_ && !stopping_for_signal_ && (stop_for_signal(*signal_), step_ == stop_)) break;
     const StepStats st = train_step(csv);
     if (saves_after_step() && step_ < stop_) save(false);
     std::string line = strprintf("step %lld/%lld  loss %.4f  %.0f tok/s", (long long)step_,

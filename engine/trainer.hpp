@@ -3,6 +3,7 @@
 // CSV metrics on stdout, checkpoints, validation and the sync hook. The math runs
 // in a TrainBackend (engine/backend.hpp); the loop is the same on every device.
 #pragma once
+#include <atomic>
 #include <chrono>
 #include <cstdint>
 #include <iosfwd>
@@ -30,6 +31,10 @@ struct EvalResult {
 // Where this node's checkpoints go: [checkpoint] dir, or its node-N folder when
 // n_nodes > 1 (nodes of one run may share a machine and a config).
 std::string node_checkpoint_root(const Config& c);
+// A new run (no --resume) over a node checkpoint folder that holds a checkpoint
+// already: a later --resume would take the earlier run's newest, and pruning would
+// drop the new run's. Throws a ConfigError naming the folder and `resume_command`.
+void refuse_earlier_checkpoint(const Config& c, const std::string& resume_command);
 
 class Trainer {
  public:
@@ -44,6 +49,11 @@ class Trainer {
   // checkpoint in checkpoint.dir (a fresh start when there is none).
   void run(std::ostream& csv, bool resume);
   void set_sync_hook(std::unique_ptr<SyncHook> hook);
+  // A signal's number lands in *signal_number (a handler's store): run() then stops
+  // with a checkpoint, right after the step under way, or with sync rounds after the
+  // next one, so that every node of a run stopped together (local's Ctrl-C) holds a
+  // checkpoint of the same round and --resume continues bit-identically.
+  void stop_on_signal(const std::atomic<int>* signal_number) { signal_ = signal_number; }
   // Parameters and step from a checkpoint (eval, export); refuses another model.
   void load_params(const CheckpointState& s, const std::string& source);
 
@@ -91,6 +101,9 @@ class Trainer {
   std::vector<int32_t> inputs_, targets_;
   int64_t step_ = 0;
   int64_t stop_ = 0;  // the step this run() ends at (the last, or --max-steps-this-run's)
+  const std::atomic<int>* signal_ = nullptr;  // stop_on_signal's
+  bool stopping_for_signal_ = false;
+  void stop_for_signal(int signal_number);
   int64_t tokens_seen_ = 0;
   std::chrono::steady_clock::time_point started_ = std::chrono::steady_clock::now();  // the CSV's elapsed_s
   std::string last_checkpoint_;

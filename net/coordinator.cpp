@@ -164,6 +164,7 @@ struct Coordinator::Impl final : SessionHandler {
   SessionServer server;
   tcp::endpoint bound;  // read by other threads (port()): set once in the constructor
   bool stopped = false;
+  bool csv_failed = false;  // the round CSV's stream failed (said once)
 
   mutable std::mutex stats_mu;
   CoordinatorStats stats_;  // round, step, state_hash, late_pushes, csv_rows; the rest is the server's
@@ -519,7 +520,15 @@ void Coordinator::Impl::close_round(const RoundClose& rc) {
                            merge_ms,
                            state.hash};
   const std::string row = csv_row(kRoundColumns, record) + "\n";
-  if (opt.csv) *opt.csv << row << std::flush;
+  if (opt.csv) {
+    *opt.csv << row << std::flush;
+    // The round log is output, the state file the run: the run goes on, said once.
+    if (!*opt.csv && !csv_failed) {
+      csv_failed = true;
+      log("round %" PRId64 ": the round CSV on stdout could not be written (file system full, or the reader gone); "
+          "later rows are lost, the state file is not affected", r);
+    }
+  }
   update_stats([&](CoordinatorStats& st) {
     st.round = state.round;
     st.step = state.step;

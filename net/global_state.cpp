@@ -50,7 +50,9 @@ GlobalState StatePersistence::open(bool fresh, const std::function<void(float*)>
   }
   // Without --fresh the state is the run's memory: starting from the seed instead
   // would silently reset every node (issue 13), so a missing or bad file stops here.
-  const std::string restart_hint = "; to start a new run from the seed instead, pass --fresh";
+  const std::string restart_hint =
+      "; --rollback-to ROUND restarts the run from a round kept in its state_dir's rounds/ folder (--fresh would "
+      "start a new run from the seed instead)";
   if (!std::filesystem::exists(path_))
     throw NetError(path_ + ": no coordinator state; the first start of a run needs --fresh (a restart needs the "
                    "state_dir of its run)");

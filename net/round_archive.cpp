@@ -19,20 +19,18 @@ namespace fs = std::filesystem;
 
 namespace {
 
-// A copy of `from` at `to`, whole or absent: a temp file, fsynced, renamed, the folder fsynced.
+// A copy of `from` at `to`, whole or absent (write_file_atomic: a temp file, fsynced,
+// renamed, removed on any error). Not std::filesystem::copy_file, whose failure on a
+// full disk reads "Input/output error" and leaves its partial copy behind.
 void copy_durably(const std::string& from, const std::string& to) {
-  const std::string tmp = to + ".tmp";
-  std::error_code ec;
-  fs::copy_file(from, tmp, fs::copy_options::overwrite_existing, ec);
-  if (ec) throw NetError("cannot copy " + from + " to " + tmp + ": " + ec.message());
-  const int fd = ::open(tmp.c_str(), O_RDONLY | O_CLOEXEC);
-  const bool synced = fd >= 0 && ::fsync(fd) == 0;
-  if (fd >= 0) ::close(fd);
-  if (!synced || ::rename(tmp.c_str(), to.c_str()) != 0) {
-    fs::remove(tmp, ec);
-    throw NetError("cannot write " + to);
-  }
-  fsync_dir(fs::path(to).parent_path().string());
+  std::ifstream in(from, std::ios::binary);
+  if (!in) throw NetError("cannot read " + from);
+  write_file_atomic(to, [&](FileWriter& out) {
+    std::vector<char> buf(size_t(1) << 20);
+    while (in.read(buf.data(), std::streamsize(buf.size())) || in.gcount() > 0)
+      out.write(buf.data(), size_t(in.gcount()));
+    if (in.bad()) throw NetError("cannot read " + from);
+  });
 }
 
 std::string rounds_list(const std::vector<int64_t>& r) {

@@ -167,6 +167,15 @@ struct SyncClient::Impl {
     const bool in_sync = w.in_sync && !held.force_snapshot;
     log("connected to %s:%u (coordinator round %" PRId64 ", ours %" PRId64 ", %s)", link.coordinator().host.c_str(),
         unsigned(link.coordinator().port), w.coordinator_round, held.round, in_sync ? "in sync" : "snapshot needed");
+    // Behind the run: a node resumed from a checkpoint older than the coordinator's
+    // round (killed between two checkpoints), or one that missed rounds. It goes on
+    // from the coordinator's θ; the rounds between are not replayed.
+    if (held.round > 0 && w.coordinator_round > held.round)
+      log("note: this node holds round %" PRId64 ", the coordinator %" PRId64 ": the node goes on from the "
+          "coordinator's θ, and the run no longer matches one without the stop; after a resume from an older "
+          "checkpoint, restarting the coordinator with --rollback-to %" PRId64 " replays those rounds exactly "
+          "(if it still keeps that round)",
+          held.round, w.coordinator_round, held.round);
     return in_sync;
   }
 };

@@ -1,14 +1,19 @@
-// The commands' own arguments, through the binary: a value out of range is one line
-// on stderr naming the flag, a non-zero exit, nothing on stdout, and nothing started
-// or written. (The config's keys are test_config.cpp's; the data's, test_data.cpp's.)
+// The commands through the binary: a value out of range is one line on stderr naming
+// the flag, a non-zero exit, nothing on stdout, and nothing started or written; eval's
+// CSV; train stopped by a signal. (The config's keys are test_config.cpp's; the
+// data's, test_data.cpp's; local's signals, test_local.cpp's.)
 #include <doctest/doctest.h>
+#include <signal.h>
+#include <sys/wait.h>
+#include <unistd.h>
 
+#include <cstdio>
 #include <cstdlib>
+#include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <sstream>
 #include <string>
-#include <sys/wait.h>
 #include <vector>
 
 #include "test_util.hpp"
@@ -57,6 +62,22 @@ sync_steps = 10
 coordinator = "127.0.0.1:29893"
 state_dir = "coordinator-state"
 )";
+
+// kConfig on real token data (the shipped corpus's first 60 kB, tokenized in dir):
+// [data] train and validation.
+std::string trainable_config(const fs::path& dir) {
+  {
+    std::ifstream in(std::string(SPES_SOURCE_DIR) + "/data/corpus/tinyshakespeare.txt");
+    std::string text(60000, '\0');
+    in.read(text.data(), std::streamsize(text.size()));
+    std::ofstream(dir / "corpus.txt") << text;
+  }
+  REQUIRE(run_engine(dir, "tokenize --input corpus.txt --out data --val-fraction 0.1 --threads 1").status == 0);
+  std::string config = kConfig;
+  const std::string from = "train = \"missing/train.manifest\"";
+  config.replace(config.find(from), from.size(), "train = \"data/train.manifest\"\nvalidation = \"data/val.manifest\"");
+  return config;
+}
 
 }  // namespace
 
@@ -124,17 +145,7 @@ TEST_CASE("a config path that is a folder, and a model larger than memory: one l
 
 TEST_CASE("eval: CSV on stdout; with --data the config's training manifest need not exist") {
   TempDir dir("cli-eval");
-  {
-    std::ifstream in(std::string(SPES_SOURCE_DIR) + "/data/corpus/tinyshakespeare.txt");
-    std::string text(60000, '\0');
-    in.read(text.data(), std::streamsize(text.size()));
-    std::ofstream(dir.path / "corpus.txt") << text;
-  }
-  REQUIRE(run_engine(dir.path, "tokenize --input corpus.txt --out data --val-fraction 0.1 --threads 1").status == 0);
-  std::string config = kConfig;
-  const std::string from = "train = \"missing/train.manifest\"";
-  config.replace(config.find(from), from.size(), "train = \"data/train.manifest\"\nvalidation = \"data/val.manifest\"");
-  { std::ofstream(dir.path / "c.toml") << config; }
+  { std::ofstream(dir.path / "c.toml") << trainable_config(dir.path); }
   const std::string train = "train c.toml --set train.steps=2 --set train.micro_batch=2 --set train.global_batch=2 "
                             "--set train.threads=1 --set spes.sync_steps=0 --set 'checkpoint.dir=\"ck\"'";
   REQUIRE(run_engine(dir.path, train).status == 0);
@@ -148,4 +159,65 @@ TEST_CASE("eval: CSV on stdout; with --data the config's training manifest need 
   CHECK(with_data.status == 0);
   CAPTURE(with_data.err);
   CHECK(with_data.out == with_config.out);
+}
+
+TEST_CASE("train: SIGINT and SIGTERM stop it after the step under way, with a checkpoint of that step") {
+  TempDir dir("cli-signal");
+  { std::ofstream(dir.path / "c.toml") << trainable_config(dir.path); }
+  for (const int sig : {SIGINT, SIGTERM}) {
+    CAPTURE(sig);
+    const std::string name = sig == SIGINT ? "int" : "term", ck = "ck-" + name;
+    const pid_t pid = fork();
+    REQUIRE(pid >= 0);
+    if (pid == 0) {
+      const std::string cmd = "cd '" + dir.path.string() + "' && exec " + SPES_ENGINE_BIN +
+                              " train c.toml --set train.steps=100000 --set train.threads=1 --set spes.sync_steps=0 "
+                              "--set train.eval_every=0 --set 'checkpoint.dir=\"" + ck + "\"' > " + name + ".csv 2> " + name +
+                              ".err";
+      execl("/bin/sh", "sh", "-c", cmd.c_str(), nullptr);
+      _exit(127);
+    }
+    // Once it has trained 5 steps: its handler is in place.
+    for (int i = 0; i < 600 && read_text(dir.path / (name + ".csv")).find("\n5,") == std::string::npos; ++i)
+      usleep(20000);
+    kill(pid, sig);
+    int status = 0;
+    waitpid(pid, &status, 0);
+    const std::string out = read_text(dir.path / (name + ".csv")), err = read_text(dir.path / (name + ".err"));
+    INFO("stderr:\n" << err);
+    REQUIRE(WIFEXITED(status));
+    CHECK(WEXITSTATUS(status) == 128 + sig);
+    CHECK(err.find(std::string(strsignal(sig)) + ": stopping at step ") != std::string::npos);
+    // The checkpoint is of the last step the CSV shows.
+    const std::string last_row = out.substr(out.rfind('\n', out.size() - 2) + 1);
+    const std::string step = last_row.substr(0, last_row.find(','));
+    char folder[32];
+    std::snprintf(folder, sizeof folder, "step-%08lld", std::stoll(step));
+    CHECK(fs::exists(dir.path / ck / folder / "state.bin"));
+  }
+}
+
+TEST_CASE("a new run over an earlier run's checkpoints or coordinator state is refused, naming them") {
+  TempDir dir("cli-earlier");
+  { std::ofstream(dir.path / "c.toml") << trainable_config(dir.path); }
+  const std::string train = "train c.toml --set train.steps=2 --set train.threads=1 --set spes.sync_steps=0 "
+                            "--set train.eval_every=0 --set 'checkpoint.dir=\"ck\"'";
+  REQUIRE(run_engine(dir.path, train).status == 0);
+  // Run B over run A's folder: its --resume would have taken A's step 2, and pruning
+  // would have dropped B's own checkpoints.
+  Run r = run_engine(dir.path, train + " --set optim.lr=0.01");
+  CHECK(r.status == 1);
+  CHECK(r.out.empty());
+  CHECK(r.err == "spes-engine: error: " + (dir.path / "ck").string() +
+                     " holds a checkpoint of an earlier run (step-00000002): `train --resume` continues it; a new run "
+                     "needs another [checkpoint] dir, or that one removed\n");
+  CHECK(run_engine(dir.path, train + " --resume").status == 0);
+  // local: the coordinator's state of an earlier run.
+  fs::create_directories(dir.path / "coordinator-state");
+  { std::ofstream(dir.path / "coordinator-state" / "coordinator_state.bin") << "earlier"; }
+  r = run_engine(dir.path, "local c.toml --set spes.n_nodes=2 --set spes.experts_per_node=2");
+  CHECK(r.status == 1);
+  CHECK(r.err == "spes-engine: error: " + (dir.path / "coordinator-state" / "coordinator_state.bin").string() +
+                     " is an earlier run's: `local --resume` continues it; a new run needs another [spes] state_dir, "
+                     "or that one removed\n");
 }

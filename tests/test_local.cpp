@@ -12,8 +12,11 @@
 #include <string>
 #include <vector>
 
+#include <signal.h>
 #include <sys/wait.h>
+#include <unistd.h>
 
+#include "engine/checkpoint.hpp"
 #include "engine/config.hpp"
 #include "test_util.hpp"
 
@@ -49,6 +52,11 @@ std::string write_local_config(const test::TempDir& dir) {
   const std::string path = dir / "local.toml";
   std::ofstream(path) << config_to_toml(c);
   return path;
+}
+
+// local's newest checkpoint of node n under the config's [checkpoint] dir.
+CheckpointState newest_checkpoint(const test::TempDir& dir, int n) {
+  return load_checkpoint(latest_checkpoint(dir / ("ckpt/node-" + std::to_string(n))));
 }
 
 int run(const std::string& args, const test::TempDir& dir) {
@@ -90,6 +98,52 @@ TEST_CASE("local: coordinator + 2 node processes, node-prefixed CSV, equal state
     CHECK(by_node.at("0") == by_node.at("1"));
     CHECK(rounds.find(by_node.at("0")) != std::string::npos);  // and the coordinator's
   }
+}
+
+TEST_CASE("local: Ctrl-C stops every node at a sync round with a checkpoint; --resume ends bit for bit as an "
+          "uninterrupted run") {
+  const std::vector<std::string> sets = {"--set train.steps=300", "--set optim.decay_steps=300",
+                                         "--set train.eval_every=0", "--set checkpoint.every=0"};
+  std::string args;
+  for (const auto& s : sets) args += " " + s;
+  test::TempDir ref("local-ref"), dir("local-int");
+  REQUIRE(run(write_local_config(ref) + args, ref) == 0);
+
+  // The same run, interrupted once its CSV shows step 20 of node 0.
+  const std::string config = write_local_config(dir) + args;
+  const pid_t pid = fork();
+  REQUIRE(pid >= 0);
+  if (pid == 0) {
+    const std::string cmd = "exec " + std::string(SPES_ENGINE_BIN) + " local " + config + " > " + (dir / "out.csv") +
+                            " 2> " + (dir / "err.log");
+    execl("/bin/sh", "sh", "-c", cmd.c_str(), nullptr);
+    _exit(127);
+  }
+  for (int i = 0; i < 600 && read_file(dir / "out.csv").find("\n0,20,") == std::string::npos; ++i) usleep(20000);
+  kill(pid, SIGINT);
+  int status = 0;
+  waitpid(pid, &status, 0);
+  const std::string err = read_file(dir / "err.log");
+  INFO("stderr of the interrupted local:\n" << err);
+  REQUIRE(WIFEXITED(status));
+  REQUIRE(WEXITSTATUS(status) == 130);  // 0 would mean it finished first: nothing interrupted
+  CHECK(err.find("stopped: every node wrote a checkpoint") != std::string::npos);
+  const CheckpointState n0 = newest_checkpoint(dir, 0), n1 = newest_checkpoint(dir, 1);
+  CHECK(n0.step == n1.step);
+  CHECK(n0.step % 2 == 0);  // a round's step (sync_steps = 2) ...
+  CHECK(n0.step < 300);
+  CHECK(n0.sync_round == n0.step / 2);  // ... whose round the checkpoint holds
+
+  REQUIRE(run(config + " --resume", dir) == 0);
+  for (int n : {0, 1}) {
+    CAPTURE(n);
+    const CheckpointState a = newest_checkpoint(ref, n), b = newest_checkpoint(dir, n);
+    CHECK(b.step == 300);
+    CHECK(a.params == b.params);
+    CHECK(a.adam_m == b.adam_m);
+    CHECK(a.adam_v == b.adam_v);
+  }
+  CHECK(read_file(ref / "coordinator/coordinator_state.bin") == read_file(dir / "coordinator/coordinator_state.bin"));
 }
 
 TEST_CASE("local: a failing node stops the run and is named") {

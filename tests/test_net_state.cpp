@@ -168,8 +168,9 @@ TEST_CASE("state: a state file of another format refuses the start in one line n
   const LineLog log("[test]", false);
   StatePersistence persistence(PersistRules{dir, "format", 77, Codec::fp32, n, false}, log);
   const std::string want = "coordinator state " + path +
-                           ": format 2, but this build reads only format 3; to start a new run from the seed "
-                           "instead, pass --fresh";
+                           ": format 2, but this build reads only format 3; --rollback-to ROUND restarts the run "
+                           "from a round kept in its state_dir's rounds/ folder (--fresh would start a new run from "
+                           "the seed instead)";
   CHECK_THROWS_WITH_AS(persistence.open(false, nullptr, ""), want.c_str(), NetError);
   CHECK(state_file_format(path) == 2);  // left as it was
   std::filesystem::remove_all(dir);

@@ -315,7 +315,8 @@ TEST_CASE("[train] init: a node and the coordinator start from the checkpoint; a
   const std::string train = std::string(SPES_ENGINE_BIN) + " train " + toml;
   CHECK(WEXITSTATUS(std::system((train + " --set train.max_steps_this_run=1 > /dev/null 2>&1").c_str())) == 0);
   std::filesystem::rename(out, dir / "moved");
-  CHECK(WEXITSTATUS(std::system((train + " > /dev/null 2>&1").c_str())) == 1);  // a fresh start needs it
+  const std::string fresh = train + " --set 'checkpoint.dir=\"" + (dir / "fresh") + "\"'";
+  CHECK(WEXITSTATUS(std::system((fresh + " > /dev/null 2>&1").c_str())) == 1);  // a fresh start needs it
   CHECK(WEXITSTATUS(std::system((train + " --resume > /dev/null 2>&1").c_str())) == 0);
   CHECK(load_checkpoint(dir / "resume").step == 2);
   std::filesystem::rename(dir / "moved", out);

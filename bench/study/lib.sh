@@ -54,6 +54,7 @@ run_engine() {
   local t0 attempt
   t0=$(date +%s.%N)
   for attempt in 1 2 3; do
+    drop_state "$dir"           # a new run each attempt (a new run refuses an earlier one's state)
     PORT=$((PORT + nodes + 1))  # a linked run takes a port per node after the coordinator's
     if "${LAUNCH:-launch_local}" "$dir" "$nodes" "$PORT" "${args[@]}"; then
       awk -v a="$t0" -v b="$(date +%s.%N)" 'BEGIN { printf "%.1f\n", b - a }' > "$dir/wall_s"
