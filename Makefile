@@ -68,9 +68,9 @@ DEMO_RUN = runs/tiny
 run:
 	@$(MAKE) --no-print-directory engine >&2
 	@$(MAKE) --no-print-directory demo-data >&2
-	@case " $(RUN_ARGS) " in *" --resume "*) ;; *) if [ -e $(DEMO_RUN) ]; then \
-	  aside=$(DEMO_RUN)-$$(date +%Y%m%d-%H%M%S); mv $(DEMO_RUN) $$aside; \
-	  echo "make run: the earlier run moved to $$aside (RUN_ARGS=--resume continues a run)" >&2; fi ;; esac
+	@$(if $(filter --resume,$(RUN_ARGS)),true,if [ -e $(DEMO_RUN) ]; then \
+	  aside=$(DEMO_RUN)-$$(date +%Y%m%d-%H%M%S-%N); mv $(DEMO_RUN) $$aside; \
+	  echo "make run: the earlier run moved to $$aside (RUN_ARGS=--resume continues a run)" >&2; fi)
 	@./$(BUILD)/spes-engine local configs/tiny.toml $(RUN_ARGS)
 
 bench: build

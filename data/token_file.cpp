@@ -205,6 +205,7 @@ std::vector<std::string> read_manifest(const std::string& manifest_path) {
     // full disk or a copy would otherwise train on what is left, silently).
     std::optional<uintmax_t> bytes;
     if (const auto tab = entry.rfind('\t'); tab != std::string::npos && tab + 1 < entry.size() &&
+                                             entry.size() - tab - 1 <= 18 &&
                                              entry.find_first_not_of("0123456789", tab + 1) == std::string::npos) {
       bytes = std::stoull(entry.substr(tab + 1));
       entry.erase(entry.find_last_not_of(" \t", tab) + 1);

@@ -18,6 +18,7 @@
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <iterator>
 #include <iostream>
 #include <string>
 #include <thread>
@@ -28,8 +29,10 @@
 #include "engine/commands.hpp"
 #include "engine/config.hpp"
 #include "engine/trainer.hpp"
+#include "engine/base/atomic_file.hpp"
 #include "engine/base/csv.hpp"
 #include "engine/base/error.hpp"
+#include "engine/base/format.hpp"
 #include "engine/base/log.hpp"
 #include "engine/base/progress.hpp"
 #include "net/global_state.hpp"
@@ -150,9 +153,7 @@ class Launcher {
   }
 
   // Collects exited children; returns the first that failed, if any.
-  // The first child that exited other than as it should: exit code 0, or, once the
-  // nodes were asked to stop (stopping), 128 + SIGTERM, a node's stop with a checkpoint.
-  Child* reap(bool stopping) {
+  Child* reap() {
     Child* failed = nullptr;
     for (auto& c : children) {
       if (!c.running) continue;
@@ -160,8 +161,7 @@ class Launcher {
       if (waitpid(c.pid, &status, WNOHANG) == c.pid) {
         c.running = false;
         c.status = status;
-        const int code = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
-        if (!(code == 0 || (stopping && c.node >= 0 && code == 128 + SIGTERM)) && !failed) failed = &c;
+        if (!(WIFEXITED(status) && WEXITSTATUS(status) == 0) && !failed) failed = &c;
       }
     }
     return failed;
@@ -172,31 +172,61 @@ class Launcher {
       if (c.running) kill(c.pid, sig);
   }
 
-  // Nodes still running at once (SIGKILL: on SIGTERM a node would finish its sync
-  // round first, which a stopped run cannot give it; its checkpoints are atomic), the
-  // coordinator with SIGTERM, then SIGKILL after a grace period, pumping output meanwhile.
+  // SIGTERM, then SIGKILL after a grace period, pumping output meanwhile.
   void stop_all() {
-    signal_nodes(SIGKILL);
     signal_all(SIGTERM);
     const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(10);
     while (any_running() && std::chrono::steady_clock::now() < deadline) {
       pump(100);
-      reap(true);
+      reap();
     }
     signal_all(SIGKILL);
     while (any_running()) {
       pump(50);
-      reap(true);
+      reap();
     }
     while (pump(0)) {
     }
   }
 
-  // Nodes first: each ends after its next sync round with a checkpoint (engine/trainer),
-  // which needs the coordinator still up.
+  // Reads until nothing more waits in the pipes (the children may still be running).
+  void drain() {
+    for (;;) {
+      std::vector<pollfd> fds;
+      for (const auto& c : children)
+        for (int fd : {c.out_fd, c.err_fd})
+          if (fd >= 0) fds.push_back({fd, POLLIN, 0});
+      if (fds.empty() || poll(fds.data(), fds.size(), 0) <= 0) return;
+      pump(0);
+    }
+  }
+
+  // SIGSTOP to every node, returning once each is stopped (or gone): a signal is
+  // delivered when its process next runs, and what a node writes before then counts.
+  void freeze_nodes() {
+    signal_nodes(SIGSTOP);
+    for (const auto& c : children) {
+      if (!c.running || c.node < 0) continue;
+      const std::string stat = "/proc/" + std::to_string(c.pid) + "/stat";
+      for (int i = 0; i < 1000; ++i) {
+        std::ifstream f(stat);
+        std::string text((std::istreambuf_iterator<char>(f)), {});
+        const auto paren = text.rfind(')');  // "pid (comm) STATE ..."
+        if (!f || paren == std::string::npos || paren + 2 >= text.size() || text[paren + 2] == 'T') break;
+        usleep(1000);
+      }
+    }
+  }
+
   void signal_nodes(int sig) {
     for (auto& c : children)
       if (c.running && c.node >= 0) kill(c.pid, sig);
+  }
+  // The furthest step a node's CSV row has shown.
+  int64_t max_node_step() const {
+    int64_t m = 0;
+    for (const NodeProgress& p : nodes_) m = std::max(m, p.step);
+    return m;
   }
   // What could not be written (the CSV on stdout, the round log); "" when all was.
   const std::string& output_error() const { return output_error_; }
@@ -341,6 +371,10 @@ int local_command(const std::vector<std::string>& args) {
     sets.push_back("train.threads=" + std::to_string(std::max<int64_t>(1, int64_t(cores) / c.spes.n_nodes)));
   }
   std::filesystem::create_directories(c.spes.state_dir);
+  // Ctrl-C writes here the step every node stops at (Trainer::stop_on_file).
+  const std::string stop_path = (std::filesystem::path(c.spes.state_dir) / "stop-at").string();
+  std::filesystem::remove(stop_path);
+  setenv("SPES_STOP_FILE", stop_path.c_str(), 1);
   const std::string rounds_path = (std::filesystem::path(c.spes.state_dir) / "rounds.csv").string();
   // A new run starts a new round log; --resume appends to it.
   std::ofstream rounds(rounds_path, resume ? std::ios::app : std::ios::trunc);
@@ -394,7 +428,7 @@ int local_command(const std::vector<std::string>& args) {
                rounds_path.c_str());
 
   int rc = 0;
-  bool stopping = false;  // interrupted once: the nodes are finishing their round
+  bool stopping = false, forced = false;  // interrupted once: the nodes run to the stop step; twice
   while (true) {
     L.pump(200);
     if (!L.output_error().empty()) {
@@ -403,16 +437,26 @@ int local_command(const std::vector<std::string>& args) {
       break;
     }
     if (g_interrupted && !stopping) {
+      // One step for every node, past where any of them is, and a round's step so that
+      // it is applied before their checkpoints: the nodes are frozen while it is chosen
+      // (a node is at most one step past its last CSV row, and all rows are read).
       stopping = true;
       rc = 130;
-      log_line("local:", "interrupted: each node stops after its next sync round, with a checkpoint of it "
-               "(local --resume continues); interrupt again to stop every process at once");
-      L.signal_nodes(SIGTERM);
+      L.freeze_nodes();
+      L.drain();
+      const int64_t every = c.spes.sync_steps, next = L.max_node_step() + 1;
+      const int64_t at = every > 0 ? (next + every - 1) / every * every : 0;
+      write_file_atomic(stop_path, std::to_string(at) + "\n");
+      L.signal_nodes(SIGCONT);
+      log_line("local:", "interrupted: every node stops %s, with a checkpoint (local --resume continues); "
+               "interrupt again to stop every process at once",
+               every > 0 ? strprintf("at step %lld (a sync round's)", (long long)at).c_str() : "after its step");
     } else if (g_interrupted > 1) {
       log_line("local:", "interrupted again: stopping every process now");
+      forced = true;
       break;
     }
-    if (Child* failed = L.reap(stopping)) {
+    if (Child* failed = L.reap()) {
       // Relay what it wrote before it exited, so its error comes before ours.
       for (int i = 0; i < 100 && (failed->err_fd >= 0 || failed->out_fd >= 0); ++i) L.pump(20);
       log_line("local:", "%s failed (%s; its error is above); stopping the others", failed->name.c_str(),
@@ -424,7 +468,8 @@ int local_command(const std::vector<std::string>& args) {
   }
   L.stop_all();
   if (rc == 0) log_line("local:", "every node finished");
-  if (stopping && rc == 130) log_line("local:", "stopped: every node wrote a checkpoint; local --resume continues");
+  if (stopping && !forced && rc == 130)
+    log_line("local:", "stopped: every node wrote a checkpoint; local --resume continues");
   return rc;
 }
 

@@ -21,15 +21,21 @@ namespace spes {
 namespace {
 
 std::atomic<int> g_signal{0};  // the SIGINT or SIGTERM that asked the run to stop
-void on_stop_signal(int sig) { g_signal.store(sig); }
 
 // The first SIGINT / SIGTERM stops the run with a checkpoint (Trainer::stop_on_signal);
-// the handler then resets, so a second one stops the process at once.
+// a second, of either kind, ends the process as the signal would have.
+void on_stop_signal(int sig) {
+  if (g_signal.exchange(sig) != 0) {
+    signal(sig, SIG_DFL);
+    raise(sig);
+  }
+}
+
 void stop_on_signals() {
   static_assert(std::atomic<int>::is_always_lock_free, "stored from a signal handler");
   struct sigaction sa {};
   sa.sa_handler = on_stop_signal;
-  sa.sa_flags = SA_RESETHAND | SA_RESTART;
+  sa.sa_flags = SA_RESTART;
   sigaction(SIGINT, &sa, nullptr);
   sigaction(SIGTERM, &sa, nullptr);
 }
@@ -63,8 +69,12 @@ int train_command(const std::vector<std::string>& args) {
   Trainer t(c);
   // Before run(): θ is still the initial θ (initial_theta) the sync base starts from.
   if (c.spes.sync_steps > 0) t.set_sync_hook(make_net_sync_hook(c, t.layout(), t.ownership(), t.theta().data()));
-  t.stop_on_signal(&g_signal);
-  stop_on_signals();
+  // `local` names a file its nodes stop by (one step for all of them).
+  if (const char* stop_file = std::getenv("SPES_STOP_FILE")) t.stop_on_file(stop_file);
+  if (c.spes.sync_steps == 0) {
+    t.stop_on_signal(&g_signal);
+    stop_on_signals();
+  }
   t.run(std::cout, resume);
   return g_signal.load() ? 128 + g_signal.load() : 0;  // as a shell reports a process the signal stopped
 }

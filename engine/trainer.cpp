@@ -6,6 +6,7 @@
 #include <cstdio>
 #include <cstring>
 #include <filesystem>
+#include <fstream>
 #include <optional>
 #include <ostream>
 
@@ -403,17 +404,29 @@ void Trainer::restore_latest() {
   log_line(node_prefix().c_str(), "resumed from %s at step %lld", dir.c_str(), (long long)step_);
 }
 
-void Trainer::stop_for_signal(int signal_number) {
-  stopping_for_signal_ = true;
-  // Without sync rounds: now. With them: at a round's step with no round in flight,
-  // so now if the last step was one (rounds not overlapped), else the next round's.
-  const int64_t every = sync_ ? cfg_.spes.sync_steps : 0;
-  const bool applied = every > 0 && step_ % every == 0 && !sync_->round_in_flight();
-  const int64_t at = every == 0 || applied ? step_ : (step_ / every + 1) * every;
+// Whether to end the run before the next step, and if so where: a signal (a run
+// without sync rounds ends now), or the stop file with the step every node of the run
+// ends at (local writes it: one step for all, so their checkpoints hold one round).
+bool Trainer::stop_requested() {
+  if (stopping_) return false;
+  int64_t at = -1;
+  std::string why;
+  if (signal_ && *signal_) {
+    at = step_;
+    why = strsignal(*signal_);
+  } else if (!stop_file_.empty() && std::filesystem::exists(stop_file_)) {
+    std::ifstream in(stop_file_);
+    if (!(in >> at) || at < 0) throw Error(stop_file_ + ": expected the step to stop at");
+    at = std::max(at, step_);
+    why = "asked by " + stop_file_;
+  } else {
+    return false;
+  }
+  stopping_ = true;
   stop_ = std::min(stop_, at);
-  log_line(node_prefix().c_str(), "%s: stopping at step %lld%s with a checkpoint (--resume continues); "
-           "the same signal again stops at once, without one", strsignal(signal_number), (long long)stop_,
-           stop_ > step_ ? ", after its sync round" : "");
+  log_line(node_prefix().c_str(), "%s: stopping at step %lld with a checkpoint (--resume continues)", why.c_str(),
+           (long long)stop_);
+  return true;
 }
 
 void Trainer::run(std::ostream& csv, bool resume) {
@@ -438,7 +451,7 @@ void Trainer::run(std::ostream& csv, bool resume) {
   while (step_ < stop_) {
     // Before the step, so that the step stop_ ends at folds a round in flight into
     // its row, as the run's last step does.
-    if (signal_ && *signal_ && !stopping_for_signal_ && (stop_for_signal(*signal_), step_ == stop_)) break;
+    if (stop_requested() && step_ == stop_) break;
     const StepStats st = train_step(csv);
     if (saves_after_step() && step_ < stop_) save(false);
     std::string line = strprintf("step %lld/%lld  loss %.4f  %.0f tok/s", (long long)step_,

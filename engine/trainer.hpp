@@ -49,11 +49,14 @@ class Trainer {
   // checkpoint in checkpoint.dir (a fresh start when there is none).
   void run(std::ostream& csv, bool resume);
   void set_sync_hook(std::unique_ptr<SyncHook> hook);
-  // A signal's number lands in *signal_number (a handler's store): run() then stops
-  // with a checkpoint, right after the step under way, or with sync rounds after the
-  // next one, so that every node of a run stopped together (local's Ctrl-C) holds a
-  // checkpoint of the same round and --resume continues bit-identically.
+  // Ways to end run() early with a checkpoint, checked before each step:
+  // - a signal's number landing in *signal_number (a handler's store): after the step
+  //   under way. For runs without sync rounds: a node of a run with them cannot know
+  //   where the others will stop, and would wait for their round.
+  // - a file at `path` holding a step: there, or after the step under way if that is
+  //   later. `local` writes it for all its nodes at once, so they stop at one round.
   void stop_on_signal(const std::atomic<int>* signal_number) { signal_ = signal_number; }
+  void stop_on_file(std::string path) { stop_file_ = std::move(path); }
   // Parameters and step from a checkpoint (eval, export); refuses another model.
   void load_params(const CheckpointState& s, const std::string& source);
 
@@ -102,8 +105,9 @@ class Trainer {
   int64_t step_ = 0;
   int64_t stop_ = 0;  // the step this run() ends at (the last, or --max-steps-this-run's)
   const std::atomic<int>* signal_ = nullptr;  // stop_on_signal's
-  bool stopping_for_signal_ = false;
-  void stop_for_signal(int signal_number);
+  std::string stop_file_;                     // stop_on_file's
+  bool stopping_ = false;                     // stop_ was moved by one of them
+  bool stop_requested();
   int64_t tokens_seen_ = 0;
   std::chrono::steady_clock::time_point started_ = std::chrono::steady_clock::now();  // the CSV's elapsed_s
   std::string last_checkpoint_;

@@ -336,7 +336,7 @@ run_gpu_benches() {
         if [[ $(rc_of "$L/bench/bench_train_gpu") != 0 ]] &&
           grep -qs "checking the sm90a kernels against the portable ones" "$L/bench/bench_train_gpu.err"; then
           run_bench bench_train_gpu "$L/bench/bench_train_gpu.attention_portable" "$D" SPES_ATTENTION=portable
-        elif [[ $(rc_of "$L/bench/bench_train_gpu") != 0 ]]; then
+        elif [[ ! $(rc_of "$L/bench/bench_train_gpu") =~ ^(0|none|124|137)$ ]]; then  # failed, not cut for time
           # A fault inside a replayed CUDA graph names no kernel: launch by launch, the
           # same step tells a graph problem from a kernel's.
           run_bench bench_train_gpu "$L/bench/bench_train_gpu.graph_off" "$D" SPES_CUDA_GRAPH=off

@@ -105,8 +105,8 @@ if [ ! -f "$DATA/heldout/train.manifest" ]; then
   echo "study-gpu: corpus collected and tokenized in $(( $(date +%s) - t0 )) s" >&2
 fi
 # corpus.csv gains each split's tokens: the token files' bytes / 2 (uint16 ids).
-tokens_of() { awk -v d="$DATA/$1" '!/^#/ && NF { print d "/" $0 }' "$DATA/$1/train.manifest" | xargs stat -c %s |
-  awk '{ s += $1 } END { printf "%.0f\n", s / 2 }'; }
+# The manifest lists each file with its size after a tab.
+tokens_of() { awk -F'\t' '!/^#/ && NF { s += $2 } END { printf "%.0f\n", s / 2 }' "$DATA/$1/train.manifest"; }
 awk -F, -v tr="$(tokens_of train)" -v ho="$(tokens_of heldout)" '
   NR == 1 { print $0 ",tokens"; next } $1 == "train" { print $0 "," tr; next } $1 == "heldout" { print $0 "," ho; next }
   { print $0 "," }' "$DATA/corpus.csv" > "$OUT/corpus.csv"
