@@ -36,8 +36,7 @@ void ConfigArgs::declare(po::options_description& opts, bool with_node_id) {
   opts.add_options()("config", po::value(&config)->required(), "TOML config")(
       "set", po::value(&sets)->composing(), "override a config key: section.key=value");
   if (with_node_id)
-    opts.add_options()("node-id", po::value<int64_t>()->notifier([this](int64_t id) { node_id = id; }),
-                       "this node's id (same as --set spes.node_id=N)");
+    opts.add_options()("node-id", optional_value(node_id), "this node's id (same as --set spes.node_id=N)");
 }
 
 Config ConfigArgs::load() const {

@@ -28,6 +28,13 @@ struct UsageError : Error {
 bool parse_args(const std::vector<std::string>& args, boost::program_options::options_description& opts,
                 const std::string& usage, const std::vector<std::string>& positional = {"config"});
 
+// An option whose absence is not a value (no sentinel a user could type): `out` is
+// set only when the option is given.
+template <class T>
+boost::program_options::typed_value<T>* optional_value(std::optional<T>& out) {
+  return boost::program_options::value<T>()->notifier([&out](const T& v) { out = v; });
+}
+
 // The arguments every config-reading command shares: CONFIG, --set k=v..., and
 // --node-id N (same as --set spes.node_id=N).
 struct ConfigArgs {

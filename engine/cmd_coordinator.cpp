@@ -71,9 +71,8 @@ int coordinator_command(const std::vector<std::string>& args) {
   opts.add_options()("fresh", po::bool_switch(&opt.fresh), "start a new run from the seed, replacing any state in state_dir")(
       "dump-state", po::value(&dump_dir), "write θ as an HF export to DIR/round-NNNNNNNN")(
       "dump-every", po::value(&dump_every), "... every N rounds (default 1)")(
-      "port", po::value<int64_t>()->notifier([&](int64_t p) { port = p; }),
-      "listen on this port instead of [spes] coordinator's (0: any free port)")(
-      "rollback-to", po::value<int64_t>()->notifier([&](int64_t r) { rollback_to = r; }),
+      "port", optional_value(port), "listen on this port instead of [spes] coordinator's (0: any free port)")(
+      "rollback-to", optional_value(rollback_to),
       "restart the run from this kept round (state_dir/rounds; the last [spes] keep_rounds are kept)");
   if (!parse_args(args, opts,
                   "spes-engine coordinator CONFIG [--set section.key=value]... [--fresh | --rollback-to ROUND] "

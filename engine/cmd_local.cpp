@@ -18,8 +18,8 @@
 #include <cstring>
 #include <filesystem>
 #include <fstream>
-#include <iterator>
 #include <iostream>
+#include <iterator>
 #include <string>
 #include <thread>
 #include <vector>
@@ -243,8 +243,9 @@ class Launcher {
   }
 
  private:
-  void check_csv() {
-    if (!csv_ && output_error_.empty()) output_error_ = "the CSV could not be written to stdout (file system full?)";
+  // The first output that failed is what stops the run (output_error).
+  void check_written(const std::ostream& out, const char* what) {
+    if (!out && output_error_.empty()) output_error_ = std::string(what) + " could not be written (file system full?)";
   }
 
   void line(const Child& c, const std::string& text) {
@@ -255,8 +256,7 @@ class Launcher {
       rounds_header_done_ = rounds_header_done_ || header;
       rounds_ << text << "\n";
       rounds_.flush();
-      if (!rounds_ && output_error_.empty())
-        output_error_ = "the round log could not be written (file system full?)";
+      check_written(rounds_, "the round log");
       log_line("[coordinator]", "%s", text.c_str());
       return;
     }
@@ -266,11 +266,11 @@ class Launcher {
       if (header_done_) return;
       header_done_ = true;
       csv_ << "node," << text << std::endl;
-      check_csv();
+      check_written(csv_, "the CSV on stdout");
       return;
     }
     csv_ << c.node << "," << text << std::endl;
-    check_csv();
+    check_written(csv_, "the CSV on stdout");
     track(c.node, split(text));
   }
 

@@ -113,7 +113,7 @@ int plan_command(const std::vector<std::string>& args) {
   po::options_description opts;
   a.declare(opts);
   opts.add_options()("gpus", po::value(&gpus), "GPUs per node (data parallel: each holds a replica)")(
-      "micro-batch", po::value<int64_t>()->notifier([&](int64_t b) { micro_batch_arg = b; }), "sequences per forward/backward (default: the config's)")(
+      "micro-batch", optional_value(micro_batch_arg), "sequences per forward/backward (default: the config's)")(
       "memory", po::value(&memory), "device memory, e.g. 80GiB: also print the largest micro-batch that fits")(
       "device", po::value(&device), "cuda or cpu (default: cuda when this binary has CUDA, else cpu)")(
       "link", po::value(&link), "the node's link, e.g. 100Mbit or 1Gbit: what a sync round costs per codec")(
