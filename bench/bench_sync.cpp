@@ -395,6 +395,7 @@ int main(int argc, char** argv) {
       if (s < best) best = s, best_st = st;
     }
     const long hwm = proc_kib(pid, "VmHWM:");
+    client.disconnect();  // done: a coordinator signalled with nodes joined would wait for their next round
     ::kill(pid, SIGTERM);
     ::waitpid(pid, nullptr, 0);
     std::filesystem::remove_all(c.spes.state_dir);
@@ -436,6 +437,7 @@ int main(int argc, char** argv) {
       for (auto& t : ts) t.join();
       secs = std::chrono::duration<double>(Clock::now() - t0).count();
     }
+    for (auto& cl : clients) cl->disconnect();  // done: see above
     ::kill(pid, SIGTERM);
     ::waitpid(pid, nullptr, 0);
     std::filesystem::remove_all(c.spes.state_dir);

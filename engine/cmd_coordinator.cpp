@@ -1,7 +1,8 @@
 // `spes-engine coordinator CONFIG [--set section.key=value]... [--fresh | --rollback-to ROUND]
 //  [--dump-state DIR [--dump-every N]] [--port P]`: the merge coordinator of the
-// config's run (net::Coordinator), serving until SIGINT/SIGTERM, with one CSV row
-// per round on stdout. Without --fresh it resumes the run from state_dir (a missing
+// config's run (net::Coordinator), serving until SIGINT/SIGTERM (which stop the run
+// at its next round first: net/README.md, Stopping a run), with one CSV row per
+// round on stdout. Without --fresh it resumes the run from state_dir (a missing
 // or unreadable state is an error); --fresh starts a new run from the seed (or
 // [train] init), replacing any state in state_dir; --rollback-to restarts the run from
 // one of the last `keep_rounds` published rounds (net/round_archive); --dump-state writes θ as an HF export (config.json +

@@ -19,7 +19,6 @@
 #include <filesystem>
 #include <fstream>
 #include <iostream>
-#include <iterator>
 #include <string>
 #include <thread>
 #include <vector>
@@ -29,7 +28,6 @@
 #include "engine/commands.hpp"
 #include "engine/config.hpp"
 #include "engine/trainer.hpp"
-#include "engine/base/atomic_file.hpp"
 #include "engine/base/csv.hpp"
 #include "engine/base/error.hpp"
 #include "engine/base/format.hpp"
@@ -101,6 +99,15 @@ Child spawn(const std::string& name, int node, const std::vector<std::string>& a
   return c;
 }
 
+// A child's exit status as `local` expects it: 0, or once every child was sent SIGTERM,
+// train's 128 + SIGTERM (it stopped with a checkpoint) or kExitStoppedByRun (another
+// node's stop reached it first).
+bool ended_as_asked(int status, bool stopping) {
+  if (!WIFEXITED(status)) return false;
+  const int code = WEXITSTATUS(status);
+  return code == 0 || (stopping && (code == 128 + SIGTERM || code == kExitStoppedByRun));
+}
+
 std::string describe_exit(int status) {
   if (WIFEXITED(status)) return "exit code " + std::to_string(WEXITSTATUS(status));
   if (WIFSIGNALED(status)) return std::string("signal ") + strsignal(WTERMSIG(status));
@@ -152,8 +159,9 @@ class Launcher {
     return true;
   }
 
-  // Collects exited children; returns the first that failed, if any.
-  Child* reap() {
+  // Collects exited children; returns the first that failed, if any. stopping: the
+  // children were asked to stop (SIGTERM), so ending by it is no failure either.
+  Child* reap(bool stopping = false) {
     Child* failed = nullptr;
     for (auto& c : children) {
       if (!c.running) continue;
@@ -161,7 +169,7 @@ class Launcher {
       if (waitpid(c.pid, &status, WNOHANG) == c.pid) {
         c.running = false;
         c.status = status;
-        if (!(WIFEXITED(status) && WEXITSTATUS(status) == 0) && !failed) failed = &c;
+        if (!ended_as_asked(status, stopping) && !failed) failed = &c;
       }
     }
     return failed;
@@ -170,6 +178,10 @@ class Launcher {
   void signal_all(int sig) {
     for (auto& c : children)
       if (c.running) kill(c.pid, sig);
+  }
+  void signal_nodes(int sig) {
+    for (auto& c : children)
+      if (c.running && c.node >= 0) kill(c.pid, sig);
   }
 
   // SIGTERM, then SIGKILL after a grace period, pumping output meanwhile.
@@ -189,45 +201,6 @@ class Launcher {
     }
   }
 
-  // Reads until nothing more waits in the pipes (the children may still be running).
-  void drain() {
-    for (;;) {
-      std::vector<pollfd> fds;
-      for (const auto& c : children)
-        for (int fd : {c.out_fd, c.err_fd})
-          if (fd >= 0) fds.push_back({fd, POLLIN, 0});
-      if (fds.empty() || poll(fds.data(), fds.size(), 0) <= 0) return;
-      pump(0);
-    }
-  }
-
-  // SIGSTOP to every node, returning once each is stopped (or gone): a signal is
-  // delivered when its process next runs, and what a node writes before then counts.
-  void freeze_nodes() {
-    signal_nodes(SIGSTOP);
-    for (const auto& c : children) {
-      if (!c.running || c.node < 0) continue;
-      const std::string stat = "/proc/" + std::to_string(c.pid) + "/stat";
-      for (int i = 0; i < 1000; ++i) {
-        std::ifstream f(stat);
-        std::string text((std::istreambuf_iterator<char>(f)), {});
-        const auto paren = text.rfind(')');  // "pid (comm) STATE ..."
-        if (!f || paren == std::string::npos || paren + 2 >= text.size() || text[paren + 2] == 'T') break;
-        usleep(1000);
-      }
-    }
-  }
-
-  void signal_nodes(int sig) {
-    for (auto& c : children)
-      if (c.running && c.node >= 0) kill(c.pid, sig);
-  }
-  // The furthest step a node's CSV row has shown.
-  int64_t max_node_step() const {
-    int64_t m = 0;
-    for (const NodeProgress& p : nodes_) m = std::max(m, p.step);
-    return m;
-  }
   // What could not be written (the CSV on stdout, the round log); "" when all was.
   const std::string& output_error() const { return output_error_; }
 
@@ -371,10 +344,6 @@ int local_command(const std::vector<std::string>& args) {
     sets.push_back("train.threads=" + std::to_string(std::max<int64_t>(1, int64_t(cores) / c.spes.n_nodes)));
   }
   std::filesystem::create_directories(c.spes.state_dir);
-  // Ctrl-C writes here the step every node stops at (Trainer::stop_on_file).
-  const std::string stop_path = (std::filesystem::path(c.spes.state_dir) / "stop-at").string();
-  std::filesystem::remove(stop_path);
-  setenv("SPES_STOP_FILE", stop_path.c_str(), 1);
   const std::string rounds_path = (std::filesystem::path(c.spes.state_dir) / "rounds.csv").string();
   // A new run starts a new round log; --resume appends to it.
   std::ofstream rounds(rounds_path, resume ? std::ios::app : std::ios::trunc);
@@ -428,7 +397,7 @@ int local_command(const std::vector<std::string>& args) {
                rounds_path.c_str());
 
   int rc = 0;
-  bool stopping = false, forced = false;  // interrupted once: the nodes run to the stop step; twice
+  bool stopping = false, forced = false;  // interrupted once: the nodes stop at a round; twice: at once
   while (true) {
     L.pump(200);
     if (!L.output_error().empty()) {
@@ -437,26 +406,23 @@ int local_command(const std::vector<std::string>& args) {
       break;
     }
     if (g_interrupted && !stopping) {
-      // One step for every node, past where any of them is, and a round's step so that
-      // it is applied before their checkpoints: the nodes are frozen while it is chosen
-      // (a node is at most one step past its last CSV row, and all rows are read).
+      // Each node asks the run to stop in its next push, and every node stops at the
+      // round whose result ends the run, with a checkpoint of it (net/README.md,
+      // Stopping a run); without sync rounds each node stops after its step. The
+      // coordinator is stopped once the nodes are done: asked now, it would end the run
+      // at once if no node had joined it yet.
       stopping = true;
       rc = 130;
-      L.freeze_nodes();
-      L.drain();
-      const int64_t every = c.spes.sync_steps, next = L.max_node_step() + 1;
-      const int64_t at = every > 0 ? (next + every - 1) / every * every : 0;
-      write_file_atomic(stop_path, std::to_string(at) + "\n");
-      L.signal_nodes(SIGCONT);
+      L.signal_nodes(SIGTERM);
       log_line("local:", "interrupted: every node stops %s, with a checkpoint (local --resume continues); "
                "interrupt again to stop every process at once",
-               every > 0 ? strprintf("at step %lld (a sync round's)", (long long)at).c_str() : "after its step");
+               c.spes.sync_steps > 0 ? "at the next sync round" : "after its step");
     } else if (g_interrupted > 1) {
       log_line("local:", "interrupted again: stopping every process now");
       forced = true;
       break;
     }
-    if (Child* failed = L.reap()) {
+    if (Child* failed = L.reap(stopping)) {
       // Relay what it wrote before it exited, so its error comes before ours.
       for (int i = 0; i < 100 && (failed->err_fd >= 0 || failed->out_fd >= 0); ++i) L.pump(20);
       log_line("local:", "%s failed (%s; its error is above); stopping the others", failed->name.c_str(),

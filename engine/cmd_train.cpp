@@ -22,8 +22,9 @@ namespace {
 
 std::atomic<int> g_signal{0};  // the SIGINT or SIGTERM that asked the run to stop
 
-// The first SIGINT / SIGTERM stops the run with a checkpoint (Trainer::stop_on_signal);
-// a second, of either kind, ends the process as the signal would have.
+// The first SIGINT / SIGTERM stops the run with a checkpoint (Trainer::stop_on_signal:
+// after the step under way, or at the next sync round); a second, of either kind,
+// ends the process as the signal would have.
 void on_stop_signal(int sig) {
   if (g_signal.exchange(sig) != 0) {
     signal(sig, SIG_DFL);
@@ -51,6 +52,7 @@ int train_command(const std::vector<std::string>& args) {
   opts.add_options()("resume", po::bool_switch(&resume), "continue from the newest checkpoint");
   if (!parse_args(args, opts, "spes-engine train CONFIG [--set section.key=value]... [--node-id N] [--resume]"))
     return 0;
+  stop_on_signals();  // from the start: a signal while the model and data load stops the run at its first step
   Config c = a.load();
   // Under srun: this task is node SLURM_PROCID of SLURM_NTASKS (unless --node-id says otherwise).
   if (const auto task = slurm_task([](const char* name) { return std::getenv(name); }); task && !a.node_id) {
@@ -69,14 +71,10 @@ int train_command(const std::vector<std::string>& args) {
   Trainer t(c);
   // Before run(): θ is still the initial θ (initial_theta) the sync base starts from.
   if (c.spes.sync_steps > 0) t.set_sync_hook(make_net_sync_hook(c, t.layout(), t.ownership(), t.theta().data()));
-  // `local` names a file its nodes stop by (one step for all of them).
-  if (const char* stop_file = std::getenv("SPES_STOP_FILE")) t.stop_on_file(stop_file);
-  if (c.spes.sync_steps == 0) {
-    t.stop_on_signal(&g_signal);
-    stop_on_signals();
-  }
+  t.stop_on_signal(&g_signal);
   t.run(std::cout, resume);
-  return g_signal.load() ? 128 + g_signal.load() : 0;  // as a shell reports a process the signal stopped
+  if (g_signal.load()) return 128 + g_signal.load();  // as a shell reports a process the signal stopped
+  return t.stopped_by_run() ? kExitStoppedByRun : 0;
 }
 
 }  // namespace spes

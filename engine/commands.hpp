@@ -12,6 +12,11 @@ namespace spes {
 
 struct Config;
 
+// `train`'s exit status when another node or the coordinator stopped the run at a
+// round before its last step (its checkpoint holds that round; --resume continues):
+// not 0, which would say the run is done. 75 is sysexits' EX_TEMPFAIL, "try again".
+constexpr int kExitStoppedByRun = 75;
+
 int train_command(const std::vector<std::string>& args);          // cmd_train.cpp
 int local_command(const std::vector<std::string>& args);          // cmd_local.cpp
 int coordinator_command(const std::vector<std::string>& args);    // cmd_coordinator.cpp

@@ -44,6 +44,7 @@ SyncStats engine_stats(const net::RoundReport& s) {
   out.bytes_up = s.bytes_up;
   out.bytes_down = s.bytes_down;
   out.state_hash = s.state_hash;
+  out.stop = s.stop;
   return out;
 }
 
@@ -57,15 +58,18 @@ class NetSyncHook : public SyncHook {
       : client_(p), overlap_(overlap), prefix_("[node " + std::to_string(p.node_id) + "]") {}
 
   // Overlapped: apply the round started at the last sync step if it is still in
-  // flight (waiting only if it has not arrived since), then push this one and go on.
-  SyncStats sync_round(float* params, int64_t step, const net::TrainFigures& figures) override {
-    if (!overlap_) return engine_stats(client_.sync_round(params, step, figures));
+  // flight (waiting only if it has not arrived since), then push this one and go on
+  // (unless that round ended the run).
+  SyncStats sync_round(float* params, int64_t step, const net::TrainFigures& figures, bool ask_stop) override {
+    if (!overlap_) return engine_stats(client_.sync_round(params, step, figures, ask_stop));
     SyncStats out;
     if (client_.round_in_flight()) out = finish(params);
-    client_.start_round(params, step, figures);
+    if (out.stop) return out;
+    client_.start_round(params, step, figures, ask_stop);
     started_ = std::chrono::steady_clock::now();
     return out;
   }
+  void join(const float* params) override { client_.join(params); }
   bool round_in_flight() const override { return client_.round_in_flight(); }
   SyncStats settle(float* params) override {
     return client_.round_in_flight() ? finish(params) : SyncStats{};

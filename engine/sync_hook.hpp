@@ -20,14 +20,19 @@ struct SyncStats {
   uint64_t state_hash = 0;  // hash of θ after the round: equal on every node and the coordinator
   double inflight_ms = 0;   // overlapped rounds: from the push to this step, where it was applied
   double wait_ms = 0;       // overlapped rounds: how long the step loop waited for it
+  bool stop = false;        // the run ends at this round (a node or the coordinator was asked to stop)
 };
 
 class SyncHook {
  public:
   virtual ~SyncHook() = default;
   // figures: the node's training figures, reported with the push (the coordinator's
-  // status page shows them).
-  virtual SyncStats sync_round(float* params, int64_t step, const net::TrainFigures& figures) = 0;
+  // status page shows them); ask_stop: this node asks the run to end at this round
+  // (a later round's result says where it does: SyncStats::stop).
+  virtual SyncStats sync_round(float* params, int64_t step, const net::TrainFigures& figures, bool ask_stop) = 0;
+  // Before the first step (after load_state): meet the coordinator now rather than
+  // at the first round.
+  virtual void join(const float*) {}
   virtual void save_state(CheckpointState& s) const = 0;
   virtual void load_state(const CheckpointState& s, float* params) = 0;
   // Overlapped rounds: whether one is in flight, and applying it now (overlap_steps

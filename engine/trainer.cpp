@@ -6,7 +6,6 @@
 #include <cstdio>
 #include <cstring>
 #include <filesystem>
-#include <fstream>
 #include <optional>
 #include <ostream>
 
@@ -242,8 +241,9 @@ SyncStats Trainer::sync_if_due() {
     pre_round_.rng_state = {uint64_t(tokens_seen_)};
     sync_->save_state(pre_round_);
   }
-  const SyncStats s = sync_->sync_round(backend_->host_theta().data(), step_, figures_);
+  const SyncStats s = sync_->sync_round(backend_->host_theta().data(), step_, figures_, ask_stop_);
   backend_->push_theta();
+  stop_if_round_ends_run(s);
   figures_.sync_ms = s.ms;
   check_round_ = keep && s.round > pre_round_.sync_round ? s.round : 0;
   return s;
@@ -357,6 +357,7 @@ SyncStats Trainer::settle_round() {
   backend_->pull_theta();
   const SyncStats s = sync_->settle(backend_->host_theta().data());
   backend_->push_theta();
+  stop_if_round_ends_run(s);
   return s;
 }
 
@@ -404,33 +405,46 @@ void Trainer::restore_latest() {
   log_line(node_prefix().c_str(), "resumed from %s at step %lld", dir.c_str(), (long long)step_);
 }
 
-// Whether to end the run before the next step, and if so where: a signal (a run
-// without sync rounds ends now), or the stop file with the step every node of the run
-// ends at (local writes it: one step for all, so their checkpoints hold one round).
+// Whether to end the run before the next step: a signal ends a run without sync
+// rounds after the step under way; with sync rounds the node asks the run to stop in
+// its pushes instead, and stops where a round's result says (stop_if_round_ends_run).
 bool Trainer::stop_requested() {
-  if (stopping_) return false;
-  int64_t at = -1;
-  std::string why;
-  if (signal_ && *signal_) {
-    at = step_;
-    why = strsignal(*signal_);
-  } else if (!stop_file_.empty() && std::filesystem::exists(stop_file_)) {
-    std::ifstream in(stop_file_);
-    if (!(in >> at) || at < 0) throw Error(stop_file_ + ": expected the step to stop at");
-    at = std::max(at, step_);
-    why = "asked by " + stop_file_;
-  } else {
+  if (stopping_ || ask_stop_ || !signal_ || !*signal_) return false;
+  const char* why = strsignal(*signal_);
+  const int64_t every = cfg_.spes.sync_steps;
+  if (sync_ && every > 0) {
+    ask_stop_ = true;
+    log_line(node_prefix().c_str(),
+             "%s: asking the run to stop at its next sync round (pushed at step %lld): every node stops there "
+             "with a checkpoint (--resume continues); a second signal stops this node now",
+             why, (long long)((step_ / every + 1) * every));
     return false;
   }
   stopping_ = true;
-  stop_ = std::min(stop_, at);
-  log_line(node_prefix().c_str(), "%s: stopping at step %lld with a checkpoint (--resume continues)", why.c_str(),
+  stop_ = std::min(stop_, step_);
+  log_line(node_prefix().c_str(), "%s: stopping at step %lld with a checkpoint (--resume continues)", why,
            (long long)stop_);
   return true;
 }
 
+// A round's result that ends the run: this node stops at this step, with a checkpoint
+// of the round, as every node that received it does.
+void Trainer::stop_if_round_ends_run(const SyncStats& s) {
+  if (!s.stop || stopping_) return;
+  stopping_ = true;
+  stopped_by_run_ = !ask_stop_ && step_ < cfg_.train.steps;
+  stop_ = step_;
+  log_line(node_prefix().c_str(), "round %lld ends the run (%s): stopping at step %lld with a checkpoint (--resume "
+           "continues)",
+           (long long)s.round, ask_stop_ ? "as this node asked" : "another node or the coordinator was asked to stop",
+           (long long)step_);
+}
+
 void Trainer::run(std::ostream& csv, bool resume) {
   if (resume) restore_latest();
+  if (sync_) sync_->join(theta().data());
+  stop_ = cfg_.train.max_steps_this_run > 0 ? std::min(cfg_.train.steps, step_ + cfg_.train.max_steps_this_run)
+                                            : cfg_.train.steps;
   if (owes_round_) {
     const SyncStats s = sync_if_due();
     log_line(node_prefix().c_str(), "step %lld: the checkpoint's sync round, now done: round %lld (state %016llx)",
@@ -444,8 +458,6 @@ void Trainer::run(std::ostream& csv, bool resume) {
                backend_->describe().c_str());
   csv << csv_header() << std::endl;
   if (!csv) throw Error("the CSV header could not be written to stdout (file system full, or the reader gone)");
-  stop_ = cfg_.train.max_steps_this_run > 0 ? std::min(cfg_.train.steps, step_ + cfg_.train.max_steps_this_run)
-                                            : cfg_.train.steps;
   Progress progress(node_prefix(), 10.0);
   const int64_t start = step_;
   while (step_ < stop_) {

@@ -49,14 +49,15 @@ class Trainer {
   // checkpoint in checkpoint.dir (a fresh start when there is none).
   void run(std::ostream& csv, bool resume);
   void set_sync_hook(std::unique_ptr<SyncHook> hook);
-  // Ways to end run() early with a checkpoint, checked before each step:
-  // - a signal's number landing in *signal_number (a handler's store): after the step
-  //   under way. For runs without sync rounds: a node of a run with them cannot know
-  //   where the others will stop, and would wait for their round.
-  // - a file at `path` holding a step: there, or after the step under way if that is
-  //   later. `local` writes it for all its nodes at once, so they stop at one round.
+  // Ends run() early with a checkpoint once a signal's number lands in *signal_number
+  // (a handler's store), checked before each step. Without sync rounds: after the
+  // step under way. With them a node alone cannot know where the others would stop
+  // (it would wait in a round for nodes that already stopped), so it asks the run to
+  // stop in its next push, and every node of the run stops at the round whose result
+  // says the run ends there (net/README.md, Stopping a run).
   void stop_on_signal(const std::atomic<int>* signal_number) { signal_ = signal_number; }
-  void stop_on_file(std::string path) { stop_file_ = std::move(path); }
+  // run() ended at a round that another node or the coordinator asked to end the run.
+  bool stopped_by_run() const { return stopped_by_run_; }
   // Parameters and step from a checkpoint (eval, export); refuses another model.
   void load_params(const CheckpointState& s, const std::string& source);
 
@@ -105,9 +106,11 @@ class Trainer {
   int64_t step_ = 0;
   int64_t stop_ = 0;  // the step this run() ends at (the last, or --max-steps-this-run's)
   const std::atomic<int>* signal_ = nullptr;  // stop_on_signal's
-  std::string stop_file_;                     // stop_on_file's
-  bool stopping_ = false;                     // stop_ was moved by one of them
+  bool stopping_ = false;                     // stop_ was moved to end the run early
+  bool ask_stop_ = false;                     // a signal came: every push asks the run to stop
+  bool stopped_by_run_ = false;
   bool stop_requested();
+  void stop_if_round_ends_run(const SyncStats& s);
   int64_t tokens_seen_ = 0;
   std::chrono::steady_clock::time_point started_ = std::chrono::steady_clock::now();  // the CSV's elapsed_s
   std::string last_checkpoint_;

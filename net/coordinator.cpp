@@ -14,9 +14,11 @@
 #include <cinttypes>
 #include <csignal>
 #include <cstdio>
+#include <cstring>
 #include <mutex>
 #include <optional>
 #include <ostream>
+#include <set>
 #include <thread>
 
 #include "engine/base/csv.hpp"
@@ -36,6 +38,7 @@
 #include "net/session.hpp"
 #include "net/status_server.hpp"
 #include "net/streaming_merge.hpp"
+#include "net/tls.hpp"
 #include "net/update_bound.hpp"
 
 namespace spes::net {
@@ -90,6 +93,16 @@ const CoordinatorParams& checked(const CoordinatorParams& p, const CoordinatorOp
   if (opt.chunk_elems < kInt8Block || opt.chunk_elems > kMaxChunkElems || opt.chunk_elems % kInt8Block)
     throw NetError("chunk_elems must be a multiple of " + std::to_string(kInt8Block) + " in [" +
                    std::to_string(kInt8Block) + ", " + std::to_string(kMaxChunkElems) + "]");
+  // What the listening sockets need, checked before a fresh run writes its round 0:
+  // without a secret or TLS only loopback, unless allow_insecure (refuse, never rebind
+  // quietly); TLS files that load.
+  check_secret(p.secret, "coordinator");
+  check_insecure("coordinator bind address", parse_host_port(p.address).host, !p.secret.empty(), p.tls.on(),
+                 p.allow_insecure);
+  if (p.tls.on()) tls_context(p.tls, true);
+  if (!p.status_address.empty())
+    check_insecure("status page bind address", parse_host_port(p.status_address).host, !p.secret.empty(),
+                   p.tls.on(), p.allow_insecure);
   return p;
 }
 
@@ -165,6 +178,14 @@ struct Coordinator::Impl final : SessionHandler {
   tcp::endpoint bound;  // read by other threads (port()): set once in the constructor
   bool stopped = false;
   bool csv_failed = false;  // the round CSV's stream failed (said once)
+  // Stopping a run at a round (net/README.md, Stopping a run): the nodes that asked
+  // in their push to the open round (a request leaves with its node's connection; a
+  // reconnecting node asks again as it resends), and whether this process was
+  // signalled (every round it publishes from then on ends the run, and it exits once
+  // no node is left).
+  std::set<int> stop_asked;
+  bool stopping = false;
+  int members = 0;            // nodes joined and not yet left
 
   mutable std::mutex stats_mu;
   CoordinatorStats stats_;  // round, step, state_hash, late_pushes, csv_rows; the rest is the server's
@@ -176,12 +197,16 @@ struct Coordinator::Impl final : SessionHandler {
 
   // SessionHandler
   bool on_joined(Session& s, int64_t node_round, uint64_t node_hash) override {
+    ++members;
     board.node_connected(s.node_id(), true);
     return rounds.node_joined(s.node_id(), node_round, node_hash == state.hash);
   }
   void on_left(Session& s) override {
+    --members;
+    stop_asked.erase(s.node_id());
     board.node_connected(s.node_id(), false);
     rounds.node_left(s.node_id());
+    if (stopping && members == 0) asio::post(io, [this] { shutdown(); });  // not from inside a session's callback
   }
   void on_snapshot(Session& s) override { rounds.node_snapshot(s.node_id()); }
   void on_push_chunk(Session& s, const wire::PushChunk* m) override;
@@ -199,6 +224,8 @@ struct Coordinator::Impl final : SessionHandler {
   int64_t open_round_step() const { return state.step + p.sync_steps; }
   void arm_timer(int64_t r);
   void close_round(const RoundClose& rc);
+  void on_signal(int sig);
+  void wait_for_signal();
   void shutdown();
   void start_status_page();
   RunStatus status_now() const;  // the board and the live counters (status server's thread)
@@ -227,12 +254,9 @@ Coordinator::Impl::Impl(CoordinatorParams params, CoordinatorOptions o)
       server(io, handshake_rules(p, opt), session_limits(opt), grid, state, *this, log),
       board(p.run_id, codec_name(p.codec), p.n_nodes, state.round, state.step, state.hash,
             folder_bytes(persistence.folder())) {
-  // Without a secret or TLS only loopback, unless allow_insecure: refuse, never rebind quietly.
   const HostPort hp = parse_host_port(p.address);
   std::string host = hp.host;
   const int port = opt.port >= 0 ? opt.port : hp.port;
-  check_secret(p.secret, "coordinator");
-  check_insecure("coordinator bind address", host, !p.secret.empty(), p.tls.on(), p.allow_insecure);
   if (host == "localhost") host = "127.0.0.1";
   bound = server.listen(host, uint16_t(port));
   log("listening on %s:%u (%s, %d nodes, min_nodes %d, round timeout %.0f s, codec %s%s)", host.c_str(),
@@ -257,7 +281,6 @@ Coordinator::Impl::Impl(CoordinatorParams params, CoordinatorOptions o)
 void Coordinator::Impl::start_status_page() {
   if (p.status_address.empty()) return;
   const HostPort hp = parse_host_port(p.status_address);
-  check_insecure("status page bind address", hp.host, !p.secret.empty(), p.tls.on(), p.allow_insecure);
   status = std::make_unique<StatusServer>(hp.host, hp.port, [this] { return status_now(); });
   log("status page at %s (Prometheus: %smetrics, JSON: %sstatus.json)", status->url().c_str(), status->url().c_str(),
       status->url().c_str());
@@ -421,6 +444,7 @@ bool Coordinator::Impl::check_update_bound(Session& s, int c, const uint8_t* pay
 // A bad push is refused as a whole: nothing of it stays in the round's merge.
 void Coordinator::Impl::refuse_push(Session& s, wire::ErrorCode code, const std::string& why, const char* reason) {
   merge.withdraw(rounds.refuse_push(s.node_id()));
+  stop_asked.erase(s.node_id());
   update_bound.withdraw(s.node_id());
   update_stats([&](CoordinatorStats& st) { ++st.push_refusals[reason]; });
   s.fail(code, why);
@@ -435,6 +459,11 @@ void Coordinator::Impl::on_push_done(Session& s, const wire::PushDone* m) {
         s.node_id(), int64_t(m->step()), rounds.open_round(), open_round_step(), p.sync_steps);
   const RoundDecision d = rounds.on_push_done(s.node_id());
   if (!d.refuse.empty()) return refuse_push(s, wire::ErrorCode_bad_push, d.refuse);
+  if (m->stop()) {
+    stop_asked.insert(s.node_id());
+    log("node %d asks the run to stop: it ends at round %" PRId64 ", every node with a checkpoint of it", s.node_id(),
+        rounds.open_round());
+  }
   const std::optional<TrainFigures> figures = read_figures(m->figures());
   board.node_pushed(s.node_id(), rounds.open_round(), figures ? &*figures : nullptr, rounds.done_count());
   if (opt.log && progress.terminal())
@@ -470,6 +499,7 @@ void Coordinator::Impl::close_round(const RoundClose& rc) {
   const std::shared_ptr<Publication> pub =
       build_publication(p.codec, grid, changed, merge.target(), *state.file, *next, persistence.folder(), r, step,
                         rc.participants, alpha);
+  pub->stop = stopping || !stop_asked.empty();
   const double result_ms = ms_since(t0) - mean_ms;
   if (!pub->refused.empty()) {
     const GridChunk& first = grid.chunks[size_t(pub->refused[0])];
@@ -542,6 +572,13 @@ void Coordinator::Impl::close_round(const RoundClose& rc) {
   update_stats([&](CoordinatorStats& st) { st.max_update_ratio = update_bound.max_ratio(); });
   std::shared_ptr<const Publication> cpub = pub;
   for (const auto& s : recipients) s->enqueue_publication(cpub);
+  if (pub->stop) {
+    std::string by = stopping ? "a signal to the coordinator" : "node";
+    for (int node : stop_asked) by += (by == "node" ? " " : ";") + std::to_string(node);
+    log("round %" PRId64 " ends the run (asked by %s): its nodes stop with a checkpoint of it; resuming them "
+        "(--resume) continues the run", r, by.c_str());
+  }
+  stop_asked.clear();
   merge.begin_round();
   rounds.next_round();
   if (opt.log && progress.terminal())
@@ -574,16 +611,33 @@ uint16_t Coordinator::port() const { return impl_->bound.port(); }
 
 uint16_t Coordinator::status_port() const { return impl_->status ? impl_->status->port() : 0; }
 
+// The first SIGINT / SIGTERM stops the run at a round: with nodes connected, the next
+// round published ends it (each node stops with a checkpoint of it and leaves) and
+// the coordinator exits once the last node has left; with none, at once. A second
+// signal stops it at once. Every published round is on disk either way.
+void Coordinator::Impl::on_signal(int sig) {
+  if (stopping || members == 0) {
+    log("%s: stopping now", strsignal(sig));
+    return shutdown();
+  }
+  stopping = true;
+  log("%s: the run stops at round %" PRId64 " (the next one published): every node stops with a checkpoint of it, "
+      "then the coordinator; a second signal stops the coordinator now",
+      strsignal(sig), rounds.open_round());
+  wait_for_signal();
+}
+
+void Coordinator::Impl::wait_for_signal() {
+  signals->async_wait([this](boost::system::error_code ec, int sig) {
+    if (!ec) on_signal(sig);
+  });
+}
+
 void Coordinator::run() {
   Impl& I = *impl_;
   if (I.opt.handle_signals) {
     I.signals = std::make_unique<asio::signal_set>(I.io, SIGINT, SIGTERM);
-    I.signals->async_wait([&I](boost::system::error_code ec, int sig) {
-      if (!ec) {
-        I.log("signal %d", sig);
-        I.shutdown();
-      }
-    });
+    I.wait_for_signal();
   }
   I.server.start();
   I.io.run();

@@ -91,7 +91,7 @@ struct CoordinatorOptions {
   int max_pending = 16;               // unauthenticated connections (the oldest makes way for a newcomer)
   double heartbeat_timeout_s = 3.0;   // a node silent this long is dropped and its node id freed
   double io_timeout_s = 60.0;         // a frame must be read / written within this, or the peer is dropped
-  bool handle_signals = false;        // SIGINT/SIGTERM stop the server
+  bool handle_signals = false;        // SIGINT/SIGTERM: the run stops at the next round, then the server
   bool fresh = false;                 // a new run: θ from init_theta, persisted at once as round 0 (it
                                       // replaces a state in state_dir); without it the state must load
   int64_t rollback_to = -1;           // ≥ 0: restart from this kept round (net/round_archive)

@@ -138,19 +138,19 @@ std::optional<TrainFigures> read_figures(const wire::TrainFigures* f) {
 }
 
 FrameView FrameWriter::push_done(int64_t round, int32_t node_id, int64_t step, uint32_t chunks,
-                                 const TrainFigures* figures) {
+                                 const TrainFigures* figures, bool stop) {
   b_.Clear();
   flatbuffers::Offset<wire::TrainFigures> f;
   if (figures)
     f = wire::CreateTrainFigures(b_, figures->step, figures->loss, figures->tokens_per_s, figures->val_ce,
                                  figures->val_step, figures->sync_ms);
-  return finish(wire::Message_PushDone, wire::CreatePushDone(b_, round, node_id, step, chunks, f).Union());
+  return finish(wire::Message_PushDone, wire::CreatePushDone(b_, round, node_id, step, chunks, f, stop).Union());
 }
 
 FrameView FrameWriter::round_done(int64_t round, int64_t step, uint32_t chunks, uint64_t state_hash,
-                                  int32_t participants, double merge_alpha) {
+                                  int32_t participants, double merge_alpha, bool stop) {
   b_.Clear();
-  auto m = wire::CreateRoundDone(b_, round, step, chunks, state_hash, participants, merge_alpha);
+  auto m = wire::CreateRoundDone(b_, round, step, chunks, state_hash, participants, merge_alpha, stop);
   return finish(wire::Message_RoundDone, m.Union());
 }
 

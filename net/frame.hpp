@@ -31,7 +31,7 @@ namespace spes::net {
 namespace wire = spes::net::wire;
 
 constexpr uint32_t kMagic = 0x53455053u;  // bytes "SPES"
-constexpr uint16_t kProtocolVersion = 1;
+constexpr uint16_t kProtocolVersion = 2;  // 2: PushDone.stop, RoundDone.stop
 constexpr size_t kHeaderBytes = 16;
 constexpr int64_t kMaxChunkElems = int64_t(1) << 20;         // 4 MiB of fp32 per chunk
 constexpr uint32_t kMaxFrameBytes = uint32_t(kMaxChunkElems) * 4 + 4096;
@@ -117,11 +117,13 @@ class FrameWriter {
   FrameView hello(const HelloFields& h);
   FrameView welcome(const WelcomeFields& w);
   FrameView error(wire::ErrorCode code, std::string_view reason);
-  // figures: the node's training figures for the coordinator's status page (null: none).
+  // figures: the node's training figures for the coordinator's status page (null: none);
+  // stop: the node asks the run to end at this round.
   FrameView push_done(int64_t round, int32_t node_id, int64_t step, uint32_t chunks,
-                      const TrainFigures* figures = nullptr);
+                      const TrainFigures* figures = nullptr, bool stop = false);
+  // stop: the run ends at this round.
   FrameView round_done(int64_t round, int64_t step, uint32_t chunks, uint64_t state_hash,
-                       int32_t participants, double merge_alpha);
+                       int32_t participants, double merge_alpha, bool stop = false);
   FrameView snapshot_request(int64_t since_round = -1);  // -1: every chunk
   FrameView heartbeat();
   FrameView bad_round(int64_t round, int32_t node_id, std::string_view reason);

@@ -16,7 +16,7 @@ PushPipeline::PushPipeline(NodeLink& link, const SyncClientParams& node, int thr
 }
 
 void PushPipeline::push(const NodeGrid& grid, HeldRound& held, const float* params, int64_t step,
-                        const TrainFigures& figures) {
+                        const TrainFigures& figures, bool ask_stop) {
   const int64_t r = held.round + 1;
   const Codec codec = node_.codec;
   const bool overlap = grid.grid.chunk_elems >= (int64_t(1) << 16) && threads_ > 1;
@@ -63,7 +63,7 @@ void PushPipeline::push(const NodeGrid& grid, HeldRound& held, const float* para
     job.wait();
     if (more && !overlap) build(int(b ^ 1), first + per_bank);
   }
-  write(FrameWriter(256).push_done(r, node_.node_id, step, uint32_t(n), &figures));
+  write(FrameWriter(256).push_done(r, node_.node_id, step, uint32_t(n), &figures, ask_stop));
 }
 
 // A push the coordinator refused mid-way (an Error frame, then it closes) shows

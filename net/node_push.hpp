@@ -23,9 +23,11 @@ class PushPipeline {
   PushPipeline(NodeLink& link, const SyncClientParams& node, int threads);
 
   // Pushes round held.round + 1 from params at optimizer step `step`; the error
-  // feedback it leaves goes to held.pending; PushDone carries `figures`. Throws
-  // NetError (final) when a chunk holds a non-finite value, before that chunk is sent.
-  void push(const NodeGrid& grid, HeldRound& held, const float* params, int64_t step, const TrainFigures& figures);
+  // feedback it leaves goes to held.pending; PushDone carries `figures` and `ask_stop`
+  // (the node asks the run to end at this round). Throws NetError (final) when a
+  // chunk holds a non-finite value, before that chunk is sent.
+  void push(const NodeGrid& grid, HeldRound& held, const float* params, int64_t step, const TrainFigures& figures,
+            bool ask_stop);
 
  private:
   void write(const FrameView& v);

@@ -74,12 +74,13 @@ void ResultReceiver::receive(const NodeGrid& grid, HeldRound& held, float* param
     held.round = r;  // base already holds the new owned values
     std::swap(held.residual, held.pending);
     held.force_snapshot = false;
-    log_("round %" PRId64 " synced: %d participant(s), merge alpha %.4g, state %s", r, d->participants(),
-         d->merge_alpha(), hash_hex(h).c_str());
+    log_("round %" PRId64 " synced: %d participant(s), merge alpha %.4g, state %s%s", r, d->participants(),
+         d->merge_alpha(), hash_hex(h).c_str(), d->stop() ? "; the run stops at this round" : "");
     report.round = r;
     report.state_hash = h;
     report.participants = d->participants();
     report.merge_alpha = d->merge_alpha();
+    report.stop = d->stop();
     return;
   }
 }

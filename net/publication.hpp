@@ -42,6 +42,7 @@ struct Publication {
   uint64_t hash = 0;               // state hash of the new θ (set once its file is committed)
   int participants = 0;
   double alpha = 0;
+  bool stop = false;               // the run ends at this round (RoundDone.stop)
   Codec codec = Codec::fp32;
   std::vector<int> chunks;         // grid chunks that changed, ascending
   std::vector<int> refused;        // chunks whose merged update was not finite: they keep their value

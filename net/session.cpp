@@ -350,7 +350,8 @@ bool Session::next_frame(OutJob& j, FrameView* v) {
         return true;
       }
       if (j.next == p.chunks.size()) {
-        *v = writer_.round_done(p.round, p.step, uint32_t(p.chunks.size()), p.hash, p.participants, p.alpha);
+        *v = writer_.round_done(p.round, p.step, uint32_t(p.chunks.size()), p.hash, p.participants, p.alpha,
+                                 p.stop);
         return true;
       }
       return false;

@@ -82,6 +82,7 @@ struct SyncClient::Impl {
   NodeGrid grid;
   int64_t coordinator_round = 0;  // its completed round, from its last Welcome
   int64_t rolled_back_to = -1;    // from its last Welcome
+  bool in_sync = false;           // the connection's node holds the coordinator's round (else: snapshot first)
   PushPipeline pusher{link, node, opt.threads};
   ResultReceiver results{link, node, opt.threads, log};
   SnapshotReceiver snapshots{link, node, log};
@@ -120,14 +121,14 @@ struct SyncClient::Impl {
   }
 
   // One round: attempts until one completes (a push and its result, or a snapshot).
-  RoundReport sync_round(float* params, int64_t step, const TrainFigures& figures) {
+  RoundReport sync_round(float* params, int64_t step, const TrainFigures& figures, bool ask_stop) {
     const auto t0 = Clock::now();
     RoundReport report;
     link.reset_counters();
     retry.begin_round();
     for (;;) {
       try {
-        attempt(params, step, figures, report);
+        attempt(params, step, figures, ask_stop, report);
         break;
       } catch (const Refused& e) {
         link.disconnect();
@@ -144,13 +145,15 @@ struct SyncClient::Impl {
   }
 
   // A node that is not in sync after connecting takes a snapshot instead of pushing.
-  void attempt(float* params, int64_t step, const TrainFigures& figures, RoundReport& report) {
-    if (!link.connected() && !connect(params)) {
+  void attempt(float* params, int64_t step, const TrainFigures& figures, bool ask_stop, RoundReport& report) {
+    if (!link.connected()) in_sync = connect(params);
+    if (!in_sync) {
       snapshots.resync(grid, coordinator_round, held, params, report, rolled_back_to);
+      in_sync = true;
       return;
     }
     const auto t_push = Clock::now();
-    pusher.push(grid, held, params, step, figures);
+    pusher.push(grid, held, params, step, figures, ask_stop);
     report.push_ms = ms_since(t_push);
     results.receive(grid, held, params, report);
   }
@@ -187,12 +190,12 @@ SyncClient::~SyncClient() {
   if (impl_->inflight_thread.joinable()) impl_->inflight_thread.join();
 }
 
-RoundReport SyncClient::sync_round(float* params, int64_t step, const TrainFigures& figures) {
+RoundReport SyncClient::sync_round(float* params, int64_t step, const TrainFigures& figures, bool ask_stop) {
   std::lock_guard<std::mutex> lk(impl_->turn);
-  return impl_->sync_round(params, step, figures);
+  return impl_->sync_round(params, step, figures, ask_stop);
 }
 
-void SyncClient::start_round(const float* params, int64_t step, const TrainFigures& figures) {
+void SyncClient::start_round(const float* params, int64_t step, const TrainFigures& figures, bool ask_stop) {
   Impl& I = *impl_;
   if (I.inflight_thread.joinable()) throw NetError("internal: a sync round is already in flight");
   I.inflight.assign(params, params + I.node.layout.total);
@@ -201,14 +204,32 @@ void SyncClient::start_round(const float* params, int64_t step, const TrainFigur
   I.inflight_error = nullptr;
   // The round holds the link's turn as sync_round does: otherwise the idle heartbeat
   // thread could write on the socket while the round does.
-  I.inflight_thread = std::thread([&I, step, figures] {
+  I.inflight_thread = std::thread([&I, step, figures, ask_stop] {
     try {
       std::lock_guard<std::mutex> lk(I.turn);
-      I.inflight_report = I.sync_round(I.inflight.data(), step, figures);
+      I.inflight_report = I.sync_round(I.inflight.data(), step, figures, ask_stop);
     } catch (...) {
       I.inflight_error = std::current_exception();
     }
   });
+}
+
+void SyncClient::join(const float* params) {
+  Impl& I = *impl_;
+  std::lock_guard<std::mutex> lk(I.turn);
+  I.retry.begin_round();
+  for (;;) {
+    try {
+      if (!I.link.connected()) I.in_sync = I.connect(params);
+      return;
+    } catch (const Refused& e) {
+      I.link.disconnect();
+      I.retry.after(e);
+    } catch (const Transient& e) {
+      I.link.disconnect();
+      I.retry.after(e);
+    }
+  }
 }
 
 bool SyncClient::round_in_flight() const { return impl_->inflight_thread.joinable(); }

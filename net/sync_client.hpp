@@ -70,6 +70,7 @@ struct RoundReport {
   bool resynced = false;      // params were replaced by a snapshot (no push this time)
   int participants = 0;
   double merge_alpha = 0;
+  bool stop = false;          // the run ends at this round: a node or the coordinator was asked to stop
 };
 
 struct SyncClientOptions {
@@ -91,9 +92,18 @@ class SyncClient {
   SyncClient& operator=(const SyncClient&) = delete;
 
   // One sync round at optimizer step `step`; the push carries `figures` (the
-  // coordinator's status page). Throws NetError when the coordinator refuses this
-  // node (secret, run id, fingerprint, codec...) or stays unreachable for retry_for_s.
-  RoundReport sync_round(float* params, int64_t step, const TrainFigures& figures = {});
+  // coordinator's status page) and `ask_stop` (this node asks the run to end at this
+  // round: the report's `stop` then says it does). Throws NetError when the
+  // coordinator refuses this node (secret, run id, fingerprint, codec...) or stays
+  // unreachable for retry_for_s.
+  RoundReport sync_round(float* params, int64_t step, const TrainFigures& figures = {}, bool ask_stop = false);
+
+  // Connects and authenticates now, retrying as a round does: the coordinator counts
+  // this node from the start of its run (a signal to it then waits for the node's
+  // next round: net/README.md, Stopping a run), and a wrong secret, run id or
+  // fingerprint is said before the first step. A node that is behind takes its
+  // snapshot at its next round, as before. Throws as sync_round does.
+  void join(const float* params);
 
   // Overlapped rounds ([spes] overlap): start_round pushes a copy of params on a
   // helper thread and returns at once, so the node keeps training; finish_round
@@ -103,7 +113,7 @@ class SyncClient {
   // parameter not trained since the push becomes θ_global bit for bit.
   // The returned report's state_hash is θ_global's, checked against the coordinator.
   // No other call may run while a round is in flight.
-  void start_round(const float* params, int64_t step, const TrainFigures& figures = {});
+  void start_round(const float* params, int64_t step, const TrainFigures& figures = {}, bool ask_stop = false);
   bool round_in_flight() const;
   RoundReport finish_round(float* params);
 

@@ -242,7 +242,7 @@ struct TestNode {
       for (const Range& r : own.space.ranges())
         for (int64_t i = r.begin; i < r.end; ++i) params[i] += 1e-3f * noise(own.node_id, step, i);
   }
-  RoundReport sync() { return client->sync_round(params.data(), step, figures); }
+  RoundReport sync(bool ask_stop = false) { return client->sync_round(params.data(), step, figures, ask_stop); }
 };
 
 // Every node trains, then all sync concurrently (each sync_round blocks until the round closes).

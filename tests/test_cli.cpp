@@ -8,6 +8,7 @@
 #include <unistd.h>
 
 #include <cstdio>
+#include <algorithm>
 #include <cstdlib>
 #include <cstring>
 #include <filesystem>
@@ -220,4 +221,19 @@ TEST_CASE("a new run over an earlier run's checkpoints or coordinator state is r
   CHECK(r.err == "spes-engine: error: " + (dir.path / "coordinator-state" / "coordinator_state.bin").string() +
                      " is an earlier run's: `local --resume` continues it; a new run needs another [spes] state_dir, "
                      "or that one removed\n");
+}
+
+TEST_CASE("coordinator --fresh: a missing TLS file or a short secret is refused before round 0 is written") {
+  TempDir dir("cli-coordinator-tls");
+  { std::ofstream(dir.path / "c.toml") << kConfig; }
+  Run r = run_engine(dir.path, "coordinator c.toml --fresh --set 'spes.tls_ca=\"certs/ca.crt\"'");
+  CHECK(r.status == 1);
+  CHECK(r.err.find("certs/ca.crt does not exist") != std::string::npos);
+  CHECK(std::count(r.err.begin(), r.err.end(), '\n') == 1);
+  CHECK(!fs::exists(dir.path / "coordinator-state" / "coordinator_state.bin"));
+  { std::ofstream(dir.path / "short.secret") << "too short"; }
+  r = run_engine(dir.path, "coordinator c.toml --fresh --set 'spes.secret_file=\"short.secret\"'");
+  CHECK(r.status == 1);
+  CHECK(r.err.find("short.secret") != std::string::npos);
+  CHECK(!fs::exists(dir.path / "coordinator-state" / "coordinator_state.bin"));
 }

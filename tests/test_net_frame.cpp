@@ -85,7 +85,7 @@ TEST_CASE("frame: header checks happen before the payload is read") {
   CHECK(header_problem(HeaderCheck::too_large, fh, kMaxFrameBytes).find("outside") != std::string::npos);
   write_header(h, 4, 0);
   CHECK(parse_header(h, 1024, &fh) == HeaderCheck::too_large);  // shorter than any envelope
-  write_header(h, 100, 0, 2);
+  write_header(h, 100, 0, kProtocolVersion + 1);
   CHECK(parse_header(h, 1024, &fh) == HeaderCheck::bad_version);
   CHECK(header_problem(HeaderCheck::bad_version, fh, 1024).find("protocol version mismatch") != std::string::npos);
   write_header(h, 100, 0);

@@ -95,6 +95,7 @@ TEST_CASE("coordinator memory: peak RSS per codec at 31M parameters") {
     std::ifstream(base_file) >> base_kib;
     REQUIRE(base_kib > 0);
     const double ratio = double(status_kib(pid, "VmHWM:") - base_kib) * 1024 / model_bytes;
+    node.client->disconnect();  // the node is done: SIGTERM stops the coordinator at once
     ::kill(pid, SIGTERM);
     int st = 0;
     ::waitpid(pid, &st, 0);

@@ -50,7 +50,7 @@ TEST_CASE("refusals: each mismatch gets an Error with a plain reason; the coordi
                  h.proof = hmac_sha256("wrong-secret-0123456789", hello_proof_message(n, h.run_id, 0, h.fingerprint));
                }),
                wire::ErrorCode_auth, "authentication failed");
-  expect_error(hello_reply(co, cfg, [](HelloFields&, auto&) {}, kProtocolVersion, 2),
+  expect_error(hello_reply(co, cfg, [](HelloFields&, auto&) {}, kProtocolVersion, kProtocolVersion + 1),
                wire::ErrorCode_protocol_version, "protocol version mismatch");
   expect_error(hello_reply(co, cfg, [](HelloFields&, auto&) {}, 7), wire::ErrorCode_protocol_version,
                "protocol version mismatch");

@@ -105,6 +105,7 @@ TEST_CASE("faults: coordinator process SIGKILLed mid-round and restarted -> node
       pid = spawn_coordinator(cfg.spes.state_dir, port, csv);
     }
   }
+  for (auto& n : nodes) n->client->disconnect();  // the nodes are done: SIGTERM stops it at once
   ::kill(pid, SIGTERM);  // graceful: persists and exits 0
   int status = 0;
   ::waitpid(pid, &status, 0);
@@ -186,4 +187,75 @@ TEST_CASE("faults: SIGKILL of the coordinator at random points over 20 rounds lo
   CHECK(kills >= 8);
   kill9(pid);
   std::filesystem::remove_all(dir);
+}
+
+// Stopping a run (net/README.md, Stopping a run): the round a node asks in its push
+// ends the run for every node that receives it, and only that round; a signal to the
+// coordinator ends the run at its next round, and the coordinator exits once the last
+// node has left (with none joined, at once).
+TEST_CASE("stopping a run: a node's request or a signal to the coordinator ends the run at one round for all") {
+  const std::string dir = temp_dir("stop");
+  const std::string csv = dir + "/rounds.csv";
+  const uint16_t port = free_loopback_port();
+  const Config cfg = restart_config(dir + "/state", port);
+  pid_t pid = spawn_coordinator(cfg.spes.state_dir, port, csv, true);
+  std::vector<std::unique_ptr<TestNode>> nodes;
+  for (int p = 0; p < 2; ++p) nodes.push_back(std::make_unique<TestNode>(cfg, p, "127.0.0.1:" + std::to_string(port)));
+  auto round = [&](bool node_0_asks) {
+    std::vector<RoundReport> st(2);
+    std::vector<std::thread> ts;
+    for (int p = 0; p < 2; ++p)
+      ts.emplace_back([&, p] {
+        nodes[size_t(p)]->train(1);
+        st[size_t(p)] = nodes[size_t(p)]->sync(p == 0 && node_0_asks);
+      });
+    for (auto& t : ts) t.join();
+    CHECK(st[0].round == st[1].round);
+    CHECK(st[0].state_hash == st[1].state_hash);
+    return st;
+  };
+  auto exited = [&](double seconds, int* status) {
+    for (int i = 0; i < int(seconds * 50); ++i) {
+      if (::waitpid(pid, status, WNOHANG) == pid) return true;
+      std::this_thread::sleep_for(std::chrono::milliseconds(20));
+    }
+    return false;
+  };
+  std::vector<RoundReport> st = round(false);
+  CHECK(!st[0].stop);
+  CHECK(!st[1].stop);
+  st = round(true);  // node 0 asks: both are told
+  CHECK(st[0].round == 2);
+  CHECK(st[0].stop);
+  CHECK(st[1].stop);
+  st = round(false);  // resumed: the next round goes on
+  CHECK(!st[0].stop);
+  CHECK(!st[1].stop);
+
+  ::kill(pid, SIGTERM);  // nodes joined: the coordinator serves on to its next round
+  int status = 0;
+  CHECK(!exited(0.3, &status));
+  st = round(false);
+  CHECK(st[0].round == 4);
+  CHECK(st[0].stop);
+  CHECK(st[1].stop);
+  CHECK(!exited(0.3, &status));  // node 1 is still there
+  nodes[0]->client->disconnect();
+  CHECK(!exited(0.3, &status));
+  nodes[1]->client->disconnect();
+  REQUIRE(exited(10, &status));
+  CHECK(WIFEXITED(status));
+  CHECK(WEXITSTATUS(status) == 0);
+  std::ifstream in(csv);
+  std::string line;
+  int rows = 0;
+  while (std::getline(in, line)) rows += !line.empty();
+  CHECK(rows == 4);
+
+  pid = spawn_coordinator(cfg.spes.state_dir, port, csv);  // no node joined: a signal stops it at once
+  std::this_thread::sleep_for(std::chrono::milliseconds(200));  // listening; its signal handler is set just after
+  ::kill(pid, SIGTERM);
+  REQUIRE(exited(10, &status));
+  CHECK(WIFEXITED(status));
+  CHECK(WEXITSTATUS(status) == 0);
 }

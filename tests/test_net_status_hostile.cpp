@@ -194,6 +194,7 @@ TEST_CASE("status page: hostile HTTP clients neither slow a round beyond 1.2x no
                      << " MiB (of " << base_rss / 1024 << " MiB)");
     if (attack_ms <= kSlowdownBound * base_ms) break;
   }
+  for (auto& n : nodes) n->client->disconnect();  // the nodes are done: SIGTERM stops it at once
   ::kill(pid, SIGTERM);
   int st = 0;
   ::waitpid(pid, &st, 0);

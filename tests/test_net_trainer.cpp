@@ -4,6 +4,8 @@
 #include <doctest/doctest.h>
 
 #include <algorithm>
+#include <atomic>
+#include <csignal>
 #include <cstdio>
 #include <map>
 #include <set>
@@ -168,6 +170,65 @@ TEST_CASE("trainer + coordinator: sparse codec, a resumed node continues exactly
   CHECK(res_norm > 0);
   CHECK(resumed.first == straight.first);  // bitwise
   CHECK(resumed.second == straight.second);
+}
+
+// Stopping a synced run: a signal reaches node 0 alone, before its first step. It
+// asks the run to stop in its first push; that round's result ends the run for both
+// nodes, which stop at one step with a checkpoint of the round (node 1 told by the
+// round, not by a signal). Resumed, both end bit for bit as an uninterrupted run.
+// Overlapped, the round is applied a step after its push, and the stop with it.
+TEST_CASE("trainer + coordinator: a signal to one node stops every node at one round; resumed, bit for bit") {
+  for (const bool overlap : {false, true}) {
+    CAPTURE(overlap);
+    const auto dir = test::temp_dir(overlap ? "net-trainer-stop-overlap" : "net-trainer-stop");
+    std::vector<std::string> spes = {"spes.codec=\"int8\"", "spes.n_nodes=2", "spes.ownership=\"partitioned\"",
+                                     "checkpoint.every=0"};
+    if (overlap) spes.insert(spes.end(), {"spes.overlap=true", "spes.overlap_steps=1"});
+    auto run_pair = [&](const std::string& name, bool stop) {
+      Server server(trainer_config(dir / name / "c", spes));
+      std::vector<Config> cfg;
+      for (int p = 0; p < 2; ++p) {
+        auto extra = spes;
+        extra.push_back("spes.node_id=" + std::to_string(p));
+        extra.push_back(server.address());
+        cfg.push_back(trainer_config(dir / name / ("n" + std::to_string(p)), extra));
+      }
+      std::atomic<int> signal_0{stop ? SIGTERM : 0}, none{0};
+      auto run_nodes = [&](bool resume, std::vector<std::unique_ptr<Trainer>>& t) {
+        for (int p = 0; p < 2; ++p) {
+          t.push_back(std::make_unique<Trainer>(cfg[size_t(p)]));
+          t.back()->set_sync_hook(make_net_sync_hook(cfg[size_t(p)], t.back()->layout(), t.back()->ownership()));
+          t.back()->stop_on_signal(p == 0 && !resume ? &signal_0 : &none);
+        }
+        std::vector<std::ostringstream> csv(2);
+        std::vector<std::thread> ts;
+        for (int p = 0; p < 2; ++p) ts.emplace_back([&, p] { t[size_t(p)]->run(csv[size_t(p)], resume); });
+        for (auto& th : ts) th.join();
+      };
+      std::vector<std::unique_ptr<Trainer>> first;
+      run_nodes(false, first);
+      if (!stop) return first[0]->params();
+      const int64_t at = overlap ? 3 : 2;  // the first round's step (2), or where it is applied
+      for (int p = 0; p < 2; ++p) {
+        CAPTURE(p);
+        CHECK(first[size_t(p)]->step() == at);
+        const CheckpointState ck = load_checkpoint(latest_checkpoint(node_checkpoint_root(cfg[size_t(p)])));
+        CHECK(ck.step == at);
+        CHECK(ck.sync_round == 1);
+      }
+      CHECK(!first[0]->stopped_by_run());  // it asked
+      CHECK(first[1]->stopped_by_run());   // the round told it
+      CHECK(server.c->stats().round == 1);
+      first.clear();  // the stopped processes exit: their connections close
+      std::vector<std::unique_ptr<Trainer>> resumed;
+      run_nodes(true, resumed);
+      CHECK(resumed[0]->step() == 6);
+      CHECK(resumed[0]->params() == resumed[1]->params());
+      return resumed[0]->params();
+    };
+    const std::vector<float> straight = run_pair("straight", false), stopped = run_pair("stopped", true);
+    CHECK(stopped == straight);  // bitwise
+  }
 }
 
 // The rows a node's CSV reports rounds in: sync_round → (step, bytes_up, state_hash).

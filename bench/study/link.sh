@@ -93,6 +93,9 @@ linked_processes() {
     kill -0 "$coordinator" 2> /dev/null || { echo "slow_link: the coordinator stopped early in $dir" >&2; ok=0; break; }
     kill -0 "$proxy" 2> /dev/null || { echo "slow_link: the link proxy stopped early in $dir" >&2; ok=0; break; }
   done
+  # Nodes still running (a failure above): killed, since a node of a synced run answers
+  # TERM only at its next round, which the stopped coordinator and proxy never bring.
+  for n in "${!pids[@]}"; do [ -n "${pids[$n]}" ] && kill -KILL "${pids[$n]}" 2> /dev/null; done
   stop_pids "${pids[@]}" "$coordinator" "$proxy"
   [ "$ok" = 1 ]
 }
