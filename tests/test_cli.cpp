@@ -20,6 +20,7 @@
 #include "test_util.hpp"
 
 namespace fs = std::filesystem;
+using spes::test::read_text;
 using spes::test::TempDir;
 
 namespace {
@@ -28,13 +29,6 @@ struct Run {
   int status = -1;
   std::string out, err;
 };
-
-std::string read_text(const fs::path& p) {
-  std::ifstream f(p);
-  std::ostringstream s;
-  s << f.rdbuf();
-  return s.str();
-}
 
 // `spes-engine ARGS` in `dir`, stdout and stderr kept apart.
 Run run_engine(const fs::path& dir, const std::string& args) {

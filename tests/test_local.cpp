@@ -7,7 +7,6 @@
 #include <cstdlib>
 #include <fstream>
 #include <map>
-#include <random>
 #include <sstream>
 #include <string>
 #include <vector>
@@ -16,20 +15,13 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
-#include "engine/checkpoint.hpp"
 #include "engine/config.hpp"
+#include "stopped_run.hpp"
 #include "test_util.hpp"
 
 using namespace spes;
 
 namespace {
-
-std::string read_file(const std::string& path) {
-  std::ifstream is(path);
-  std::ostringstream os;
-  os << is.rdbuf();
-  return os.str();
-}
 
 std::vector<std::string> split(const std::string& line) {
   std::vector<std::string> out;
@@ -41,10 +33,7 @@ std::vector<std::string> split(const std::string& line) {
 
 // Writes a 2-node SPES config (sync every 2 steps) and returns its path.
 std::string write_local_config(const test::TempDir& dir) {
-  // Below Linux's ephemeral range (32768+), so no live client connection holds it:
-  // the coordinator runs in another process and must be given its port up front.
-  std::mt19937 g(std::random_device{}());
-  const int port = 20000 + int(g() % 12000);
+  const int port = test::pick_port();
   Config c = test::small_config(dir.path, {"spes.n_nodes=2", "spes.ownership=\"partitioned\"", "spes.sync_steps=2",
                                            "spes.run_id=\"local-test\"", "spes.round_timeout_s=60",
                                            "spes.coordinator=\"127.0.0.1:" + std::to_string(port) + "\"",
@@ -52,11 +41,6 @@ std::string write_local_config(const test::TempDir& dir) {
   const std::string path = dir / "local.toml";
   std::ofstream(path) << config_to_toml(c);
   return path;
-}
-
-// local's newest checkpoint of node n under the config's [checkpoint] dir.
-CheckpointState newest_checkpoint(const test::TempDir& dir, int n) {
-  return load_checkpoint(latest_checkpoint(dir / ("ckpt/node-" + std::to_string(n))));
 }
 
 int run(const std::string& args, const test::TempDir& dir) {
@@ -72,9 +56,9 @@ TEST_CASE("local: coordinator + 2 node processes, node-prefixed CSV, equal state
   test::TempDir dir("local");
   const std::string config = write_local_config(dir);
   const int rc = run(config, dir);
-  INFO("stderr of local:\n" << read_file(dir / "err.log"));
+  INFO("stderr of local:\n" << test::read_text(dir / "err.log"));
   REQUIRE(rc == 0);
-  std::istringstream csv(read_file(dir / "out.csv"));
+  std::istringstream csv(test::read_text(dir / "out.csv"));
   std::string line;
   std::getline(csv, line);
   const auto header = split(line);
@@ -92,7 +76,7 @@ TEST_CASE("local: coordinator + 2 node processes, node-prefixed CSV, equal state
   }
   CHECK(rows == 2 * 6);
   REQUIRE(hash_by_step.size() == 3);  // rounds after steps 2, 4, 6
-  const std::string rounds = read_file(dir / "coordinator/rounds.csv");
+  const std::string rounds = test::read_text(dir / "coordinator/rounds.csv");
   for (const auto& [step, by_node] : hash_by_step) {
     REQUIRE(by_node.size() == 2);
     CHECK(by_node.at("0") == by_node.at("1"));
@@ -119,31 +103,19 @@ TEST_CASE("local: Ctrl-C stops every node at a sync round with a checkpoint; --r
     execl("/bin/sh", "sh", "-c", cmd.c_str(), nullptr);
     _exit(127);
   }
-  for (int i = 0; i < 600 && read_file(dir / "out.csv").find("\n0,20,") == std::string::npos; ++i) usleep(20000);
+  for (int i = 0; i < 600 && test::read_text(dir / "out.csv").find("\n0,20,") == std::string::npos; ++i) usleep(20000);
   kill(pid, SIGINT);
   int status = 0;
   waitpid(pid, &status, 0);
-  const std::string err = read_file(dir / "err.log");
+  const std::string err = test::read_text(dir / "err.log");
   INFO("stderr of the interrupted local:\n" << err);
   REQUIRE(WIFEXITED(status));
   REQUIRE(WEXITSTATUS(status) == 130);  // 0 would mean it finished first: nothing interrupted
   CHECK(err.find("stopped: every node wrote a checkpoint") != std::string::npos);
-  const CheckpointState n0 = newest_checkpoint(dir, 0), n1 = newest_checkpoint(dir, 1);
-  CHECK(n0.step == n1.step);
-  CHECK(n0.step % 2 == 0);  // a round's step (sync_steps = 2) ...
-  CHECK(n0.step < 300);
-  CHECK(n0.sync_round == n0.step / 2);  // ... whose round the checkpoint holds
+  test::check_stopped_at_one_round(dir, 2, 300);
 
   REQUIRE(run(config + " --resume", dir) == 0);
-  for (int n : {0, 1}) {
-    CAPTURE(n);
-    const CheckpointState a = newest_checkpoint(ref, n), b = newest_checkpoint(dir, n);
-    CHECK(b.step == 300);
-    CHECK(a.params == b.params);
-    CHECK(a.adam_m == b.adam_m);
-    CHECK(a.adam_v == b.adam_v);
-  }
-  CHECK(read_file(ref / "coordinator/coordinator_state.bin") == read_file(dir / "coordinator/coordinator_state.bin"));
+  test::check_ends_as(ref, dir, 300);
 }
 
 TEST_CASE("local: a failing node stops the run and is named") {
@@ -153,7 +125,7 @@ TEST_CASE("local: a failing node stops the run and is named") {
   // before it starts anything (test_cli.cpp), the files are the nodes' to open.
   { std::ofstream(dir / "broken.manifest") << "missing.bin\n"; }
   CHECK(run(config + " --set 'data.train=\"" + (dir / "broken.manifest") + "\"'", dir) == 1);
-  const std::string err = read_file(dir / "err.log");
+  const std::string err = test::read_text(dir / "err.log");
   CHECK(err.find("missing.bin") != std::string::npos);
   CHECK(err.find("failed") != std::string::npos);
 }

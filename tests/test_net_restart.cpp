@@ -43,6 +43,24 @@ void kill9(pid_t pid) {
   ::waitpid(pid, &st, 0);
 }
 
+// A fresh run's coordinator process (its round rows in csv) and two nodes of it.
+struct ProcessRun {
+  std::string dir, csv;
+  uint16_t port;
+  Config cfg;
+  pid_t pid;
+  std::vector<std::unique_ptr<TestNode>> nodes;
+  explicit ProcessRun(const std::string& name)
+      : dir(temp_dir(name)),
+        csv(dir + "/rounds.csv"),
+        port(free_loopback_port()),
+        cfg(restart_config(dir + "/state", port)),
+        pid(spawn_coordinator(cfg.spes.state_dir, port, csv, true)) {
+    for (int p = 0; p < 2; ++p)
+      nodes.push_back(std::make_unique<TestNode>(cfg, p, "127.0.0.1:" + std::to_string(port)));
+  }
+};
+
 }  // namespace
 
 TEST_CASE("net child: coordinator process" * doctest::skip()) {
@@ -63,14 +81,8 @@ TEST_CASE("net child: coordinator process" * doctest::skip()) {
 }
 
 TEST_CASE("faults: coordinator process SIGKILLed mid-round and restarted -> nodes continue, no round lost") {
-  const std::string dir = temp_dir("kill9");
-  const std::string csv = dir + "/rounds.csv";
-  const uint16_t port = free_loopback_port();
-  const Config cfg = restart_config(dir + "/state", port);
-  pid_t pid = spawn_coordinator(cfg.spes.state_dir, port, csv, true);
-
-  std::vector<std::unique_ptr<TestNode>> nodes;
-  for (int p = 0; p < 2; ++p) nodes.push_back(std::make_unique<TestNode>(cfg, p, "127.0.0.1:" + std::to_string(port)));
+  ProcessRun run("kill9");
+  auto& [dir, csv, port, cfg, pid, nodes] = run;
   std::mt19937 g(3);
   const int kRounds = 6;
   for (int r = 1; r <= kRounds; ++r) {
@@ -134,13 +146,8 @@ TEST_CASE("faults: SIGKILL of the coordinator at random points over 20 rounds lo
   // pushes, during the merge or the write of the state file, during the
   // publication), the restarted coordinator holds every round a node has seen, and
   // after each round the nodes' θ is the persisted θ.
-  const std::string dir = temp_dir("kill9-random");
-  const std::string csv = dir + "/rounds.csv";
-  const uint16_t port = free_loopback_port();
-  const Config cfg = restart_config(dir + "/state", port);
-  pid_t pid = spawn_coordinator(cfg.spes.state_dir, port, csv, true);
-  std::vector<std::unique_ptr<TestNode>> nodes;
-  for (int p = 0; p < 2; ++p) nodes.push_back(std::make_unique<TestNode>(cfg, p, "127.0.0.1:" + std::to_string(port)));
+  ProcessRun run("kill9-random");
+  auto& [dir, csv, port, cfg, pid, nodes] = run;
   std::mt19937 g(13);
   int kills = 0;
   for (int r = 1; r <= 20; ++r) {
@@ -194,13 +201,8 @@ TEST_CASE("faults: SIGKILL of the coordinator at random points over 20 rounds lo
 // coordinator ends the run at its next round, and the coordinator exits once the last
 // node has left (with none joined, at once).
 TEST_CASE("stopping a run: a node's request or a signal to the coordinator ends the run at one round for all") {
-  const std::string dir = temp_dir("stop");
-  const std::string csv = dir + "/rounds.csv";
-  const uint16_t port = free_loopback_port();
-  const Config cfg = restart_config(dir + "/state", port);
-  pid_t pid = spawn_coordinator(cfg.spes.state_dir, port, csv, true);
-  std::vector<std::unique_ptr<TestNode>> nodes;
-  for (int p = 0; p < 2; ++p) nodes.push_back(std::make_unique<TestNode>(cfg, p, "127.0.0.1:" + std::to_string(port)));
+  ProcessRun run("stop");
+  auto& [dir, csv, port, cfg, pid, nodes] = run;
   auto round = [&](bool node_0_asks) {
     std::vector<RoundReport> st(2);
     std::vector<std::thread> ts;

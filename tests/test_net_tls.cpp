@@ -160,13 +160,6 @@ TEST_CASE("tls: a TLS node against a plaintext coordinator is refused with a rea
 
 namespace {
 
-std::string slurp(const std::string& path) {
-  std::ifstream f(path);
-  std::ostringstream os;
-  os << f.rdbuf();
-  return os.str();
-}
-
 // `spes-engine local` with n nodes (sync every 2 steps, 4 steps), over TLS with
 // certificates made by `spes-engine certs`, or in plaintext. Checks that every
 // node reports the coordinator's state hash after each round; returns the
@@ -189,15 +182,15 @@ std::vector<std::string> local_run_hashes(const std::string& name, int n_nodes, 
                          (dir / "certs.log")).c_str()) == 0);
   const int status = std::system((bin + " local " + (dir / "local.toml") + " > " + (dir / "out.csv") + " 2> " +
                                   (dir / "err.log")).c_str());
-  INFO("stderr of local:\n" << slurp(dir / "err.log"));
+  INFO("stderr of local:\n" << test::read_text(dir / "err.log"));
   REQUIRE((WIFEXITED(status) && WEXITSTATUS(status) == 0));
   std::vector<std::string> hashes;
-  std::istringstream rounds(slurp(dir / "coordinator/rounds.csv"));
+  std::istringstream rounds(test::read_text(dir / "coordinator/rounds.csv"));
   std::string line;
   std::getline(rounds, line);  // header
   while (std::getline(rounds, line)) hashes.push_back(line.substr(line.rfind(',') + 1));
   // Every node's CSV rows with a state hash name one of the coordinator's.
-  std::istringstream out(slurp(dir / "out.csv"));
+  std::istringstream out(test::read_text(dir / "out.csv"));
   std::getline(out, line);
   std::vector<std::string> header;
   for (std::istringstream h(line); std::getline(h, line, ',');) header.push_back(line);

@@ -19,15 +19,9 @@
 #include "test_util.hpp"
 
 using namespace spes;
+using test::read_text;
 
 namespace {
-
-std::string read_text(const std::string& path) {
-  std::ifstream is(path);
-  std::ostringstream os;
-  os << is.rdbuf();
-  return os.str();
-}
 
 int shell(const std::string& cmd) {
   const int status = std::system(cmd.c_str());

@@ -12,25 +12,17 @@
 #include <chrono>
 #include <cstdlib>
 #include <fstream>
-#include <random>
 #include <sstream>
 #include <string>
 #include <thread>
 
-#include "engine/checkpoint.hpp"
 #include "engine/config.hpp"
+#include "stopped_run.hpp"
 #include "test_util.hpp"
 
 using namespace spes;
 
 namespace {
-
-std::string read_file(const std::string& path) {
-  std::ifstream is(path);
-  std::ostringstream os;
-  os << is.rdbuf();
-  return os.str();
-}
 
 // A 2-node SPES config (a round every 2 steps) in dir; returns its path.
 std::string write_config(const test::TempDir& dir) {
@@ -53,29 +45,19 @@ std::string sbatch(const test::TempDir& dir, const std::string& job, int port, c
 
 int exit_code(int status) { return WIFEXITED(status) ? WEXITSTATUS(status) : -1; }
 
-// Below Linux's ephemeral range (32768+), so no live client connection holds it.
-int pick_port() {
-  std::mt19937 g(std::random_device{}());
-  return 20000 + int(g() % 12000);
-}
-
-CheckpointState newest(const test::TempDir& dir, int node) {
-  return load_checkpoint(latest_checkpoint(dir / ("ckpt/node-" + std::to_string(node))));
-}
-
 }  // namespace
 
 TEST_CASE("spes-slurm.sbatch: scancel --signal=TERM stops every node at one round; --resume ends bit for bit") {
   test::TempDir ref("slurm-ref"), dir("slurm-stop");
   const std::string ref_config = write_config(ref), config = write_config(dir);
   {
-    const int rc = exit_code(std::system(sbatch(ref, "101", pick_port(), ref_config).c_str()));
-    INFO("the script's output:\n" << read_file(ref / "sbatch-101.log"));
+    const int rc = exit_code(std::system(sbatch(ref, "101", test::pick_port(), ref_config).c_str()));
+    INFO("the script's output:\n" << test::read_text(ref / "sbatch-101.log"));
     REQUIRE(rc == 0);
   }
 
   // The same run, stopped once node 0's CSV shows step 20.
-  const int port = pick_port();
+  const int port = test::pick_port();
   const pid_t pid = fork();
   REQUIRE(pid >= 0);
   if (pid == 0) {
@@ -83,36 +65,24 @@ TEST_CASE("spes-slurm.sbatch: scancel --signal=TERM stops every node at one roun
     _exit(127);
   }
   const std::string csv0 = dir / "train-102-r0-0.csv";
-  for (int i = 0; i < 1500 && read_file(csv0).find("\n20,") == std::string::npos; ++i)
+  for (int i = 0; i < 1500 && test::read_text(csv0).find("\n20,") == std::string::npos; ++i)
     std::this_thread::sleep_for(std::chrono::milliseconds(20));
-  std::istringstream pids(read_file(dir / "pids-102"));
+  std::istringstream pids(test::read_text(dir / "pids-102"));
   int tasks = 0;
   for (pid_t task; pids >> task; ++tasks) ::kill(task, SIGTERM);  // scancel --signal=TERM: every task
   CHECK(tasks == 3);  // the coordinator and two nodes
   int status = 0;
   waitpid(pid, &status, 0);
-  const std::string log = read_file(dir / "sbatch-102.log");
+  const std::string log = test::read_text(dir / "sbatch-102.log");
   INFO("the stopped script's output:\n" << log);
   REQUIRE(exit_code(status) == 128 + SIGTERM);  // 0 would mean it ran to the end first: nothing stopped
   CHECK(log.find("--resume` continues the run") != std::string::npos);
-  const CheckpointState n0 = newest(dir, 0), n1 = newest(dir, 1);
-  CHECK(n0.step == n1.step);
-  CHECK(n0.step % 2 == 0);  // a round's step ...
-  CHECK(n0.step < 120);
-  CHECK(n0.sync_round == n0.step / 2);  // ... whose round the checkpoint holds
+  test::check_stopped_at_one_round(dir, 2, 120);
 
   {
-    const int rc = exit_code(std::system(sbatch(dir, "103", pick_port(), config + " --resume").c_str()));
-    INFO("the resumed script's output:\n" << read_file(dir / "sbatch-103.log"));
+    const int rc = exit_code(std::system(sbatch(dir, "103", test::pick_port(), config + " --resume").c_str()));
+    INFO("the resumed script's output:\n" << test::read_text(dir / "sbatch-103.log"));
     REQUIRE(rc == 0);
   }
-  for (int n : {0, 1}) {
-    CAPTURE(n);
-    const CheckpointState a = newest(ref, n), b = newest(dir, n);
-    CHECK(b.step == 120);
-    CHECK(a.params == b.params);
-    CHECK(a.adam_m == b.adam_m);
-    CHECK(a.adam_v == b.adam_v);
-  }
-  CHECK(read_file(ref / "coordinator/coordinator_state.bin") == read_file(dir / "coordinator/coordinator_state.bin"));
+  test::check_ends_as(ref, dir, 120);
 }

@@ -5,6 +5,7 @@
 #include <cstdint>
 #include <filesystem>
 #include <fstream>
+#include <iterator>
 #include <random>
 #include <string>
 #include <vector>
@@ -34,6 +35,19 @@ struct TempDir {
   std::string str() const { return path.string(); }
   std::string operator/(const std::string& name) const { return (path / name).string(); }
 };
+
+// A file's whole text ("" when it cannot be read, as a file a process has yet to write).
+inline std::string read_text(const std::filesystem::path& path) {
+  std::ifstream in(path);
+  return std::string(std::istreambuf_iterator<char>(in), {});
+}
+
+// A TCP port for a server in another process, which must be given one up front:
+// below Linux's ephemeral range (32768+), so no live client connection holds it.
+inline int pick_port() {
+  static std::mt19937 g(std::random_device{}());
+  return 20000 + int(g() % 12000);
+}
 
 // A fresh, empty folder under the system temp dir, left in place so that a failed
 // run can be inspected. Folders of the same name left by earlier test processes that
