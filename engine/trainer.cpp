@@ -421,7 +421,7 @@ bool Trainer::stop_requested() {
     return false;
   }
   stopping_ = true;
-  stop_ = std::min(stop_, step_);
+  stop_ = step_;
   log_line(node_prefix().c_str(), "%s: stopping at step %lld with a checkpoint (--resume continues)", why,
            (long long)stop_);
   return true;
@@ -461,9 +461,7 @@ void Trainer::run(std::ostream& csv, bool resume) {
   Progress progress(node_prefix(), 10.0);
   const int64_t start = step_;
   while (step_ < stop_) {
-    // Before the step, so that the step stop_ ends at folds a round in flight into
-    // its row, as the run's last step does.
-    if (stop_requested() && step_ == stop_) break;
+    if (stop_requested()) break;  // before another step starts
     const StepStats st = train_step(csv);
     if (saves_after_step() && step_ < stop_) save(false);
     std::string line = strprintf("step %lld/%lld  loss %.4f  %.0f tok/s", (long long)step_,

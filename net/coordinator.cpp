@@ -106,6 +106,14 @@ const CoordinatorParams& checked(const CoordinatorParams& p, const CoordinatorOp
   return p;
 }
 
+// Node ids as the logs show them: "0;2".
+template <class Nodes>
+std::string node_list(const Nodes& nodes) {
+  std::string out;
+  for (int node : nodes) out += (out.empty() ? "" : ";") + std::to_string(node);
+  return out;
+}
+
 int quorum(const CoordinatorParams& p) { return int(std::clamp<int64_t>(p.min_nodes, 1, p.n_nodes)); }
 
 RoundRules round_rules(const CoordinatorParams& p, const ChunkGrid& grid) {
@@ -530,9 +538,7 @@ void Coordinator::Impl::close_round(const RoundClose& rc) {
   }
 
   const std::vector<int> to = rounds.publish(std::to_string(rc.participants) + " recipient(s)");
-  std::string pushers;
-  for (int node : to) pushers += (pushers.empty() ? "" : ";") + std::to_string(node);
-  round_pushers[r] = pushers;
+  round_pushers[r] = node_list(to);
   while (round_pushers.size() > size_t(std::max(2, p.keep_rounds)) + 8) round_pushers.erase(round_pushers.begin());
   pub->bytes += int64_t(kHeaderBytes + 96);  // RoundDone (small), counted with the chunks
   std::vector<std::shared_ptr<Session>> recipients;
@@ -572,12 +578,10 @@ void Coordinator::Impl::close_round(const RoundClose& rc) {
   update_stats([&](CoordinatorStats& st) { st.max_update_ratio = update_bound.max_ratio(); });
   std::shared_ptr<const Publication> cpub = pub;
   for (const auto& s : recipients) s->enqueue_publication(cpub);
-  if (pub->stop) {
-    std::string by = stopping ? "a signal to the coordinator" : "node";
-    for (int node : stop_asked) by += (by == "node" ? " " : ";") + std::to_string(node);
+  if (pub->stop)
     log("round %" PRId64 " ends the run (asked by %s): its nodes stop with a checkpoint of it; resuming them "
-        "(--resume) continues the run", r, by.c_str());
-  }
+        "(--resume) continues the run",
+        r, stopping ? "a signal to the coordinator" : ("node " + node_list(stop_asked)).c_str());
   stop_asked.clear();
   merge.begin_round();
   rounds.next_round();

@@ -125,11 +125,21 @@ struct SyncClient::Impl {
     const auto t0 = Clock::now();
     RoundReport report;
     link.reset_counters();
+    retrying([&] { attempt(params, step, figures, ask_stop, report); });
+    report.ms = ms_since(t0);
+    report.bytes_up = link.bytes_up();
+    report.bytes_down = link.bytes_down();
+    return report;
+  }
+
+  // Runs `try_once` until it completes, each failed attempt closing the connection
+  // and retried as node_retry says (for up to retry_for_s).
+  template <class F>
+  void retrying(F&& try_once) {
     retry.begin_round();
     for (;;) {
       try {
-        attempt(params, step, figures, ask_stop, report);
-        break;
+        return try_once();
       } catch (const Refused& e) {
         link.disconnect();
         retry.after(e);
@@ -138,10 +148,6 @@ struct SyncClient::Impl {
         retry.after(e);
       }
     }
-    report.ms = ms_since(t0);
-    report.bytes_up = link.bytes_up();
-    report.bytes_down = link.bytes_down();
-    return report;
   }
 
   // A node that is not in sync after connecting takes a snapshot instead of pushing.
@@ -217,19 +223,9 @@ void SyncClient::start_round(const float* params, int64_t step, const TrainFigur
 void SyncClient::join(const float* params) {
   Impl& I = *impl_;
   std::lock_guard<std::mutex> lk(I.turn);
-  I.retry.begin_round();
-  for (;;) {
-    try {
-      if (!I.link.connected()) I.in_sync = I.connect(params);
-      return;
-    } catch (const Refused& e) {
-      I.link.disconnect();
-      I.retry.after(e);
-    } catch (const Transient& e) {
-      I.link.disconnect();
-      I.retry.after(e);
-    }
-  }
+  I.retrying([&] {
+    if (!I.link.connected()) I.in_sync = I.connect(params);
+  });
 }
 
 bool SyncClient::round_in_flight() const { return impl_->inflight_thread.joinable(); }
