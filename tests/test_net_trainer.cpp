@@ -7,6 +7,7 @@
 #include <atomic>
 #include <csignal>
 #include <cstdio>
+#include <functional>
 #include <map>
 #include <set>
 #include <sstream>
@@ -52,10 +53,12 @@ struct Server {
 };
 
 // One trainer per csv stream (node id = its index) against `server`, each with the
-// sync hook, run to the end on threads of their own; returns the trainers.
+// sync hook (and what `prepare` adds), run to the end on threads of their own
+// (resume: from their newest checkpoints); returns the trainers.
 std::vector<std::unique_ptr<Trainer>> run_synced_nodes(const Server& server, const std::filesystem::path& dir,
                                                        const std::vector<std::string>& spes,
-                                                       std::vector<std::ostringstream>& csv) {
+                                                       std::vector<std::ostringstream>& csv, bool resume = false,
+                                                       const std::function<void(Trainer&, size_t)>& prepare = {}) {
   std::vector<std::unique_ptr<Trainer>> nodes;
   for (size_t p = 0; p < csv.size(); ++p) {
     auto extra = spes;
@@ -64,9 +67,10 @@ std::vector<std::unique_ptr<Trainer>> run_synced_nodes(const Server& server, con
     const Config c = trainer_config(dir / ("n" + std::to_string(p)), extra);
     nodes.push_back(std::make_unique<Trainer>(c));
     nodes.back()->set_sync_hook(make_net_sync_hook(c, nodes.back()->layout(), nodes.back()->ownership()));
+    if (prepare) prepare(*nodes.back(), p);
   }
   std::vector<std::thread> ts;
-  for (size_t p = 0; p < csv.size(); ++p) ts.emplace_back([&, p] { nodes[p]->run(csv[p], false); });
+  for (size_t p = 0; p < csv.size(); ++p) ts.emplace_back([&, p] { nodes[p]->run(csv[p], resume); });
   for (auto& t : ts) t.join();
   return nodes;
 }
@@ -186,33 +190,17 @@ TEST_CASE("trainer + coordinator: a signal to one node stops every node at one r
     if (overlap) spes.insert(spes.end(), {"spes.overlap=true", "spes.overlap_steps=1"});
     auto run_pair = [&](const std::string& name, bool stop) {
       Server server(trainer_config(dir / name / "c", spes));
-      std::vector<Config> cfg;
-      for (int p = 0; p < 2; ++p) {
-        auto extra = spes;
-        extra.push_back("spes.node_id=" + std::to_string(p));
-        extra.push_back(server.address());
-        cfg.push_back(trainer_config(dir / name / ("n" + std::to_string(p)), extra));
-      }
       std::atomic<int> signal_0{stop ? SIGTERM : 0}, none{0};
-      auto run_nodes = [&](bool resume, std::vector<std::unique_ptr<Trainer>>& t) {
-        for (int p = 0; p < 2; ++p) {
-          t.push_back(std::make_unique<Trainer>(cfg[size_t(p)]));
-          t.back()->set_sync_hook(make_net_sync_hook(cfg[size_t(p)], t.back()->layout(), t.back()->ownership()));
-          t.back()->stop_on_signal(p == 0 && !resume ? &signal_0 : &none);
-        }
-        std::vector<std::ostringstream> csv(2);
-        std::vector<std::thread> ts;
-        for (int p = 0; p < 2; ++p) ts.emplace_back([&, p] { t[size_t(p)]->run(csv[size_t(p)], resume); });
-        for (auto& th : ts) th.join();
-      };
-      std::vector<std::unique_ptr<Trainer>> first;
-      run_nodes(false, first);
+      std::vector<std::ostringstream> csv(2);
+      auto first = run_synced_nodes(server, dir / name, spes, csv, false,
+                                    [&](Trainer& t, size_t p) { t.stop_on_signal(p == 0 ? &signal_0 : &none); });
       if (!stop) return first[0]->params();
       const int64_t at = overlap ? 3 : 2;  // the first round's step (2), or where it is applied
       for (int p = 0; p < 2; ++p) {
         CAPTURE(p);
         CHECK(first[size_t(p)]->step() == at);
-        const CheckpointState ck = load_checkpoint(latest_checkpoint(node_checkpoint_root(cfg[size_t(p)])));
+        const CheckpointState ck =
+            load_checkpoint(latest_checkpoint(node_checkpoint_root(first[size_t(p)]->config())));
         CHECK(ck.step == at);
         CHECK(ck.sync_round == 1);
       }
@@ -220,8 +208,8 @@ TEST_CASE("trainer + coordinator: a signal to one node stops every node at one r
       CHECK(first[1]->stopped_by_run());   // the round told it
       CHECK(server.c->stats().round == 1);
       first.clear();  // the stopped processes exit: their connections close
-      std::vector<std::unique_ptr<Trainer>> resumed;
-      run_nodes(true, resumed);
+      std::vector<std::ostringstream> resumed_csv(2);
+      const auto resumed = run_synced_nodes(server, dir / name, spes, resumed_csv, true);
       CHECK(resumed[0]->step() == 6);
       CHECK(resumed[0]->params() == resumed[1]->params());
       return resumed[0]->params();
