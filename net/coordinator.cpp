@@ -110,7 +110,10 @@ const CoordinatorParams& checked(const CoordinatorParams& p, const CoordinatorOp
 template <class Nodes>
 std::string node_list(const Nodes& nodes) {
   std::string out;
-  for (int node : nodes) out += (out.empty() ? "" : ";") + std::to_string(node);
+  for (int node : nodes) {
+    if (!out.empty()) out += ';';
+    out += std::to_string(node);
+  }
   return out;
 }
 
@@ -190,10 +193,16 @@ struct Coordinator::Impl final : SessionHandler {
   // in their push to the open round (a request leaves with its node's connection; a
   // reconnecting node asks again as it resends), and whether this process was
   // signalled (every round it publishes from then on ends the run, and it exits once
-  // no node is left).
+  // no node is left). The newest round if it ended the run, until the run resumes (a
+  // node joins holding it), and the nodes connected when it closed that had not
+  // pushed to it: a snapshot of it tells them, and a signalled coordinator waits for
+  // them a while (exit_when_told).
   std::set<int> stop_asked;
   bool stopping = false;
-  int members = 0;            // nodes joined and not yet left
+  int members = 0;  // nodes joined and not yet left
+  int64_t stop_round = -1;
+  std::set<int> stop_missed;
+  asio::steady_timer stop_grace{io};
 
   mutable std::mutex stats_mu;
   CoordinatorStats stats_;  // round, step, state_hash, late_pushes, csv_rows; the rest is the server's
@@ -207,16 +216,28 @@ struct Coordinator::Impl final : SessionHandler {
   bool on_joined(Session& s, int64_t node_round, uint64_t node_hash) override {
     ++members;
     board.node_connected(s.node_id(), true);
-    return rounds.node_joined(s.node_id(), node_round, node_hash == state.hash);
+    const bool in_sync = rounds.node_joined(s.node_id(), node_round, node_hash == state.hash);
+    if (in_sync && node_round == stop_round && !stopping) {  // a node resumed from the stop: the run goes on
+      stop_round = -1;
+      stop_missed.clear();
+    }
+    return in_sync;
   }
   void on_left(Session& s) override {
     --members;
     stop_asked.erase(s.node_id());
     board.node_connected(s.node_id(), false);
     rounds.node_left(s.node_id());
-    if (stopping && members == 0) asio::post(io, [this] { shutdown(); });  // not from inside a session's callback
+    if (stopping && members == 0) asio::post(io, [this] { exit_when_told(); });  // not from inside a session's callback
   }
   void on_snapshot(Session& s) override { rounds.node_snapshot(s.node_id()); }
+  bool snapshot_ends_run(Session& s, int64_t round) override {
+    if (round != stop_round) return false;
+    if (stop_missed.erase(s.node_id()) > 0)
+      log("node %d missed round %" PRId64 ", which ended the run: its snapshot tells it to stop there", s.node_id(),
+          round);
+    return true;
+  }
   void on_push_chunk(Session& s, const wire::PushChunk* m) override;
   void on_push_done(Session& s, const wire::PushDone* m) override;
   void on_bad_round(Session& s, const wire::BadRound* m) override;
@@ -234,6 +255,7 @@ struct Coordinator::Impl final : SessionHandler {
   void close_round(const RoundClose& rc);
   void on_signal(int sig);
   void wait_for_signal();
+  void exit_when_told();
   void shutdown();
   void start_status_page();
   RunStatus status_now() const;  // the board and the live counters (status server's thread)
@@ -578,10 +600,18 @@ void Coordinator::Impl::close_round(const RoundClose& rc) {
   update_stats([&](CoordinatorStats& st) { st.max_update_ratio = update_bound.max_ratio(); });
   std::shared_ptr<const Publication> cpub = pub;
   for (const auto& s : recipients) s->enqueue_publication(cpub);
-  if (pub->stop)
+  if (pub->stop) {
     log("round %" PRId64 " ends the run (asked by %s): its nodes stop with a checkpoint of it; resuming them "
         "(--resume) continues the run",
         r, stopping ? "a signal to the coordinator" : ("node " + node_list(stop_asked)).c_str());
+  }
+  // The nodes connected now that did not push to the round miss its result (a node
+  // already gone is not waited for: it resumes behind, as after any lost round).
+  stop_round = pub->stop ? r : -1;
+  stop_missed.clear();
+  if (pub->stop)
+    for (int node = 0; node < p.n_nodes; ++node)
+      if (std::find(to.begin(), to.end(), node) == to.end() && server.node_session(node)) stop_missed.insert(node);
   stop_asked.clear();
   merge.begin_round();
   rounds.next_round();
@@ -600,6 +630,7 @@ void Coordinator::Impl::shutdown() {
   log("stopping at round %" PRId64 " (state %s); %" PRId64 " push(es) refused, largest accepted update / bound %.3g",
       state.round, hash_hex(state.hash).c_str(), refused, update_bound.max_ratio());
   round_timer.cancel();
+  stop_grace.cancel();
   boost::system::error_code ec;
   if (signals) signals->cancel(ec);
   server.stop();
@@ -617,18 +648,43 @@ uint16_t Coordinator::status_port() const { return impl_->status ? impl_->status
 
 // The first SIGINT / SIGTERM stops the run at a round: with nodes connected, the next
 // round published ends it (each node stops with a checkpoint of it and leaves) and
-// the coordinator exits once the last node has left; with none, at once. A second
-// signal stops it at once. Every published round is on disk either way.
+// the coordinator exits once the last node has left (exit_when_told); with none, at
+// once, unless nodes missed the round that ended the run. A second signal stops it at
+// once. Every published round is on disk either way.
 void Coordinator::Impl::on_signal(int sig) {
-  if (stopping || members == 0) {
+  if (stopping || (members == 0 && stop_missed.empty())) {
     log("%s: stopping now", strsignal(sig));
     return shutdown();
   }
   stopping = true;
-  log("%s: the run stops at round %" PRId64 " (the next one published): every node stops with a checkpoint of it, "
-      "then the coordinator; a second signal stops the coordinator now",
-      strsignal(sig), rounds.open_round());
+  if (members > 0)
+    log("%s: the run stops at round %" PRId64 " (the next one published): every node stops with a checkpoint of "
+        "it, then the coordinator; a second signal stops the coordinator now",
+        strsignal(sig), rounds.open_round());
+  else
+    log("%s: stopping once the nodes that missed round %" PRId64 " took its snapshot; a second signal stops the "
+        "coordinator now",
+        strsignal(sig), stop_round);
   wait_for_signal();
+  if (members == 0) exit_when_told();
+}
+
+// A signalled coordinator with no node left exits, unless nodes of the run missed the
+// round that ended it: a node whose push came after that round closed is refused
+// (stale round), leaves and comes straight back for its snapshot, which tells it to
+// stop. So it waits stop_grace_s for them, from the moment no node is left.
+void Coordinator::Impl::exit_when_told() {
+  if (stopped || members > 0) return;
+  if (stop_round < 0 || stop_missed.empty()) return shutdown();
+  log("waiting up to %.0f s for node %s, which missed round %" PRId64 " (it ended the run), to take its snapshot",
+      opt.stop_grace_s, node_list(stop_missed).c_str(), stop_round);
+  stop_grace.expires_after(to_duration(opt.stop_grace_s));
+  stop_grace.async_wait([this](boost::system::error_code ec) {
+    if (ec || stopped || members > 0) return;
+    log("node %s did not come back for round %" PRId64 "; stopping without it (it resumes behind the run)",
+        node_list(stop_missed).c_str(), stop_round);
+    shutdown();
+  });
 }
 
 void Coordinator::Impl::wait_for_signal() {

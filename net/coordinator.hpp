@@ -92,6 +92,8 @@ struct CoordinatorOptions {
   double heartbeat_timeout_s = 3.0;   // a node silent this long is dropped and its node id freed
   double io_timeout_s = 60.0;         // a frame must be read / written within this, or the peer is dropped
   bool handle_signals = false;        // SIGINT/SIGTERM: the run stops at the next round, then the server
+  double stop_grace_s = 30.0;         // signalled, no node left: how long to wait for the nodes that missed
+                                      // the round that ended the run (they come back for its snapshot)
   bool fresh = false;                 // a new run: θ from init_theta, persisted at once as round 0 (it
                                       // replaces a state in state_dir); without it the state must load
   int64_t rollback_to = -1;           // ≥ 0: restart from this kept round (net/round_archive)

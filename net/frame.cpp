@@ -170,9 +170,10 @@ FrameView FrameWriter::bad_round(int64_t round, int32_t node_id, std::string_vie
   return finish(wire::Message_BadRound, wire::CreateBadRound(b_, round, node_id, r).Union());
 }
 
-FrameView FrameWriter::snapshot_done(int64_t round, int64_t step, uint32_t chunks, uint64_t state_hash) {
+FrameView FrameWriter::snapshot_done(int64_t round, int64_t step, uint32_t chunks, uint64_t state_hash,
+                                     bool stop) {
   b_.Clear();
-  auto m = wire::CreateSnapshotDone(b_, round, step, chunks, state_hash);
+  auto m = wire::CreateSnapshotDone(b_, round, step, chunks, state_hash, stop);
   return finish(wire::Message_SnapshotDone, m.Union());
 }
 

@@ -31,7 +31,7 @@ namespace spes::net {
 namespace wire = spes::net::wire;
 
 constexpr uint32_t kMagic = 0x53455053u;  // bytes "SPES"
-constexpr uint16_t kProtocolVersion = 2;  // 2: PushDone.stop, RoundDone.stop
+constexpr uint16_t kProtocolVersion = 2;  // 2: PushDone.stop, RoundDone.stop, SnapshotDone.stop
 constexpr size_t kHeaderBytes = 16;
 constexpr int64_t kMaxChunkElems = int64_t(1) << 20;         // 4 MiB of fp32 per chunk
 constexpr uint32_t kMaxFrameBytes = uint32_t(kMaxChunkElems) * 4 + 4096;
@@ -127,7 +127,7 @@ class FrameWriter {
   FrameView snapshot_request(int64_t since_round = -1);  // -1: every chunk
   FrameView heartbeat();
   FrameView bad_round(int64_t round, int32_t node_id, std::string_view reason);
-  FrameView snapshot_done(int64_t round, int64_t step, uint32_t chunks, uint64_t state_hash);
+  FrameView snapshot_done(int64_t round, int64_t step, uint32_t chunks, uint64_t state_hash, bool stop);
 
   template <class Fill>
   FrameView push_chunk(const ChunkTag& t, size_t payload_bytes, Fill&& fill) {

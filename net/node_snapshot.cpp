@@ -11,6 +11,7 @@ namespace spes::net {
 void SnapshotReceiver::resync(const NodeGrid& grid, int64_t coordinator_round, HeldRound& held, float* params,
                               RoundReport& report, int64_t rolled_back_to) {
   refuse_reset_if_ahead(coordinator_round, held, rolled_back_to);
+  const int64_t syncing_to = held.round + 1;
   const bool partial = !held.force_snapshot;  // after a failed snapshot it stays set: everything next time
   link_.write(FrameWriter(256).snapshot_request(partial ? held.round : -1));
   if (partial) node_.space.scatter(held.base.data(), params);  // θ of our round: the local work is dropped
@@ -40,8 +41,10 @@ void SnapshotReceiver::resync(const NodeGrid& grid, int64_t coordinator_round, H
     report.round = held.round;
     report.state_hash = h;
     report.resynced = true;
-    log_("resynced from a snapshot of round %" PRId64 " (%u of %zu chunks, state %s)", held.round, got,
-         grid.grid.chunks.size(), hash_hex(h).c_str());
+    report.stop = d->stop() && held.round == syncing_to;
+    log_("resynced from a snapshot of round %" PRId64 " (%u of %zu chunks, state %s)%s", held.round, got,
+         grid.grid.chunks.size(), hash_hex(h).c_str(),
+         report.stop ? "; that round ended the run, and this node stops there too" : "");
     return;
   }
 }

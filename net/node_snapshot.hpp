@@ -23,10 +23,12 @@ class SnapshotReceiver {
       : link_(link), node_(node), log_(log) {}
 
   // Asks for the coordinator's θ and takes it: held becomes its round with a zero
-  // error feedback; report gets the round, its hash and resynced. Throws NetError
-  // (final) when the coordinator is behind this node; Transient on a bad snapshot.
-  // A coordinator rolled back (rolled_back_to ≥ 0) below this node's round is an
-  // operator's decision, not a lost state: the node takes its snapshot.
+  // error feedback; report gets the round, its hash and resynced, and stop when that
+  // round ended the run and is the one after the node's own (it missed that round's
+  // result; a node further behind, resumed from an older checkpoint, goes on).
+  // Throws NetError (final) when the coordinator is behind this node; Transient on a
+  // bad snapshot. A coordinator rolled back (rolled_back_to ≥ 0) below this node's
+  // round is an operator's decision, not a lost state: the node takes its snapshot.
   void resync(const NodeGrid& grid, int64_t coordinator_round, HeldRound& held, float* params, RoundReport& report,
               int64_t rolled_back_to = -1);
 

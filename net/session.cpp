@@ -364,7 +364,8 @@ bool Session::next_frame(OutJob& j, FrameView* v) {
         return true;
       }
       if (j.next == j.chunks.size()) {
-        *v = writer_.snapshot_done(g.round, g.step, uint32_t(j.chunks.size()), g.hash);
+        *v = writer_.snapshot_done(g.round, g.step, uint32_t(j.chunks.size()), g.hash,
+                                   srv_.handler_.snapshot_ends_run(*this, g.round));
         return true;
       }
       return false;

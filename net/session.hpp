@@ -68,6 +68,9 @@ class SessionHandler {
   virtual void on_push_done(Session& s, const wire::PushDone* m) = 0;
   // A snapshot of the completed round is being queued to this node.
   virtual void on_snapshot(Session& s) = 0;
+  // The snapshot of `round` is complete (its SnapshotDone is being written): returns
+  // whether that round ended the run (SnapshotDone.stop).
+  virtual bool snapshot_ends_run(Session& s, int64_t round) = 0;
   // The node reports a round after which its first step was not finite.
   virtual void on_bad_round(Session& s, const wire::BadRound* m) = 0;
 };

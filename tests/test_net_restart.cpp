@@ -23,18 +23,34 @@ using namespace spes::net::testing;
 
 namespace {
 
-Config restart_config(const std::string& state_dir, uint16_t port) {
+Config restart_config(const std::string& state_dir, uint16_t port, double round_timeout_s = 30) {
   Config cfg = tiny_config(2, Codec::int8);
   cfg.spes.state_dir = state_dir;
   cfg.spes.coordinator = "127.0.0.1:" + std::to_string(port);
+  cfg.spes.round_timeout_s = round_timeout_s;
   return cfg;
 }
 
-pid_t spawn_coordinator(const std::string& state_dir, uint16_t port, const std::string& csv, bool fresh = false) {
+// The coordinator process of a run (its state in state_dir), with the round timeout
+// and stop grace it is given.
+struct ChildCoordinator {
+  std::string state_dir, csv;
+  uint16_t port;
+  bool fresh = false;
+  double round_timeout_s = 30, stop_grace_s = 30;
+};
+
+pid_t spawn_coordinator(const ChildCoordinator& c) {
   return spawn_test_child("net child: coordinator process",
-                          {"SPES_NET_CHILD_STATE=" + state_dir, "SPES_NET_CHILD_PORT=" + std::to_string(port),
-                           "SPES_NET_CHILD_CSV=" + csv, std::string("SPES_NET_CHILD_FRESH=") + (fresh ? "1" : "0")},
-                          port);
+                          {"SPES_NET_CHILD_STATE=" + c.state_dir, "SPES_NET_CHILD_PORT=" + std::to_string(c.port),
+                           "SPES_NET_CHILD_CSV=" + c.csv, std::string("SPES_NET_CHILD_FRESH=") + (c.fresh ? "1" : "0"),
+                           "SPES_NET_CHILD_ROUND_TIMEOUT=" + std::to_string(c.round_timeout_s),
+                           "SPES_NET_CHILD_STOP_GRACE=" + std::to_string(c.stop_grace_s)},
+                          c.port);
+}
+
+pid_t spawn_coordinator(const std::string& state_dir, uint16_t port, const std::string& csv, bool fresh = false) {
+  return spawn_coordinator(ChildCoordinator{state_dir, csv, port, fresh});
 }
 
 void kill9(pid_t pid) {
@@ -50,14 +66,36 @@ struct ProcessRun {
   Config cfg;
   pid_t pid;
   std::vector<std::unique_ptr<TestNode>> nodes;
-  explicit ProcessRun(const std::string& name)
+  explicit ProcessRun(const std::string& name, double round_timeout_s = 30, double stop_grace_s = 30)
       : dir(temp_dir(name)),
         csv(dir + "/rounds.csv"),
         port(free_loopback_port()),
-        cfg(restart_config(dir + "/state", port)),
-        pid(spawn_coordinator(cfg.spes.state_dir, port, csv, true)) {
+        cfg(restart_config(dir + "/state", port, round_timeout_s)),
+        pid(spawn_coordinator(ChildCoordinator{cfg.spes.state_dir, csv, port, true, round_timeout_s, stop_grace_s})) {
+    SyncClientOptions opt;
+    opt.retry_for_s = 60;  // a coordinator that never comes back fails the test in a minute, not an hour
     for (int p = 0; p < 2; ++p)
-      nodes.push_back(std::make_unique<TestNode>(cfg, p, "127.0.0.1:" + std::to_string(port)));
+      nodes.push_back(std::make_unique<TestNode>(cfg, p, "127.0.0.1:" + std::to_string(port), opt));
+  }
+  ~ProcessRun() {  // a test that failed half way leaves no coordinator running
+    if (::waitpid(pid, nullptr, WNOHANG) == 0) kill9(pid);
+    std::filesystem::remove_all(dir);
+  }
+  // Whether the coordinator process exits within `seconds` (its wait status in *status).
+  bool exited(double seconds, int* status) {
+    const auto deadline = std::chrono::steady_clock::now() + std::chrono::duration<double>(seconds);
+    do {
+      if (::waitpid(pid, status, WNOHANG) == pid) return true;
+      std::this_thread::sleep_for(std::chrono::milliseconds(20));
+    } while (std::chrono::steady_clock::now() < deadline);
+    return false;
+  }
+  int csv_rows() const {
+    std::ifstream in(csv);
+    std::string line;
+    int rows = 0;
+    while (std::getline(in, line)) rows += !line.empty();
+    return rows;
   }
 };
 
@@ -68,13 +106,16 @@ TEST_CASE("net child: coordinator process" * doctest::skip()) {
   const char* port = std::getenv("SPES_NET_CHILD_PORT");
   const char* csv = std::getenv("SPES_NET_CHILD_CSV");
   if (!dir || !port || !csv) return;
-  const Config cfg = restart_config(dir, uint16_t(std::atoi(port)));
+  const char* round_timeout = std::getenv("SPES_NET_CHILD_ROUND_TIMEOUT");
+  const char* stop_grace = std::getenv("SPES_NET_CHILD_STOP_GRACE");
+  const Config cfg = restart_config(dir, uint16_t(std::atoi(port)), round_timeout ? std::atof(round_timeout) : 30);
   std::ofstream out(csv, std::ios::app);
   CoordinatorOptions opt;
   opt.chunk_elems = 1024;
   opt.csv = &out;
   opt.log = std::getenv("SPES_NET_TEST_LOG") != nullptr;
   opt.handle_signals = true;
+  if (stop_grace) opt.stop_grace_s = std::atof(stop_grace);
   opt.fresh = std::getenv("SPES_NET_CHILD_FRESH") && std::string(std::getenv("SPES_NET_CHILD_FRESH")) == "1";
   Coordinator c(test_coordinator_params(cfg), opt);
   c.run();
@@ -216,13 +257,7 @@ TEST_CASE("stopping a run: a node's request or a signal to the coordinator ends 
     CHECK(st[0].state_hash == st[1].state_hash);
     return st;
   };
-  auto exited = [&](double seconds, int* status) {
-    for (int i = 0; i < int(seconds * 50); ++i) {
-      if (::waitpid(pid, status, WNOHANG) == pid) return true;
-      std::this_thread::sleep_for(std::chrono::milliseconds(20));
-    }
-    return false;
-  };
+  auto exited = [&](double seconds, int* status) { return run.exited(seconds, status); };
   std::vector<RoundReport> st = round(false);
   CHECK(!st[0].stop);
   CHECK(!st[1].stop);
@@ -248,11 +283,7 @@ TEST_CASE("stopping a run: a node's request or a signal to the coordinator ends 
   REQUIRE(exited(10, &status));
   CHECK(WIFEXITED(status));
   CHECK(WEXITSTATUS(status) == 0);
-  std::ifstream in(csv);
-  std::string line;
-  int rows = 0;
-  while (std::getline(in, line)) rows += !line.empty();
-  CHECK(rows == 4);
+  CHECK(run.csv_rows() == 4);
 
   pid = spawn_coordinator(cfg.spes.state_dir, port, csv);  // no node joined: a signal stops it at once
   std::this_thread::sleep_for(std::chrono::milliseconds(200));  // listening; its signal handler is set just after
@@ -260,4 +291,89 @@ TEST_CASE("stopping a run: a node's request or a signal to the coordinator ends 
   REQUIRE(exited(10, &status));
   CHECK(WIFEXITED(status));
   CHECK(WEXITSTATUS(status) == 0);
+}
+
+// A node whose push comes after the round that ended the run closed (round_timeout_s)
+// misses that round's RoundDone: the snapshot it resyncs from tells it, so it stops at
+// the same round as the others; once a node has resumed from that round, the run goes
+// on and so does a late node. A signalled coordinator waits for the nodes that missed
+// the round, stop_grace_s from when no node is left.
+TEST_CASE("stopping a run: a node that missed the round that ended it stops there too, told by its snapshot") {
+  SUBCASE("a node asked: the late node stops at that round, one further behind goes on; after a resume, so does a "
+          "late node") {
+    Config cfg = tiny_config(2, Codec::int8);
+    cfg.spes.round_timeout_s = 0.3;
+    CoordThread co(cfg);
+    std::vector<std::unique_ptr<TestNode>> nodes;
+    for (int p = 0; p < 2; ++p) nodes.push_back(std::make_unique<TestNode>(cfg, p, co.address()));
+    const SyncState round_0 = nodes[1]->client->state();
+    const std::vector<float> theta_0 = nodes[1]->params;
+    sync_all(nodes);  // round 1
+    nodes[0]->train();
+    const RoundReport a = nodes[0]->sync(true);  // round 2 closes on the timeout, node 0 alone
+    CHECK(a.round == 2);
+    CHECK(a.stop);
+    nodes[1]->train();
+    RoundReport b = nodes[1]->sync();  // its push is late: a snapshot of round 2
+    CHECK(b.resynced);
+    CHECK(b.round == 2);
+    CHECK(b.state_hash == a.state_hash);
+    CHECK(b.stop);
+    nodes[1]->client->restore(round_0);  // as if resumed from a checkpoint of round 0
+    nodes[1]->params = theta_0;
+    nodes[1]->train();
+    b = nodes[1]->sync();  // pushes round 1: a snapshot of round 2, which is not the round after its own
+    CHECK(b.resynced);
+    CHECK(b.round == 2);
+    CHECK(!b.stop);
+
+    nodes[0]->train();
+    CHECK(nodes[0]->sync(true).stop);  // node 0 asks again at round 3, node 1 misses it
+    nodes[0]->client->disconnect();
+    nodes[0]->client->join(nodes[0]->params.data());  // node 0 resumes from round 3: the run goes on
+    nodes[1]->train();
+    b = nodes[1]->sync();
+    CHECK(b.resynced);
+    CHECK(b.round == 3);
+    CHECK(!b.stop);
+  }
+  SUBCASE("a signalled coordinator waits for the late node, then exits") {
+    ProcessRun run("stop-late", 0.3, 60);
+    auto& nodes = run.nodes;
+    sync_all(nodes);  // round 1
+    ::kill(run.pid, SIGTERM);
+    nodes[0]->train();
+    const RoundReport a = nodes[0]->sync();  // round 2 closes on the timeout and ends the run
+    CHECK(a.round == 2);
+    CHECK(a.stop);
+    nodes[0]->client->disconnect();  // node 0 stopped; node 1, connected, trains on
+    int status = 0;
+    CHECK(!run.exited(0.3, &status));
+    nodes[1]->train();
+    const RoundReport b = nodes[1]->sync();  // refused as late, it leaves and comes back for its snapshot
+    CHECK(b.resynced);
+    CHECK(b.round == 2);
+    CHECK(b.state_hash == a.state_hash);
+    CHECK(b.stop);
+    nodes[1]->client->disconnect();
+    REQUIRE(run.exited(10, &status));  // every node of the run has round 2: at once, not after the 60 s
+    CHECK(WIFEXITED(status));
+    CHECK(WEXITSTATUS(status) == 0);
+    CHECK(run.csv_rows() == 2);
+  }
+  SUBCASE("a signalled coordinator exits stop_grace_s after the last node left, when a late node does not come") {
+    ProcessRun run("stop-gone", 0.3, 3);
+    auto& nodes = run.nodes;
+    sync_all(nodes);  // round 1
+    ::kill(run.pid, SIGTERM);
+    nodes[0]->train();
+    CHECK(nodes[0]->sync().stop);  // round 2, without node 1
+    nodes[0]->client->disconnect();
+    nodes[1]->client->disconnect();  // node 1 is gone
+    int status = 0;
+    CHECK(!run.exited(1.0, &status));  // waiting for node 1
+    REQUIRE(run.exited(10, &status));
+    CHECK(WIFEXITED(status));
+    CHECK(WEXITSTATUS(status) == 0);
+  }
 }
