@@ -1,7 +1,8 @@
 // The Hopper (sm_90a) instructions of the wgmma paths (cuda/grouped_gemm_sm90.cu,
 // cuda/attention_sm90.cu): warpgroup MMA on shared-memory operands described by
 // matrix descriptors, its fences and groups, and the proxy fence between copies that
-// write shared memory and the tensor cores that read it; an L2 prefetch.
+// write shared memory and the tensor cores that read it; an L2 prefetch; the mbarrier
+// and the bulk tensor copy (TMA) that feeds shared memory without the threads.
 //
 // Everything here is device code for sm_90a alone (wgmma exists on no other target,
 // plain sm_90 included), so it is compiled under SPES_SM90A_DEVICE_CODE: empty in the
@@ -10,6 +11,7 @@
 // cuda/ptx.cuh: its twin sets SPES_SM90A_DEVICE_CODE and emulates wgmma, so those
 // kernels run there too.
 #pragma once
+#include <cuda.h>  // CUtensorMap
 #include <cuda_runtime.h>
 
 #include <cstdint>
@@ -204,6 +206,62 @@ __device__ __forceinline__ void fence_registers(uint32_t (&r)[K][4]) {
   for (int i = 0; i < K; ++i)
 #pragma unroll
     for (int j = 0; j < 4; ++j) asm volatile("" : "+r"(r[i][j])::"memory");
+}
+
+// ---- mbarrier and the bulk tensor copy (TMA) ------------------------------------------
+// An mbarrier (8 bytes of shared memory at shared address `bar`) completes a phase once
+// its count of arrivals has come and the bytes its copies were expected to deliver
+// (expect_tx) have landed; try_wait.parity(p) tells whether the phase of parity p has
+// completed (PTX ISA, mbarrier). The copy engine writes a tensor map's box (cuda/tma.cuh)
+// into shared memory at dst (aligned to the swizzle's repeat, 1024 bytes for 128-byte)
+// and completes its bytes on the barrier.
+
+// One thread initializes; then fence_mbarrier_init and a __syncthreads before any
+// other thread or copy uses the barrier.
+__device__ __forceinline__ void mbarrier_init(uint32_t bar, uint32_t count) {
+  asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" ::"r"(bar), "r"(count) : "memory");
+}
+__device__ __forceinline__ void fence_mbarrier_init() {
+  asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
+}
+// An arrival that also expects `bytes` more of this phase's copies (the producer's,
+// before or after it issues them).
+__device__ __forceinline__ void mbarrier_arrive_expect_tx(uint32_t bar, uint32_t bytes) {
+  asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" ::"r"(bar), "r"(bytes) : "memory");
+}
+__device__ __forceinline__ void mbarrier_arrive(uint32_t bar) {
+  asm volatile(
+      "{\n"
+      ".reg .b64 state;\n"
+      "mbarrier.arrive.shared::cta.b64 state, [%0];\n"
+      "}\n" ::"r"(bar)
+      : "memory");
+}
+__device__ __forceinline__ bool mbarrier_try_wait_parity(uint32_t bar, uint32_t parity) {
+  uint32_t done;
+  asm volatile(
+      "{\n"
+      ".reg .pred p;\n"
+      "mbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\n"
+      "selp.u32 %0, 1, 0, p;\n"
+      "}\n"
+      : "=r"(done)
+      : "r"(bar), "r"(parity)
+      : "memory");
+  return done != 0;
+}
+__device__ __forceinline__ void mbarrier_wait_parity(uint32_t bar, uint32_t parity) {
+  while (!mbarrier_try_wait_parity(bar, parity)) {
+  }
+}
+// The box of `map` whose first element is (column c0, row c1), into shared memory at dst.
+__device__ __forceinline__ void tma_load_2d(uint32_t dst, const CUtensorMap* map, int32_t c0, int32_t c1,
+                                            uint32_t bar) {
+  asm volatile(
+      "cp.async.bulk.tensor.2d.shared::cluster.global.tile.mbarrier::complete_tx::bytes [%0], [%1, {%2, %3}], "
+      "[%4];\n" ::"r"(dst),
+      "l"(reinterpret_cast<uint64_t>(map)), "r"(c0), "r"(c1), "r"(bar)
+      : "memory");
 }
 
 }  // namespace spes::cuda

@@ -7,6 +7,7 @@
 
 #include <atomic>
 #include <bit>
+#include <chrono>
 #include <cmath>
 #include <cstdint>
 #include <cstring>
@@ -79,6 +80,12 @@ inline int atomicAdd(int* address, int value) { return std::atomic_ref<int>(*add
 inline int atomicExch(int* address, int value) { return std::atomic_ref<int>(*address).exchange(value); }
 // membar.gl: the CTAs' OS threads see this one's earlier accesses before its later ones.
 inline void __threadfence() { std::atomic_thread_fence(std::memory_order_seq_cst); }
+// The SM's cycle counter: nanoseconds of the host's steady clock (a wait that gives up
+// after so many cycles meets the emulator's deadlock report first).
+inline long long clock64() {
+  return std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now().time_since_epoch())
+      .count();
+}
 
 // Cache-hinted load (evict-first): a plain load on the host.
 template <typename T>

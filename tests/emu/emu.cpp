@@ -230,6 +230,27 @@ struct Warp {
   uint32_t out[kWarpSize][4];
 };
 
+// A bulk tensor copy (TMA, sm_90) issued and not landed: the bytes it puts at dst of
+// the shared memory, as the box lies there (zero fill and swizzle applied), read from
+// global memory at issue.
+struct TensorCopy {
+  uint32_t dst;
+  std::vector<unsigned char> bytes;
+};
+
+// An mbarrier object (PTX ISA, "Parallel Synchronization and Communication
+// Instructions: mbarrier"): the arrivals a phase expects, those still pending, the
+// transaction count (bytes expected and not yet delivered; it may go below zero when a
+// copy completes before its expect_tx), the phases completed, and the bulk copies that
+// will complete bytes on it.
+struct Mbarrier {
+  uint32_t expected = 0, pending = 0;
+  int64_t tx = 0;
+  uint64_t phase = 0;
+  std::vector<TensorCopy> in_flight;
+  unsigned unfenced_by = 0;  // 1 + the thread that initialized it, until it runs fence.mbarrier_init
+};
+
 struct Cluster;
 
 struct Cta {
@@ -248,6 +269,9 @@ struct Cta {
   // last, while that thread has not run fence.proxy.async since; else 0. Sized at the
   // CTA's first cp.async.
   std::vector<uint16_t> unfenced_by;
+  // The mbarriers (sm_90) initialized in its shared memory, by address (see the
+  // mbarrier section).
+  std::map<uint32_t, Mbarrier> mbarriers;
   void* scheduler_stack_pointer = nullptr;
   const std::function<void()>* body = nullptr;
   // In a cluster launch (else null): this CTA's rank, its fibers waiting at
@@ -638,6 +662,16 @@ void check_launch(const void* kernel, const Launch& l) {
   }
 }
 
+// A CTA may not end with bulk copies in flight: their bytes would land in the shared
+// memory of the next CTA on the SM (PTX ISA: the copy's completion must be observed).
+void require_no_copies_in_flight(const Cta& cta) {
+  for (const auto& [addr, bar] : cta.mbarriers)
+    if (!bar.in_flight.empty())
+      fail("a CTA exited with " + std::to_string(bar.in_flight.size()) +
+           " bulk tensor copies in flight on the mbarrier at shared offset " + std::to_string(addr) +
+           " (no thread waited for them)");
+}
+
 // One OS thread's CTA machinery: fiber stacks and shared memory, reused from CTA to CTA.
 class Worker {
  public:
@@ -656,6 +690,7 @@ class Worker {
       cta.cluster_generation = wait_to_run(*cluster, rank);
     }
     schedule(cta);
+    require_no_copies_in_flight(cta);
     if (cluster != nullptr) stop(*cluster, rank, Cluster::State::finished);
     check_canaries(cta);
     t_cta = nullptr;
@@ -1217,6 +1252,258 @@ GlobalBuffer::~GlobalBuffer() {
 
 void GlobalBuffer::poison() const { std::memset(data_, kPoison, bytes_); }
 void GlobalBuffer::zero() const { std::memset(data_, 0, bytes_); }
+
+// ---- mbarrier and bulk tensor copies (TMA, sm_90) ---------------------------------
+//
+// An mbarrier lives in 8 bytes of shared memory; here its state is kept beside it
+// (Cta::mbarriers) and the 8 bytes hold a marker, checked at every use, so that a
+// store or copy over a live barrier is caught. A phase completes when its pending
+// arrivals reach zero and its transaction count is zero; try_wait.parity(p) is true
+// once the phase of parity p has completed (the current phase's parity is not p), so
+// a wait for parity 1 passes before the first phase completes, as on the GPU.
+// A bulk tensor copy reads its box at issue; its bytes land, and complete their
+// transaction bytes on the barrier, at issue (Landing::at_issue) or when a thread
+// first tries to wait on that barrier (Landing::at_wait): a read of the stage before
+// the wait then sees the poison (or the previous data), and a copy into a stage that
+// is still being read overwrites it under the at_issue landing.
+
+namespace {
+
+constexpr uint64_t kMbarrierMarker = 0x5245495252414d42ull;  // "BMARRIER"
+
+uint64_t marker_at(uint32_t addr) { return kMbarrierMarker ^ addr; }
+
+// The barrier at `addr`, initialized and not overwritten since.
+Mbarrier& mbarrier_at(uint32_t addr, const char* what) {
+  require_aligned(addr, 8, what);
+  unsigned char* bytes = shared_bytes(addr, 8, what);
+  const auto it = t_cta->mbarriers.find(addr);
+  if (it == t_cta->mbarriers.end())
+    fail(std::string(what) + ": no mbarrier was initialized at shared offset " + std::to_string(addr));
+  uint64_t marker;
+  std::memcpy(&marker, bytes, 8);
+  if (marker != marker_at(addr))
+    fail(std::string(what) + ": the mbarrier at shared offset " + std::to_string(addr) +
+         " was overwritten (a store or copy over a live barrier)");
+  return it->second;
+}
+
+void complete_phase_if_done(Mbarrier& bar) {
+  if (bar.pending != 0 || bar.tx != 0) return;
+  ++bar.phase;
+  bar.pending = bar.expected;
+  ++t_cta->progress;
+}
+
+// A copy's bytes reach shared memory through the async proxy: a wgmma may read them
+// with no fence.proxy.async (the mbarrier wait orders them).
+void land(Mbarrier& bar, const TensorCopy& c) {
+  std::memcpy(dynamic_smem + c.dst, c.bytes.data(), c.bytes.size());
+  std::vector<uint16_t>& by = t_cta->unfenced_by;
+  if (!by.empty()) std::fill(by.begin() + c.dst, by.begin() + c.dst + c.bytes.size(), uint16_t(0));
+  bar.tx -= int64_t(c.bytes.size());
+  if (bar.tx < -((int64_t(1) << 20) - 1)) fail("an mbarrier's transaction count fell below −(2^20 − 1)");
+  complete_phase_if_done(bar);
+}
+
+void land_all(Mbarrier& bar) {
+  std::vector<TensorCopy> copies;
+  copies.swap(bar.in_flight);
+  for (const TensorCopy& c : copies) land(bar, c);
+}
+
+// The emulator's CUtensorMap: what cuTensorMapEncodeTiled was given, checked there.
+struct TensorMap {
+  uint64_t magic;
+  const unsigned char* global;
+  uint32_t rank, element_bytes;
+  uint64_t dims[5];
+  uint64_t strides[4];  // bytes between consecutive indices of dimensions 1 ..
+  uint32_t box[5];
+  uint32_t swizzle_bytes;  // 0: none, or 128
+  uint32_t unused[2];
+};
+static_assert(sizeof(TensorMap) <= sizeof(CUtensorMap), "the emulator's tensor map fits in CUtensorMap");
+constexpr uint64_t kTensorMapMagic = 0x50414d524f534e45ull;  // "ENSORMAP"
+
+uint32_t element_bytes(CUtensorMapDataType t) {
+  switch (t) {
+    case CU_TENSOR_MAP_DATA_TYPE_UINT8: return 1;
+    case CU_TENSOR_MAP_DATA_TYPE_UINT16:
+    case CU_TENSOR_MAP_DATA_TYPE_FLOAT16:
+    case CU_TENSOR_MAP_DATA_TYPE_BFLOAT16: return 2;
+    case CU_TENSOR_MAP_DATA_TYPE_UINT32:
+    case CU_TENSOR_MAP_DATA_TYPE_INT32:
+    case CU_TENSOR_MAP_DATA_TYPE_FLOAT32: return 4;
+    default: return 0;
+  }
+}
+
+uint32_t swizzle_bytes(CUtensorMapSwizzle s) {
+  switch (s) {
+    case CU_TENSOR_MAP_SWIZZLE_NONE: return 0;
+    case CU_TENSOR_MAP_SWIZZLE_32B: return 32;
+    case CU_TENSOR_MAP_SWIZZLE_64B: return 64;
+    case CU_TENSOR_MAP_SWIZZLE_128B: return 128;
+    default: return ~0u;
+  }
+}
+
+// Where byte o of a box (packed, innermost dimension fastest) lies in shared memory
+// under the swizzle: its 16-byte chunk index XOR the 128-byte row index modulo
+// swizzle_bytes / 16 (CUDA programming guide, TMA swizzle; the same pattern wgmma's
+// swizzled layouts read, with the box starting on the pattern's repeat).
+uint32_t swizzled(uint32_t o, uint32_t swizzle) {
+  if (swizzle == 0) return o;
+  const uint32_t mask = swizzle / 16 - 1;
+  return o ^ (((o >> 7) & mask) << 4);
+}
+
+}  // namespace
+
+CUresult encode_tensor_map_tiled(CUtensorMap* map, CUtensorMapDataType type, uint32_t rank, void* global,
+                            const uint64_t* dims, const uint64_t* strides, const uint32_t* box,
+                            const uint32_t* element_strides, CUtensorMapInterleave interleave,
+                            CUtensorMapSwizzle swizzle, CUtensorMapL2promotion, CUtensorMapFloatOOBfill fill) {
+  // The driver's checks (CUDA driver API, cuTensorMapEncodeTiled), each an invalid value.
+  // What the emulator copies as a GPU was seen to (cuda/tma_check.cu: 128-byte swizzle
+  // and zero fill; unswizzled boxes by the same path); the rest is not emulated.
+  TensorMap m{};
+  m.magic = kTensorMapMagic;
+  m.global = static_cast<const unsigned char*>(global);
+  m.rank = rank;
+  m.element_bytes = element_bytes(type);
+  m.swizzle_bytes = swizzle_bytes(swizzle);
+  if (m.element_bytes == 0 || interleave != CU_TENSOR_MAP_INTERLEAVE_NONE ||
+      (swizzle != CU_TENSOR_MAP_SWIZZLE_NONE && swizzle != CU_TENSOR_MAP_SWIZZLE_128B) ||
+      fill != CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE)
+    fail("cuTensorMapEncodeTiled: only 1-, 2- and 4-byte types, no interleave, no swizzle or the 128-byte one, and "
+         "zero fill are emulated");
+  for (uint32_t i = 0; i < rank && i < 5; ++i)
+    if (element_strides[i] != 1) fail("cuTensorMapEncodeTiled: element strides other than 1 are not emulated");
+  if (reinterpret_cast<uintptr_t>(map) % 64 != 0 || rank < 1 || rank > 5 ||
+      reinterpret_cast<uintptr_t>(global) % 16 != 0)
+    return CUDA_ERROR_INVALID_VALUE;
+  for (uint32_t i = 0; i < rank; ++i) {
+    if (dims[i] == 0 || dims[i] > (uint64_t(1) << 32) || box[i] == 0 || box[i] > 256) return CUDA_ERROR_INVALID_VALUE;
+    m.dims[i] = dims[i];
+    m.box[i] = box[i];
+  }
+  // globalStrides[i] ≥ globalStrides[i − 1] · globalDim[i] (the first: globalDim[0] elements).
+  uint64_t below = dims[0] * m.element_bytes;
+  for (uint32_t i = 0; i + 1 < rank; ++i) {
+    if (strides[i] % 16 != 0 || strides[i] >= (uint64_t(1) << 40) || strides[i] < below)
+      return CUDA_ERROR_INVALID_VALUE;
+    m.strides[i] = strides[i];
+    below = strides[i] * dims[i + 1];
+  }
+  const uint32_t inner_bytes = box[0] * m.element_bytes;
+  if (inner_bytes % 16 != 0 || (m.swizzle_bytes != 0 && inner_bytes > m.swizzle_bytes))
+    return CUDA_ERROR_INVALID_VALUE;
+  std::memset(map, 0, sizeof(CUtensorMap));
+  std::memcpy(map, &m, sizeof m);
+  return CUDA_SUCCESS;
+}
+
+void mbarrier_init(uint32_t addr, uint32_t count) {
+  require_aligned(addr, 8, "mbarrier.init");
+  unsigned char* bytes = shared_bytes(addr, 8, "mbarrier.init");
+  if (count == 0 || count >= (1u << 20)) fail("mbarrier.init: count " + std::to_string(count) + " outside [1, 2^20)");
+  if (t_cta->mbarriers.count(addr) != 0)  // PTX ISA: undefined until mbarrier.inval
+    fail("mbarrier.init over the live mbarrier at shared offset " + std::to_string(addr));
+  Mbarrier& bar = t_cta->mbarriers[addr];
+  bar.expected = bar.pending = count;
+  bar.unfenced_by = t_cta->current + 1;
+  const uint64_t marker = marker_at(addr);
+  std::memcpy(bytes, &marker, 8);
+}
+
+// fence.mbarrier_init: the barriers this thread initialized become usable by the copy
+// engine (the threads' own use of them waits for the __syncthreads after it).
+void fence_mbarrier_init() {
+  for (auto& [addr, bar] : t_cta->mbarriers)
+    if (bar.unfenced_by == t_cta->current + 1) bar.unfenced_by = 0;
+}
+
+// PTX ISA: a phase's transaction count stays within ±(2^20 − 1).
+void require_tx_in_range(const Mbarrier& bar, uint32_t addr) {
+  constexpr int64_t kTxLimit = (int64_t(1) << 20) - 1;
+  if (bar.tx > kTxLimit || bar.tx < -kTxLimit)
+    fail("the mbarrier at shared offset " + std::to_string(addr) + ": transaction count " + std::to_string(bar.tx) +
+         " outside ±(2^20 − 1)");
+}
+
+void mbarrier_arrive(uint32_t addr, uint32_t expect_tx_bytes) {
+  Mbarrier& bar = mbarrier_at(addr, "mbarrier.arrive");
+  if (bar.pending == 0) fail("mbarrier.arrive: more arrivals than the barrier's count in one phase");
+  bar.tx += expect_tx_bytes;
+  require_tx_in_range(bar, addr);
+  --bar.pending;
+  ++t_cta->progress;
+  complete_phase_if_done(bar);
+}
+
+bool mbarrier_try_wait_parity(uint32_t addr, uint32_t parity) {
+  Mbarrier& bar = mbarrier_at(addr, "mbarrier.try_wait");
+  if (g_landing == Landing::at_wait) land_all(bar);
+  if ((bar.phase & 1) != (parity & 1)) return true;
+  yield("mbarrier.try_wait");
+  return false;
+}
+
+void tma_load(uint32_t dst, const void* tensor_map, const int32_t* coords, uint32_t rank, uint32_t mbar) {
+  TensorMap m;
+  std::memcpy(&m, tensor_map, sizeof m);
+  if (m.magic != kTensorMapMagic) fail("cp.async.bulk.tensor: the tensor map was not made by cuTensorMapEncodeTiled");
+  if (m.rank != rank)
+    fail("cp.async.bulk.tensor." + std::to_string(rank) + "d with a tensor map of rank " + std::to_string(m.rank));
+  if (m.swizzle_bytes != 0 && m.box[0] * m.element_bytes != m.swizzle_bytes)
+    fail("cp.async.bulk.tensor: a swizzled box whose inner dimension is not the swizzle's span is not emulated");
+  // PTX asks 128 bytes; a swizzled stage off the pattern's repeat (1024 bytes for 128-byte)
+  // is laid out from the absolute address, which no wgmma descriptor here expects: the
+  // emulator demands the repeat.
+  const unsigned alignment = m.swizzle_bytes == 0 ? 128 : m.swizzle_bytes * 8;
+  require_aligned(dst, alignment, "cp.async.bulk.tensor destination");
+  uint64_t elements = 1;
+  for (uint32_t i = 0; i < rank; ++i) elements *= m.box[i];
+  const size_t bytes = size_t(elements) * m.element_bytes;
+  shared_bytes(dst, bytes, "cp.async.bulk.tensor destination");
+  Mbarrier& bar = mbarrier_at(mbar, "cp.async.bulk.tensor's mbarrier");
+  if (bar.unfenced_by != 0)
+    fail("cp.async.bulk.tensor on the mbarrier at shared offset " + std::to_string(mbar) +
+         " before its initializing thread ran fence.mbarrier_init");
+  TensorCopy copy{dst, std::vector<unsigned char>(bytes)};
+  const uint32_t eb = m.element_bytes;
+  uint32_t index[5] = {0, 0, 0, 0, 0};
+  for (uint64_t e = 0; e < elements; e += m.box[0]) {  // one box row (innermost dimension) at a time
+    int64_t offset = 0;
+    bool inside = true;
+    for (uint32_t i = 1; i < rank; ++i) {
+      const int64_t c = int64_t(coords[i]) + index[i];
+      inside = inside && c >= 0 && uint64_t(c) < m.dims[i];
+      offset += c * int64_t(m.strides[i - 1]);
+    }
+    const int64_t c0 = coords[0];
+    const int64_t first = std::clamp<int64_t>(c0, 0, int64_t(m.dims[0]));
+    const int64_t last = std::clamp<int64_t>(c0 + m.box[0], 0, int64_t(m.dims[0]));
+    if (inside && last > first)
+      require_device_buffer(m.global + offset + first * eb, size_t(last - first) * eb, "cp.async.bulk.tensor source");
+    for (uint32_t x = 0; x < m.box[0]; ++x) {
+      const uint32_t o = uint32_t((e + x) * eb);
+      unsigned char* out = copy.bytes.data() + swizzled(o, m.swizzle_bytes);
+      const int64_t c = c0 + x;
+      if (inside && c >= first && c < last)
+        std::memcpy(out, m.global + offset + c * eb, eb);
+      else
+        std::memset(out, 0, eb);
+    }
+    for (uint32_t i = 1; i < rank && ++index[i] == m.box[i]; ++i) index[i] = 0;
+  }
+  if (g_landing == Landing::at_issue)
+    land(bar, copy);
+  else
+    bar.in_flight.push_back(std::move(copy));
+}
 
 }  // namespace emu
 

@@ -43,6 +43,7 @@
 // of its type aborts with UBSan's "runtime error: ... misaligned address" line, where
 // a GPU faults with "misaligned address".
 #pragma once
+#include <cuda.h>  // CUtensorMap and its enums (types only: nothing of the driver is linked)
 #include <cuda_runtime.h>
 
 #include <cstddef>
@@ -120,6 +121,22 @@ uint64_t wgmma_issued();
 // fragment swapped: a GPU whose fragment layout is not the one we decoded, for the
 // test of the attention launchers' check of their sm90a kernels (false: as decoded).
 void set_wgmma_a_misread(bool misread);
+// The mbarrier and the bulk tensor copy (sm_90; see emu.cpp): init with the arrival
+// count; arrive, after adding expect_tx_bytes to the phase's transaction count;
+// try_wait.parity (false: the phase of that parity has not completed; the thread
+// yields); a copy of the box at coords (innermost first) of a tensor map into shared
+// memory at dst, its bytes completed on the mbarrier at mbar.
+void mbarrier_init(uint32_t addr, uint32_t count);
+void fence_mbarrier_init();
+void mbarrier_arrive(uint32_t addr, uint32_t expect_tx_bytes);
+bool mbarrier_try_wait_parity(uint32_t addr, uint32_t parity);
+void tma_load(uint32_t dst, const void* tensor_map, const int32_t* coords, uint32_t rank, uint32_t mbar);
+// cuTensorMapEncodeTiled, as the emulated runtime's cudaGetDriverEntryPointByVersion
+// hands it out: the driver's checks, and a map only the emulated copy reads.
+CUresult encode_tensor_map_tiled(CUtensorMap* map, CUtensorMapDataType type, uint32_t rank, void* global,
+                            const uint64_t* dims, const uint64_t* strides, const uint32_t* box,
+                            const uint32_t* element_strides, CUtensorMapInterleave interleave,
+                            CUtensorMapSwizzle swizzle, CUtensorMapL2promotion l2, CUtensorMapFloatOOBfill fill);
 enum class Shuffle { bfly, up, idx };
 uint64_t shuffle(Shuffle mode, uint64_t value, int b);  // the value of another lane
 uint32_t match_any(uint64_t value);                     // the lanes holding the same value

@@ -454,3 +454,13 @@ cudaError_t cudaGraphExecDestroy(cudaGraphExec_t exec) {
   delete reinterpret_cast<emu::Graph*>(exec);
   return cudaSuccess;
 }
+
+// The driver entry points the kernels' host code looks up: cuTensorMapEncodeTiled
+// (cuda/tma.cu), as the emulator's encoder (tests/emu/emu.cpp); any other is not found.
+cudaError_t cudaGetDriverEntryPointByVersion(const char* symbol, void** funcPtr, unsigned int, unsigned long long,
+                                             cudaDriverEntryPointQueryResult* driverStatus) {
+  const bool known = std::strcmp(symbol, "cuTensorMapEncodeTiled") == 0;
+  *funcPtr = known ? reinterpret_cast<void*>(&emu::encode_tensor_map_tiled) : nullptr;
+  if (driverStatus != nullptr) *driverStatus = known ? cudaDriverEntryPointSuccess : cudaDriverEntryPointSymbolNotFound;
+  return cudaSuccess;
+}

@@ -1,5 +1,5 @@
-// The emulator's twin of cuda/ptx_sm90.cuh: same names and signatures, the wgmma ones
-// forwarding to tests/emu/emu.hpp. The emulated H100 runs sm_90a code, so
+// The emulator's twin of cuda/ptx_sm90.cuh: same names and signatures, the wgmma,
+// mbarrier and bulk tensor copy ones forwarding to tests/emu/emu.hpp. The emulated H100 runs sm_90a code, so
 // SPES_SM90A_DEVICE_CODE is 1 here and the Hopper kernels (cuda/grouped_gemm_sm90.cu,
 // cuda/attention_sm90.cu) run on it, their launchers told so by
 // SPES_SM90A_KERNELS (CMakeLists.txt, test_emu).
@@ -53,6 +53,22 @@ template <int N, int TRANS_B>
 void wgmma_rs(float (&d)[N / 2], const uint32_t (&a)[4], uint64_t desc_b, int accumulate) {
   static_assert(N == 64 || N == 128, "the attention backward's widths");
   emu::wgmma_bf16_rs(d, N, a, desc_b, accumulate != 0, TRANS_B != 0);
+}
+
+inline void mbarrier_init(uint32_t bar, uint32_t count) { emu::mbarrier_init(bar, count); }
+inline void fence_mbarrier_init() { emu::fence_mbarrier_init(); }
+inline void mbarrier_arrive_expect_tx(uint32_t bar, uint32_t bytes) { emu::mbarrier_arrive(bar, bytes); }
+inline void mbarrier_arrive(uint32_t bar) { emu::mbarrier_arrive(bar, 0); }
+inline bool mbarrier_try_wait_parity(uint32_t bar, uint32_t parity) {
+  return emu::mbarrier_try_wait_parity(bar, parity);
+}
+inline void mbarrier_wait_parity(uint32_t bar, uint32_t parity) {
+  while (!mbarrier_try_wait_parity(bar, parity)) {
+  }
+}
+inline void tma_load_2d(uint32_t dst, const CUtensorMap* map, int32_t c0, int32_t c1, uint32_t bar) {
+  const int32_t coords[2] = {c0, c1};
+  emu::tma_load(dst, map, coords, 2, bar);
 }
 
 }  // namespace spes::cuda
