@@ -90,6 +90,15 @@ struct ProcessRun {
     } while (std::chrono::steady_clock::now() < deadline);
     return false;
   }
+  // Round 1 with both nodes, then SIGTERM to the coordinator and round 2 with node 0
+  // alone (it closes on the round timeout): the round that ends the run, which node 1,
+  // still connected, misses. Returns node 0's report of it.
+  RoundReport signal_then_round_without_node_1() {
+    sync_all(nodes);
+    ::kill(pid, SIGTERM);
+    nodes[0]->train();
+    return nodes[0]->sync();
+  }
   int csv_rows() const {
     std::ifstream in(csv);
     std::string line;
@@ -340,10 +349,7 @@ TEST_CASE("stopping a run: a node that missed the round that ended it stops ther
   SUBCASE("a signalled coordinator waits for the late node, then exits") {
     ProcessRun run("stop-late", 0.3, 60);
     auto& nodes = run.nodes;
-    sync_all(nodes);  // round 1
-    ::kill(run.pid, SIGTERM);
-    nodes[0]->train();
-    const RoundReport a = nodes[0]->sync();  // round 2 closes on the timeout and ends the run
+    const RoundReport a = run.signal_then_round_without_node_1();
     CHECK(a.round == 2);
     CHECK(a.stop);
     nodes[0]->client->disconnect();  // node 0 stopped; node 1, connected, trains on
@@ -364,10 +370,7 @@ TEST_CASE("stopping a run: a node that missed the round that ended it stops ther
   SUBCASE("a signalled coordinator exits stop_grace_s after the last node left, when a late node does not come") {
     ProcessRun run("stop-gone", 0.3, 3);
     auto& nodes = run.nodes;
-    sync_all(nodes);  // round 1
-    ::kill(run.pid, SIGTERM);
-    nodes[0]->train();
-    CHECK(nodes[0]->sync().stop);  // round 2, without node 1
+    CHECK(run.signal_then_round_without_node_1().stop);
     nodes[0]->client->disconnect();
     nodes[1]->client->disconnect();  // node 1 is gone
     int status = 0;
