@@ -69,7 +69,9 @@ class NetSyncHook : public SyncHook {
     started_ = std::chrono::steady_clock::now();
     return out;
   }
-  void join(const float* params) override { client_.join(params); }
+  bool join(const float* params, const std::function<bool()>& give_up) override {
+    return client_.join(params, give_up);
+  }
   bool round_in_flight() const override { return client_.round_in_flight(); }
   SyncStats settle(float* params) override {
     return client_.round_in_flight() ? finish(params) : SyncStats{};

@@ -4,6 +4,7 @@
 // engine/net_sync implements it over net/ (the TCP protocol to the coordinator).
 #pragma once
 #include <cstdint>
+#include <functional>
 #include <string>
 
 #include "net/train_figures.hpp"
@@ -31,8 +32,9 @@ class SyncHook {
   // (a later round's result says where it does: SyncStats::stop).
   virtual SyncStats sync_round(float* params, int64_t step, const net::TrainFigures& figures, bool ask_stop) = 0;
   // Before the first step (after load_state): meet the coordinator now rather than
-  // at the first round.
-  virtual void join(const float*) {}
+  // at the first round. False when it gave up: `give_up` said so after an attempt
+  // that could not reach the coordinator.
+  virtual bool join(const float*, const std::function<bool()>& /*give_up*/) { return true; }
   virtual void save_state(CheckpointState& s) const = 0;
   virtual void load_state(const CheckpointState& s, float* params) = 0;
   // Overlapped rounds: whether one is in flight, and applying it now (overlap_steps

@@ -442,7 +442,17 @@ void Trainer::stop_if_round_ends_run(const SyncStats& s) {
 
 void Trainer::run(std::ostream& csv, bool resume) {
   if (resume) restore_latest();
-  if (sync_) sync_->join(theta().data());
+  // A node asked to stop that cannot reach its coordinator as its run starts (a
+  // coordinator signalled with no node joined has exited) stops at once: it has
+  // trained nothing since its checkpoint, and no round would ever come.
+  if (sync_ && !sync_->join(theta().data(), [this] { return signal_ && *signal_; })) {
+    stopping_ = true;
+    log_line(node_prefix().c_str(),
+             "%s before the first step and the coordinator cannot be reached: stopping at step %lld, nothing "
+             "trained since %s",
+             strsignal(*signal_), (long long)step_, last_checkpoint_.empty() ? "the start" : last_checkpoint_.c_str());
+    return;
+  }
   stop_ = cfg_.train.max_steps_this_run > 0 ? std::min(cfg_.train.steps, step_ + cfg_.train.max_steps_this_run)
                                             : cfg_.train.steps;
   if (owes_round_) {

@@ -220,12 +220,19 @@ void SyncClient::start_round(const float* params, int64_t step, const TrainFigur
   });
 }
 
-void SyncClient::join(const float* params) {
+bool SyncClient::join(const float* params, const std::function<bool()>& give_up) {
   Impl& I = *impl_;
   std::lock_guard<std::mutex> lk(I.turn);
+  bool first = true, gave_up = false;
   I.retrying([&] {
+    if (!first && give_up && give_up()) {
+      gave_up = true;
+      return;
+    }
+    first = false;
     if (!I.link.connected()) I.in_sync = I.connect(params);
   });
+  return !gave_up;
 }
 
 bool SyncClient::round_in_flight() const { return impl_->inflight_thread.joinable(); }

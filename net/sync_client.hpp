@@ -21,6 +21,7 @@
 // and keeps SyncState in its checkpoints (engine/net_sync.cpp).
 #pragma once
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <span>
 #include <string>
@@ -102,8 +103,9 @@ class SyncClient {
   // this node from the start of its run (a signal to it then waits for the node's
   // next round: net/README.md, Stopping a run), and a wrong secret, run id or
   // fingerprint is said before the first step. A node that is behind takes its
-  // snapshot at its next round, as before. Throws as sync_round does.
-  void join(const float* params);
+  // snapshot at its next round, as before. Throws as sync_round does. After an attempt
+  // that failed, `give_up` (if given) may end the wait: then false, not connected.
+  bool join(const float* params, const std::function<bool()>& give_up = {});
 
   // Overlapped rounds ([spes] overlap): start_round pushes a copy of params on a
   // helper thread and returns at once, so the node keeps training; finish_round

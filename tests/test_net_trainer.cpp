@@ -5,6 +5,7 @@
 
 #include <algorithm>
 #include <atomic>
+#include <chrono>
 #include <csignal>
 #include <cstdio>
 #include <functional>
@@ -217,6 +218,26 @@ TEST_CASE("trainer + coordinator: a signal to one node stops every node at one r
     const std::vector<float> straight = run_pair("straight", false), stopped = run_pair("stopped", true);
     CHECK(stopped == straight);  // bitwise
   }
+}
+
+// A coordinator signalled while no node had joined exits at once; a node signalled
+// too (SLURM signals every task) that then cannot reach it must not wait for it (it
+// would retry for retry_for_s, an hour): it stops before its first step.
+TEST_CASE("trainer + coordinator: a signalled node that cannot reach its coordinator at its start stops at once") {
+  const auto dir = test::temp_dir("net-trainer-stop-unreachable");
+  const Config c = trainer_config(dir, {"spes.n_nodes=2", "spes.ownership=\"partitioned\"", "spes.node_id=0",
+                                        "spes.coordinator=\"127.0.0.1:" + std::to_string(test::pick_port()) + "\""});
+  Trainer t(c);
+  t.set_sync_hook(make_net_sync_hook(c, t.layout(), t.ownership()));
+  std::atomic<int> signal{SIGTERM};
+  t.stop_on_signal(&signal);
+  std::ostringstream csv;
+  const auto t0 = std::chrono::steady_clock::now();
+  t.run(csv, false);
+  CHECK(std::chrono::steady_clock::now() - t0 < std::chrono::seconds(30));
+  CHECK(t.step() == 0);
+  CHECK(csv.str().empty());
+  CHECK(latest_checkpoint(node_checkpoint_root(c)).empty());  // nothing trained: nothing to keep
 }
 
 // The rows a node's CSV reports rounds in: sync_round → (step, bytes_up, state_hash).
