@@ -43,23 +43,10 @@ std::vector<bf16> check_values(size_t n, uint32_t seed) {
   return v;
 }
 
-DeviceBuffer upload(const std::vector<bf16>& v, const char* what) {
-  DeviceBuffer b(v.size() * sizeof(bf16), what);
-  cuda_check(cudaMemcpy(b.get(), v.data(), b.bytes(), cudaMemcpyHostToDevice));
-  return b;
-}
-
 std::vector<float> download_bf16(const DeviceBuffer& b) {
-  std::vector<bf16> h(b.bytes() / sizeof(bf16));
-  cuda_check(cudaMemcpy(h.data(), b.get(), b.bytes(), cudaMemcpyDeviceToHost));
+  const std::vector<bf16> h = download_buffer<bf16>(b);
   std::vector<float> f(h.size());
   for (size_t i = 0; i < h.size(); ++i) f[i] = __bfloat162float(h[i]);
-  return f;
-}
-
-std::vector<float> download_f32(const DeviceBuffer& b) {
-  std::vector<float> f(b.bytes() / sizeof(float));
-  cuda_check(cudaMemcpy(f.data(), b.get(), b.bytes(), cudaMemcpyDeviceToHost));
   return f;
 }
 
@@ -90,16 +77,16 @@ std::vector<std::vector<float>> run_path(AttentionPath path, int64_t D, const De
   attention_backward(dq.as<bf16>(), dk.as<bf16>(), dv.as<bf16>(), dout.as<bf16>(), q.as<bf16>(), k.as<bf16>(),
                      v.as<bf16>(), out.as<bf16>(), lse.as<float>(), scratch.get(), kB, kT, kH, kHkv, D, stream, path);
   cuda_check(cudaStreamSynchronize(stream));
-  return {download_bf16(out), download_f32(lse), download_bf16(dq), download_bf16(dk), download_bf16(dv)};
+  return {download_bf16(out), download_buffer<float>(lse), download_bf16(dq), download_bf16(dk), download_bf16(dv)};
 }
 
 // Empty when the two families agree at head dim D, else the first disagreement.
 std::string compare_at(int64_t D) {
   const size_t nq = size_t(kB * kT * kH * D), nkv = size_t(kB * kT * kHkv * D);
-  const DeviceBuffer q = upload(check_values(nq, 1), "attention check q"),
-                     k = upload(check_values(nkv, 2), "attention check k"),
-                     v = upload(check_values(nkv, 3), "attention check v"),
-                     dout = upload(check_values(nq, 4), "attention check dout");
+  const DeviceBuffer q = upload_buffer(check_values(nq, 1), "attention check q"),
+                     k = upload_buffer(check_values(nkv, 2), "attention check k"),
+                     v = upload_buffer(check_values(nkv, 3), "attention check v"),
+                     dout = upload_buffer(check_values(nq, 4), "attention check dout");
   const auto portable = run_path(AttentionPath::portable, D, q, k, v, dout);
   const auto sm90a = run_path(AttentionPath::sm90a, D, q, k, v, dout);
   for (int i = 0; i < 5; ++i) {

@@ -56,6 +56,22 @@ class DeviceBuffer {
   size_t bytes_ = 0;
 };
 
+// A device buffer holding `values`, and a buffer's whole contents read back: blocking
+// copies (cudaMemcpy), for the once-per-device checks of kernel families, off the
+// step's path.
+template <class T>
+DeviceBuffer upload_buffer(const std::vector<T>& values, const std::string& what) {
+  DeviceBuffer b(values.size() * sizeof(T), what);
+  cuda_check(cudaMemcpy(b.get(), values.data(), b.bytes(), cudaMemcpyHostToDevice));
+  return b;
+}
+template <class T>
+std::vector<T> download_buffer(const DeviceBuffer& b) {
+  std::vector<T> h(b.bytes() / sizeof(T));
+  cuda_check(cudaMemcpy(h.data(), b.get(), b.bytes(), cudaMemcpyDeviceToHost));
+  return h;
+}
+
 // Owns `count` T of pinned (page-locked) host memory, cudaMallocHost: the host side of
 // every asynchronous copy (a pageable source would make cudaMemcpyAsync wait, and the
 // host must not change a pinned source before the copy has run). Move-only.

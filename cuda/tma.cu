@@ -35,9 +35,10 @@ EncodeTiled encode_tiled() {
 
 CUtensorMap bf16_matrix_map(const void* base, uint64_t rows, uint64_t cols, uint64_t ld, uint32_t box_rows,
                             uint32_t box_cols, CUtensorMapSwizzle swizzle) {
-  // Encoded in a local of this frame, which the compiler aligns (128 bytes, as the
-  // driver requires), then copied out: the caller's slot the result would otherwise be
-  // built in need not be (GCC 12 leaves a discarded call's temporary misaligned).
+  // Encoded in a local of this frame, which the compiler aligns as the type asks (128
+  // bytes; the driver requires 64), then copied out: the caller's slot the result would
+  // otherwise be built in need not be (GCC 12 leaves a discarded call's temporary
+  // misaligned).
   CUtensorMap encoded{};
   const cuuint64_t dims[2] = {cols, rows};
   const cuuint64_t strides[1] = {ld * 2};

@@ -163,20 +163,6 @@ std::vector<uint16_t> check_values(size_t n, uint32_t seed) {
   return v;
 }
 
-template <class T>
-DeviceBuffer upload(const std::vector<T>& v, const char* what) {
-  DeviceBuffer b(v.size() * sizeof(T), what);
-  cuda_check(cudaMemcpy(b.get(), v.data(), b.bytes(), cudaMemcpyHostToDevice));
-  return b;
-}
-
-template <class T>
-std::vector<T> download(const DeviceBuffer& b) {
-  std::vector<T> h(b.bytes() / sizeof(T));
-  cuda_check(cudaMemcpy(h.data(), b.get(), b.bytes(), cudaMemcpyDeviceToHost));
-  return h;
-}
-
 float bf16_value(uint16_t bits) {
   const uint32_t w = uint32_t(bits) << 16;
   float f;
@@ -186,21 +172,21 @@ float bf16_value(uint16_t bits) {
 
 std::string check_ring() {
   const std::vector<uint16_t> values = check_values(size_t(kRows) * kCols, 11);
-  const DeviceBuffer in = upload(values, "TMA check matrix"),
-                     out = upload(std::vector<uint16_t>(values.size(), 0xFFFF), "TMA check copy"),  // NaN
-                     outside = upload(std::vector<int>(1, 0), "TMA check outside count"),
-                     gave_up = upload(std::vector<int>(1, 0), "TMA check timeout flag");
+  const DeviceBuffer in = upload_buffer(values, "TMA check matrix"),
+                     out = upload_buffer(std::vector<uint16_t>(values.size(), 0xFFFF), "TMA check copy"),  // NaN
+                     outside = upload_buffer(std::vector<int>(1, 0), "TMA check outside count"),
+                     gave_up = upload_buffer(std::vector<int>(1, 0), "TMA check timeout flag");
   const CUtensorMap map = bf16_matrix_map(in.get(), kRows, kCols, kCols, kBox, kBox, CU_TENSOR_MAP_SWIZZLE_128B);
   launch(ring_copy_kernel, dim3(2), dim3(kRingThreads), kRingSmem, nullptr, map, out.as<uint16_t>(),
          outside.as<int>(), gave_up.as<int>());
   cuda_check(cudaGetLastError());
   cuda_check(cudaDeviceSynchronize());
-  if (download<int>(gave_up)[0] != 0) return "a wait in the ring of copies gave up: a phase never completed";
-  const std::vector<uint16_t> back = download<uint16_t>(out);
+  if (download_buffer<int>(gave_up)[0] != 0) return "a wait in the ring of copies gave up: a phase never completed";
+  const std::vector<uint16_t> back = download_buffer<uint16_t>(out);
   size_t wrong = 0, first = 0;
   for (size_t i = 0; i < values.size(); ++i)
     if (back[i] != values[i] && wrong++ == 0) first = i;
-  const int nonzero_outside = download<int>(outside)[0];
+  const int nonzero_outside = download_buffer<int>(outside)[0];
   if (wrong == 0 && nonzero_outside == 0) return "";
   char line[200];
   std::snprintf(line, sizeof line,
@@ -212,17 +198,17 @@ std::string check_ring() {
 
 std::string check_wgmma_on_copies() {
   const std::vector<uint16_t> a = check_values(kBox * kBox, 12), b = check_values(kBox * kBox, 13);
-  const DeviceBuffer a_dev = upload(a, "TMA check A"), b_dev = upload(b, "TMA check B"),
+  const DeviceBuffer a_dev = upload_buffer(a, "TMA check A"), b_dev = upload_buffer(b, "TMA check B"),
                      d_dev(kBox * kBox * sizeof(float), "TMA check D"),
-                     gave_up = upload(std::vector<int>(1, 0), "TMA check timeout flag");
+                     gave_up = upload_buffer(std::vector<int>(1, 0), "TMA check timeout flag");
   const CUtensorMap a_map = bf16_matrix_map(a_dev.get(), kBox, kBox, kBox, kBox, kBox, CU_TENSOR_MAP_SWIZZLE_128B);
   const CUtensorMap b_map = bf16_matrix_map(b_dev.get(), kBox, kBox, kBox, kBox, kBox, CU_TENSOR_MAP_SWIZZLE_128B);
   launch(wgmma_on_copies_kernel, dim3(1), dim3(128), kWgmmaSmem, nullptr, a_map, b_map, d_dev.as<float>(),
          gave_up.as<int>());
   cuda_check(cudaGetLastError());
   cuda_check(cudaDeviceSynchronize());
-  if (download<int>(gave_up)[0] != 0) return "the wait for the wgmma's copied operands gave up";
-  const std::vector<float> d = download<float>(d_dev);
+  if (download_buffer<int>(gave_up)[0] != 0) return "the wait for the wgmma's copied operands gave up";
+  const std::vector<float> d = download_buffer<float>(d_dev);
   double worst = 0;
   for (int i = 0; i < kBox; ++i)
     for (int j = 0; j < kBox; ++j) {

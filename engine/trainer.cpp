@@ -409,7 +409,7 @@ void Trainer::restore_latest() {
 // rounds after the step under way; with sync rounds the node asks the run to stop in
 // its pushes instead, and stops where a round's result says (stop_if_round_ends_run).
 bool Trainer::stop_requested() {
-  if (stopping_ || ask_stop_ || !signal_ || !*signal_) return false;
+  if (stopping_ || ask_stop_ || !signalled()) return false;
   const char* why = strsignal(*signal_);
   const int64_t every = cfg_.spes.sync_steps;
   if (sync_ && every > 0) {
@@ -445,7 +445,7 @@ void Trainer::run(std::ostream& csv, bool resume) {
   // A node asked to stop that cannot reach its coordinator as its run starts (a
   // coordinator signalled with no node joined has exited) stops at once: it has
   // trained nothing since its checkpoint, and no round would ever come.
-  if (sync_ && !sync_->join(theta().data(), [this] { return signal_ && *signal_; })) {
+  if (sync_ && !sync_->join(theta().data(), [this] { return signalled(); })) {
     stopping_ = true;
     log_line(node_prefix().c_str(),
              "%s before the first step and the coordinator cannot be reached: stopping at step %lld, nothing "

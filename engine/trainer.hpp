@@ -109,6 +109,7 @@ class Trainer {
   bool stopping_ = false;                     // stop_ was moved to end the run early
   bool ask_stop_ = false;                     // a signal came: every push asks the run to stop
   bool stopped_by_run_ = false;
+  bool signalled() const { return signal_ != nullptr && *signal_ != 0; }
   bool stop_requested();
   void stop_if_round_ends_run(const SyncStats& s);
   int64_t tokens_seen_ = 0;

@@ -600,18 +600,17 @@ void Coordinator::Impl::close_round(const RoundClose& rc) {
   update_stats([&](CoordinatorStats& st) { st.max_update_ratio = update_bound.max_ratio(); });
   std::shared_ptr<const Publication> cpub = pub;
   for (const auto& s : recipients) s->enqueue_publication(cpub);
-  if (pub->stop) {
-    log("round %" PRId64 " ends the run (asked by %s): its nodes stop with a checkpoint of it; resuming them "
-        "(--resume) continues the run",
-        r, stopping ? "a signal to the coordinator" : ("node " + node_list(stop_asked)).c_str());
-  }
   // The nodes connected now that did not push to the round miss its result (a node
   // already gone is not waited for: it resumes behind, as after any lost round).
   stop_round = pub->stop ? r : -1;
   stop_missed.clear();
-  if (pub->stop)
+  if (pub->stop) {
+    log("round %" PRId64 " ends the run (asked by %s): its nodes stop with a checkpoint of it; resuming them "
+        "(--resume) continues the run",
+        r, stopping ? "a signal to the coordinator" : ("node " + node_list(stop_asked)).c_str());
     for (int node = 0; node < p.n_nodes; ++node)
       if (std::find(to.begin(), to.end(), node) == to.end() && server.node_session(node)) stop_missed.insert(node);
+  }
   stop_asked.clear();
   merge.begin_round();
   rounds.next_round();
@@ -675,7 +674,7 @@ void Coordinator::Impl::on_signal(int sig) {
 // stop. So it waits stop_grace_s for them, from the moment no node is left.
 void Coordinator::Impl::exit_when_told() {
   if (stopped || members > 0) return;
-  if (stop_round < 0 || stop_missed.empty()) return shutdown();
+  if (stop_missed.empty()) return shutdown();  // (set only with a stop round)
   log("waiting up to %.0f s for node %s, which missed round %" PRId64 " (it ended the run), to take its snapshot",
       opt.stop_grace_s, node_list(stop_missed).c_str(), stop_round);
   stop_grace.expires_after(to_duration(opt.stop_grace_s));

@@ -1339,24 +1339,13 @@ uint32_t element_bytes(CUtensorMapDataType t) {
   }
 }
 
-uint32_t swizzle_bytes(CUtensorMapSwizzle s) {
-  switch (s) {
-    case CU_TENSOR_MAP_SWIZZLE_NONE: return 0;
-    case CU_TENSOR_MAP_SWIZZLE_32B: return 32;
-    case CU_TENSOR_MAP_SWIZZLE_64B: return 64;
-    case CU_TENSOR_MAP_SWIZZLE_128B: return 128;
-    default: return ~0u;
-  }
-}
-
 // Where byte o of a box (packed, innermost dimension fastest) lies in shared memory
-// under the swizzle: its 16-byte chunk index XOR the 128-byte row index modulo
-// swizzle_bytes / 16 (CUDA programming guide, TMA swizzle; the same pattern wgmma's
-// swizzled layouts read, with the box starting on the pattern's repeat).
-uint32_t swizzled(uint32_t o, uint32_t swizzle) {
-  if (swizzle == 0) return o;
-  const uint32_t mask = swizzle / 16 - 1;
-  return o ^ (((o >> 7) & mask) << 4);
+// under the 128-byte swizzle (swizzle_bytes 128; 0: none): its 16-byte chunk index
+// XOR the 128-byte row index modulo 8 (CUDA programming guide, TMA swizzle; the same
+// pattern wgmma's swizzled layouts read, with the box starting on the pattern's repeat).
+uint32_t swizzled(uint32_t o, uint32_t swizzle_bytes) {
+  if (swizzle_bytes == 0) return o;
+  return o ^ (((o >> 7) & 7) << 4);
 }
 
 }  // namespace
@@ -1373,7 +1362,7 @@ CUresult encode_tensor_map_tiled(CUtensorMap* map, CUtensorMapDataType type, uin
   m.global = static_cast<const unsigned char*>(global);
   m.rank = rank;
   m.element_bytes = element_bytes(type);
-  m.swizzle_bytes = swizzle_bytes(swizzle);
+  m.swizzle_bytes = swizzle == CU_TENSOR_MAP_SWIZZLE_128B ? 128 : 0;
   if (m.element_bytes == 0 || interleave != CU_TENSOR_MAP_INTERLEAVE_NONE ||
       (swizzle != CU_TENSOR_MAP_SWIZZLE_NONE && swizzle != CU_TENSOR_MAP_SWIZZLE_128B) ||
       fill != CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE)
