@@ -5,6 +5,8 @@
 //   portable     one grouped_matmul_* launch on the portable (mma.sync) path, offsets
 //                read on the device;
 //   sm90a        the same on the Hopper (wgmma) path, where the device runs it;
+//   sm90a_tma    the weight gradient alone on the sm90a path's other kernel, fed by
+//                the copy engine (grouped_sm90::WgradKernel::tma), where it runs;
 //   grouped      one cublasGemmGroupedBatchedEx call over the non-empty experts;
 //   per_expert   one cublasGemmEx per non-empty expert;
 //   dense        one cublasGemmEx with all S rows as one expert: the same FLOPs, the
@@ -23,7 +25,7 @@
 // expert S/E rows (against the skewed ones: what the load imbalance costs), and half
 // the experts 2S/E rows each (a weight gradient's tiles then reduce over twice the
 // rows: with the first, a tile's fixed cost, its store and fill, apart from its cost
-// per row).
+// per row); last, the weight gradient on the TMA kernel ("nan" in the other products).
 // A refused cuBLAS call (the grouped API with an fp32 output on some versions) and a
 // path the device does not run leave their columns "nan". stderr gets the device,
 // which paths it runs, the routings' load imbalance, a check of each path against
@@ -263,11 +265,25 @@ void run_weights(const char* name, int64_t C, int64_t OC, const std::vector<std:
     };
     auto dense = [&] { gemm(cublas, p, expert_op(p, cublas_bufs, 0, 0, kS, C, OC)); };
 
+    // The weight gradient on the TMA kernel (sm90a path), where it runs.
+    const bool has_tma = has_sm90a && p == Product::backward_weight &&
+                         spes::cuda::grouped_sm90::wgrad_tma_unavailable_reason().empty();
+    auto ours_tma = [&](int r) {
+      spes::cuda::grouped_sm90::set_wgrad_kernel(spes::cuda::grouped_sm90::WgradKernel::tma);
+      ours(r, GroupedGemmPath::sm90a);
+      spes::cuda::grouped_sm90::set_wgrad_kernel(spes::cuda::grouped_sm90::WgradKernel::threads);
+    };
+
     // Check: each path against cuBLAS per expert on routing 0 (fresh dW on both sides).
-    for (GroupedGemmPath path : paths) {
+    for (int variant = 0; variant < int(paths.size()) + (has_tma ? 1 : 0); ++variant) {
+      const bool tma = variant == int(paths.size());
+      const GroupedGemmPath path = tma ? GroupedGemmPath::sm90a : paths[variant];
       spes::bench::zero(dw.p, dw.bytes, stream);
       spes::bench::zero(dw2.p, dw2.bytes, stream);
-      ours(0, path);
+      if (tma)
+        ours_tma(0);
+      else
+        ours(0, path);
       per_expert(0);
       double err;
       if (p == Product::forward)
@@ -277,7 +293,7 @@ void run_weights(const char* name, int64_t C, int64_t OC, const std::vector<std:
       else
         err = rel_err(to_host(dw.as<float>(), kE * OC * C, stream), to_host(dw2.as<float>(), kE * OC * C, stream));
       std::fprintf(stderr, "check %s %s: %s vs cuBLAS per expert, rel err %.3g (%s)\n", name, product_name(p),
-                   path_name(path), err, err <= (p == Product::backward_weight ? 1e-4 : 1e-2) ? "ok" : "MISMATCH");
+                   tma ? "sm90a (TMA)" : path_name(path), err, err <= (p == Product::backward_weight ? 1e-4 : 1e-2) ? "ok" : "MISMATCH");
       if (p == Product::forward) spes::bench::fill(y.as<bf16>(), kS * OC, stream, 2, 1.0f);  // y is dout below
     }
 
@@ -304,6 +320,11 @@ void run_weights(const char* name, int64_t C, int64_t OC, const std::vector<std:
       std::fprintf(stderr, "%s %s, sm90a, TFLOP/s by k-steps asked of L2 ahead of their copies (%d in the step):%s\n",
                    name, product_name(p), chosen, line.c_str());
     }
+    float t_tma = -1;
+    if (has_tma) {
+      next = 0;
+      t_tma = spes::bench::median_ms([&] { ours_tma(next++ % kRoutings); }, stream);
+    }
     const GroupedGemmPath ours_path = has_sm90a ? GroupedGemmPath::sm90a : GroupedGemmPath::portable;
     const float t_ours = has_sm90a ? t_sm90a : t_portable;
     const float t_even = spes::bench::median_ms([&] { ours_on(d_even.as<int32_t>(), ours_path); }, stream);
@@ -322,14 +343,15 @@ void run_weights(const char* name, int64_t C, int64_t OC, const std::vector<std:
     }
     const float t_dense = spes::bench::median_ms(dense, stream);
 
-    std::printf("%s,%s,%ld,%ld,%ld,%ld,%.4f,%s,%s,%s,%s,%s,%s,%s,%s,%s,%s,%s,%s,%s,%s,%s,%s,%s,%s\n", name,
+    std::printf("%s,%s,%ld,%ld,%ld,%ld,%.4f,%s,%s,%s,%s,%s,%s,%s,%s,%s,%s,%s,%s,%s,%s,%s,%s,%s,%s,%s,%s\n", name,
                 product_name(p), long(kS), long(kE), long(C), long(OC), flops / 1e12, ms_cell(t_portable).c_str(),
                 tf_cell(flops, t_portable).c_str(), ms_cell(t_sm90a).c_str(), tf_cell(flops, t_sm90a).c_str(),
                 ms_cell(t_grouped).c_str(), tf_cell(flops, t_grouped).c_str(), ms_cell(t_per).c_str(),
                 tf_cell(flops, t_per).c_str(), ms_cell(t_dense).c_str(), tf_cell(flops, t_dense).c_str(),
                 ratio_cell(t_ours, t_grouped).c_str(), ratio_cell(t_ours, t_per).c_str(),
                 ratio_cell(t_ours, t_dense).c_str(), ratio_cell(t_sm90a, t_portable).c_str(), ms_cell(t_even).c_str(),
-                tf_cell(flops, t_even).c_str(), ms_cell(t_even_half).c_str(), tf_cell(flops, t_even_half).c_str());
+                tf_cell(flops, t_even).c_str(), ms_cell(t_even_half).c_str(), tf_cell(flops, t_even_half).c_str(),
+                ms_cell(t_tma).c_str(), tf_cell(flops, t_tma).c_str());
     std::fflush(stdout);
   }
 }
@@ -457,15 +479,17 @@ int main() {
     std::fprintf(stderr, "%d routings of %ld rows over %ld experts; worst max/mean expert load %.2f\n", kRoutings,
                  long(kS), long(kE), worst);
 
-    if (spes::cuda::grouped_gemm_sm90a_available())
-      std::fprintf(stderr, "paths: portable, sm90a (ours)\n");
-    else
+    if (spes::cuda::grouped_gemm_sm90a_available()) {
+      const std::string tma = spes::cuda::grouped_sm90::wgrad_tma_unavailable_reason();
+      std::fprintf(stderr, "paths: portable, sm90a (ours); the TMA weight gradient: %s\n",
+                   tma.empty() ? "runs" : tma.c_str());
+    } else
       std::fprintf(stderr, "paths: portable (ours); no sm90a: %s\n",
                    spes::cuda::grouped_gemm_sm90a_unavailable_reason().c_str());
     std::printf("weights,product,S,E,C,OC,tflop,portable_ms,portable_tflops,sm90a_ms,sm90a_tflops,"
                 "cublas_grouped_ms,cublas_grouped_tflops,cublas_per_expert_ms,cublas_per_expert_tflops,dense_ms,"
                 "dense_tflops,ours_over_grouped,ours_over_per_expert,ours_over_dense,sm90a_over_portable,ours_even_ms,"
-                "ours_even_tflops,ours_even_half_ms,ours_even_half_tflops\n");
+                "ours_even_tflops,ours_even_half_ms,ours_even_half_tflops,sm90a_tma_ms,sm90a_tma_tflops\n");
     cublasHandle_t cublas = nullptr;  // the peer: plain cuBLAS on the same stream
     cublas_check(cublasCreate(&cublas));
     cublas_check(cublasSetStream(cublas, rt.stream()));

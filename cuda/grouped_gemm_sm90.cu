@@ -78,6 +78,7 @@
 // round trip to L2.
 #include "cuda/grouped_gemm_sm90.cuh"
 #include "cuda/grouped_gemm_common.cuh"
+#include "cuda/grouped_gemm_wgrad_schedule.cuh"
 
 #include <algorithm>
 #include <atomic>
@@ -93,18 +94,10 @@
 
 namespace spes::cuda::grouped_sm90 {
 
-// The weight gradient's tile tickets (see WgradProblem): `next` counts the tiles drawn
-// so far past the first gridDim.x, `done` the CTAs finished; the last CTA to finish
-// puts both back to 0 for the next launch on the slot. Launches take the
-// kTileTicketSlots slots in turn, so two launches share a slot only that many
-// launches apart: ones that never run at once (a stream runs its launches in order; a
-// captured graph replays its launches' slots, one replay at a time). Declared in
-// every compilation pass, not only where the kernels have bodies, since nvcc
+// The weight gradient's tile tickets (cuda/grouped_gemm_wgrad_schedule.cuh). Declared
+// in every compilation pass, not only where the kernels have bodies, since nvcc
 // registers a device variable through its host-side shadow.
-struct TileTickets {
-  int next, done;
-};
-__device__ TileTickets g_tile_tickets[kTileTicketSlots];  // zero when the module loads
+__device__ grouped::TileTickets g_tile_tickets[kTileTicketSlots];  // zero when the module loads
 
 namespace {
 
@@ -143,13 +136,9 @@ struct Sched {
   int end[kMaxExperts];
   int warp_total[kThreads / kWarp];
 };
-// The weight gradient's in its place: the trained experts that have rows, most rows
-// first (see WgradProblem), and the tile this CTA drew for after its current one.
-struct WgradSched {
-  int rows_of_entry[kMaxExperts];  // rows of trained-list entry i (0: none, or not an expert)
-  int expert[kMaxExperts];         // by rank: the expert, its first row and its rows
-  int start[kMaxExperts];
-  int rows[kMaxExperts];
+// The weight gradient's in its place: the trained experts ranked by rows, and the tile
+// this CTA drew for after its current one.
+struct WgradSched : RankedExperts {
   int drawn;
 };
 // The stages start at the first 1024-byte boundary after the larger of the two.
@@ -713,37 +702,6 @@ __global__ void __launch_bounds__(kThreads, 1)
 
 #if SPES_SM90A_DEVICE_CODE
 
-// Fills s's ranked lists with the trained experts that have rows, most rows first
-// (ties in list order), one thread per entry of the trained list; returns how many.
-// An entry outside [0, E) counts as an expert without rows.
-__device__ __forceinline__ int rank_trained_experts(WgradSched& s, const int32_t* offsets, const int32_t* trained,
-                                                    int n_trained, int E, int S) {
-  const int tid = static_cast<int>(threadIdx.x);
-  int e = 0, start = 0, rows = 0;
-  if (tid < n_trained) {
-    e = trained[tid];
-    if (e >= 0 && e < E) {
-      start = clamp_int(offsets[e], 0, S);
-      rows = clamp_int(offsets[e + 1], start, S) - start;
-    }
-  }
-  if (tid < kMaxExperts) s.rows_of_entry[tid] = rows;
-  __syncthreads();
-  int rank = 0, ranked = 0;
-  for (int j = 0; j < n_trained; ++j) {
-    const int r = s.rows_of_entry[j];
-    rank += r > rows || (r == rows && j < tid);
-    ranked += r > 0;
-  }
-  if (rows > 0) {
-    s.expert[rank] = e;
-    s.start[rank] = start;
-    s.rows[rank] = rows;
-  }
-  __syncthreads();
-  return ranked;
-}
-
 // How many k-steps before the end of its main loop a CTA draws its next tile: late,
 // so that the CTAs about to be free draw first, and early enough that the counter's
 // answer (one round trip to L2) is back a k-step later, where it is handed to the
@@ -752,17 +710,11 @@ constexpr int kDrawLead = kStages;
 
 // Weight gradient: dweights[e][m, n] += Σ_s dout[s, m]·inp[s, n] over the rows s of
 // expert e = trained[i], M = OC, N = C, K = the expert's row count; A = doutᵀ and
-// B = inp, both MN-major. A tile's main loop takes its expert's rows / 64 k-steps, and
-// routings are skewed (an expert may have tens of times the rows of another), so the
-// tiles are not dealt out in a fixed stride, which leaves some CTAs far more work than
-// others: they are numbered most costly first (the ranked experts, each one's
-// m_tiles × n_tiles tiles in (OC tile, C tile) order), CTA b starts at tile b, and
-// each CTA draws its next tile from the launch's ticket counter (TileTickets) a few
-// k-steps before its current main loop ends. So the tiles go, largest first, to the
-// CTAs as they come free (a list schedule, which ends within about one of the last,
-// smallest tiles of even). Which CTA computes a tile does not change its bits: each
-// dW element is summed by one CTA in one fixed order. Trained experts without rows
-// get no tile (their dW is not even read).
+// B = inp, both MN-major. The tiles are numbered most costly first (the ranked experts,
+// each one's m_tiles × n_tiles tiles in (OC tile, C tile) order) and drawn from the
+// launch's ticket counter a few k-steps before a CTA's current main loop ends
+// (cuda/grouped_gemm_wgrad_schedule.cuh). Trained experts without rows get no tile
+// (their dW is not even read).
 struct WgradProblem {
   float* const* dweights;
   const bf16* dout;
@@ -929,19 +881,6 @@ struct WgradProblem {
   }
 };
 
-// One thread of each CTA, after its last draw: the launch's last CTA to get here puts
-// the slot back to zero (every CTA has drawn its last ticket by then). The fence before
-// `done` releases this CTA's draws; the one after it acquires the others', so that in
-// the memory model (not only on today's L2) every draw comes before the reset.
-__device__ __forceinline__ void return_tickets(TileTickets& t) {
-  __threadfence();
-  if (atomicAdd(&t.done, 1) == static_cast<int>(gridDim.x) - 1) {
-    __threadfence();
-    atomicExch(&t.next, 0);
-    atomicExch(&t.done, 0);
-  }
-}
-
 #endif  // SPES_SM90A_DEVICE_CODE
 
 __global__ void __launch_bounds__(kThreads, 1)
@@ -1030,6 +969,13 @@ void set_l2_prefetch_k_steps(int k_steps) {
 
 std::string unavailable_reason() { return device_info().why_not; }
 
+namespace {
+std::atomic<WgradKernel> g_wgrad_kernel{WgradKernel::threads};
+}
+
+WgradKernel wgrad_kernel() { return g_wgrad_kernel.load(std::memory_order_relaxed); }
+void set_wgrad_kernel(WgradKernel kernel) { g_wgrad_kernel.store(kernel, std::memory_order_relaxed); }
+
 // The launchers' tile bounds (grouped_gemm.cu) are for 128 × 128 tiles: every count
 // here (128 × 256) is smaller, so the same checks keep these within int.
 void forward(bf16* out, const bf16* inp, const bf16* const* weights, const int32_t* offsets, int64_t S, int64_t E,
@@ -1059,6 +1005,10 @@ void forward_swiglu(bf16* gate_up, bf16* h, const bf16* inp, const bf16* const* 
 void backward_weight(float* const* dweights, const bf16* dout, const bf16* inp, const int32_t* offsets,
                      const int32_t* trained_experts, int64_t n_trained, int64_t S, int64_t E, int64_t C, int64_t OC,
                      cudaStream_t stream) {
+  if (wgrad_kernel() == WgradKernel::tma) {
+    backward_weight_tma(dweights, dout, inp, offsets, trained_experts, n_trained, S, E, C, OC, stream);
+    return;
+  }
   static std::atomic<unsigned> launches{0};  // the ticket slots are taken in turn (TileTickets)
   const int slot = static_cast<int>(launches.fetch_add(1, std::memory_order_relaxed) % kTileTicketSlots);
   const int64_t m_tiles = ceil_div(OC, kBM), n_tiles = ceil_div(C, kBN), n_jobs = n_trained * m_tiles * n_tiles;

@@ -29,9 +29,22 @@ constexpr int kDefaultL2PrefetchKSteps = 4, kMaxL2PrefetchKSteps = 64;
 int l2_prefetch_k_steps();
 void set_l2_prefetch_k_steps(int k_steps);  // throws spes::Error outside [0, kMaxL2PrefetchKSteps]
 
-// The weight gradient deals its tiles out from a counter in device memory, one of
-// this many slots per launch, taken in turn (grouped_gemm_sm90.cu, TileTickets).
+// Each weight-gradient kernel deals its tiles out from a counter in device memory, one
+// of this many slots per launch, taken in turn (cuda/grouped_gemm_wgrad_schedule.cuh).
 constexpr int kTileTicketSlots = 16;
+
+// The weight gradient's two kernels: `threads` (grouped_gemm_sm90.cu: every thread
+// copies operands, cp.async, both warpgroups on one 128 × 256 tile) and `tma`
+// (grouped_gemm_tma_sm90.cu: the copy engine feeds two warpgroups that take 128 × 128
+// tiles in turn, each one's dW store under the other's main loop). A setting of the
+// process, read at each launch; bench_grouped_gemm times both. `tma` where it cannot
+// run (wgrad_tma_unavailable_reason) makes the weight gradient throw spes::Error.
+enum class WgradKernel { threads, tma };
+WgradKernel wgrad_kernel();
+void set_wgrad_kernel(WgradKernel kernel);
+// Empty when the `tma` kernel can run on the current device: the sm_90a build and GPU,
+// its shared memory, and the device's copies as cuda/tma.cuh's check finds them.
+std::string wgrad_tma_unavailable_reason();
 
 // The three products, same arguments and contract as grouped_matmul_* (already
 // checked); S > 0 and, for the weight gradient, n_trained > 0.
@@ -47,8 +60,14 @@ void forward_swiglu(bf16* gate_up, bf16* h, const bf16* inp, const bf16* const* 
 void backward_input_swiglu(bf16* dgate_up, bf16* h, const bf16* dout, const bf16* const* weights,
                            const bf16* gate_up, const int32_t* offsets, int64_t S, int64_t E, int64_t H, int64_t OC,
                            cudaStream_t stream);
+// The weight gradient on the kernel wgrad_kernel() names.
 void backward_weight(float* const* dweights, const bf16* dout, const bf16* inp, const int32_t* offsets,
                      const int32_t* trained_experts, int64_t n_trained, int64_t S, int64_t E, int64_t C, int64_t OC,
                      cudaStream_t stream);
+
+// The `tma` kernel itself (backward_weight's contract).
+void backward_weight_tma(float* const* dweights, const bf16* dout, const bf16* inp, const int32_t* offsets,
+                         const int32_t* trained_experts, int64_t n_trained, int64_t S, int64_t E, int64_t C,
+                         int64_t OC, cudaStream_t stream);
 
 }  // namespace spes::cuda::grouped_sm90

@@ -208,6 +208,20 @@ __device__ __forceinline__ void fence_registers(uint32_t (&r)[K][4]) {
     for (int j = 0; j < 4; ++j) asm volatile("" : "+r"(r[i][j])::"memory");
 }
 
+// ---- warp specialization -----------------------------------------------------------------
+// Moves registers between a CTA's warpgroups: a warpgroup that only issues copies gives
+// up most of its own (dec) so that the ones holding wgmma accumulators may take more
+// (inc) than the block's launch bounds allow every thread. Every thread of the
+// warpgroup runs the same one; ptxas allocates the code after it within the new count.
+template <int kRegisters>
+__device__ __forceinline__ void setmaxnreg_inc() {
+  asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;\n" ::"n"(kRegisters));
+}
+template <int kRegisters>
+__device__ __forceinline__ void setmaxnreg_dec() {
+  asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;\n" ::"n"(kRegisters));
+}
+
 // ---- mbarrier and the bulk tensor copy (TMA) ------------------------------------------
 // An mbarrier (8 bytes of shared memory at shared address `bar`) completes a phase once
 // its count of arrivals has come and the bytes its copies were expected to deliver

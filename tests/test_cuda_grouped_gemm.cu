@@ -76,17 +76,36 @@ float from_bits(uint32_t b) {
   return f;
 }
 
-// The kernel families this device runs: the portable one always, sm90a where it can.
-std::vector<spes::cuda::GroupedGemmPath> device_paths() {
-  std::vector<spes::cuda::GroupedGemmPath> paths{spes::cuda::GroupedGemmPath::portable};
-  if (spes::cuda::grouped_gemm_sm90a_available()) paths.push_back(spes::cuda::GroupedGemmPath::sm90a);
-  return paths;
-}
-const char* path_name(spes::cuda::GroupedGemmPath p) {
-  return p == spes::cuda::GroupedGemmPath::sm90a ? "sm90a" : "portable";
+// The kernel families this device runs: the portable one always, sm90a where it can,
+// and there its weight gradient on either kernel (grouped_sm90::WgradKernel: the
+// threads' copies, or the copy engine's where it can run). Each sets its weight-gradient
+// kernel for as long as it is in use (Use).
+struct Family {
+  spes::cuda::GroupedGemmPath path;
+  spes::cuda::grouped_sm90::WgradKernel wgrad;
+  const char* name;
+  struct Use {
+    spes::cuda::grouped_sm90::WgradKernel before = spes::cuda::grouped_sm90::wgrad_kernel();
+    explicit Use(const Family& f) { spes::cuda::grouped_sm90::set_wgrad_kernel(f.wgrad); }
+    ~Use() { spes::cuda::grouped_sm90::set_wgrad_kernel(before); }
+  };
+};
+std::vector<Family> device_families() {
+  using spes::cuda::GroupedGemmPath;
+  using spes::cuda::grouped_sm90::WgradKernel;
+  std::vector<Family> families{{GroupedGemmPath::portable, WgradKernel::threads, "portable"}};
+  if (!spes::cuda::grouped_gemm_sm90a_available()) return families;
+  families.push_back({GroupedGemmPath::sm90a, WgradKernel::threads, "sm90a"});
+  if (spes::cuda::grouped_sm90::wgrad_tma_unavailable_reason().empty())
+    families.push_back({GroupedGemmPath::sm90a, WgradKernel::tma, "sm90a, TMA weight gradient"});
+  else
+    MESSAGE("the TMA weight gradient cannot run here: " << spes::cuda::grouped_sm90::wgrad_tma_unavailable_reason());
+  return families;
 }
 
-void check_case(const Case& k, spes::cuda::GroupedGemmPath path) {
+void check_case(const Case& k, const Family& family) {
+  const Family::Use use(family);
+  const spes::cuda::GroupedGemmPath path = family.path;
   const int64_t E = int64_t(k.counts.size()), C = k.C, OC = k.OC;
   std::vector<int32_t> offsets(E + 1);
   offsets[0] = k.lead;
@@ -97,7 +116,7 @@ void check_case(const Case& k, spes::cuda::GroupedGemmPath path) {
     for (int32_t e = 0; e < E; ++e) trained.push_back(e);
   std::vector<bool> is_trained(E, false);
   for (int32_t e : trained) is_trained[e] = true;
-  std::string tag = std::string(path_name(path)) + ", " + k.what + ": S=" + std::to_string(S) +
+  std::string tag = std::string(family.name) + ", " + k.what + ": S=" + std::to_string(S) +
                     " E=" + std::to_string(E) + " C=" + std::to_string(C) + " OC=" + std::to_string(OC) + " rows";
   if (E <= 16) {
     for (int32_t c : k.counts) tag.append(" ").append(std::to_string(c));
@@ -225,9 +244,9 @@ void check_case(const Case& k, spes::cuda::GroupedGemmPath path) {
 
 }  // namespace
 
-// Every case runs on each path the device has (device_paths). Tiles are 128 rows ×
-// 128 columns × 32 of the reduction on the portable path, 128 × 256 × 64 on the sm90a
-// one. The cases cover: empty
+// Every case runs on each kernel family the device has (device_families). Tiles are
+// 128 rows × 128 columns × 32 of the reduction on the portable path, 128 × 256 × 64 on
+// the sm90a one, 128 × 128 × 64 in its TMA weight gradient. The cases cover: empty
 // experts, a 1-row expert, row counts of 7, 129 (a tile + 1) and 257, all rows in one
 // expert, E = 1, E = 16 with random counts, E = 256, rows outside every expert; C and
 // OC that are multiples of 128 and that are not (as an output width: 64, 72, 96, 136,
@@ -239,7 +258,7 @@ GPU_TEST_CASE("cuda grouped matmul: forward, backward-input and weight gradient 
       {{0, 1, 7, 129}, 64, 136, {}, "empty, 1-row, 7-row and tile+1 experts; OC tail"},
       {{130}, 256, 128, {}, "E = 1; C and OC multiples of the tile"},
       {{0, 0, 257, 0, 0, 0, 0, 0}, 200, 64, {2, 5}, "all rows in one expert; C tail"},
-      {{5, 0, 140}, 64, 64, {0, 1}, "rows outside every expert", 3, 4},
+      {{5, 0, 140}, 64, 64, {0, 2}, "rows outside every expert, NaN right behind a trained one", 3, 4},
       {{33, 100}, 512, 256, {1}, "long reduction"},
   };
   // E = 16, routed at random, some experts empty; a few trained, one of them empty.
@@ -258,10 +277,10 @@ GPU_TEST_CASE("cuda grouped matmul: forward, backward-input and weight gradient 
   std::vector<int32_t> some;
   for (int32_t e = 5; e < 256; e += 25) some.push_back(e);  // 5, 30, …, 255
   some.push_back(37);
-  for (spes::cuda::GroupedGemmPath path : device_paths()) {
-    for (const Case& k : cases) check_case(k, path);
-    check_case({counts, 72, 96, {0, 3, 4, 8, 15}, "E = 16, random routing"}, path);
-    check_case({many, 64, 64, some, "E = 256"}, path);
+  for (const Family& family : device_families()) {
+    for (const Case& k : cases) check_case(k, family);
+    check_case({counts, 72, 96, {0, 3, 4, 8, 15}, "E = 16, random routing"}, family);
+    check_case({many, 64, 64, some, "E = 256"}, family);
   }
 }
 
@@ -315,11 +334,12 @@ void check_finite_nonzero(const std::vector<float>& v, int64_t from, int64_t to,
 }
 
 // The forward: C = OC of the case (the input width), H its H; W_e is [2H, C].
-void check_swiglu_forward_case(const SwigluCase& k, spes::cuda::GroupedGemmPath path) {
+void check_swiglu_forward_case(const SwigluCase& k, const Family& family) {
+  const spes::cuda::GroupedGemmPath path = family.path;
   const int64_t E = int64_t(k.counts.size()), H = k.H, C = k.OC;
   const std::vector<int32_t> offsets = case_offsets(k);
   const int64_t first = offsets[0], last = offsets[E], S = last + k.trail;
-  INFO(path_name(path) << ", forward, " << k.what << ": S=" << S << " E=" << E << " C=" << C << " H=" << H);
+  INFO(family.name << ", forward, " << k.what << ": S=" << S << " E=" << E << " C=" << C << " H=" << H);
 
   std::vector<float> inp = rounded_bf16(random_vector(S * C));
   for (int64_t s = 0; s < S; ++s)
@@ -352,11 +372,12 @@ void check_swiglu_forward_case(const SwigluCase& k, spes::cuda::GroupedGemmPath 
 }
 
 // The backward-input: W_e is [OC, H].
-void check_swiglu_backward_case(const SwigluCase& k, spes::cuda::GroupedGemmPath path) {
+void check_swiglu_backward_case(const SwigluCase& k, const Family& family) {
+  const spes::cuda::GroupedGemmPath path = family.path;
   const int64_t E = int64_t(k.counts.size()), H = k.H, OC = k.OC;
   const std::vector<int32_t> offsets = case_offsets(k);
   const int64_t first = offsets[0], last = offsets[E], S = last + k.trail;
-  INFO(path_name(path) << ", " << k.what << ": S=" << S << " E=" << E << " H=" << H << " OC=" << OC);
+  INFO(family.name << ", " << k.what << ": S=" << S << " E=" << E << " H=" << H << " OC=" << OC);
 
   // Rows outside every expert are NaN in the inputs: the fused product may not read them.
   std::vector<float> dout = rounded_bf16(random_vector(S * OC)), gate_up = rounded_bf16(random_vector(S * 2 * H, 3.0f));
@@ -413,14 +434,15 @@ GPU_TEST_CASE("cuda grouped matmul: SwiGLU fused into the gate|up forward and th
   std::uniform_int_distribution<int32_t> d(0, 40);
   for (auto& c : counts) c = d(rng());
   counts[3] = counts[9] = 0;
-  for (spes::cuda::GroupedGemmPath path : device_paths()) {
-    check_swiglu_backward_case({{0, 1, 7, 129}, 136, 64, "empty, 1-row, 7-row and tile+1 experts; H tail", 3, 5}, path);
-    check_swiglu_backward_case({{130, 40}, 520, 200, "three sm90a column tiles; OC tail"}, path);
-    check_swiglu_backward_case({counts, 264, 72, "E = 16, random routing", 2, 0}, path);
-    check_swiglu_forward_case({{0, 1, 7, 129}, 136, 64, "empty, 1-row, 7-row and tile+1 experts; H tail", 3, 5}, path);
-    check_swiglu_forward_case({{130, 40}, 520, 200, "five sm90a column tiles; C tail"}, path);
-    check_swiglu_forward_case({counts, 264, 72, "E = 16, random routing", 2, 0}, path);
-    check_swiglu_forward_case({{60, 3}, 72, 136, "C = 136: the portable main loop ends in stage 0"}, path);
+  for (const Family& family : device_families()) {
+    if (family.wgrad != spes::cuda::grouped_sm90::WgradKernel::threads) continue;  // no weight gradient here
+    check_swiglu_backward_case({{0, 1, 7, 129}, 136, 64, "empty, 1-row, 7-row and tile+1 experts; H tail", 3, 5}, family);
+    check_swiglu_backward_case({{130, 40}, 520, 200, "three sm90a column tiles; OC tail"}, family);
+    check_swiglu_backward_case({counts, 264, 72, "E = 16, random routing", 2, 0}, family);
+    check_swiglu_forward_case({{0, 1, 7, 129}, 136, 64, "empty, 1-row, 7-row and tile+1 experts; H tail", 3, 5}, family);
+    check_swiglu_forward_case({{130, 40}, 520, 200, "five sm90a column tiles; C tail"}, family);
+    check_swiglu_forward_case({counts, 264, 72, "E = 16, random routing", 2, 0}, family);
+    check_swiglu_forward_case({{60, 3}, 72, 136, "C = 136: the portable main loop ends in stage 0"}, family);
   }
 }
 
@@ -565,6 +587,33 @@ void compare_paths(const PathCase& k) {
     CHECK_MESSAGE(bitwise_equal(o.dw, sm90a.dw), "sm90a weight gradient changed with L2 prefetch " << ahead);
   }
   spes::cuda::grouped_sm90::set_l2_prefetch_k_steps(chosen);
+
+  // The TMA weight gradient against the threads' one: the same k-steps of 64 rows in
+  // the same order, so the same sums up to the tensor cores' adder (the emulator's
+  // give the same bits); frozen experts untouched, the same bits twice.
+  const std::string tma_why_not = spes::cuda::grouped_sm90::wgrad_tma_unavailable_reason();
+  if (!tma_why_not.empty()) {
+    MESSAGE("the TMA weight gradient cannot run here: " << tma_why_not);
+    return;
+  }
+  const Family::Use use({GroupedGemmPath::sm90a, spes::cuda::grouped_sm90::WgradKernel::tma, "sm90a, TMA"});
+  const Outputs tma = run(GroupedGemmPath::sm90a);
+  std::vector<float> dw_t;
+  for (int64_t e = 0; e < E; ++e) {
+    const size_t from = size_t(e * OC * C), to = size_t((e + 1) * OC * C);
+    if (!is_trained[e])
+      CHECK_MESSAGE(all_bits(tma.dw, from, to, kSentinelBits), "TMA: frozen expert " << e << ": dW changed");
+    else
+      dw_t.insert(dw_t.end(), tma.dw.begin() + from, tma.dw.begin() + to);
+  }
+  if (!dw_s.empty()) {
+    const std::string n_dw = "backward dW TMA vs threads " + tag;
+    CHECK_REL(n_dw, dw_t.data(), dw_s.data(), int64_t(dw_s.size()), kTolF32);
+    print_worst("backward dW TMA vs threads", dw_t, dw_s, C);
+    MESSAGE("TMA weight gradient: " << std::string(bitwise_equal(dw_t, dw_s) ? "the same bits as" : "other bits than")
+                                    << " the threads' kernel");
+  }
+  CHECK_MESSAGE(bitwise_equal(run(GroupedGemmPath::sm90a).dw, tma.dw), "TMA weight gradient not deterministic");
 }
 
 }  // namespace

@@ -373,13 +373,16 @@ def grouped_rows(text):
 GROUPED_PRODUCTS = [(w, p) for w in ("gate_up", "down") for p in ("forward", "backward_input", "backward_weight")]
 
 
-def grouped_flop_weighted(rows, column):
+def grouped_flop_weighted(rows, column, otherwise=None):
     """TFLOP/s over bench_grouped_gemm's six products together (their FLOPs over the
-    sum of their times) from a TFLOP/s column; None unless every product has it."""
+    sum of their times) from a TFLOP/s column, or where a product has no number there,
+    from the column `otherwise`; None unless every product has one."""
     flops = time = 0.0
     for key in GROUPED_PRODUCTS:
         r = rows.get(key) or {}
         f, t = num(r.get("tflop") or ""), num(r.get(column) or "")
+        if otherwise and (t is None or t != t):
+            t = num(r.get(otherwise) or "")
         if f is None or t is None or t != t or t <= 0:
             return None
         flops += f
@@ -664,10 +667,14 @@ class Report:
             self.add("No figure on either side: nothing to compare.", "")
         weighted = {c: grouped_flop_weighted(ours_mm, c)
                     for c in ("sm90a_tflops", "portable_tflops", "ours_even_tflops", "ours_even_half_tflops")}
+        tma = [num(r.get("sm90a_tma_tflops") or "") for r in ours_mm.values()]
+        has_tma = any(x is not None and x == x for x in tma)  # "nan": not run
+        weighted["sm90a_tma_tflops"] = grouped_flop_weighted(ours_mm, "sm90a_tma_tflops", "sm90a_tflops") if has_tma else None
         grouped_line = ""
         if weighted["sm90a_tflops"] or weighted["portable_tflops"]:
             grouped_line = ", ".join(f"{name} {weighted[c]:.1f}" for name, c in (
-                ("sm90a", "sm90a_tflops"), ("portable", "portable_tflops"), ("ours on the even routing", "ours_even_tflops"),
+                ("sm90a", "sm90a_tflops"), ("sm90a with the TMA weight gradient", "sm90a_tma_tflops"),
+                ("portable", "portable_tflops"), ("ours on the even routing", "ours_even_tflops"),
                 ("on the half-even one", "ours_even_half_tflops")) if weighted[c])
             self.add(f"Grouped GEMMs, the six products FLOP-weighted (the goal: 600 TFLOP/s): {grouped_line} TFLOP/s.", "")
         dense = next((r for r in rows if "8192^3" in r["what"]), None)

@@ -60,8 +60,20 @@ struct Problem {
   }
 };
 
+using spes::cuda::grouped_sm90::WgradKernel;
+
+// The sm90a weight gradient on `kernel` while in scope.
+struct WgradKernelScope {
+  WgradKernel before = spes::cuda::grouped_sm90::wgrad_kernel();
+  explicit WgradKernelScope(WgradKernel kernel) { spes::cuda::grouped_sm90::set_wgrad_kernel(kernel); }
+  ~WgradKernelScope() { spes::cuda::grouped_sm90::set_wgrad_kernel(before); }
+};
+
 // The three products of p (or, with rows_products false, the weight gradient alone).
-void check_problem(const Problem& p, spes::cuda::GroupedGemmPath path, bool rows_products = true) {
+// With bits_of set, the weight gradient must also give the bits the sm90a path gives
+// on that kernel (both sm90a kernels sum the same k-steps in the same order).
+void check_problem(const Problem& p, spes::cuda::GroupedGemmPath path, bool rows_products = true,
+                   const WgradKernel* bits_of = nullptr) {
   const int64_t E = p.E(), S = p.S(), C = p.C, OC = p.OC;
   const std::string tag = std::string(path == spes::cuda::GroupedGemmPath::sm90a ? "sm90a" : "portable") +
                           ": S=" + std::to_string(S) + " E=" + std::to_string(E) + " C=" + std::to_string(C) +
@@ -146,6 +158,11 @@ void check_problem(const Problem& p, spes::cuda::GroupedGemmPath path, bool rows
   report.check("dw", tag, at_wait.dw, {dw_r.begin(), dw_r.end()}, 1e-4);
   CHECK_MESSAGE(same_bits(at_wait.dw, at_issue.dw), "weight gradient: landing at issue changed the result");
   check_rerun_identical("weight gradient", {&d_dw}, backward_weight);
+  if (bits_of != nullptr) {
+    const WgradKernelScope other(*bits_of);
+    backward_weight();
+    CHECK_MESSAGE(same_bits(download(d_dw, E * OC * C), at_wait.dw), "the two sm90a weight-gradient kernels differ");
+  }
 }
 
 }  // namespace
@@ -195,9 +212,33 @@ TEST_CASE("emulated grouped matmul, sm90a: the weight gradient's tiles of 1 to 8
     check_problem({counts, 8, 30 * 128}, spes::cuda::GroupedGemmPath::sm90a, false);
 }
 
-// The sm90a weight gradient deals its tiles out from a counter (grouped_gemm_sm90.cu,
-// TileTickets): each launch takes one of kTileTicketSlots slots in turn, and its last
-// CTA puts the slot back to zero. 140 tiles (one expert of 3 rows, OC = 140 · 128; a
+// The sm90a weight gradient fed by the copy engine (grouped_gemm_tma_sm90.cu: 128 × 128
+// tiles, a producer thread and two consumer warpgroups taking tiles in turn through a
+// ring of 6 stages) on the problems above, and the bits of the threads' kernel each
+// time. C = 320, OC = 264: column tiles whose second box lies wholly past C (not
+// copied), row tiles whose second box lies past OC; experts of 129, 40 and 300 rows end
+// inside a k-step (the tail zeroed, the next expert's rows behind it). The 140 small
+// experts give 140 or 280 tiles: the second consumer and the drawn tiles at work, every
+// tile one k-step; the experts of 1 to 500 rows (30 tiles each) tiles of 1 to 8 k-steps
+// one after another in a CTA, so that a consumer waits for the stages of its turn
+// behind the other's, and the stage ring wraps within and across tiles.
+TEST_CASE("emulated grouped matmul, sm90a: the TMA weight gradient, race-free, and the threads' kernel's bits") {
+  REQUIRE(spes::cuda::grouped_gemm_sm90a_available());
+  REQUIRE(spes::cuda::grouped_sm90::wgrad_tma_unavailable_reason().empty());
+  const WgradKernelScope tma(WgradKernel::tma);
+  const WgradKernel threads = WgradKernel::threads;
+  check_problem({{129, 0, 40, 300}, 320, 264}, spes::cuda::GroupedGemmPath::sm90a, false, &threads);
+  std::vector<int32_t> counts(140);
+  for (size_t e = 0; e < counts.size(); ++e) counts[e] = int32_t(1 + e % 3);
+  check_problem({counts, 64, 136}, spes::cuda::GroupedGemmPath::sm90a, false, &threads);
+  check_problem({counts, 136, 72}, spes::cuda::GroupedGemmPath::sm90a, false, &threads);
+  check_problem({{100, 500, 1, 150, 200}, 8, 30 * 128}, spes::cuda::GroupedGemmPath::sm90a, false, &threads);
+}
+
+// The sm90a weight gradients deal their tiles out from a counter
+// (cuda/grouped_gemm_wgrad_schedule.cuh): each launch takes one of kTileTicketSlots
+// slots in turn, and its last CTA puts the slot back to zero; both kernels (each its
+// own slots). 140 tiles (one expert of 3 rows, OC = 140 · 128; a
 // second, empty expert ranked after it) are more than the 132 CTAs, so some CTAs draw
 // theirs; twice round the slots and once more, each launch must give the bits of the
 // first (a slot left non-zero skips tiles), and the first the float64 sums.
@@ -221,19 +262,23 @@ TEST_CASE("emulated grouped matmul, sm90a: the weight gradient's tile counter st
   upload(d_off, offsets);
   upload(d_tr, trained);
   for (int64_t e = 0; e < E; ++e) d_dwt.as<float*>()[e] = d_dw.as<float>() + e * OC * C;
-  std::vector<float> first;
-  for (int launch = 0; launch <= 2 * spes::cuda::grouped_sm90::kTileTicketSlots; ++launch) {
-    upload(d_dw, prior);
-    spes::cuda::grouped_matmul_backward_weight(d_dwt.as<float*>(), d_dout.as<bf16>(), d_inp.as<bf16>(),
-                                               d_off.as<int32_t>(), d_tr.as<int32_t>(), E, S, E, C, OC, nullptr,
-                                               spes::cuda::GroupedGemmPath::sm90a);
-    const std::vector<float> dw = download(d_dw, E * OC * C);
-    if (launch == 0) {
-      first = dw;
-      ErrorReport report;
-      report.check("dw", "one expert of 3 rows, OC = 17920", dw, {dw_r.begin(), dw_r.end()}, 1e-4);
-    } else {
-      CHECK_MESSAGE(same_bits(dw, first), "launch " << launch << " wrote different bits than the first");
+  for (const WgradKernel kernel : {WgradKernel::threads, WgradKernel::tma}) {
+    INFO((kernel == WgradKernel::tma ? "the TMA kernel" : "the threads' kernel"));
+    const WgradKernelScope scope(kernel);
+    std::vector<float> first;
+    for (int launch = 0; launch <= 2 * spes::cuda::grouped_sm90::kTileTicketSlots; ++launch) {
+      upload(d_dw, prior);
+      spes::cuda::grouped_matmul_backward_weight(d_dwt.as<float*>(), d_dout.as<bf16>(), d_inp.as<bf16>(),
+                                                 d_off.as<int32_t>(), d_tr.as<int32_t>(), E, S, E, C, OC, nullptr,
+                                                 spes::cuda::GroupedGemmPath::sm90a);
+      const std::vector<float> dw = download(d_dw, E * OC * C);
+      if (launch == 0) {
+        first = dw;
+        ErrorReport report;
+        report.check("dw", "one expert of 3 rows, OC = 17920", dw, {dw_r.begin(), dw_r.end()}, 1e-4);
+      } else {
+        CHECK_MESSAGE(same_bits(dw, first), "launch " << launch << " wrote different bits than the first");
+      }
     }
   }
 }

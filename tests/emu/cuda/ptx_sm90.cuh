@@ -55,6 +55,12 @@ void wgmma_rs(float (&d)[N / 2], const uint32_t (&a)[4], uint64_t desc_b, int ac
   emu::wgmma_bf16_rs(d, N, a, desc_b, accumulate != 0, TRANS_B != 0);
 }
 
+// Registers are the host's: moving them between warpgroups changes nothing here.
+template <int kRegisters>
+void setmaxnreg_inc() {}
+template <int kRegisters>
+void setmaxnreg_dec() {}
+
 inline void mbarrier_init(uint32_t bar, uint32_t count) { emu::mbarrier_init(bar, count); }
 inline void fence_mbarrier_init() { emu::fence_mbarrier_init(); }
 inline void mbarrier_arrive_expect_tx(uint32_t bar, uint32_t bytes) { emu::mbarrier_arrive(bar, bytes); }
