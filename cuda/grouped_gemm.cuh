@@ -90,7 +90,9 @@ void grouped_matmul_backward_input_swiglu(bf16* dgate_up, bf16* h, const bf16* d
 // outside it is skipped). Experts not in the list get no work and their dweights[e]
 // is never read (it may be null); a listed expert with no rows is left unchanged bit
 // for bit. Deterministic: each element's sum is formed in a fixed order and added to
-// dW by one thread (no atomic adds): the same bits every run.
+// dW once (no two adds to one element): the same bits every run. (The sm90a path's TMA
+// kernel, grouped_gemm_sm90.cuh's WgradKernel, has the L2 do that add, which flushes a
+// subnormal dW value or sum to zero.)
 void grouped_matmul_backward_weight(float* const* dweights, const bf16* dout, const bf16* inp,
                                     const int32_t* offsets, const int32_t* trained_experts, int64_t n_trained,
                                     int64_t S, int64_t E, int64_t C, int64_t OC, cudaStream_t stream,

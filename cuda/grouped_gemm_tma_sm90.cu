@@ -18,14 +18,19 @@
 // wgmma that read it are done.
 //
 // Why so, against the threads' copies of grouped_gemm_sm90.cu (both warpgroups on one
-// 128 × 256 tile): dW += tile reads and writes 64 KB of fp32 per 128 × 128 tile, during
-// which a warpgroup issues no wgmma. Here the other consumer's tile follows in the
-// stage ring, so its main loop runs on the tensor cores meanwhile: the ring is filled
-// in tile order, so the two main loops take turns by themselves (the second's stages
-// come as the first's main loop frees them) and each store falls under the other's
-// main loop. The consumers neither issue copies nor compute their addresses, and no
-// __syncthreads paces the main loop: each stage is waited for on its own barrier.
-// Registers: 128 accumulators beside the store's loaded values and the main loop's
+// 128 × 256 tile, dW read into the threads, added and written back while the tensor
+// cores wait): here a consumer's store hands its 64 KB of fp32 sums to the L2, which
+// adds them into dW (red), and it is the other consumer's main loop that keeps the
+// tensor cores busy meanwhile: its tile follows in the stage ring, whose copies ran
+// ahead as stages came free. The consumers neither issue copies nor compute their
+// addresses, and no __syncthreads paces a main loop: each stage is waited for on its
+// own barrier. The two main loops take turns: a consumer starts its tile once the
+// other's has seen its last stage full (the `turn` barriers). Besides keeping the
+// tensor cores to one tile at a time, that is what makes the consumers' waits sound:
+// a consumer skips the stage phases of the other's tiles, and an mbarrier's parity
+// names only its current phase or the one before (PTX ISA), so a wait for a phase two
+// ahead of the barrier's would pass at once; after its turn, every phase before its
+// tile's has been seen complete. Registers: 128 accumulators beside the main loop's
 // descriptors are more than the 168 a thread of 384 may have, so the producer's
 // warpgroup gives all but 56 back (setmaxnreg; fewer spill its copy loop) and the
 // consumers take 224.
@@ -61,11 +66,14 @@ namespace {
 
 using namespace grouped;
 
-constexpr int kBM = 128, kBN = 128, kBK = 64, kStages = 6, kTileSlots = 4;
+constexpr int kBM = 128, kBN = 128, kBK = 64, kStages = 6, kTileSlots = 8;
 constexpr int kWarpgroup = 128, kConsumers = 2, kThreads = (1 + kConsumers) * kWarpgroup;
 constexpr int kProducerRegisters = 56, kConsumerRegisters = 224;
-static_assert(kWarpgroup * (kProducerRegisters + kConsumers * kConsumerRegisters) <= 65536,
-              "the warpgroups' registers fit the multiprocessor's 64 K");
+// setmaxnreg moves registers within what the CTA was launched with, 168 a thread (64 K
+// over 384 threads, in steps of 8): an inc beyond that waits for ever.
+constexpr int kLaunchRegisters = (65536 / kThreads) & ~7;
+static_assert(kWarpgroup * (kProducerRegisters + kConsumers * kConsumerRegisters) <= kThreads * kLaunchRegisters,
+              "the warpgroups' registers fit the CTA's launch allocation");
 static_assert(kMaxExperts <= kThreads, "the ranking gives each trained-list entry one thread");
 constexpr int kWgmmaK = 16, kHalfRows = 64;  // one wgmma: m64 n128 k16
 constexpr int kAcc = kHalfRows * kBN / kWarpgroup;  // accumulators per thread per half: 64
@@ -88,6 +96,7 @@ struct Shared {
   uint64_t full[kStages], empty[kStages];         // the stage ring's mbarriers
   uint64_t posted[kTileSlots], read[kTileSlots];  // the tile ring's
   uint64_t zeroed[kConsumers];                    // each consumer's, after it zeroes a tail
+  uint64_t turn[kConsumers];                      // each consumer's, when its main loop may start
   int tile_of[kTileSlots];                        // the tile posted in each slot; −1: no more
 };
 constexpr size_t kSmemBytes = sizeof(Shared) + kAtomBytes + size_t(kStages) * kStageBytes;
@@ -184,6 +193,7 @@ struct Consumer {
   uint32_t smem_base, stages;
   int c, t;
   int tails = 0;  // tails zeroed so far: the parity of the next `zeroed` phase
+  int turns = 0;  // turns waited for so far: the parity of the next `turn` phase
 
   // Zeroes k-lines [valid, 64) of every block of the stage, then (fence: the wgmma read
   // through the async proxy) waits until the whole warpgroup has.
@@ -214,6 +224,7 @@ struct Consumer {
       const int n = n0 + kt, s = n % kStages;
       const uint32_t stage = stages + s * kStageBytes;
       mbarrier_wait_parity(bar(sh.full[s]), uint32_t(n / kStages) & 1);
+      if (kt == ktiles - 1 && t == 0) mbarrier_arrive(bar(sh.turn[c ^ 1]));  // every stage of this tile landed
       if (kt == ktiles - 1 && tail != 0) zero_tail(stage, tail);
       fence_accumulators(acc[0]);
       fence_accumulators(acc[1]);
@@ -235,23 +246,11 @@ struct Consumer {
     give_back(n0 + ktiles - 1);
   }
 
-  // The tile's dW, asked of L2 as its main loop starts so that the store finds it
-  // there: thread t takes row t (128 floats, 4 lines of 128 bytes).
-  __device__ __forceinline__ void prefetch_dw(const Problem& p, const Problem::Job& j) const {
-    if (j.m0 + t >= p.OC) return;
-    const float* row = p.dw_tile(j) + int64_t(t) * p.C;
-    constexpr int kLineFloats = 128 / sizeof(float);
-#pragma unroll
-    for (int l = 0; l < kBN / kLineFloats; ++l)
-      if (j.n0 + l * kLineFloats < p.C) prefetch_l2(row + l * kLineFloats);
-  }
-
-  // dW += acc, one row of each thread at a time: its 16 float pairs there loaded at once
-  // (one round trip to L2, four per tile), then added and stored. acc[half][4j + 2h + e]
-  // is the tile's element (64·half + 16·warp + lane / 4 + 8h, 8j + 2·(lane % 4) + e)
-  // (wgmma's D fragment, cuda/ptx_sm90.cuh). Rows past OC and columns past C are
-  // skipped (C % 8 == 0: a pair lies wholly inside or outside); a tile wholly inside
-  // tests nothing.
+  // dW += acc, each float pair added by the L2 (red_add_f32x2: nothing to wait for, so
+  // the warpgroup goes on to its next tile at once). acc[half][4j + 2h + e] is the tile's
+  // element (64·half + 16·warp + lane / 4 + 8h, 8j + 2·(lane % 4) + e) (wgmma's D
+  // fragment, cuda/ptx_sm90.cuh). Rows past OC and columns past C are skipped (C % 8 ==
+  // 0: a pair lies wholly inside or outside); a tile wholly inside tests nothing.
   template <bool kWhole>
   __device__ __forceinline__ void add_to_dw(const Problem& p, const Problem::Job& j, const float (&acc)[2][kAcc]) const {
     const int lane = t % kWarp, r0 = (t / kWarp) * 16 + lane / 4, c0 = 2 * (lane % 4);
@@ -261,19 +260,12 @@ struct Consumer {
 #pragma unroll
       for (int h = 0; h < 2; ++h) {
         const int r = kHalfRows * half + r0 + 8 * h;
+        if (!kWhole && j.m0 + r >= p.OC) continue;
         float* row = tile + int64_t(r) * p.C + c0;
-        const bool row_inside = kWhole || j.m0 + r < p.OC;
-        float2 v[kAcc / 4];
 #pragma unroll
         for (int jn = 0; jn < kAcc / 4; ++jn)
-          if (row_inside && (kWhole || j.n0 + 8 * jn + c0 < p.C)) v[jn] = *reinterpret_cast<const float2*>(row + 8 * jn);
-#pragma unroll
-        for (int jn = 0; jn < kAcc / 4; ++jn) {
-          if (!row_inside || (!kWhole && j.n0 + 8 * jn + c0 >= p.C)) continue;
-          v[jn].x += acc[half][4 * jn + 2 * h];
-          v[jn].y += acc[half][4 * jn + 2 * h + 1];
-          *reinterpret_cast<float2*>(row + 8 * jn) = v[jn];
-        }
+          if (kWhole || j.n0 + 8 * jn + c0 < p.C)
+            red_add_f32x2(row + 8 * jn, acc[half][4 * jn + 2 * h], acc[half][4 * jn + 2 * h + 1]);
       }
   }
 
@@ -290,7 +282,7 @@ struct Consumer {
       if (tile < 0) return;
       const Problem::Job j = p.find(tile);
       if (seq % kConsumers == c) {
-        prefetch_dw(p, j);
+        if (seq > 0) mbarrier_wait_parity(bar(sh.turn[c]), uint32_t(turns++) & 1);
         mainloop(acc, j, n);
         if (j.m0 + kBM <= p.OC && j.n0 + kBN <= p.C)
           add_to_dw<true>(p, j, acc);
@@ -322,7 +314,10 @@ __global__ void __launch_bounds__(kThreads, 1)
       mbarrier_init(bar(sh.posted[q]), 1);
       mbarrier_init(bar(sh.read[q]), kConsumers * kWarpgroup);
     }
-    for (int c = 0; c < kConsumers; ++c) mbarrier_init(bar(sh.zeroed[c]), kWarpgroup);
+    for (int c = 0; c < kConsumers; ++c) {
+      mbarrier_init(bar(sh.zeroed[c]), kWarpgroup);
+      mbarrier_init(bar(sh.turn[c]), 1);
+    }
     fence_mbarrier_init();
   }
   __syncthreads();

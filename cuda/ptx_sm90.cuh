@@ -208,6 +208,14 @@ __device__ __forceinline__ void fence_registers(uint32_t (&r)[K][4]) {
     for (int j = 0; j < 4; ++j) asm volatile("" : "+r"(r[i][j])::"memory");
 }
 
+// dst[0] += a, dst[1] += b in global memory (dst 8-byte aligned), the add done by the
+// L2 (red: nothing comes back, so the thread does not wait). An f32 add there rounds
+// to nearest even and flushes subnormal inputs and results to sign-preserving zero
+// (PTX ISA, red).
+__device__ __forceinline__ void red_add_f32x2(float* dst, float a, float b) {
+  asm volatile("red.global.add.v2.f32 [%0], {%1, %2};\n" ::"l"(dst), "f"(a), "f"(b) : "memory");
+}
+
 // ---- warp specialization -----------------------------------------------------------------
 // Moves registers between a CTA's warpgroups: a warpgroup that only issues copies gives
 // up most of its own (dec) so that the ones holding wgmma accumulators may take more

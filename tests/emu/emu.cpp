@@ -12,6 +12,7 @@
 #include <algorithm>
 #include <atomic>
 #include <barrier>
+#include <cmath>
 #include <condition_variable>
 #include <cstdio>
 #include <cstdlib>
@@ -1432,8 +1433,24 @@ void mbarrier_arrive(uint32_t addr, uint32_t expect_tx_bytes) {
   complete_phase_if_done(bar);
 }
 
+namespace {
+float flush_subnormal(float x) { return std::fpclassify(x) == FP_SUBNORMAL ? std::copysign(0.0f, x) : x; }
+}  // namespace
+
+void red_add_f32x2(float* dst, float a, float b) {
+  if (reinterpret_cast<uintptr_t>(dst) % 8 != 0) fail("red.global.add.v2.f32: address not 8-byte aligned");
+  require_device_buffer(dst, 2 * sizeof(float), "red.global.add.v2.f32");
+  dst[0] = flush_subnormal(flush_subnormal(dst[0]) + flush_subnormal(a));
+  dst[1] = flush_subnormal(flush_subnormal(dst[1]) + flush_subnormal(b));
+}
+
+// The parity names the current phase or the one before it (PTX ISA): the one before has
+// completed, whatever copies of the current phase are still in flight, so it is answered
+// before any of them lands. (A thread that skips phases, waiting on parity 1 for a
+// barrier still in its phase 0, passes at once so, as on a GPU.)
 bool mbarrier_try_wait_parity(uint32_t addr, uint32_t parity) {
   Mbarrier& bar = mbarrier_at(addr, "mbarrier.try_wait");
+  if ((bar.phase & 1) != (parity & 1)) return true;
   if (g_landing == Landing::at_wait) land_all(bar);
   if ((bar.phase & 1) != (parity & 1)) return true;
   yield("mbarrier.try_wait");

@@ -121,6 +121,9 @@ uint64_t wgmma_issued();
 // fragment swapped: a GPU whose fragment layout is not the one we decoded, for the
 // test of the attention launchers' check of their sm90a kernels (false: as decoded).
 void set_wgmma_a_misread(bool misread);
+// red.global.add.v2.f32: dst[0] += a, dst[1] += b (dst 8-byte aligned, in a device
+// buffer), subnormal inputs and results flushed to sign-preserving zero.
+void red_add_f32x2(float* dst, float a, float b);
 // The mbarrier and the bulk tensor copy (sm_90; see emu.cpp): init with the arrival
 // count; arrive, after adding expect_tx_bytes to the phase's transaction count;
 // try_wait.parity (false: the phase of that parity has not completed; the thread

@@ -221,7 +221,10 @@ TEST_CASE("emulated grouped matmul, sm90a: the weight gradient's tiles of 1 to 8
 // experts give 140 or 280 tiles: the second consumer and the drawn tiles at work, every
 // tile one k-step; the experts of 1 to 500 rows (30 tiles each) tiles of 1 to 8 k-steps
 // one after another in a CTA, so that a consumer waits for the stages of its turn
-// behind the other's, and the stage ring wraps within and across tiles.
+// behind the other's, and the stage ring wraps within and across tiles. Last, 140
+// tiles of exactly 6 k-steps (the ring's length): the second consumer's first tile
+// starts on the stage the first consumer's first copy may still be filling, whose
+// barrier it has never waited on (it must wait for its turn, not skip that phase).
 TEST_CASE("emulated grouped matmul, sm90a: the TMA weight gradient, race-free, and the threads' kernel's bits") {
   REQUIRE(spes::cuda::grouped_gemm_sm90a_available());
   REQUIRE(spes::cuda::grouped_sm90::wgrad_tma_unavailable_reason().empty());
@@ -233,6 +236,7 @@ TEST_CASE("emulated grouped matmul, sm90a: the TMA weight gradient, race-free, a
   check_problem({counts, 64, 136}, spes::cuda::GroupedGemmPath::sm90a, false, &threads);
   check_problem({counts, 136, 72}, spes::cuda::GroupedGemmPath::sm90a, false, &threads);
   check_problem({{100, 500, 1, 150, 200}, 8, 30 * 128}, spes::cuda::GroupedGemmPath::sm90a, false, &threads);
+  check_problem({{350}, 8, 140 * 128}, spes::cuda::GroupedGemmPath::sm90a, false, &threads);
 }
 
 // The sm90a weight gradients deal their tiles out from a counter

@@ -163,6 +163,49 @@ TEST_CASE("emulated TMA: a read before the wait, or a stage refilled before its 
   emu::set_landing(emu::Landing::at_wait);
 }
 
+namespace {
+// One copy on a fresh barrier, then a wait for parity 1 (the phase before the barrier's
+// current one) while the copy is in flight, then the proper wait for parity 0: *early
+// gets whether the first passed, *landed whether the box had landed by then.
+void skipped_phase_kernel(const __grid_constant__ CUtensorMap map, int* early, int* landed) {
+  using namespace spes::cuda;
+  if (threadIdx.x != 0) return;  // one warp, lane 0 alone
+  unsigned char* smem = dynamic_smem<unsigned char>;
+  const uint32_t stage = (smem_addr(smem) + 1023) & ~1023u, bar = stage + kBoxBytes;
+  unsigned char* box = smem + (stage - smem_addr(smem));
+  mbarrier_init(bar, 1);
+  fence_mbarrier_init();
+  std::memset(box, 0, kBoxBytes);
+  mbarrier_arrive_expect_tx(bar, kBoxBytes);
+  tma_load_2d(stage, &map, 0, 0, bar);
+  *early = mbarrier_try_wait_parity(bar, 1);
+  *landed = box[0] != 0;
+  mbarrier_wait_parity(bar, 0);
+}
+}  // namespace
+
+// A thread that skips a phase (waits for a stage's second use without waiting for its
+// first) asks for parity 1 while the barrier is still in phase 0: PTX's parity names
+// the current phase or the one before, so it passes at once, before the copy landed.
+// The emulator answers so (a wrong parity protocol fails on it as on a GPU); with the
+// copy landed at issue, phase 0 is complete and parity 1 names the open one.
+TEST_CASE("emulated TMA: a wait for the phase before the current one passes at once, copies in flight") {
+  const Matrix m(64, 64);
+  for (const emu::Landing landing : {emu::Landing::at_wait, emu::Landing::at_issue}) {
+    emu::set_landing(landing);
+    emu::GlobalBuffer early(sizeof(int)), landed(sizeof(int));
+    spes::cuda::launch(skipped_phase_kernel, dim3(1), dim3(32), kSmem, nullptr, m.map(), early.as<int>(),
+                       landed.as<int>());
+    if (landing == emu::Landing::at_wait) {  // the copy in flight: the wait passes, and lands nothing
+      CHECK(*early.as<int>() == 1);
+      CHECK(*landed.as<int>() == 0);
+    } else {  // landed at issue, phase 0 complete: parity 1 is now the current phase's, open
+      CHECK(*early.as<int>() == 0);
+    }
+  }
+  emu::set_landing(emu::Landing::at_wait);
+}
+
 TEST_CASE("emulated TMA: a wrong byte count, a misaligned stage, an overwritten or unfenced barrier, or a copy left "
           "behind fail") {
   const Matrix m(128, 64);

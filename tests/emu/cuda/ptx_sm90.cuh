@@ -55,6 +55,9 @@ void wgmma_rs(float (&d)[N / 2], const uint32_t (&a)[4], uint64_t desc_b, int ac
   emu::wgmma_bf16_rs(d, N, a, desc_b, accumulate != 0, TRANS_B != 0);
 }
 
+// The L2's add: flushes subnormal inputs and results to zero, as on a GPU.
+inline void red_add_f32x2(float* dst, float a, float b) { emu::red_add_f32x2(dst, a, b); }
+
 // Registers are the host's: moving them between warpgroups changes nothing here.
 template <int kRegisters>
 void setmaxnreg_inc() {}
