@@ -24,13 +24,14 @@
 // tensor cores busy meanwhile: its tile follows in the stage ring, whose copies ran
 // ahead as stages came free. The consumers neither issue copies nor compute their
 // addresses, and no __syncthreads paces a main loop: each stage is waited for on its
-// own barrier. The two main loops take turns: a consumer starts its tile once the
-// other's has seen its last stage full (the `turn` barriers). Besides keeping the
-// tensor cores to one tile at a time, that is what makes the consumers' waits sound:
-// a consumer skips the stage phases of the other's tiles, and an mbarrier's parity
-// names only its current phase or the one before (PTX ISA), so a wait for a phase two
-// ahead of the barrier's would pass at once; after its turn, every phase before its
-// tile's has been seen complete. Registers: 128 accumulators beside the main loop's
+// own barrier. The two main loops take turns: a consumer starts its tile once every
+// thread of the other has seen its tile's last stage full (the `turn` barriers).
+// Besides keeping the tensor cores to one tile at a time, that is what makes the
+// consumers' waits sound: every wait names its phase by parity (mbarrier_wait_phase),
+// which tells only the barrier's current phase from the one before (PTX ISA), and a
+// consumer skips the stage phases of the other's tiles; after its turn, every phase
+// before its tile's has been seen complete. Every thread arrives on a turn barrier (not
+// one for its warpgroup) so that a slow warp's wait cannot fall two phases behind. Registers: 128 accumulators beside the main loop's
 // descriptors are more than the 168 a thread of 384 may have, so the producer's
 // warpgroup gives all but 56 back (setmaxnreg; fewer spill its copy loop) and the
 // consumers take 224.
@@ -156,7 +157,7 @@ __device__ __forceinline__ void produce(const Problem& p, Shared& sh, uint32_t s
   int tile = static_cast<int>(blockIdx.x), n = 0;  // n: the stage-ring position of the next copy
   for (int seq = 0;; ++seq) {
     const int q = seq % kTileSlots;
-    mbarrier_wait_parity(bar(sh.read[q]), ((seq / kTileSlots) & 1) ^ 1);  // both consumers read its last post
+    mbarrier_wait_phase(bar(sh.read[q]), seq / kTileSlots - 1);  // both consumers read its last post
     const bool valid = tile < p.n_work;
     sh.tile_of[q] = valid ? tile : -1;
     mbarrier_arrive(bar(sh.posted[q]));
@@ -166,8 +167,8 @@ __device__ __forceinline__ void produce(const Problem& p, Shared& sh, uint32_t s
     int drawn = 0;
     for (int kt = 0; kt < ktiles; ++kt, ++n) {
       const int s = n % kStages;
-      mbarrier_wait_parity(bar(sh.empty[s]), ((n / kStages) & 1) ^ 1);  // its last use is given back
       if (kt == draw_at) drawn = static_cast<int>(gridDim.x) + atomicAdd(&p.tickets->next, 1);
+      mbarrier_wait_phase(bar(sh.empty[s]), n / kStages - 1);  // its last use is given back
       p.load_kstep(j, kt, stages + s * kStageBytes, bar(sh.full[s]));
     }
     tile = drawn;
@@ -192,8 +193,8 @@ struct Consumer {
   unsigned char* smem;  // at shared address smem_base
   uint32_t smem_base, stages;
   int c, t;
-  int tails = 0;  // tails zeroed so far: the parity of the next `zeroed` phase
-  int turns = 0;  // turns waited for so far: the parity of the next `turn` phase
+  int tails = 0;  // tails zeroed so far: the next `zeroed` phase
+  int turns = 0;  // turns waited for so far: the next `turn` phase
 
   // Zeroes k-lines [valid, 64) of every block of the stage, then (fence: the wgmma read
   // through the async proxy) waits until the whole warpgroup has.
@@ -206,7 +207,7 @@ struct Consumer {
     }
     fence_proxy_async_shared();
     mbarrier_arrive(bar(sh.zeroed[c]));
-    mbarrier_wait_parity(bar(sh.zeroed[c]), uint32_t(tails++) & 1);
+    mbarrier_wait_phase(bar(sh.zeroed[c]), tails++);
   }
 
   // Gives stage position n back to the producer: one arrival per warp, after the
@@ -223,8 +224,8 @@ struct Consumer {
     for (int kt = 0; kt < ktiles; ++kt) {
       const int n = n0 + kt, s = n % kStages;
       const uint32_t stage = stages + s * kStageBytes;
-      mbarrier_wait_parity(bar(sh.full[s]), uint32_t(n / kStages) & 1);
-      if (kt == ktiles - 1 && t == 0) mbarrier_arrive(bar(sh.turn[c ^ 1]));  // every stage of this tile landed
+      mbarrier_wait_phase(bar(sh.full[s]), n / kStages);
+      if (kt == ktiles - 1) mbarrier_arrive(bar(sh.turn[c ^ 1]));  // this thread saw every stage of the tile full
       if (kt == ktiles - 1 && tail != 0) zero_tail(stage, tail);
       fence_accumulators(acc[0]);
       fence_accumulators(acc[1]);
@@ -276,13 +277,13 @@ struct Consumer {
     int n = 0;                // the stage-ring position of the posted tile's first k-step
     for (int seq = 0;; ++seq) {
       const int q = seq % kTileSlots;
-      mbarrier_wait_parity(bar(sh.posted[q]), uint32_t(seq / kTileSlots) & 1);
+      mbarrier_wait_phase(bar(sh.posted[q]), seq / kTileSlots);
       const int tile = sh.tile_of[q];
       mbarrier_arrive(bar(sh.read[q]));
       if (tile < 0) return;
       const Problem::Job j = p.find(tile);
       if (seq % kConsumers == c) {
-        if (seq > 0) mbarrier_wait_parity(bar(sh.turn[c]), uint32_t(turns++) & 1);
+        if (seq > 0) mbarrier_wait_phase(bar(sh.turn[c]), turns++);
         mainloop(acc, j, n);
         if (j.m0 + kBM <= p.OC && j.n0 + kBN <= p.C)
           add_to_dw<true>(p, j, acc);
@@ -316,7 +317,7 @@ __global__ void __launch_bounds__(kThreads, 1)
     }
     for (int c = 0; c < kConsumers; ++c) {
       mbarrier_init(bar(sh.zeroed[c]), kWarpgroup);
-      mbarrier_init(bar(sh.turn[c]), 1);
+      mbarrier_init(bar(sh.turn[c]), kWarpgroup);  // every thread of the other consumer
     }
     fence_mbarrier_init();
   }
@@ -355,6 +356,13 @@ DeviceInfo query_device(int dev) {
   DeviceInfo d;
   cuda_check(cudaDeviceGetAttribute(&d.sms, cudaDevAttrMultiProcessorCount, dev));
   d.why_not = sm90a_unavailable_reason(dev, kBuiltForSm90a, kSmemBytes, wgrad_tma_kernel);
+  if (d.why_not.empty()) {  // setmaxnreg hands out what the launch allocated: fewer, and the consumers' inc waits for ever
+    cudaFuncAttributes fa{};
+    cuda_check(cudaFuncGetAttributes(&fa, wgrad_tma_kernel));
+    if (fa.numRegs < kLaunchRegisters)
+      d.why_not = "its kernel was built with " + std::to_string(fa.numRegs) + " registers a thread, not the " +
+                  std::to_string(kLaunchRegisters) + " its warpgroups share out";
+  }
   if (d.why_not.empty()) d.why_not = tma_check_failure();
   if (d.why_not.empty()) allow_dynamic_smem("grouped_matmul_backward_weight (sm90a, TMA)", wgrad_tma_kernel, kSmemBytes);
   return d;

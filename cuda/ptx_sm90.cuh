@@ -276,6 +276,14 @@ __device__ __forceinline__ void mbarrier_wait_parity(uint32_t bar, uint32_t pari
   while (!mbarrier_try_wait_parity(bar, parity)) {
   }
 }
+// Waits for the completion of phase `phase` of the barrier, counted from 0 at its init
+// (−1: the phase before the first, complete from the start): its parity, which names
+// the right phase only while the barrier is in that phase or the next. A kernel that
+// counts its phases says so with this; the emulator checks it (a barrier two phases
+// ahead of a wait, or behind it, makes the parity name another phase).
+__device__ __forceinline__ void mbarrier_wait_phase(uint32_t bar, int64_t phase) {
+  mbarrier_wait_parity(bar, uint32_t(phase) & 1);
+}
 // The box of `map` whose first element is (column c0, row c1), into shared memory at dst.
 __device__ __forceinline__ void tma_load_2d(uint32_t dst, const CUtensorMap* map, int32_t c0, int32_t c1,
                                             uint32_t bar) {

@@ -730,6 +730,11 @@ class Worker {
       bool live = false;
       if (g_schedule == Schedule::round_robin) {
         for (unsigned i = 0; i < cta.fibers.size(); ++i) live |= resume(cta, i);
+      } else if (g_schedule == Schedule::last_warp_starved) {
+        const unsigned starved = (n_warps - 1) * kWarpSize;
+        for (unsigned i = 0; i < starved; ++i) live |= resume(cta, i);
+        if (!live || cta.progress == before)
+          for (unsigned i = starved; i < cta.fibers.size(); ++i) live |= resume(cta, i);
       } else {
         const bool descending = g_schedule == Schedule::warps_descending;
         for (unsigned k = 0; k < n_warps; ++k) live |= run_warp(cta, descending ? n_warps - 1 - k : k, descending);
@@ -1457,6 +1462,16 @@ bool mbarrier_try_wait_parity(uint32_t addr, uint32_t parity) {
   return false;
 }
 
+void mbarrier_check_phase(uint32_t addr, int64_t phase) {
+  const Mbarrier& bar = mbarrier_at(addr, "mbarrier.try_wait");
+  const int64_t current = int64_t(bar.phase);
+  if (current == phase || current == phase + 1) return;
+  fail("a wait for phase " + std::to_string(phase) + " of the mbarrier at shared offset " + std::to_string(addr) +
+       ", which is in phase " + std::to_string(current) +
+       (current > phase ? ": it ran two or more phases ahead, and the parity names a later one"
+                        : ": that phase is not its current one, and the parity names a completed one"));
+}
+
 void tma_load(uint32_t dst, const void* tensor_map, const int32_t* coords, uint32_t rank, uint32_t mbar) {
   TensorMap m;
   std::memcpy(&m, tensor_map, sizeof m);
@@ -1556,13 +1571,14 @@ cudaError_t cudaFuncSetAttribute(const void* func, cudaFuncAttribute attr, int v
 // The kernel files run as their sm_90 code (SPES_SM90_DEVICE_CODE is 1 in the
 // emulator's cuda/launch.cuh), so ptxVersion says sm_90 to the launchers that ask
 // (crossentropy.cu's cluster kernel). No static shared memory is reported (its size
-// is unknown here).
+// is unknown here), and the most registers a thread may have.
 cudaError_t cudaFuncGetAttributes(cudaFuncAttributes* attr, const void* func) {
   *attr = cudaFuncAttributes{};
   attr->maxDynamicSharedSizeBytes = emu::dynamic_smem_limit(func);
   attr->maxThreadsPerBlock = int(emu::kMaxThreadsPerBlock);
   attr->ptxVersion = 90;
   attr->binaryVersion = 90;
+  attr->numRegs = 255;  // no register file here: the most a thread may have
   return cudaSuccess;
 }
 

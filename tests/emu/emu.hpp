@@ -79,7 +79,11 @@ void set_landing(Landing landing);
 // cluster.sync or exits, so that one CTA gets as far ahead of the others as the
 // cluster barriers let it (a read of another CTA's shared memory before it was
 // written, or after that CTA exited, shows every time, not by the OS's timing).
-enum class Schedule { round_robin, warps_ascending, warps_descending };
+// last_warp_starved: the CTA's last warp runs only in a round where no other thread can
+// move, so it falls as far behind the others as their barriers let it: a barrier whose
+// phases run ahead of a slow warp's wait shows (not among the schedules every rerun
+// check takes; a test asks for it).
+enum class Schedule { round_robin, warps_ascending, warps_descending, last_warp_starved };
 void set_schedule(Schedule schedule);
 
 // Runs `body` once per thread of each CTA of `grid`; CTAs spread over worker threads.
@@ -133,6 +137,10 @@ void mbarrier_init(uint32_t addr, uint32_t count);
 void fence_mbarrier_init();
 void mbarrier_arrive(uint32_t addr, uint32_t expect_tx_bytes);
 bool mbarrier_try_wait_parity(uint32_t addr, uint32_t parity);
+// Before a wait for the completion of phase `phase` (counted from 0 at init; −1: the
+// one before the first, complete): fails unless the barrier is in that phase or the
+// next, the only two a parity can tell apart.
+void mbarrier_check_phase(uint32_t addr, int64_t phase);
 void tma_load(uint32_t dst, const void* tensor_map, const int32_t* coords, uint32_t rank, uint32_t mbar);
 // cuTensorMapEncodeTiled, as the emulated runtime's cudaGetDriverEntryPointByVersion
 // hands it out: the driver's checks, and a map only the emulated copy reads.

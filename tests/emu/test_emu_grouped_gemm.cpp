@@ -225,6 +225,7 @@ TEST_CASE("emulated grouped matmul, sm90a: the weight gradient's tiles of 1 to 8
 // tiles of exactly 6 k-steps (the ring's length): the second consumer's first tile
 // starts on the stage the first consumer's first copy may still be filling, whose
 // barrier it has never waited on (it must wait for its turn, not skip that phase).
+// Every wait names its phase (mbarrier_wait_phase), which the emulator checks.
 TEST_CASE("emulated grouped matmul, sm90a: the TMA weight gradient, race-free, and the threads' kernel's bits") {
   REQUIRE(spes::cuda::grouped_gemm_sm90a_available());
   REQUIRE(spes::cuda::grouped_sm90::wgrad_tma_unavailable_reason().empty());
@@ -237,6 +238,10 @@ TEST_CASE("emulated grouped matmul, sm90a: the TMA weight gradient, race-free, a
   check_problem({counts, 136, 72}, spes::cuda::GroupedGemmPath::sm90a, false, &threads);
   check_problem({{100, 500, 1, 150, 200}, 8, 30 * 128}, spes::cuda::GroupedGemmPath::sm90a, false, &threads);
   check_problem({{350}, 8, 140 * 128}, spes::cuda::GroupedGemmPath::sm90a, false, &threads);
+  // A consumer's last warp as far behind the rest as the barriers let it: with 1-k-step
+  // tiles the other consumer's turn comes round again quickly.
+  const ScopedSchedule starved({emu::Schedule::last_warp_starved, emu::Landing::at_wait, "the last warp starved"});
+  check_problem({counts, 64, 136}, spes::cuda::GroupedGemmPath::sm90a, false, &threads);
 }
 
 // The sm90a weight gradients deal their tiles out from a counter

@@ -75,6 +75,10 @@ inline void mbarrier_wait_parity(uint32_t bar, uint32_t parity) {
   while (!mbarrier_try_wait_parity(bar, parity)) {
   }
 }
+inline void mbarrier_wait_phase(uint32_t bar, int64_t phase) {
+  emu::mbarrier_check_phase(bar, phase);
+  mbarrier_wait_parity(bar, uint32_t(phase) & 1);
+}
 inline void tma_load_2d(uint32_t dst, const CUtensorMap* map, int32_t c0, int32_t c1, uint32_t bar) {
   const int32_t coords[2] = {c0, c1};
   emu::tma_load(dst, map, coords, 2, bar);
