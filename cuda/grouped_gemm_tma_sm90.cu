@@ -190,8 +190,7 @@ __device__ __forceinline__ uint64_t b_descriptor(uint32_t stage, int kk) {
 // One consumer warpgroup (thread t of it, `c` its index).
 struct Consumer {
   Shared& sh;
-  unsigned char* smem;  // at shared address smem_base
-  uint32_t smem_base, stages;
+  uint32_t stages;  // shared address of the first stage
   int c, t;
   int tails = 0;  // tails zeroed so far: the next `zeroed` phase
   int turns = 0;  // turns waited for so far: the next `turn` phase
@@ -202,8 +201,7 @@ struct Consumer {
     const int chunks = (kBK - valid) * int(kLineBytes / 16);  // per block
     for (int i = t; i < 4 * chunks; i += kWarpgroup) {
       const int block = i / chunks, r = i % chunks;
-      const uint32_t at = stage + block * kBlockBytes + (valid + r / 8) * kLineBytes + (r % 8) * 16;
-      *reinterpret_cast<int4*>(smem + (at - smem_base)) = int4{};
+      st_shared_zero16(stage + block * kBlockBytes + (valid + r / 8) * kLineBytes + (r % 8) * 16);
     }
     fence_proxy_async_shared();
     mbarrier_arrive(bar(sh.zeroed[c]));
@@ -325,7 +323,6 @@ __global__ void __launch_bounds__(kThreads, 1)
   const int per_expert = m_tiles * n_tiles;
   const Problem p{&dout_map, &inp_map, dweights, &sh.ranked, &g_tma_tile_tickets[ticket_slot],
                   C, OC, n_tiles, per_expert, experts * per_expert};
-  const uint32_t smem_base = smem_addr(smem);
   const uint32_t stages = (smem_addr(smem + sizeof(Shared)) + kAtomBytes - 1) & ~(kAtomBytes - 1);
   const int warpgroup = static_cast<int>(threadIdx.x) / kWarpgroup;
   if (warpgroup == 0) {
@@ -334,7 +331,7 @@ __global__ void __launch_bounds__(kThreads, 1)
     return;
   }
   setmaxnreg_inc<kConsumerRegisters>();
-  Consumer consumer{sh, smem, smem_base, stages, warpgroup - 1, static_cast<int>(threadIdx.x) % kWarpgroup};
+  Consumer consumer{sh, stages, warpgroup - 1, static_cast<int>(threadIdx.x) % kWarpgroup};
   consumer.run(p);
 #endif
 }

@@ -27,7 +27,7 @@
 //   Tile::n_major: leading offset 1024 instead of the panel size: wrong dq, dk, dv (D = 128)
 //   dkv: the wgmma_wait<1> before Pᵀ removed: wrong dk, dv, bits differ by schedule
 //   dkv, dq: fence_proxy_async_shared + __syncthreads after the cp.async wait removed: inf
-//   forward: fence_proxy_async_shared alone removed: EMU "wrote by cp.async and has not fenced"
+//   forward: fence_proxy_async_shared alone removed: EMU "wrote through the generic proxy … and has not fenced"
 //   forward: the wgmma_fence before O += P·V removed: EMU "with no wgmma.fence since"
 //   dkv: the trailing __syncthreads removed: wrong dv, bits differ by schedule
 //   forward: the trailing __syncthreads removed: wrong out (T = 129)

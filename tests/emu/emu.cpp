@@ -1016,14 +1016,25 @@ void fence_proxy_async_shared() {
   f.unfenced.clear();
 }
 
+// st.shared of 16 zero bytes: generic-proxy bytes, as a landed cp.async's are, until
+// the thread fences them for the async proxy.
+void st_shared_zero16(uint32_t addr) {
+  require_aligned(addr, 16, "st.shared.v4");
+  std::memset(shared_bytes(addr, 16, "st.shared.v4"), 0, 16);
+  std::vector<uint16_t>& by = t_cta->unfenced_by;
+  if (by.empty()) by.assign(t_cta->smem_bytes, 0);
+  std::fill(by.begin() + addr, by.begin() + addr + 16, uint16_t(t_cta->current + 1));
+  this_fiber().unfenced.emplace_back(addr, 16);
+}
+
 void require_fenced(uint32_t addr) {
   const std::vector<uint16_t>& by = t_cta->unfenced_by;
   shared_bytes(addr, 2, "wgmma operand");
   for (uint32_t b = addr; b < addr + 2; ++b)
     if (by[b] != 0)
       fail("wgmma: reads shared byte " + std::to_string(b) + ", which thread " + std::to_string(by[b] - 1) +
-           " wrote by cp.async and has not fenced (fence.proxy.async.shared::cta) since: the tensor cores read "
-           "through the async proxy and may not see it");
+           " wrote through the generic proxy (cp.async, st.shared) and has not fenced "
+           "(fence.proxy.async.shared::cta) since: the tensor cores read through the async proxy and may not see it");
 }
 
 float shared_bf16(uint32_t addr) {

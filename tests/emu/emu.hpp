@@ -118,6 +118,9 @@ void wgmma_wait(int n);
 // fence.proxy.async.shared::cta: this thread's landed cp.async bytes become readable
 // by wgmma (which reads shared memory through the async proxy; see emu.cpp).
 void fence_proxy_async_shared();
+// st.shared.v4 of zeros at shared offset addr (16-byte aligned), tracked as cp.async's
+// bytes are for fence_proxy_async_shared.
+void st_shared_zero16(uint32_t addr);
 // The wgmma issued so far, by every thread of every launch: which kernel family a
 // launcher chose (the two families of a product may well give the same bits here).
 uint64_t wgmma_issued();

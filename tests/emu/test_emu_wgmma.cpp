@@ -152,6 +152,7 @@ TEST_CASE("emulated wgmma: cp.async bytes reach it only behind their writer's fe
       if (fence)
         CHECK_MESSAGE(msg == "[returned]", msg);
       else
-        CHECK_MESSAGE((has(msg, "[aborted]") && has(msg, "wrote by cp.async and has not fenced")), msg);
+        CHECK_MESSAGE((has(msg, "[aborted]") && has(msg, "through the generic proxy (cp.async, st.shared) and has not fenced")),
+                      msg);
     }
 }

@@ -26,6 +26,7 @@ inline void prefetch_l2(const void* p) { emu::require_device_buffer(p, 1, "prefe
 // Orderings the emulator has no use for: it has one proxy, and the compiler does not
 // reorder across its calls.
 inline void fence_proxy_async_shared() { emu::fence_proxy_async_shared(); }
+inline void st_shared_zero16(uint32_t addr) { emu::st_shared_zero16(addr); }
 inline void wgmma_fence() { emu::wgmma_fence(); }
 template <int N>
 void fence_accumulators(float (&)[N]) {}
