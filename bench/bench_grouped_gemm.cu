@@ -269,9 +269,8 @@ void run_weights(const char* name, int64_t C, int64_t OC, const std::vector<std:
     const bool has_tma = has_sm90a && p == Product::backward_weight &&
                          spes::cuda::grouped_sm90::wgrad_tma_unavailable_reason().empty();
     auto ours_tma = [&](int r) {
-      spes::cuda::grouped_sm90::set_wgrad_kernel(spes::cuda::grouped_sm90::WgradKernel::tma);
+      const spes::cuda::grouped_sm90::ScopedWgradKernel tma(spes::cuda::grouped_sm90::WgradKernel::tma);
       ours(r, GroupedGemmPath::sm90a);
-      spes::cuda::grouped_sm90::set_wgrad_kernel(spes::cuda::grouped_sm90::WgradKernel::threads);
     };
 
     // Check: each path against cuBLAS per expert on routing 0 (fresh dW on both sides).

@@ -597,12 +597,6 @@ struct DeviceInfo {
   std::string why_not;  // when !sm90a: the first requirement that failed
 };
 
-#if defined(SPES_SM90A_KERNELS)
-constexpr bool kBuiltForSm90a = true;
-#else
-constexpr bool kBuiltForSm90a = false;
-#endif
-
 DeviceInfo query_device(int dev) {
   DeviceInfo d;
   // one module: dkv_kernel<64> answers for all

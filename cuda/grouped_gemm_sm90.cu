@@ -145,7 +145,6 @@ struct WgradSched : RankedExperts {
 constexpr size_t kSchedBytes = sizeof(Sched) > sizeof(WgradSched) ? sizeof(Sched) : sizeof(WgradSched);
 constexpr size_t kSmemBytes = kSchedBytes + kAtomBytes + size_t(kStages) * kStageBytes;
 
-
 #if SPES_SM90A_DEVICE_CODE
 
 // ---- global → shared -----------------------------------------------------------------
@@ -908,12 +907,6 @@ struct DeviceInfo {
   int sms = 0;          // multiprocessors: the persistent grid's size
   std::string why_not;  // when !sm90a: the first requirement that failed
 };
-
-#if defined(SPES_SM90A_KERNELS)
-constexpr bool kBuiltForSm90a = true;
-#else
-constexpr bool kBuiltForSm90a = false;
-#endif
 
 DeviceInfo query_device(int dev) {
   DeviceInfo d;

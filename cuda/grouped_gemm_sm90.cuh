@@ -33,15 +33,25 @@ void set_l2_prefetch_k_steps(int k_steps);  // throws spes::Error outside [0, kM
 // of this many slots per launch, taken in turn (cuda/grouped_gemm_wgrad_schedule.cuh).
 constexpr int kTileTicketSlots = 16;
 
-// The weight gradient's two kernels: `threads` (grouped_gemm_sm90.cu: every thread
-// copies operands, cp.async, both warpgroups on one 128 × 256 tile) and `tma`
-// (grouped_gemm_tma_sm90.cu: the copy engine feeds two warpgroups that take 128 × 128
-// tiles in turn, each one's dW store under the other's main loop). A setting of the
-// process, read at each launch; bench_grouped_gemm times both. `tma` where it cannot
-// run (wgrad_tma_unavailable_reason) makes the weight gradient throw spes::Error.
+// The weight gradient's two kernels: `threads` (grouped_gemm_sm90.cu, whose threads
+// copy the operands) and `tma` (grouped_gemm_tma_sm90.cu, fed by the copy engine; each
+// file's comment says how it is shaped). A setting of the process, read at each
+// launch; bench_grouped_gemm times both. `tma` where it cannot run
+// (wgrad_tma_unavailable_reason) makes the weight gradient throw spes::Error.
 enum class WgradKernel { threads, tma };
 WgradKernel wgrad_kernel();
 void set_wgrad_kernel(WgradKernel kernel);
+// Sets the kernel until destroyed, then puts the one before back (tests, benches).
+class ScopedWgradKernel {
+ public:
+  explicit ScopedWgradKernel(WgradKernel kernel) : before_(wgrad_kernel()) { set_wgrad_kernel(kernel); }
+  ~ScopedWgradKernel() { set_wgrad_kernel(before_); }
+  ScopedWgradKernel(const ScopedWgradKernel&) = delete;
+  ScopedWgradKernel& operator=(const ScopedWgradKernel&) = delete;
+
+ private:
+  WgradKernel before_;
+};
 // Empty when the `tma` kernel can run on the current device: the sm_90a build and GPU,
 // its shared memory, and the device's copies as cuda/tma.cuh's check finds them.
 std::string wgrad_tma_unavailable_reason();

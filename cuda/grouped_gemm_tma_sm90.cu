@@ -30,9 +30,10 @@
 // consumers' waits sound: every wait names its phase by parity (mbarrier_wait_phase),
 // which tells only the barrier's current phase from the one before (PTX ISA), and a
 // consumer skips the stage phases of the other's tiles; after its turn, every phase
-// before its tile's has been seen complete. Every thread arrives on a turn barrier (not
-// one for its warpgroup) so that a slow warp's wait cannot fall two phases behind. Registers: 128 accumulators beside the main loop's
-// descriptors are more than the 168 a thread of 384 may have, so the producer's
+// before its tile's has been seen complete. Every thread of a consumer arrives on the
+// other's turn barrier, so that a slow warp's wait there cannot fall two phases behind.
+// Registers: 128 accumulators beside the main loop's descriptors are more than the 168
+// a thread of 384 may have, so the producer's
 // warpgroup gives all but 56 back (setmaxnreg; fewer spill its copy loop) and the
 // consumers take 224.
 //
@@ -137,7 +138,8 @@ struct Problem {
     }
     mbarrier_arrive_expect_tx(full, bytes);
     for (int b = 0; b < 2; ++b) {
-      if (j.m0 + b * kBlockElems < OC) tma_load_2d(stage + b * kBlockBytes, dout_map, j.m0 + b * kBlockElems, row, full);
+      if (j.m0 + b * kBlockElems < OC)
+        tma_load_2d(stage + b * kBlockBytes, dout_map, j.m0 + b * kBlockElems, row, full);
       if (j.n0 + b * kBlockElems < C)
         tma_load_2d(stage + kTileABytes + b * kBlockBytes, inp_map, j.n0 + b * kBlockElems, row, full);
     }
@@ -251,7 +253,8 @@ struct Consumer {
   // fragment, cuda/ptx_sm90.cuh). Rows past OC and columns past C are skipped (C % 8 ==
   // 0: a pair lies wholly inside or outside); a tile wholly inside tests nothing.
   template <bool kWhole>
-  __device__ __forceinline__ void add_to_dw(const Problem& p, const Problem::Job& j, const float (&acc)[2][kAcc]) const {
+  __device__ __forceinline__ void add_to_dw(const Problem& p, const Problem::Job& j,
+                                            const float (&acc)[2][kAcc]) const {
     const int lane = t % kWarp, r0 = (t / kWarp) * 16 + lane / 4, c0 = 2 * (lane % 4);
     float* tile = p.dw_tile(j);
 #pragma unroll
@@ -338,12 +341,6 @@ __global__ void __launch_bounds__(kThreads, 1)
 
 // ---- launcher ------------------------------------------------------------------------------
 
-#if defined(SPES_SM90A_KERNELS)
-constexpr bool kBuiltForSm90a = true;
-#else
-constexpr bool kBuiltForSm90a = false;
-#endif
-
 struct DeviceInfo {
   int sms = 0;
   std::string why_not;  // empty: the kernel can run here
@@ -353,7 +350,8 @@ DeviceInfo query_device(int dev) {
   DeviceInfo d;
   cuda_check(cudaDeviceGetAttribute(&d.sms, cudaDevAttrMultiProcessorCount, dev));
   d.why_not = sm90a_unavailable_reason(dev, kBuiltForSm90a, kSmemBytes, wgrad_tma_kernel);
-  if (d.why_not.empty()) {  // setmaxnreg hands out what the launch allocated: fewer, and the consumers' inc waits for ever
+  // setmaxnreg hands out what the launch allocated: with fewer, the consumers' inc waits for ever.
+  if (d.why_not.empty()) {
     cudaFuncAttributes fa{};
     cuda_check(cudaFuncGetAttributes(&fa, wgrad_tma_kernel));
     if (fa.numRegs < kLaunchRegisters)
@@ -361,7 +359,8 @@ DeviceInfo query_device(int dev) {
                   std::to_string(kLaunchRegisters) + " its warpgroups share out";
   }
   if (d.why_not.empty()) d.why_not = tma_check_failure();
-  if (d.why_not.empty()) allow_dynamic_smem("grouped_matmul_backward_weight (sm90a, TMA)", wgrad_tma_kernel, kSmemBytes);
+  if (d.why_not.empty())
+    allow_dynamic_smem("grouped_matmul_backward_weight (sm90a, TMA)", wgrad_tma_kernel, kSmemBytes);
   return d;
 }
 

@@ -1,6 +1,6 @@
-// What the sm_90a kernel families (cuda/grouped_gemm_sm90.cu, cuda/attention_sm90.cu)
-// ask of a device before they run, asked once per device: one probe and one cache for
-// both, so they agree on when Hopper code can run.
+// What the sm_90a kernel families (cuda/grouped_gemm_sm90.cu, grouped_gemm_tma_sm90.cu,
+// attention_sm90.cu, tma_check.cu) ask of a device before they run, asked once per
+// device: one probe and one cache for all, so they agree on when Hopper code can run.
 #pragma once
 #include <cuda_runtime.h>
 
@@ -12,6 +12,17 @@
 #include "cuda/check.cuh"
 
 namespace spes::cuda {
+
+// Whether the file that includes this was compiled with its sm_90a code: CMake
+// defines SPES_SM90A_KERNELS for the sm_90a files where 90 is among the build's
+// architectures (CMakeLists.txt). A constant of each file (internal linkage), as the
+// macro is: read it in a .cu file only, never in inline or template code of a header,
+// which would then mean different things in different files.
+#if defined(SPES_SM90A_KERNELS)
+constexpr bool kBuiltForSm90a = true;
+#else
+constexpr bool kBuiltForSm90a = false;
+#endif
 
 // Empty when an sm_90a family can run on device `dev`: the build carries its sm_90a
 // code (`built_for_sm90a`: its file compiled with SPES_SM90A_KERNELS), the GPU is

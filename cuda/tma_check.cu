@@ -225,12 +225,6 @@ std::string check_wgmma_on_copies() {
   return line;
 }
 
-#if defined(SPES_SM90A_KERNELS)
-constexpr bool kBuiltForSm90a = true;
-#else
-constexpr bool kBuiltForSm90a = false;
-#endif
-
 struct Availability {
   std::string reason;
 };

@@ -83,6 +83,7 @@ std::mutex g_smem_optin_mutex;
 std::map<const void*, int> g_smem_optin;
 std::atomic<uint64_t> g_cluster_launches{0};
 std::atomic<uint64_t> g_wgmma_issued{0};
+std::atomic<uint64_t> g_tma_copies{0};
 std::atomic<bool> g_wgmma_a_misread{false};  // see set_wgmma_a_misread
 
 // cudaFuncAttributeMaxDynamicSharedMemorySize of `kernel`.
@@ -1152,6 +1153,7 @@ void wgmma_fence() { this_fiber().wgmma_fenced = true; }
 void wgmma_commit() { ++this_fiber().wgmma_groups; }
 
 uint64_t wgmma_issued() { return g_wgmma_issued; }
+uint64_t tma_copies() { return g_tma_copies; }
 
 void set_wgmma_a_misread(bool misread) { g_wgmma_a_misread = misread; }
 
@@ -1280,7 +1282,8 @@ void GlobalBuffer::zero() const { std::memset(data_, 0, bytes_); }
 // a wait for parity 1 passes before the first phase completes, as on the GPU.
 // A bulk tensor copy reads its box at issue; its bytes land, and complete their
 // transaction bytes on the barrier, at issue (Landing::at_issue) or when a thread
-// first tries to wait on that barrier (Landing::at_wait): a read of the stage before
+// first waits on that barrier for its current phase (Landing::at_wait; a wait for the
+// phase before passes without landing anything): a read of the stage before
 // the wait then sees the poison (or the previous data), and a copy into a stage that
 // is still being read overwrites it under the at_issue landing.
 
@@ -1480,7 +1483,8 @@ void mbarrier_check_phase(uint32_t addr, int64_t phase) {
   fail("a wait for phase " + std::to_string(phase) + " of the mbarrier at shared offset " + std::to_string(addr) +
        ", which is in phase " + std::to_string(current) +
        (current > phase ? ": it ran two or more phases ahead, and the parity names a later one"
-                        : ": that phase is not its current one, and the parity names a completed one"));
+                        : current == phase - 1 ? ": the parity names the phase before the current one, complete"
+                                               : ": the parity names the current one, which is not that phase"));
 }
 
 void tma_load(uint32_t dst, const void* tensor_map, const int32_t* coords, uint32_t rank, uint32_t mbar) {
@@ -1531,6 +1535,7 @@ void tma_load(uint32_t dst, const void* tensor_map, const int32_t* coords, uint3
     }
     for (uint32_t i = 1; i < rank && ++index[i] == m.box[i]; ++i) index[i] = 0;
   }
+  ++g_tma_copies;
   if (g_landing == Landing::at_issue)
     land(bar, copy);
   else

@@ -115,8 +115,9 @@ void wgmma_bf16_rs(float* d, int n, const uint32_t (&a)[4], uint64_t desc_b, boo
 void wgmma_fence();
 void wgmma_commit();
 void wgmma_wait(int n);
-// fence.proxy.async.shared::cta: this thread's landed cp.async bytes become readable
-// by wgmma (which reads shared memory through the async proxy; see emu.cpp).
+// fence.proxy.async.shared::cta: the shared bytes this thread wrote through the generic
+// proxy (landed cp.async, st_shared_zero16) become readable by wgmma (which reads
+// shared memory through the async proxy; see emu.cpp).
 void fence_proxy_async_shared();
 // st.shared.v4 of zeros at shared offset addr (16-byte aligned), tracked as cp.async's
 // bytes are for fence_proxy_async_shared.
@@ -145,6 +146,9 @@ bool mbarrier_try_wait_parity(uint32_t addr, uint32_t parity);
 // next, the only two a parity can tell apart.
 void mbarrier_check_phase(uint32_t addr, int64_t phase);
 void tma_load(uint32_t dst, const void* tensor_map, const int32_t* coords, uint32_t rank, uint32_t mbar);
+// The bulk tensor copies issued so far, by every launch: whether a launcher took a
+// kernel fed by them.
+uint64_t tma_copies();
 // cuTensorMapEncodeTiled, as the emulated runtime's cudaGetDriverEntryPointByVersion
 // hands it out: the driver's checks, and a map only the emulated copy reads.
 CUresult encode_tensor_map_tiled(CUtensorMap* map, CUtensorMapDataType type, uint32_t rank, void* global,

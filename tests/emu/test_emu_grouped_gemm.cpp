@@ -1,5 +1,6 @@
-// The real cuda/grouped_gemm.cu and cuda/grouped_gemm_sm90.cu (both kernel families,
-// GroupedGemmPath) on the host emulator, for what the GPU test
+// The real cuda/grouped_gemm.cu, cuda/grouped_gemm_sm90.cu and
+// cuda/grouped_gemm_tma_sm90.cu (both kernel families, GroupedGemmPath, and the sm90a
+// weight gradient's two kernels) on the host emulator, for what the GPU test
 // (tests/test_cuda_grouped_gemm.cu, which also runs here as emu_test_cuda_grouped_gemm)
 // cannot show: races. Each product runs with cp.async landing at wait_group (a read of
 // a stage before its wait / barrier) and at issue (a prefetch into a stage other warps
@@ -60,14 +61,8 @@ struct Problem {
   }
 };
 
+using spes::cuda::grouped_sm90::ScopedWgradKernel;
 using spes::cuda::grouped_sm90::WgradKernel;
-
-// The sm90a weight gradient on `kernel` while in scope.
-struct WgradKernelScope {
-  WgradKernel before = spes::cuda::grouped_sm90::wgrad_kernel();
-  explicit WgradKernelScope(WgradKernel kernel) { spes::cuda::grouped_sm90::set_wgrad_kernel(kernel); }
-  ~WgradKernelScope() { spes::cuda::grouped_sm90::set_wgrad_kernel(before); }
-};
 
 // The three products of p (or, with rows_products false, the weight gradient alone).
 // With bits_of set, the weight gradient must also give the bits the sm90a path gives
@@ -159,7 +154,7 @@ void check_problem(const Problem& p, spes::cuda::GroupedGemmPath path, bool rows
   CHECK_MESSAGE(same_bits(at_wait.dw, at_issue.dw), "weight gradient: landing at issue changed the result");
   check_rerun_identical("weight gradient", {&d_dw}, backward_weight);
   if (bits_of != nullptr) {
-    const WgradKernelScope other(*bits_of);
+    const ScopedWgradKernel other(*bits_of);
     backward_weight();
     CHECK_MESSAGE(same_bits(download(d_dw, E * OC * C), at_wait.dw), "the two sm90a weight-gradient kernels differ");
   }
@@ -215,10 +210,10 @@ TEST_CASE("emulated grouped matmul, sm90a: the weight gradient's tiles of 1 to 8
 // The sm90a weight gradient fed by the copy engine (grouped_gemm_tma_sm90.cu: 128 × 128
 // tiles, a producer thread and two consumer warpgroups taking tiles in turn through a
 // ring of 6 stages) on the problems above, and the bits of the threads' kernel each
-// time. C = 320, OC = 264: column tiles whose second box lies wholly past C (not
+// time (and that it ran: its copies counted). C = 320, OC = 264: column tiles whose second box lies wholly past C (not
 // copied), row tiles whose second box lies past OC; experts of 129, 40 and 300 rows end
 // inside a k-step (the tail zeroed, the next expert's rows behind it). The 140 small
-// experts give 140 or 280 tiles: the second consumer and the drawn tiles at work, every
+// experts give 280 tiles: the second consumer and the drawn tiles at work, every
 // tile one k-step; the experts of 1 to 500 rows (30 tiles each) tiles of 1 to 8 k-steps
 // one after another in a CTA, so that a consumer waits for the stages of its turn
 // behind the other's, and the stage ring wraps within and across tiles. Last, 140
@@ -229,9 +224,11 @@ TEST_CASE("emulated grouped matmul, sm90a: the weight gradient's tiles of 1 to 8
 TEST_CASE("emulated grouped matmul, sm90a: the TMA weight gradient, race-free, and the threads' kernel's bits") {
   REQUIRE(spes::cuda::grouped_gemm_sm90a_available());
   REQUIRE(spes::cuda::grouped_sm90::wgrad_tma_unavailable_reason().empty());
-  const WgradKernelScope tma(WgradKernel::tma);
+  const ScopedWgradKernel tma(WgradKernel::tma);
   const WgradKernel threads = WgradKernel::threads;
+  const uint64_t copies_before = emu::tma_copies();
   check_problem({{129, 0, 40, 300}, 320, 264}, spes::cuda::GroupedGemmPath::sm90a, false, &threads);
+  REQUIRE_MESSAGE(emu::tma_copies() > copies_before, "the weight gradient did not take the TMA kernel");
   std::vector<int32_t> counts(140);
   for (size_t e = 0; e < counts.size(); ++e) counts[e] = int32_t(1 + e % 3);
   check_problem({counts, 64, 136}, spes::cuda::GroupedGemmPath::sm90a, false, &threads);
@@ -273,7 +270,7 @@ TEST_CASE("emulated grouped matmul, sm90a: the weight gradient's tile counter st
   for (int64_t e = 0; e < E; ++e) d_dwt.as<float*>()[e] = d_dw.as<float>() + e * OC * C;
   for (const WgradKernel kernel : {WgradKernel::threads, WgradKernel::tma}) {
     INFO((kernel == WgradKernel::tma ? "the TMA kernel" : "the threads' kernel"));
-    const WgradKernelScope scope(kernel);
+    const ScopedWgradKernel scope(kernel);
     std::vector<float> first;
     for (int launch = 0; launch <= 2 * spes::cuda::grouped_sm90::kTileTicketSlots; ++launch) {
       upload(d_dw, prior);

@@ -175,11 +175,13 @@ void skipped_phase_kernel(const __grid_constant__ CUtensorMap map, int* early, i
   unsigned char* box = smem + (stage - smem_addr(smem));
   mbarrier_init(bar, 1);
   fence_mbarrier_init();
-  std::memset(box, 0, kBoxBytes);
+  std::memset(box, 0xFF, kBoxBytes);
   mbarrier_arrive_expect_tx(bar, kBoxBytes);
   tma_load_2d(stage, &map, 0, 0, bar);
   *early = mbarrier_try_wait_parity(bar, 1);
-  *landed = box[0] != 0;
+  uint16_t first;  // element (0, 0): the first 2 bytes in the 128-byte swizzle too
+  std::memcpy(&first, box, 2);
+  *landed = first != 0xFFFF;
   mbarrier_wait_parity(bar, 0);
 }
 }  // namespace
@@ -201,6 +203,7 @@ TEST_CASE("emulated TMA: a wait for the phase before the current one passes at o
       CHECK(*landed.as<int>() == 0);
     } else {  // landed at issue, phase 0 complete: parity 1 is now the current phase's, open
       CHECK(*early.as<int>() == 0);
+      CHECK(*landed.as<int>() == 1);
     }
   }
   emu::set_landing(emu::Landing::at_wait);

@@ -23,11 +23,12 @@ inline uint64_t sw128_descriptor(uint32_t smem_addr, uint32_t lbo_bytes, uint32_
 // device buffer, as the copy it prepares must: a prefetch outside one is a predicate
 // that lets the copy stray too.
 inline void prefetch_l2(const void* p) { emu::require_device_buffer(p, 1, "prefetch.global.L2"); }
-// Orderings the emulator has no use for: it has one proxy, and the compiler does not
-// reorder across its calls.
+// The proxy fence and the wgmma fence are checked (emu.cpp): the bytes a thread wrote
+// (cp.async, st_shared_zero16) must be fenced before a wgmma reads them.
 inline void fence_proxy_async_shared() { emu::fence_proxy_async_shared(); }
 inline void st_shared_zero16(uint32_t addr) { emu::st_shared_zero16(addr); }
 inline void wgmma_fence() { emu::wgmma_fence(); }
+// The compiler does not reorder across the emulator's calls: nothing to fence here.
 template <int N>
 void fence_accumulators(float (&)[N]) {}
 template <int K>
@@ -76,9 +77,12 @@ inline void mbarrier_wait_parity(uint32_t bar, uint32_t parity) {
   while (!mbarrier_try_wait_parity(bar, parity)) {
   }
 }
+// The phase checked before every try (the barrier may run ahead while a thread waits).
 inline void mbarrier_wait_phase(uint32_t bar, int64_t phase) {
-  emu::mbarrier_check_phase(bar, phase);
-  mbarrier_wait_parity(bar, uint32_t(phase) & 1);
+  for (;;) {
+    emu::mbarrier_check_phase(bar, phase);
+    if (mbarrier_try_wait_parity(bar, uint32_t(phase) & 1)) return;
+  }
 }
 inline void tma_load_2d(uint32_t dst, const CUtensorMap* map, int32_t c0, int32_t c1, uint32_t bar) {
   const int32_t coords[2] = {c0, c1};
