@@ -33,9 +33,8 @@
 // before its tile's has been seen complete. Every thread of a consumer arrives on the
 // other's turn barrier, so that a slow warp's wait there cannot fall two phases behind.
 // Registers: 128 accumulators beside the main loop's descriptors are more than the 168
-// a thread of 384 may have, so the producer's
-// warpgroup gives all but 56 back (setmaxnreg; fewer spill its copy loop) and the
-// consumers take 224.
+// a thread of 384 may have, so the producer's warpgroup gives all but 56 back
+// (setmaxnreg; fewer spill its copy loop) and the consumers take 224.
 //
 // Tails. A copy reads zeros outside the tensor (columns past OC or C, rows past S), and
 // a box wholly outside it is not copied (its stage holds stale bytes that reach only

@@ -493,18 +493,23 @@ void match_values(Warp& w) {
 
 // ---- cp.async ----------------------------------------------------------------------
 
+// Shared bytes [dst, dst + size) the current thread just wrote through the generic
+// proxy (a landed cp.async, st.shared): its own until it runs fence.proxy.async (see
+// fence_proxy_async_shared), which a wgmma reading them requires.
+void mark_generic_write(uint32_t dst, int size) {
+  std::vector<uint16_t>& by = t_cta->unfenced_by;
+  if (by.empty()) by.assign(t_cta->smem_bytes, 0);
+  std::fill(by.begin() + dst, by.begin() + dst + size, uint16_t(t_cta->current + 1));
+  this_fiber().unfenced.emplace_back(dst, size);
+}
+
 // PTX cp.async: src-size bytes are read, the rest of the cp-size destination bytes
 // are written as zeros.
-// The bytes it wrote are then the generic proxy's until the thread runs
-// fence.proxy.async (see fence_proxy_async_shared).
 void land(const Copy& c) {
   unsigned char* dst = dynamic_smem + c.dst;
   std::memcpy(dst, c.src, size_t(c.src_size));
   std::memset(dst + c.src_size, 0, size_t(c.size - c.src_size));
-  std::vector<uint16_t>& by = t_cta->unfenced_by;
-  if (by.empty()) by.assign(t_cta->smem_bytes, 0);
-  std::fill(by.begin() + c.dst, by.begin() + c.dst + c.size, uint16_t(t_cta->current + 1));
-  this_fiber().unfenced.emplace_back(c.dst, c.size);
+  mark_generic_write(c.dst, c.size);
 }
 
 // ---- thread-block clusters ----------------------------------------------------------
@@ -1017,15 +1022,10 @@ void fence_proxy_async_shared() {
   f.unfenced.clear();
 }
 
-// st.shared of 16 zero bytes: generic-proxy bytes, as a landed cp.async's are, until
-// the thread fences them for the async proxy.
 void st_shared_zero16(uint32_t addr) {
   require_aligned(addr, 16, "st.shared.v4");
   std::memset(shared_bytes(addr, 16, "st.shared.v4"), 0, 16);
-  std::vector<uint16_t>& by = t_cta->unfenced_by;
-  if (by.empty()) by.assign(t_cta->smem_bytes, 0);
-  std::fill(by.begin() + addr, by.begin() + addr + 16, uint16_t(t_cta->current + 1));
-  this_fiber().unfenced.emplace_back(addr, 16);
+  mark_generic_write(addr, 16);
 }
 
 void require_fenced(uint32_t addr) {
